@@ -1,0 +1,113 @@
+"""What of a conversation goes on a span: the capture switch, secret redaction, size caps and the GenAI message shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+LOOPTRACE_CAPTURE_ENV = "LOOPTRACE_CAPTURE_CONTENT"
+MAX_CHARS_ENV = "LOOPTRACE_MAX_ATTRIBUTE_CHARS"
+DEFAULT_MAX_CHARS = 32_000
+REDACTED = "[REDACTED]"
+
+_OFF = {"no_content", "false", "0", "no", "off", "none"}
+
+
+def capture_from_env() -> bool:
+    """Content is captured unless switched off: seeing a tool's arguments is the point of tracing an agent.
+
+    The GenAI conventions' variable takes NO_CONTENT (or false); LOOPTRACE_CAPTURE_CONTENT=false does the same and wins.
+    """
+    for name in (LOOPTRACE_CAPTURE_ENV, CAPTURE_ENV):
+        value = os.environ.get(name)
+        if value is not None and value.strip():
+            return value.strip().lower() not in _OFF
+    return True
+
+
+def max_chars_from_env() -> int:
+    value = os.environ.get(MAX_CHARS_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_CHARS
+
+
+def cap(text: str, limit: int) -> str:
+    """The text cut at ``limit`` characters with a marker that says how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[truncated {len(text) - limit} of {len(text)} chars]"
+
+
+# A key is secret-looking when one of its words is: "api_key" and "authToken" are, "max_tokens" is not.
+_SECRET_WORDS = {"password", "passwd", "pwd", "token", "secret", "authorization", "auth", "apikey", "credential",
+                 "credentials", "cookie", "passphrase", "privatekey", "accesskey"}
+_WORD_SPLIT = re.compile(r"[^a-zA-Z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def is_secret_key(key: str) -> bool:
+    words = [w.lower() for w in _WORD_SPLIT.split(key) if w]
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    joined = "".join(words)
+    return any(joined.endswith(s) for s in ("apikey", "privatekey", "accesskey", "secretkey"))
+
+
+def redact(value: Any) -> Any:
+    """A copy of a JSON-like value with the values of secret-looking keys replaced, at any depth."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+# --- Anthropic messages as GenAI conventions' messages ----------------------------------------------------------------
+
+
+def genai_message(message: dict[str, Any]) -> dict[str, Any]:
+    """One Messages API message as the conventions' {"role", "parts"} shape, secrets redacted."""
+    content = message.get("content")
+    if isinstance(content, str):
+        parts = [{"type": "text", "content": content}]
+    else:
+        parts = [genai_part(block) for block in content or ()]
+    return {"role": message.get("role", "user"), "parts": parts}
+
+
+def genai_part(block: Any) -> dict[str, Any]:
+    if not isinstance(block, dict):
+        return {"type": "text", "content": str(block)}
+    kind = block.get("type")
+    if kind == "text":
+        return {"type": "text", "content": block.get("text", "")}
+    if kind in ("tool_use", "server_tool_use"):
+        return {"type": "tool_call", "id": block.get("id"), "name": block.get("name"),
+                "arguments": redact(block.get("input"))}
+    if kind == "tool_result":
+        return {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": block.get("content"),
+                **({"is_error": True} if block.get("is_error") else {})}
+    if kind == "thinking":
+        return {"type": "reasoning", "content": block.get("thinking", "")}
+    # Images, documents, redacted thinking and block types newer than this code: kept, under their own type.
+    return {"type": kind or "unknown", "content": redact({k: v for k, v in block.items() if k != "type"})}
+
+
+class MessageLog:
+    """The run's history as GenAI JSON, each message serialised once: the history is append-only, and re-encoding
+    all of it for every model call would make a long run quadratic."""
+
+    __slots__ = ("_encoded",)
+
+    def __init__(self) -> None:
+        self._encoded: list[str] = []
+
+    def input_messages_json(self, messages: list[dict[str, Any]]) -> str:
+        for message in messages[len(self._encoded):]:
+            self._encoded.append(to_json(genai_message(message)))
+        return "[" + ",".join(self._encoded[: len(messages)]) + "]"

@@ -1,0 +1,94 @@
+"""Every attribute and span name looptrace emits, in one place.
+
+GenAI names come from opentelemetry-semantic-conventions (its incubating module is where the gen_ai.* constants live
+until they are declared stable); the looptrace.* names are ours. Run totals use looptrace.usage.* rather than
+gen_ai.usage.*, because backends such as Langfuse read gen_ai.usage.* as "this span consumed tokens" and would count
+the run's totals a second time on top of its generations.
+"""
+
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
+from opentelemetry.semconv.attributes import error_attributes as _error
+from opentelemetry.semconv.attributes import server_attributes as _server
+
+# --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
+GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
+GEN_AI_PROVIDER_NAME = _gen_ai.GEN_AI_PROVIDER_NAME
+GEN_AI_AGENT_NAME = _gen_ai.GEN_AI_AGENT_NAME
+GEN_AI_CONVERSATION_ID = _gen_ai.GEN_AI_CONVERSATION_ID
+GEN_AI_REQUEST_MODEL = _gen_ai.GEN_AI_REQUEST_MODEL
+GEN_AI_REQUEST_MAX_TOKENS = _gen_ai.GEN_AI_REQUEST_MAX_TOKENS
+GEN_AI_REQUEST_TEMPERATURE = _gen_ai.GEN_AI_REQUEST_TEMPERATURE
+GEN_AI_REQUEST_STREAM = _gen_ai.GEN_AI_REQUEST_STREAM
+GEN_AI_RESPONSE_MODEL = _gen_ai.GEN_AI_RESPONSE_MODEL
+GEN_AI_RESPONSE_ID = _gen_ai.GEN_AI_RESPONSE_ID
+GEN_AI_RESPONSE_FINISH_REASONS = _gen_ai.GEN_AI_RESPONSE_FINISH_REASONS
+GEN_AI_USAGE_INPUT_TOKENS = _gen_ai.GEN_AI_USAGE_INPUT_TOKENS
+GEN_AI_USAGE_OUTPUT_TOKENS = _gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = _gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = _gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+GEN_AI_INPUT_MESSAGES = _gen_ai.GEN_AI_INPUT_MESSAGES
+GEN_AI_OUTPUT_MESSAGES = _gen_ai.GEN_AI_OUTPUT_MESSAGES
+GEN_AI_SYSTEM_INSTRUCTIONS = _gen_ai.GEN_AI_SYSTEM_INSTRUCTIONS
+GEN_AI_TOOL_DEFINITIONS = _gen_ai.GEN_AI_TOOL_DEFINITIONS
+GEN_AI_TOOL_NAME = _gen_ai.GEN_AI_TOOL_NAME
+GEN_AI_TOOL_CALL_ID = _gen_ai.GEN_AI_TOOL_CALL_ID
+GEN_AI_TOOL_TYPE = _gen_ai.GEN_AI_TOOL_TYPE
+GEN_AI_TOOL_DESCRIPTION = _gen_ai.GEN_AI_TOOL_DESCRIPTION
+GEN_AI_TOOL_CALL_ARGUMENTS = _gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS
+GEN_AI_TOOL_CALL_RESULT = _gen_ai.GEN_AI_TOOL_CALL_RESULT
+ERROR_TYPE = _error.ERROR_TYPE
+SERVER_ADDRESS = _server.SERVER_ADDRESS
+SERVER_PORT = _server.SERVER_PORT
+
+OPERATION_INVOKE_AGENT = _gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value
+OPERATION_CHAT = _gen_ai.GenAiOperationNameValues.CHAT.value
+OPERATION_EXECUTE_TOOL = _gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
+PROVIDER_ANTHROPIC = _gen_ai.GenAiProviderNameValues.ANTHROPIC.value
+TOOL_TYPE_FUNCTION = "function"  # the conventions' value for a client-side function tool (no enum constant yet)
+
+# --- looptrace's own ------------------------------------------------------------------------------------------------
+RUN_STATUS = "looptrace.run.status"
+RUN_TURNS = "looptrace.run.turns"
+RUN_COST_USD = "looptrace.run.cost_usd"
+RUN_ERROR = "looptrace.run.error"
+RUN_ANOMALY_COUNT = "looptrace.run.anomaly_count"
+RUN_USAGE_INPUT_TOKENS = "looptrace.usage.input_tokens"  # Anthropic's input_tokens, cache excluded
+RUN_USAGE_OUTPUT_TOKENS = "looptrace.usage.output_tokens"
+RUN_USAGE_CACHE_READ_TOKENS = "looptrace.usage.cache_read_input_tokens"
+RUN_USAGE_CACHE_CREATION_TOKENS = "looptrace.usage.cache_creation_input_tokens"
+RUN_USAGE_TOTAL_TOKENS = "looptrace.usage.total_tokens"  # what the token budget counts
+TURN_INDEX = "looptrace.turn.index"
+STOP_REASON = "looptrace.anthropic.stop_reason"  # the raw value, beside the normalised finish reason
+CHAT_COST_USD = "looptrace.chat.cost_usd"
+TOOL_RESULT_DIGEST = "looptrace.tool.result_digest"  # recorded even without content capture: the detector needs it
+TOOL_IS_ERROR = "looptrace.tool.is_error"
+TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
+TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
+
+# --- span names ---------------------------------------------------------------------------------------------------
+
+
+def agent_span_name(agent: str) -> str:
+    return f"{OPERATION_INVOKE_AGENT} {agent}"
+
+
+def turn_span_name(index: int) -> str:
+    return f"turn {index}"
+
+
+def chat_span_name(model: str) -> str:
+    return f"{OPERATION_CHAT} {model}"
+
+
+def tool_span_name(tool: str) -> str:
+    return f"{OPERATION_EXECUTE_TOOL} {tool}"
+
+
+# Anthropic's stop_reason as a GenAI finish reason, the way the OpenTelemetry Anthropic instrumentation reports it.
+FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_call"}
+
+
+def finish_reason(stop_reason: str | None) -> str:
+    if stop_reason is None:
+        return "error"
+    return FINISH_REASONS.get(stop_reason, stop_reason)

@@ -1,0 +1,319 @@
+"""The spans of one run: invoke_agent at the root, a span per turn, and under each turn its chat and execute_tool spans.
+
+Only the OpenTelemetry API is used. Spans are started with an explicit parent rather than by attaching contexts, since
+the loop's generator hops between frames; code that runs *inside* a model or tool call (an httpx instrumentation, a
+tool's own spans) sees the right parent through `activate()`. When the tracer does not record (no SDK configured, or
+telemetry switched off), every method returns before building a single attribute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
+
+from . import semconv as sc
+from .content import MessageLog, cap, capture_from_env, max_chars_from_env, redact, to_json
+from .digest import result_digest
+
+_TRACER_NAME = "looptrace"
+
+
+class Tracing:
+    """Span factory for an agent. Cheap to create; holds no per-run state."""
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        capture_content: bool | None = None,
+        max_attribute_chars: int | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self._provider = tracer_provider
+        self._tracer = trace.get_tracer(_TRACER_NAME, _version(), tracer_provider=tracer_provider)
+        self.capture_content = capture_from_env() if capture_content is None else capture_content
+        self.max_chars = max_attribute_chars or max_chars_from_env()
+
+    def flush(self, timeout_ms: int = 5_000) -> None:
+        """Push out what the tracer provider buffers, if it buffers (the API's no-op provider has nothing to flush).
+
+        Best effort: called on the way out of an interrupted run, where a failing exporter must not mask the interrupt.
+        """
+        provider = self._provider or trace.get_tracer_provider()
+        flush = getattr(provider, "force_flush", None)
+        if flush is not None:
+            try:
+                flush(timeout_ms)
+            except Exception:
+                pass
+
+    def start_run(
+        self,
+        *,
+        agent: str,
+        model: str,
+        task: str,
+        system: str | None,
+        tool_definitions: list[dict[str, Any]],
+        extra_attributes: Mapping[str, Any] | None = None,
+    ) -> RunSpan:
+        if not self.enabled:
+            return RunSpan(self, trace.INVALID_SPAN, agent, {})
+        common = {sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_AGENT_NAME: agent}
+        if extra_attributes:
+            common.update(extra_attributes)
+        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT, sc.GEN_AI_REQUEST_MODEL: model, **common}
+        if self.capture_content:
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([{"role": "user", "parts": [
+                {"type": "text", "content": task}]}]), self.max_chars)
+            if system:
+                attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = cap(to_json([{"type": "text", "content": system}]),
+                                                                self.max_chars)
+            if tool_definitions:
+                attributes[sc.GEN_AI_TOOL_DEFINITIONS] = cap(to_json(tool_definitions), self.max_chars)
+        span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes)
+        return RunSpan(self, span, agent, common)
+
+
+class RunSpan:
+    """The root span of a run and the factory of its turns."""
+
+    __slots__ = ("tracing", "span", "agent", "common", "recording", "messages")
+
+    def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any]) -> None:
+        self.tracing = tracing
+        self.span = span
+        self.agent = agent
+        self.common = common  # attributes every span of the run carries (agent, session, user, ...)
+        self.recording = span.is_recording()
+        self.messages = MessageLog()
+
+    @property
+    def trace_id(self) -> str:
+        return format(self.span.get_span_context().trace_id, "032x")
+
+    @property
+    def span_id(self) -> str:
+        return format(self.span.get_span_context().span_id, "016x")
+
+    def start_turn(self, index: int) -> TurnSpan:
+        if not self.recording:
+            return TurnSpan(self, _NON_RECORDING)
+        span = self.tracing._tracer.start_span(
+            sc.turn_span_name(index),
+            context=trace.set_span_in_context(self.span),
+            kind=SpanKind.INTERNAL,
+            attributes={sc.TURN_INDEX: index, **self.common},
+        )
+        return TurnSpan(self, span)
+
+    def end(self, *, status: str, turns: int, usage: Any, cost_usd: float | None, anomalies: int,
+            final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
+        if not self.recording:
+            return
+        attributes = {
+            sc.RUN_STATUS: status,
+            sc.RUN_TURNS: turns,
+            sc.RUN_USAGE_INPUT_TOKENS: usage.input_tokens,
+            sc.RUN_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+            sc.RUN_USAGE_CACHE_READ_TOKENS: usage.cache_read_input_tokens,
+            sc.RUN_USAGE_CACHE_CREATION_TOKENS: usage.cache_creation_input_tokens,
+            sc.RUN_USAGE_TOTAL_TOKENS: usage.total_tokens,
+            sc.RUN_ANOMALY_COUNT: anomalies,
+        }
+        if cost_usd is not None:
+            attributes[sc.RUN_COST_USD] = cost_usd
+        if final_text and self.tracing.capture_content:
+            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
+                {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
+        if error is not None:
+            attributes[sc.RUN_ERROR] = cap(error, self.tracing.max_chars)
+            attributes[sc.ERROR_TYPE] = error_type or "error"
+            self.span.set_status(Status(StatusCode.ERROR, cap(error, 1024)))
+        self.span.set_attributes(attributes)
+        self.span.end()
+
+    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        if self.recording:
+            self.span.add_event(name, attributes)
+
+
+class TurnSpan:
+    __slots__ = ("run", "span", "recording")
+
+    def __init__(self, run: RunSpan, span: Span) -> None:
+        self.run = run
+        self.span = span
+        self.recording = span.is_recording()
+
+    def start_chat(self, params: Mapping[str, Any], *, server_address: str | None, server_port: int | None,
+                   stream: bool) -> ChatSpan:
+        if not self.recording:
+            return ChatSpan(self.run, _NON_RECORDING)
+        model = params.get("model", "")
+        attributes = {
+            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+            sc.GEN_AI_REQUEST_MODEL: model,
+            sc.GEN_AI_REQUEST_MAX_TOKENS: params.get("max_tokens", 0),
+            **self.run.common,
+        }
+        if stream:
+            attributes[sc.GEN_AI_REQUEST_STREAM] = True
+        if params.get("temperature") is not None:
+            attributes[sc.GEN_AI_REQUEST_TEMPERATURE] = params["temperature"]
+        if server_address:
+            attributes[sc.SERVER_ADDRESS] = server_address
+            if server_port:
+                attributes[sc.SERVER_PORT] = server_port
+        tracing = self.run.tracing
+        if tracing.capture_content:
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(
+                self.run.messages.input_messages_json(params.get("messages", [])), tracing.max_chars)
+        span = tracing._tracer.start_span(
+            sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        return ChatSpan(self.run, span)
+
+    def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
+        if not self.recording:
+            return ToolSpan(self.run, _NON_RECORDING)
+        attributes = {
+            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
+            sc.GEN_AI_TOOL_NAME: name,
+            sc.GEN_AI_TOOL_CALL_ID: call_id,
+            sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
+            **self.run.common,
+        }
+        if description:
+            attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
+        tracing = self.run.tracing
+        if tracing.capture_content:
+            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(redact(arguments)), tracing.max_chars)
+        span = tracing._tracer.start_span(
+            sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
+            attributes=attributes,
+        )
+        return ToolSpan(self.run, span)
+
+    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        if self.recording:
+            self.span.add_event(name, attributes)
+
+    def end(self, *, stop_reason: str | None) -> None:
+        if not self.recording:
+            return
+        if stop_reason is not None:
+            self.span.set_attribute(sc.STOP_REASON, stop_reason)
+        self.span.end()
+
+
+class ChatSpan:
+    __slots__ = ("run", "span")
+
+    def __init__(self, run: RunSpan, span: Span) -> None:
+        self.run = run
+        self.span = span
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        return _activate(self.span)
+
+    def end(self, response: Mapping[str, Any], usage: Any, *, cost_usd: float | None) -> None:
+        if not self.span.is_recording():
+            return
+        stop_reason = response.get("stop_reason")
+        attributes = {
+            sc.GEN_AI_RESPONSE_ID: response.get("id") or "",
+            sc.GEN_AI_RESPONSE_MODEL: response.get("model") or "",
+            sc.GEN_AI_RESPONSE_FINISH_REASONS: (sc.finish_reason(stop_reason),),
+            sc.STOP_REASON: stop_reason or "",
+            # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
+            sc.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens + usage.cache_read_input_tokens
+            + usage.cache_creation_input_tokens,
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+            sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_input_tokens,
+            sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: usage.cache_creation_input_tokens,
+        }
+        if cost_usd is not None:
+            attributes[sc.CHAT_COST_USD] = cost_usd
+        tracing = self.run.tracing
+        if tracing.capture_content:
+            from .content import genai_message  # local: the common path above needs none of it
+
+            output = genai_message({"role": "assistant", "content": response.get("content")})
+            output["finish_reason"] = sc.finish_reason(stop_reason)
+            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([output]), tracing.max_chars)
+        self.span.set_attributes(attributes)
+        self.span.end()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.span.is_recording():
+            return
+        _record_error(self.span, exc)
+        self.span.end()
+
+
+class ToolSpan:
+    __slots__ = ("run", "span")
+
+    def __init__(self, run: RunSpan, span: Span) -> None:
+        self.run = run
+        self.span = span
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        return _activate(self.span)
+
+    def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
+            digest: str | None = None) -> None:
+        if not self.span.is_recording():
+            return
+        attributes = {
+            sc.TOOL_RESULT_DIGEST: digest or result_digest(result),
+            sc.TOOL_IS_ERROR: is_error,
+            sc.TOOL_OUTCOME: outcome,
+            sc.TOOL_RESULT_CHARS: len(result),
+        }
+        tracing = self.run.tracing
+        if tracing.capture_content:
+            attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
+        if is_error:
+            attributes[sc.ERROR_TYPE] = error_type or outcome
+            self.span.set_status(Status(StatusCode.ERROR, cap(result, 1024)))
+        self.span.set_attributes(attributes)
+        self.span.end()
+
+    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        if self.span.is_recording():
+            self.span.add_event(name, attributes)
+
+
+def _record_error(span: Span, exc: BaseException) -> None:
+    span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:1024]))
+    span.record_exception(exc)
+
+
+@contextlib.contextmanager
+def _activate(span: Span) -> Iterator[None]:
+    if not span.is_recording():
+        yield
+        return
+    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+        yield
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("looptrace")
+    except Exception:  # running from a source tree that was never installed
+        return "0.0.0"
+
+
+_NON_RECORDING = NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)

@@ -1,0 +1,453 @@
+"""The agent loop: observe, reason, act, write back, and every way a run can end.
+
+The loop is written once, as a generator that *describes* each model call and each round of tool calls and receives
+their outcomes. `Agent.run` and `Agent.arun` are two thin drivers that perform those effects, one blocking and one
+with asyncio; every rule about stop reasons, budgets, spans and tool results lives in the shared core, so the two can
+never drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, Tracing
+
+from . import tools as toolkit
+from .events import Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from .limits import Budget, Limits
+from .models import AnthropicModel, Model
+from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
+from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus, Usage
+
+log = structlog.get_logger("looptrace")
+
+DEFAULT_MAX_TOKENS = 4096
+DEFAULT_MAX_RESULT_CHARS = 100_000
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run. Raised after the run's spans were ended and flushed; ``result`` holds the partial run."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__("run interrupted")
+        self.result = result
+
+
+class Agent:
+    """An LLM agent on the Anthropic Messages API, traced by construction.
+
+    >>> agent = Agent(model="claude-sonnet-4-5", tools=[search], limits=Limits(max_turns=10))
+    >>> result = agent.run("Find the cheapest flight to Osaka")
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tools: Iterable[toolkit.Tool | Callable[..., Any]] = (),
+        system: str | None = None,
+        name: str = "agent",
+        limits: Limits | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        client: Model | Any = None,
+        model_params: Mapping[str, Any] | None = None,
+        prices: Mapping[str, Price] | None = None,
+        max_tool_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        on_event: Callable[[Event], None] | None = None,
+        tracer_provider: Any = None,
+        capture_content: bool | None = None,
+        telemetry: bool = True,
+    ) -> None:
+        self.model = model
+        self.name = name
+        self.system = system
+        self.limits = limits or Limits()
+        self.max_tokens = max_tokens
+        self.tools = toolkit.as_tools(tools)
+        self.model_params = dict(model_params or {})
+        self.max_tool_result_chars = max_tool_result_chars
+        self.on_event = on_event
+        self.client: Model = _as_model(client)
+        self._price = price_for(model, DEFAULT_PRICES if prices is None else prices)
+        if self.limits.max_cost_usd is not None and self._price is None:
+            raise ValueError(
+                f"max_cost_usd needs a price for {model!r}, and the price table has none: "
+                f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
+            )
+        self._tracing = Tracing(tracer_provider=tracer_provider, capture_content=capture_content, enabled=telemetry)
+        self._tool_definitions = [t.definition() for t in self.tools.values()]
+        self._server_address: tuple[str | None, int | None] | None = None
+
+    # --- drivers ---------------------------------------------------------------------------------------------------
+
+    def run(self, task: str | list[dict[str, Any]]) -> RunResult:
+        """Run to completion on this thread. Ctrl-C ends the run's spans, then raises RunInterrupted."""
+        loop = self._loop(task)
+        value: Any = None
+        while True:
+            try:
+                effect = loop.send(value)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                value = effect.perform_sync(self)
+            except BaseException as exc:  # hand it to the core, which decides what it means for the run
+                value = _Raised(exc)
+
+    async def arun(self, task: str | list[dict[str, Any]]) -> RunResult:
+        """Run to completion in asyncio; parallel tool calls of one turn run concurrently."""
+        loop = self._loop(task)
+        value: Any = None
+        while True:
+            try:
+                effect = loop.send(value)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                value = await effect.perform_async(self)
+            except BaseException as exc:
+                value = _Raised(exc)
+
+    # --- the shared core -------------------------------------------------------------------------------------------
+
+    def _loop(self, task: str | list[dict[str, Any]]) -> Generator[_Effect, Any, RunResult]:
+        messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
+        run = _Run(
+            budget=Budget(self.limits),
+            messages=messages,
+            server=self._server(),
+            span=self._tracing.start_run(
+                agent=self.name,
+                model=self.model,
+                task=task if isinstance(task, str) else _text_of_last_user(messages),
+                system=self.system,
+                tool_definitions=self._tool_definitions,
+            ),
+        )
+        try:
+            while True:
+                if run.budget.turns >= (self.limits.max_turns or float("inf")):
+                    return self._finish(run, RunStatus.MAX_TURNS)
+                if run.budget.timed_out():
+                    return self._finish(run, RunStatus.TIMEOUT)
+                status = yield from self._turn(run)
+                if status is not None:
+                    return self._finish(run, status)
+        except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+            result = self._finish(run, RunStatus.INTERRUPTED, error=exc)
+            self._tracing.flush()
+            if isinstance(exc, KeyboardInterrupt):
+                raise RunInterrupted(result) from exc
+            raise
+
+    def _turn(self, run: _Run) -> Generator[_Effect, Any, RunStatus | None]:
+        """One model call and whatever it asks for. Returns the run's status when this turn ends the run."""
+        index = run.budget.turns + 1
+        turn = run.span.start_turn(index)
+        self._emit(TurnStarted(index))
+        params = self._request(run.messages)
+        chat = turn.start_chat(params, server_address=run.server[0], server_port=run.server[1],
+                               stream=self.client.stream)
+        started = time.perf_counter()
+        outcome = yield _ModelCall(params, chat, run.budget.remaining_s())
+        if isinstance(outcome, _Raised):
+            chat.fail(outcome.exc)
+            turn.end(stop_reason=None)
+            if not isinstance(outcome.exc, Exception):
+                raise outcome.exc
+            run.error = outcome.exc
+            return RunStatus.TIMEOUT if run.budget.timed_out() else RunStatus.ERROR
+        response: dict[str, Any] = outcome
+        run.budget.turns = index
+        usage, cost = self._charge(run, response)
+        chat.end(response, usage, cost_usd=cost)
+        content = response.get("content") or []
+        run.messages.append({"role": "assistant", "content": content})
+        stop_reason = response.get("stop_reason")
+        run.stop_reason = stop_reason
+        run.final_text = _text_of(content)
+        self._emit(ModelResponded(index, stop_reason, usage, run.final_text, _tool_calls_of(content),
+                                  time.perf_counter() - started))
+
+        # Budgets first, as the seed loop does: a turn that crossed one ends the run even if it also said end_turn.
+        spent = run.budget.spent()
+        if spent is None and stop_reason == "tool_use":
+            try:
+                results = yield from self._tool_round(run, turn, index, content)
+            except BaseException:
+                turn.end(stop_reason=stop_reason)
+                raise
+            run.messages.append({"role": "user", "content": results})
+        turn.end(stop_reason=stop_reason)
+        if spent is not None:
+            return spent
+        if stop_reason in ("tool_use", "pause_turn"):  # pause_turn: the response goes back as it is
+            return None
+        status = STATUS_FOR_STOP_REASON.get(stop_reason)
+        if status is None:
+            run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
+            return RunStatus.ERROR
+        return status
+
+    def _tool_round(self, run: _Run, turn, index: int, content: list[Any]) -> Generator[_Effect, Any, list[dict]]:
+        """Run every tool_use block and return one tool_result per block, in the blocks' order."""
+        calls = [self._prepare_call(turn, block) for block in content
+                 if isinstance(block, dict) and block.get("type") == "tool_use"]
+        if not calls:
+            # tool_use with no tool_use block: nothing can answer it, so say so rather than send an empty message.
+            return [{"type": "text", "text": "(no tool_use block was found in the previous response)"}]
+        outcome = yield _ToolRound(calls, run.budget)
+        if isinstance(outcome, _Raised):  # interrupted mid-tool: close the spans of the calls, then let it through
+            for call in calls:
+                call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
+            raise outcome.exc
+        return [self._settle_call(index, call) for call in calls]
+
+    def _prepare_call(self, turn, block: dict[str, Any]) -> _Call:
+        name = block.get("name") or ""
+        call_id = block.get("id") or ""
+        arguments = block.get("input")
+        tool = self.tools.get(name)
+        span = turn.start_tool(call_id=call_id, name=name, description=tool.description if tool else None,
+                               arguments=arguments)
+        call = _Call(call_id=call_id, name=name, arguments=arguments, tool=tool, span=span)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            call.error = toolkit.UnknownTool(f"unknown tool {name!r}; the tools available are: {known}")
+        else:
+            try:
+                call.kwargs = tool.validate(arguments)
+            except toolkit.InvalidArguments as exc:
+                call.error = exc
+        return call
+
+    def _settle_call(self, turn_index: int, call: _Call) -> dict[str, Any]:
+        if call.error is None:
+            text, is_error, outcome = toolkit.result_text(call.value), False, "ok"
+        else:
+            text, is_error = toolkit.error_text(call.error), True
+            outcome = call.error.kind if isinstance(call.error, toolkit.ToolError) else "error"
+        text = _truncate_result(text, self.max_tool_result_chars)
+        call.span.end(result=text, is_error=is_error, outcome=outcome,
+                      error_type=None if outcome != "error" else type(call.error).__qualname__)
+        self._emit(ToolFinished(turn_index, call.call_id, call.name, call.arguments, text, is_error, outcome,
+                                call.duration_s))
+        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": text}
+        if is_error:
+            block["is_error"] = True
+        return block
+
+    # --- helpers ---------------------------------------------------------------------------------------------------
+
+    def _request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, **self.model_params}
+        if self.system is not None:
+            params["system"] = self.system
+        if self._tool_definitions:
+            params["tools"] = self._tool_definitions
+        params["messages"] = list(messages)  # a snapshot: the history grows after the call
+        return params
+
+    def _charge(self, run: _Run, response: Mapping[str, Any]) -> tuple[Usage, float | None]:
+        raw = response.get("usage") or {}
+        usage = Usage(
+            input_tokens=raw.get("input_tokens") or 0,
+            output_tokens=raw.get("output_tokens") or 0,
+            cache_read_input_tokens=raw.get("cache_read_input_tokens") or 0,
+            cache_creation_input_tokens=raw.get("cache_creation_input_tokens") or 0,
+        )
+        cost = None
+        if self._price is not None:
+            one_hour = ((raw.get("cache_creation") or {}).get("ephemeral_1h_input_tokens")) or 0
+            cost = cost_usd(usage, self._price, cache_write_1h_tokens=one_hour)
+        run.budget.charge(usage, cost)
+        return usage, cost
+
+    def _finish(self, run: _Run, status: RunStatus, *, error: BaseException | None = None) -> RunResult:
+        error = error if error is not None else run.error
+        error_text = None if error is None else (f"{type(error).__name__}: {error}" if str(error)
+                                                 else type(error).__name__)
+        result = RunResult(
+            status=status,
+            turns=run.budget.turns,
+            final_text=run.final_text,
+            usage=run.budget.usage,
+            cost_usd=run.budget.cost_usd,
+            trace_id=run.span.trace_id,
+            messages=run.messages,
+            anomalies=list(run.anomalies),
+            error=error_text if status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED) else None,
+            stop_reason=run.stop_reason,
+        )
+        run.span.end(
+            status=status.value, turns=result.turns, usage=result.usage, cost_usd=result.cost_usd,
+            anomalies=len(result.anomalies), final_text=result.final_text,
+            error=result.error if status is RunStatus.ERROR else None,
+            error_type=type(error).__qualname__ if error is not None else None,
+        )
+        self._emit(RunFinished(result))
+        return result
+
+    def _server(self) -> tuple[str | None, int | None]:
+        """Where model calls go, for server.address/port; looked up once, and never allowed to fail a run."""
+        if self._server_address is None:
+            try:
+                self._server_address = self.client.server()
+            except Exception:
+                self._server_address = (None, None)
+        return self._server_address
+
+    def _emit(self, event: Event) -> None:
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(event)
+        except Exception as exc:  # an observer's bug must not end someone's run
+            log.warning("observer_failed", event=type(event).__name__, error=f"{type(exc).__name__}: {exc}")
+
+
+class UnknownStopReason(Exception):
+    """The API returned a stop_reason this version of looptrace does not know."""
+
+
+# --- per-run state and the effects the core asks the drivers to perform ---------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    budget: Budget
+    messages: list[dict[str, Any]]
+    span: RunSpan
+    final_text: str = ""
+    stop_reason: str | None = None
+    error: BaseException | None = None
+    anomalies: list[Any] = field(default_factory=list)
+    server: tuple[str | None, int | None] = (None, None)
+
+
+@dataclass(slots=True)
+class _Raised:
+    """An effect that raised; sent into the core instead of a value."""
+
+    exc: BaseException
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    name: str
+    arguments: Any
+    tool: toolkit.Tool | None
+    span: ToolSpan
+    kwargs: dict[str, Any] | None = None
+    value: Any = None
+    error: BaseException | None = None
+    duration_s: float = 0.0
+
+    @property
+    def runnable(self) -> bool:
+        return self.error is None and self.tool is not None
+
+
+class _Effect:
+    def perform_sync(self, agent: Agent) -> Any:
+        raise NotImplementedError
+
+    async def perform_async(self, agent: Agent) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class _ModelCall(_Effect):
+    params: dict[str, Any]
+    span: ChatSpan
+    timeout_s: float | None
+
+    def perform_sync(self, agent: Agent) -> Any:
+        with self.span.activate():
+            return agent.client.create(self.params, timeout=self.timeout_s)
+
+    async def perform_async(self, agent: Agent) -> Any:
+        with self.span.activate():
+            return await agent.client.acreate(self.params, timeout=self.timeout_s)
+
+
+@dataclass(slots=True)
+class _ToolRound(_Effect):
+    calls: list[_Call]
+    budget: Budget
+
+    def perform_sync(self, agent: Agent) -> None:
+        for call in self.calls:
+            if call.runnable:
+                with call.span.activate():
+                    _timed(call, lambda: toolkit.run_sync(call.tool, call.kwargs, self.budget.tool_timeout_s()))
+
+    async def perform_async(self, agent: Agent) -> None:
+        async def one(call: _Call) -> None:
+            started = time.perf_counter()
+            with call.span.activate():
+                try:
+                    call.value = await toolkit.run_async(call.tool, call.kwargs, self.budget.tool_timeout_s())
+                except (KeyboardInterrupt, asyncio.CancelledError):
+                    raise
+                except BaseException as exc:
+                    call.error = exc
+            call.duration_s = time.perf_counter() - started
+
+        await asyncio.gather(*(one(call) for call in self.calls if call.runnable))
+
+
+def _timed(call: _Call, work: Callable[[], Any]) -> None:
+    started = time.perf_counter()
+    try:
+        call.value = work()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        call.error = exc
+    call.duration_s = time.perf_counter() - started
+
+
+# --- small pure helpers -------------------------------------------------------------------------------------------
+
+
+def _as_model(client: Any) -> Model:
+    if client is None:
+        return AnthropicModel()
+    if hasattr(client, "create") and hasattr(client, "acreate"):
+        return client
+    if hasattr(client, "messages"):  # an anthropic.Anthropic or AsyncAnthropic instance
+        is_async = asyncio.iscoroutinefunction(getattr(client.messages, "create", None))
+        return AnthropicModel(async_client=client) if is_async else AnthropicModel(client=client)
+    raise TypeError(f"client must be an anthropic client or a Model, got {type(client).__name__}")
+
+
+def _text_of(content: list[Any]) -> str:
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+
+
+def _text_of_last_user(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else _text_of(content or [])
+    return ""
+
+
+def _tool_calls_of(content: list[Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple((b.get("name", ""), b.get("input")) for b in content
+                 if isinstance(b, dict) and b.get("type") == "tool_use")
+
+
+def _truncate_result(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return (f"{text[:limit]}\n[looptrace: the result was {len(text):,} characters; only the first {limit:,} are "
+            f"shown. Ask for less, e.g. a narrower query or a page of the result.]")

@@ -1,0 +1,347 @@
+"""`looptrace`: run an agent, watch it, read its traces.
+
+Exit codes are part of the interface (scripts branch on them); they are listed in EXIT_CODES and in `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from instrumentation import setup as telemetry_setup
+from instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
+
+from . import demo as demo_story
+from .agent import Agent, RunInterrupted
+from .limits import Limits
+from .result import RunResult, RunStatus
+from .tools import Tool
+from .views import LiveView, render_trace
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
+EXIT_NOT_FOUND = 3  # traces show: no such trace
+EXIT_INTERRUPTED = 130
+EXIT_CODES: dict[RunStatus, int] = {
+    RunStatus.DONE: EXIT_OK,
+    RunStatus.ERROR: 1,
+    RunStatus.MAX_TURNS: 10,
+    RunStatus.TOKEN_BUDGET: 11,
+    RunStatus.COST_BUDGET: 12,
+    RunStatus.TIMEOUT: 13,
+    RunStatus.MAX_TOKENS: 20,
+    RunStatus.STOP_SEQUENCE: 21,
+    RunStatus.REFUSAL: 22,
+    RunStatus.CONTEXT_WINDOW: 23,
+    RunStatus.STOPPED_BY_DETECTOR: 30,
+    RunStatus.INTERRUPTED: EXIT_INTERRUPTED,
+}
+
+EXIT_CODE_HELP = """exit codes:
+  0   done (the model ended its turn)       1   error (the API call failed, see the message)
+  2   usage: bad flag, tools file, missing key or unreadable file
+  3   traces show: no such trace
+  10  max_turns    11 token_budget    12 cost_budget    13 timeout
+  20  max_tokens   21 stop_sequence   22 refusal        23 context_window
+  30  stopped_by_detector             130 interrupted (Ctrl-C)"""
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit code 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _configure_logging()
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"looptrace: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except telemetry_setup.ConfigurationError as exc:
+        print(f"looptrace: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="looptrace",
+        description="An observability-first agent runtime: every run a trace, every loop caught.",
+        epilog=EXIT_CODE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="run the offline equipment-reservation demo (no key, no network)",
+                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_export_flags(demo)
+    demo.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    demo.set_defaults(handler=_demo)
+
+    run = commands.add_parser("run", help="run an agent on a task with the tools in a Python file",
+                              epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
+    run.add_argument("--model", default=os.environ.get("LOOPTRACE_MODEL", "claude-sonnet-4-5"),
+                     help="model id (default: %(default)s, or LOOPTRACE_MODEL)")
+    run.add_argument("--system", help="system prompt")
+    run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
+    run.add_argument("--max-tokens", type=_positive_int, default=4096, help="max_tokens per model call")
+    run.add_argument("--max-turns", type=_positive_int, default=10, help="model calls at most (default: %(default)s)")
+    run.add_argument("--max-total-tokens", type=_positive_int, help="token budget, cache tokens included")
+    run.add_argument("--max-cost-usd", type=_positive_float, help="cost budget in USD")
+    run.add_argument("--timeout", type=_positive_float, help="wall-clock limit for the run, seconds")
+    run.add_argument("--tool-timeout", type=_positive_float, default=60.0,
+                     help="per tool call, seconds (default: %(default)s)")
+    run.add_argument("--stream", action="store_true", help="use server-sent events for model calls")
+    run.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    _add_export_flags(run)
+    run.set_defaults(handler=_run)
+
+    traces = commands.add_parser("traces", help="read the local trace file")
+    traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
+    show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
+    show.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
+    show.set_defaults(handler=_traces_show)
+    listing = traces_commands.add_parser("list", help="one line per run in the file")
+    listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.set_defaults(handler=_traces_list)
+    return parser
+
+
+def _add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exporter", metavar="LIST",
+                        help="comma list of file, console, none (default: LOOPTRACE_EXPORTER, else file)")
+    parser.add_argument("--trace-file", type=Path,
+                        help="where the file exporter writes (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+
+
+# --- commands -----------------------------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
+    inventory = demo_story.Inventory()
+    agent = Agent(
+        demo_story.DEMO_MODEL, tools=inventory.tools(), system=demo_story.DEMO_SYSTEM, name="booking",
+        client=demo_story.equipment_model(), limits=Limits(max_turns=10, tool_timeout_s=5),
+        on_event=None if args.json else LiveView(out),
+    )
+    if not args.json:
+        out.write(f"task: {demo_story.DEMO_TASK}\n(offline: a scripted model replays four responses; the tools are real)\n\n")
+    result = _execute(agent, demo_story.DEMO_TASK, telemetry)
+    if args.json:
+        _print_json(result, out)
+    else:
+        out.write(f"\nfinal answer: {result.final_text}\n\n")
+        _show_written_trace(telemetry, result, out)
+    return EXIT_CODES[result.status]
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a proxy or a local server)")
+    tools = load_tools(Path(args.tools)) if args.tools else []
+    telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
+    from .models import AnthropicModel
+
+    try:
+        agent = Agent(
+            args.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
+            client=AnthropicModel(stream=args.stream),
+            limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
+                          max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
+            on_event=None if args.json else LiveView(sys.stderr),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = _execute(agent, args.task, telemetry)
+    if args.json:
+        _print_json(result, sys.stdout)
+    else:
+        if result.final_text:
+            print(result.final_text)
+        if result.error:
+            print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
+        _point_at_trace(telemetry, result, sys.stderr)
+    return EXIT_CODES[result.status]
+
+
+def _traces_show(args: argparse.Namespace) -> int:
+    path = args.file or default_trace_file()
+    wanted = (args.trace_id or "").lower() or None
+    with _BadLineReporter(path) as report:
+        trace_id = wanted and _resolve_trace_id(path, wanted, report)
+        if trace_id is None and wanted is None:
+            trace_id = _latest_trace_id(path, report)
+        if trace_id is None:
+            what = f"no trace {wanted!r}" if wanted else "no traces"
+            print(f"looptrace: {what} in {path}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        spans = [s for s in read_spans(path) if s.trace_id == trace_id]
+    print(render_trace(spans))
+    return EXIT_OK
+
+
+def _traces_list(args: argparse.Namespace) -> int:
+    path = args.file or default_trace_file()
+    with _BadLineReporter(path) as report:
+        for span in read_spans(path, report):
+            if span.parent_span_id is None or span.attributes.get("gen_ai.operation.name") == "invoke_agent":
+                a = span.attributes
+                if a.get("gen_ai.operation.name") != "invoke_agent":
+                    continue
+                print(f"{span.trace_id}  {span.name:<30} {a.get('looptrace.run.status', '?'):<20} "
+                      f"{a.get('looptrace.run.turns', '?')} turns")
+    return EXIT_OK
+
+
+# --- shared pieces ------------------------------------------------------------------------------------------------
+
+
+def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry) -> RunResult:
+    try:
+        return agent.run(task)
+    except RunInterrupted as interrupted:
+        telemetry.flush()
+        print(f"\nlooptrace: interrupted after {interrupted.result.turns} turns; the trace was saved",
+              file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    finally:
+        telemetry.flush()
+
+
+def load_tools(path: Path) -> list[Tool]:
+    """Every @tool in a Python file, in the order the file defines them."""
+    if not path.is_file():
+        raise UsageError(f"tools file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"looptrace_tools_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # whatever the file does wrong, the user gets one line naming it
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise UsageError(f"cannot import tools file {path}{where}: {type(exc).__name__}: {exc}") from None
+    found = [value for value in vars(module).values() if isinstance(value, Tool)]
+    if not found:
+        raise UsageError(f"{path} defines no @tool functions")
+    return found
+
+
+def _print_json(result: RunResult, out: TextIO) -> None:
+    out.write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
+
+
+def _point_at_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:
+    if telemetry.trace_file is not None:
+        out.write(f"trace {result.trace_id} written to {telemetry.trace_file}; "
+                  f"see it with: looptrace traces show --trace-id {result.trace_id[:12]}\n")
+
+
+def _show_written_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:
+    if telemetry.trace_file is None:
+        out.write("(no trace file: the file exporter is not among --exporter)\n")
+        return
+    try:
+        spans = [s for s in read_spans(telemetry.trace_file) if s.trace_id == result.trace_id]
+    except TraceFileError as exc:
+        out.write(f"(the trace could not be read back: {exc})\n")
+        return
+    out.write(render_trace(spans) + "\n\n")
+    out.write(f"trace file: {telemetry.trace_file}  (looptrace traces show --trace-id {result.trace_id[:12]})\n")
+
+
+def _latest_trace_id(path: Path, report) -> str | None:
+    latest = None
+    latest_end = -1
+    for span in read_spans(path, report, report.progress):
+        if span.parent_span_id is None or span.attributes.get("gen_ai.operation.name") == "invoke_agent":
+            if span.end_ns >= latest_end:
+                latest, latest_end = span.trace_id, span.end_ns
+    return latest
+
+
+def _resolve_trace_id(path: Path, prefix: str, report) -> str | None:
+    matches = {s.trace_id for s in read_spans(path, report, report.progress) if s.trace_id.startswith(prefix)}
+    if len(matches) > 1:
+        raise UsageError(f"trace id prefix {prefix!r} matches {len(matches)} traces; give more digits")
+    return next(iter(matches), None)
+
+
+class _BadLineReporter:
+    """Reports malformed lines once each (files are read more than once) and shows progress on big files."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seen: set[int] = set()
+        self.size = 0
+        self.interactive = sys.stderr.isatty()
+
+    def __enter__(self) -> _BadLineReporter:
+        try:
+            self.size = os.path.getsize(self.path)
+        except OSError as exc:
+            raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
+        if os.path.isdir(self.path):
+            raise UsageError(f"{self.path} is a directory, not a trace file")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.interactive and self.size > 50_000_000:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+        if isinstance(exc, TraceFileError):
+            raise UsageError(str(exc)) from None
+
+    def __call__(self, bad: BadLine) -> None:
+        if bad.line not in self.seen:
+            self.seen.add(bad.line)
+            print(f"looptrace: {self.path}:{bad.line}: skipped: {bad.reason}", file=sys.stderr)
+
+    def progress(self, done: int) -> None:
+        if self.interactive and self.size > 50_000_000:
+            sys.stderr.write(f"\rreading {self.path.name}: {done * 100 // max(self.size, 1)}% "
+                             f"({done / 1e6:,.0f} of {self.size / 1e6:,.0f} MB)")
+            sys.stderr.flush()
+
+
+def _configure_logging() -> None:
+    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results.
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(30),  # WARNING and above
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""What an observer sees while a run goes on: pass `on_event=` to an Agent to watch turns as they happen.
+
+The CLI's live view is built on these and nothing else. Observers run on the loop's thread, so keep them quick; one
+that raises is logged and otherwise ignored, never allowed to break the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .result import RunResult, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponded:
+    turn: int
+    stop_reason: str | None
+    usage: Usage
+    text: str
+    tool_calls: tuple[tuple[str, Any], ...]  # (name, arguments) per tool_use block, in order
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    turn: int
+    call_id: str
+    name: str
+    arguments: Any
+    result: str
+    is_error: bool
+    outcome: str  # ok | error | timeout | invalid_arguments | unknown_tool
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AnomalyDetected:
+    anomaly: Any
+    action: str  # warn | nudge | stop
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    result: RunResult
+
+
+Event = TurnStarted | ModelResponded | ToolFinished | AnomalyDetected | RunFinished

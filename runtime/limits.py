@@ -1,0 +1,74 @@
+"""The hard stops a model cannot talk its way past, and the running budget that enforces them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .result import RunStatus, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Stops for one run. ``None`` switches a limit off; every limit crossed ends the run with its own status.
+
+    Token and cost budgets are checked after each response, as the model can only be stopped between calls: the turn
+    that crosses the line has already been paid for.
+    """
+
+    max_turns: int | None = 10  # model calls, the OpenAI Agents SDK's default
+    max_total_tokens: int | None = None  # input + output + cache read + cache creation, summed over the run
+    max_cost_usd: float | None = None
+    timeout_s: float | None = None  # wall clock for the whole run
+    tool_timeout_s: float | None = 60.0  # per tool call
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_total_tokens", "max_cost_usd", "timeout_s", "tool_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"Limits.{name} must be positive or None, got {value!r}")
+
+
+class Budget:
+    """What a run has used so far, measured against its Limits."""
+
+    def __init__(self, limits: Limits, *, clock=time.monotonic) -> None:
+        self.limits = limits
+        self.usage = Usage()
+        self.cost_usd: float | None = 0.0
+        self.turns = 0
+        self._clock = clock
+        self._deadline = None if limits.timeout_s is None else clock() + limits.timeout_s
+
+    def charge(self, usage: Usage, cost_usd: float | None) -> None:
+        self.usage.add(usage)
+        # One response of unknown price makes the run's cost unknown: a partial sum would look like a real figure.
+        if cost_usd is None or self.cost_usd is None:
+            self.cost_usd = None
+        else:
+            self.cost_usd += cost_usd
+
+    def spent(self) -> RunStatus | None:
+        """The budget status the run has reached, if any (tokens first, as the seed loop checks them)."""
+        limits = self.limits
+        if limits.max_total_tokens is not None and self.usage.total_tokens >= limits.max_total_tokens:
+            return RunStatus.TOKEN_BUDGET
+        if limits.max_cost_usd is not None and self.cost_usd is not None and self.cost_usd >= limits.max_cost_usd:
+            return RunStatus.COST_BUDGET
+        return None
+
+    def remaining_s(self) -> float | None:
+        """Seconds of wall clock left, or None without a timeout."""
+        return None if self._deadline is None else self._deadline - self._clock()
+
+    def timed_out(self) -> bool:
+        remaining = self.remaining_s()
+        return remaining is not None and remaining <= 0
+
+    def tool_timeout_s(self) -> float | None:
+        """The per-tool timeout, shortened to what is left of the run's wall clock."""
+        remaining = self.remaining_s()
+        per_tool = self.limits.tool_timeout_s
+        if remaining is None:
+            return per_tool
+        return max(remaining, 0.0) if per_tool is None else max(min(per_tool, remaining), 0.0)

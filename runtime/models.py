@@ -1,0 +1,149 @@
+"""The model seam: the real Anthropic client, and a scripted model that replays responses offline.
+
+Both return the response as the Messages API's JSON (a dict). The loop keeps its history as plain JSON too, so what
+it appends is exactly what the API sent, a RunResult can be dumped as is, and a scripted run looks like a real one.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+
+class Model(Protocol):
+    """What the loop needs from a model. Implement it to put any Messages-API-compatible backend behind an Agent."""
+
+    stream: bool
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+
+    def server(self) -> tuple[str | None, int | None]: ...
+
+
+class AnthropicModel:
+    """Calls the Messages API through the official SDK, with the SDK's own retries (429, 529, 5xx) left on.
+
+    The clients are made on first use from the SDK's standard environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL) and
+    ``client_options``, or passed in ready-made. ``stream=True`` uses server-sent events, which the SDK requires for
+    requests it expects to run longer than ten minutes.
+    """
+
+    def __init__(self, client: Any = None, async_client: Any = None, *, stream: bool = False, **client_options: Any):
+        self._client = client
+        self._async_client = async_client
+        self._options = client_options
+        self.stream = stream
+
+    def sync_client(self):
+        if self._client is None:
+            import anthropic
+
+            self._client = anthropic.Anthropic(**self._options)
+        return self._client
+
+    def async_client(self):
+        if self._async_client is None:
+            import anthropic
+
+            self._async_client = anthropic.AsyncAnthropic(**self._options)
+        return self._async_client
+
+    def server(self) -> tuple[str | None, int | None]:
+        client = self._client or self._async_client or self.sync_client()
+        url = urlsplit(str(client.base_url))
+        return url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        client = self.sync_client()
+        options = {} if timeout is None else {"timeout": timeout}
+        if self.stream:
+            with client.messages.stream(**params, **options) as stream:
+                return _as_json(stream.get_final_message())
+        # The raw body is the API's JSON to the byte: no round trip through the SDK's models and back.
+        raw = client.messages.with_raw_response.create(**params, **options)
+        return raw.http_response.json()
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        client = self.async_client()
+        options = {} if timeout is None else {"timeout": timeout}
+        if self.stream:
+            async with client.messages.stream(**params, **options) as stream:
+                return _as_json(await stream.get_final_message())
+        raw = await client.messages.with_raw_response.create(**params, **options)
+        return raw.http_response.json()
+
+
+def _as_json(message: Any) -> dict[str, Any]:
+    # exclude_unset keeps exactly the fields the server sent; warnings=False because block types newer than the SDK
+    # are carried as loosely-typed objects that pydantic would otherwise complain about while dumping.
+    return message.model_dump(mode="json", exclude_unset=True, warnings=False)
+
+
+Response = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | BaseException
+
+
+class ScriptedModel:
+    """Replays responses in the Messages API shape, in order, for demos and for your own tests.
+
+    Each item is a (possibly partial) response dict, a callable that receives the request parameters and returns one,
+    or an exception to raise as the API client would. Missing fields are filled the way the API fills them. The
+    parameters of every call are kept in ``requests``.
+    """
+
+    stream = False
+
+    def __init__(self, responses: Iterable[Response] = ()) -> None:
+        self._responses = list(responses)
+        self._position = 0
+        self._ids = itertools.count(1)
+        self.requests: list[dict[str, Any]] = []
+
+    def add(self, *responses: Response) -> None:
+        self._responses.extend(responses)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._responses) - self._position
+
+    def server(self) -> tuple[str | None, int | None]:
+        return None, None
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        self.requests.append(params)
+        if self._position >= len(self._responses):
+            raise ScriptExhausted(f"the scripted model has no response left for call {self._position + 1}")
+        item = self._responses[self._position]
+        self._position += 1
+        if isinstance(item, BaseException):
+            raise item
+        if callable(item):
+            item = item(params)
+        return self._complete(item, params)
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        return self.create(params, timeout=timeout)
+
+    def _complete(self, item: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        response = copy.deepcopy(item)
+        response.setdefault("id", f"msg_scripted_{next(self._ids):04d}")
+        response.setdefault("type", "message")
+        response.setdefault("role", "assistant")
+        response.setdefault("model", params.get("model", "scripted"))
+        response.setdefault("content", [])
+        response.setdefault("stop_reason", "end_turn")
+        response.setdefault("stop_sequence", None)
+        usage = response.setdefault("usage", {})
+        usage.setdefault("input_tokens", 0)
+        usage.setdefault("output_tokens", 0)
+        usage.setdefault("cache_creation_input_tokens", 0)
+        usage.setdefault("cache_read_input_tokens", 0)
+        return response
+
+
+class ScriptExhausted(RuntimeError):
+    """The scripted model was called more often than it has responses."""

@@ -1,0 +1,93 @@
+"""What a run returns: its status, its usage and everything needed to look at it again."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class RunStatus(enum.StrEnum):
+    """How a run ended. Exactly one per run; the CLI maps each to its own exit code."""
+
+    DONE = "done"  # the model ended its turn (end_turn); not proof the task succeeded
+    MAX_TURNS = "max_turns"
+    TOKEN_BUDGET = "token_budget"
+    COST_BUDGET = "cost_budget"
+    TIMEOUT = "timeout"
+    MAX_TOKENS = "max_tokens"
+    STOP_SEQUENCE = "stop_sequence"
+    REFUSAL = "refusal"
+    CONTEXT_WINDOW = "context_window"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+    STOPPED_BY_DETECTOR = "stopped_by_detector"
+
+
+# Every stop_reason except the two that continue the loop (tool_use, pause_turn) ends the run with its own status.
+STATUS_FOR_STOP_REASON: dict[str, RunStatus] = {
+    "end_turn": RunStatus.DONE,
+    "max_tokens": RunStatus.MAX_TOKENS,
+    "stop_sequence": RunStatus.STOP_SEQUENCE,
+    "refusal": RunStatus.REFUSAL,
+    "model_context_window_exceeded": RunStatus.CONTEXT_WINDOW,
+}
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts the Anthropic way: ``input_tokens`` excludes the cache, which is counted apart."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Everything the budget counts: input, output, cache reads and cache writes."""
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_input_tokens
+            + self.cache_creation_input_tokens
+        )
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cache_read_input_tokens += other.cache_read_input_tokens
+        self.cache_creation_input_tokens += other.cache_creation_input_tokens
+
+
+@dataclass(slots=True)
+class RunResult:
+    status: RunStatus
+    turns: int
+    final_text: str
+    usage: Usage
+    cost_usd: float | None
+    trace_id: str  # 32 lower-case hex digits; all zeros when no tracer provider records spans
+    messages: list[dict[str, Any]]
+    anomalies: list[Any] = field(default_factory=list)
+    error: str | None = None  # "ExceptionType: message" when status is error
+    stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RunStatus.DONE
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view, as `looptrace run --json` prints it."""
+        return {
+            "status": self.status.value,
+            "turns": self.turns,
+            "final_text": self.final_text,
+            "usage": asdict(self.usage) | {"total_tokens": self.usage.total_tokens},
+            "cost_usd": self.cost_usd,
+            "trace_id": self.trace_id,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
+            "anomalies": [a.to_dict() if hasattr(a, "to_dict") else a for a in self.anomalies],
+            "messages": self.messages,
+        }

@@ -1,0 +1,321 @@
+"""Tools the model can call: schema from a typed, documented function; validation; timeouts that always fire.
+
+`@tool` reads a function's signature and docstring once, at decoration, and builds both the JSON schema the model
+sees and a pydantic validator for the arguments it sends back. Validation is strict JSON validation: the model is
+shown "integer", so "5" is an error it can correct, not something we silently coerce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import inspect
+import json
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, get_type_hints
+
+import pydantic
+
+NO_RESULT = "(the tool returned no result)"
+EMPTY_RESULT = "(the tool returned an empty string)"
+_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class ToolError(Exception):
+    """A tool call that could not produce a result. Its message goes back to the model as an is_error tool_result."""
+
+    kind = "error"
+
+
+class InvalidArguments(ToolError):
+    kind = "invalid_arguments"
+
+
+class UnknownTool(ToolError):
+    kind = "unknown_tool"
+
+
+class ToolTimeout(ToolError):
+    kind = "timeout"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tool:
+    """A callable offered to the model. Build one with `@tool`; construct directly only for hand-written schemas."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    fn: Callable[..., Any]
+    arguments_model: type[pydantic.BaseModel] | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def definition(self) -> dict[str, Any]:
+        """The entry for the Messages API `tools` parameter."""
+        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Keyword arguments for `fn`, or InvalidArguments naming each field that is wrong and why."""
+        if not isinstance(arguments, Mapping):
+            raise InvalidArguments(
+                f"{self.name} takes a JSON object of arguments, got {type(arguments).__name__}: {_short(arguments)}"
+            )
+        if self.arguments_model is None:
+            return dict(arguments)
+        try:
+            parsed = self.arguments_model.model_validate_json(json.dumps(arguments), strict=True)
+        except pydantic.ValidationError as exc:
+            raise InvalidArguments(_explain(self.name, exc)) from None
+        # Keep pydantic models and enums as the function declared them; only fields the model sent are passed, so
+        # the function's own defaults apply to the rest.
+        return {name: getattr(parsed, name) for name in parsed.model_fields_set}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A decorated tool stays callable as the plain function it wraps."""
+        return self.fn(*args, **kwargs)
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None):
+    """Offer a typed, documented function to the model.
+
+    The name is the function's, the description its docstring's text before an ``Args:`` section, and each parameter's
+    description its line in that section. Parameters with defaults are optional. Usable bare or with arguments:
+    ``@tool`` or ``@tool(name="search", description="...")``.
+    """
+
+    def build(func: Callable[..., Any]) -> Tool:
+        summary, param_docs = _parse_docstring(inspect.getdoc(func) or "")
+        tool_name = name or func.__name__
+        if not _NAME_PATTERN.match(tool_name):
+            raise ValueError(f"tool name {tool_name!r} must match {_NAME_PATTERN.pattern} (the Messages API's rule)")
+        model = _arguments_model(func, param_docs)
+        return Tool(
+            name=tool_name,
+            description=description or summary or tool_name,
+            input_schema=_schema_of(model),
+            fn=func,
+            arguments_model=model,
+        )
+
+    return build if fn is None else build(fn)
+
+
+def as_tools(items: Any) -> dict[str, Tool]:
+    """Tools by name from Tool objects or plain functions (decorated on the fly); duplicate names are an error."""
+    tools: dict[str, Tool] = {}
+    for item in items or ():
+        t = item if isinstance(item, Tool) else tool(item)
+        if t.name in tools:
+            raise ValueError(f"two tools are named {t.name!r}")
+        tools[t.name] = t
+    return tools
+
+
+# --- running a call ---------------------------------------------------------------------------------------------
+
+
+def run_sync(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+    """Call a tool from synchronous code. Waits at most ``timeout_s``; a hung tool is left behind, never waited for."""
+    box = _start_in_daemon_thread(t, kwargs)
+    if not box.done.wait(timeout_s):
+        raise ToolTimeout(_timeout_message(t, timeout_s))
+    return box.outcome()
+
+
+async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+    """Call a tool from a coroutine: async tools as tasks, sync tools on a daemon thread, both under the timeout."""
+    if t.is_async:
+        task = asyncio.ensure_future(t.fn(**kwargs))
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            # Cancel but do not await: a coroutine that swallows cancellation must not hang the run.
+            task.cancel()
+            raise ToolTimeout(_timeout_message(t, timeout_s))
+        return task.result()
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+    box = _start_in_daemon_thread(t, kwargs, on_done=lambda: loop.call_soon_threadsafe(_settle, future))
+    try:
+        await asyncio.wait_for(asyncio.shield(future), timeout_s)
+    except TimeoutError:
+        raise ToolTimeout(_timeout_message(t, timeout_s)) from None
+    return box.outcome()
+
+
+class _Outcome:
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _start_in_daemon_thread(t: Tool, kwargs: dict[str, Any], on_done: Callable[[], None] | None = None) -> _Outcome:
+    # A daemon thread rather than a ThreadPoolExecutor: the executor's workers are joined at interpreter exit, so one
+    # tool that never returns would keep the process alive forever.
+    box = _Outcome()
+    context = contextvars.copy_context()  # the tool's own spans nest under its execute_tool span
+
+    def target() -> None:
+        try:
+            if t.is_async:
+                box.value = context.run(asyncio.run, t.fn(**kwargs))
+            else:
+                box.value = context.run(t.fn, **kwargs)
+        except BaseException as exc:  # a tool's SystemExit or KeyboardInterrupt is its failure, not ours
+            box.error = exc
+        finally:
+            box.done.set()
+            if on_done is not None:
+                on_done()
+
+    threading.Thread(target=target, name=f"looptrace-tool-{t.name}", daemon=True).start()
+    return box
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _timeout_message(t: Tool, timeout_s: float | None) -> str:
+    return f"{t.name} did not finish within {timeout_s:g} s and was abandoned; try simpler arguments or another approach"
+
+
+# --- results ----------------------------------------------------------------------------------------------------
+
+
+def result_text(value: Any) -> str:
+    """The tool_result content for a return value: strings as they are, everything else as JSON."""
+    if value is None:
+        return NO_RESULT
+    if isinstance(value, str):
+        return value or EMPTY_RESULT
+    return json.dumps(value, ensure_ascii=False, default=_jsonable)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    # Dates, paths, decimals, enums and anything else: its text, so the model still sees something meaningful.
+    return str(value)
+
+
+def error_text(exc: BaseException) -> str:
+    """What the model is told when a tool raised: the exception's type and message."""
+    if isinstance(exc, ToolError):
+        return str(exc)
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+# --- schema building ----------------------------------------------------------------------------------------------
+
+
+def _arguments_model(func: Callable[..., Any], param_docs: dict[str, str]) -> type[pydantic.BaseModel]:
+    hints = get_type_hints(func, include_extras=True)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, pydantic.Field(default, description=param_docs.get(param.name)))
+    config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    return pydantic.create_model(f"{func.__name__}_arguments", __config__=config, **fields)
+
+
+def _schema_of(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    _drop_titles(schema)
+    schema.setdefault("properties", {})
+    return schema
+
+
+def _drop_titles(node: Any) -> None:
+    # pydantic titles every model and field; the model reads names and descriptions, titles only cost tokens.
+    if isinstance(node, dict):
+        if isinstance(node.get("title"), str):
+            del node["title"]
+        for key, value in node.items():
+            if key == "properties" and isinstance(value, dict):
+                for prop in value.values():
+                    _drop_titles(prop)
+            else:
+                _drop_titles(value)
+    elif isinstance(node, list):
+        for item in node:
+            _drop_titles(item)
+
+
+_SECTION = re.compile(r"^(Args|Arguments|Parameters|Params|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
+_PARAM_LINE = re.compile(r"^\s*\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_SPHINX_PARAM = re.compile(r"^:param\s+(?:[\w\[\], ]+\s+)?(\w+):\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The summary and per-parameter descriptions of a Google-style (``Args:``) or Sphinx (``:param x:``) docstring."""
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section = None
+    current = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        sphinx = _SPHINX_PARAM.match(stripped)
+        if sphinx:
+            current = sphinx.group(1)
+            params[current] = sphinx.group(2).strip()
+            section = "sphinx"
+            continue
+        header = _SECTION.match(stripped)
+        if header:
+            section = header.group(1)
+            current = None
+            continue
+        if section is None:
+            summary.append(line)
+        elif section in ("Args", "Arguments", "Parameters", "Params"):
+            match = _PARAM_LINE.match(line)
+            indent = len(line) - len(line.lstrip())
+            if match and indent <= 4:  # deeper lines continue the parameter above
+                current = match.group(1)
+                params[current] = match.group(2).strip()
+            elif current and stripped:
+                params[current] = f"{params[current]} {stripped}".strip()
+        elif section == "sphinx" and current and stripped and not stripped.startswith(":"):
+            params[current] = f"{params[current]} {stripped}".strip()
+    return "\n".join(summary).strip(), params
+
+
+def _explain(tool_name: str, exc: pydantic.ValidationError) -> str:
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        if error["type"] == "extra_forbidden":
+            problems.append(f"{where}: not a parameter of {tool_name}")
+        else:
+            problems.append(f"{where}: {error['msg']}")
+    return f"invalid arguments for {tool_name}: " + "; ".join(problems)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
