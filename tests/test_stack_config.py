@@ -1,0 +1,522 @@
+"""The local stack's configuration, checked without Docker.
+
+- docker-compose.yml against the Compose specification (check-jsonschema), its depends_on targets, mounted files,
+  pinned images and the Langfuse development keys;
+- the collector config: pipelines name only components it defines, through ports compose publishes;
+- Prometheus: `promtool check config`, `promtool check rules`, `promtool test rules`;
+- every PromQL expression of the alerts and the Grafana dashboard: valid (promtool, as recording rules) and naming
+  only metrics that exist, checked against a real scrape of the runtime's Prometheus endpoint.
+
+check-jsonschema and promtool are external binaries; their tests skip, saying so, only when the binary is absent.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the stack's YAML files (pip install pyyaml)")
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+COLLECTOR = ROOT / "dashboards/otel-collector/config.yaml"
+PROMETHEUS = ROOT / "dashboards/prometheus/prometheus.yml"
+ALERTS = ROOT / "dashboards/prometheus/alerts.yml"
+ALERT_TESTS = ROOT / "dashboards/prometheus/alerts_test.yml"
+DASHBOARD = ROOT / "dashboards/grafana/looptrace.json"
+FULL_STACK = ROOT / "dashboards/FULL_STACK.md"
+README = ROOT / "README.md"
+
+# What the collector's spanmetrics connector emits with the namespace and unit dashboards/otel-collector/config.yaml
+# sets (traces.span.metrics, seconds), as its prometheus exporter names them.
+SPANMETRICS_NAMES = {
+    "traces_span_metrics_calls_total",
+    "traces_span_metrics_duration_seconds_bucket",
+    "traces_span_metrics_duration_seconds_sum",
+    "traces_span_metrics_duration_seconds_count",
+}
+# Their labels: the connector's default dimensions, the ones the config adds, and the histogram's `le`.
+SPANMETRICS_LABELS = {"service_name", "span_name", "span_kind", "status_code", "gen_ai_operation_name",
+                      "gen_ai_agent_name", "gen_ai_request_model", "gen_ai_tool_name", "le"}
+
+
+def load_yaml(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return load_yaml(COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def collector():
+    return load_yaml(COLLECTOR)
+
+
+def tool(name: str) -> str:
+    """Path of an external binary, looked up on PATH and beside this interpreter (a virtualenv's bin/)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        hint = {"promtool": "apt-get install prometheus", "check-jsonschema": "pip install check-jsonschema"}[name]
+        pytest.skip(f"{name} is not installed ({hint}); CI installs it")
+    return found
+
+
+def run(*args: str, cwd: Path = ROOT) -> str:
+    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{' '.join(args)} failed:\n{output}"
+    return output
+
+
+# --- docker-compose.yml -------------------------------------------------------------------------------------------
+
+
+def test_compose_file_follows_the_compose_specification():
+    run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE))
+
+
+def test_every_depends_on_target_is_a_service_and_waits_for_a_healthcheck_it_has(compose):
+    services = compose["services"]
+    for name, service in services.items():
+        for target, condition in (service.get("depends_on") or {}).items():
+            assert target in services, f"{name} depends on {target}, which is not a service"
+            assert condition["condition"] in {"service_started", "service_healthy", "service_completed_successfully"}
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy; it has no check"
+
+
+def test_every_mounted_file_exists(compose):
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith((".", "/")):
+                assert (ROOT / source).is_file(), f"{name} mounts {source}, which does not exist"
+            else:
+                assert source in compose["volumes"], f"{name} uses volume {source}, which is not declared"
+
+
+def test_every_image_is_pinned_to_a_version(compose):
+    for name, service in compose["services"].items():
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and "/" not in tag, f"{name}: {image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"{name}: {image} is not pinned to a version"
+
+
+def test_every_service_but_the_distroless_collector_has_a_healthcheck(compose):
+    without = {name for name, service in compose["services"].items() if "healthcheck" not in service}
+    assert without == {"otel-collector"}
+
+
+def published_ports(service) -> dict[int, int]:
+    """{container port: host port} of a compose service's `ports` in the short syntax."""
+    ports = {}
+    for entry in service.get("ports", []):
+        *host, container = str(entry).split(":")
+        ports[int(container.split("/")[0])] = int(host[-1])
+    return ports
+
+
+def test_langfuse_is_initialised_with_the_development_keys_the_collector_uses(compose):
+    web = compose["services"]["langfuse-web"]["environment"]
+    for variable in ("ORG_ID", "PROJECT_ID", "PROJECT_PUBLIC_KEY", "PROJECT_SECRET_KEY", "USER_EMAIL", "USER_PASSWORD"):
+        assert web.get(f"LANGFUSE_INIT_{variable}"), f"LANGFUSE_INIT_{variable} is not set"
+    public, secret = web["LANGFUSE_INIT_PROJECT_PUBLIC_KEY"], web["LANGFUSE_INIT_PROJECT_SECRET_KEY"]
+    assert public.startswith("pk-lf-") and secret.startswith("sk-lf-")
+
+    basic = compose["services"]["otel-collector"]["environment"]["LANGFUSE_BASIC_AUTH"]
+    assert base64.b64decode(basic).decode() == f"{public}:{secret}"
+
+
+def documented_langfuse_values(text: str) -> dict[str, set[str]]:
+    values: dict[str, set[str]] = {}
+    for name, value in re.findall(r"\b(LANGFUSE_(?:PUBLIC_KEY|SECRET_KEY|BASE_URL|HOST))=[\"']?([^\s\"'`]+)", text):
+        values.setdefault(name, set()).add(value)
+    return values
+
+
+def full_stack_texts() -> list[tuple[str, str]]:
+    """The Full stack draft, and the README's "Full stack" section once the README has one."""
+    texts = [(FULL_STACK.name, FULL_STACK.read_text())]
+    if README.exists():
+        match = re.search(r"^(#+) Full stack\b.*?(?=^\1 |\Z)", README.read_text(), re.M | re.S)
+        if match:
+            texts.append(("README.md#full-stack", match.group(0)))
+    return texts
+
+
+def test_the_documented_langfuse_credentials_are_the_ones_compose_creates(compose):
+    web = compose["services"]["langfuse-web"]["environment"]
+    host_port = published_ports(compose["services"]["langfuse-web"])[3000]
+    expected = {
+        "LANGFUSE_PUBLIC_KEY": {web["LANGFUSE_INIT_PROJECT_PUBLIC_KEY"]},
+        "LANGFUSE_SECRET_KEY": {web["LANGFUSE_INIT_PROJECT_SECRET_KEY"]},
+        "LANGFUSE_BASE_URL": {f"http://localhost:{host_port}"},
+    }
+    for source, text in full_stack_texts():
+        documented = documented_langfuse_values(text)
+        for name, values in expected.items():
+            assert documented.get(name) == values, f"{source} gives {name}={documented.get(name)}, not {values}"
+        assert web["LANGFUSE_INIT_USER_EMAIL"] in text and web["LANGFUSE_INIT_USER_PASSWORD"] in text, source
+
+
+def test_the_full_stack_guide_lists_every_published_port(compose):
+    text = FULL_STACK.read_text()
+    for name, service in compose["services"].items():
+        for host_port in published_ports(service).values():
+            assert re.search(rf"\b{host_port}\b", text), f"{FULL_STACK.name} does not mention port {host_port} ({name})"
+
+
+# --- the collector ------------------------------------------------------------------------------------------------
+
+
+def component_type(component_id: str) -> str:
+    return component_id.split("/")[0]
+
+
+def test_collector_pipelines_use_only_components_the_config_defines(collector):
+    defined = {kind: set(collector.get(kind) or {}) for kind in ("receivers", "processors", "exporters", "connectors")}
+    connectors = defined["connectors"]
+    fed, read = set(), set()
+    for name, pipeline in collector["service"]["pipelines"].items():
+        for receiver in pipeline["receivers"]:
+            assert receiver in defined["receivers"] | connectors, f"pipeline {name}: receiver {receiver} undefined"
+            read.add(receiver)
+        for processor in pipeline.get("processors", []):
+            assert processor in defined["processors"], f"pipeline {name}: processor {processor} undefined"
+        for exporter in pipeline["exporters"]:
+            assert exporter in defined["exporters"] | connectors, f"pipeline {name}: exporter {exporter} undefined"
+            fed.add(exporter)
+        if pipeline.get("processors"):
+            assert pipeline["processors"][0] == "memory_limiter", f"pipeline {name}: memory_limiter must come first"
+    for connector in connectors:
+        assert connector in fed and connector in read, f"connector {connector} must end one pipeline and start another"
+    used = read | fed | {p for pipeline in collector["service"]["pipelines"].values() for p in pipeline["processors"]}
+    unused = (set().union(*defined.values())) - used
+    assert not unused, f"defined but in no pipeline: {unused}"
+    assert set(collector["service"]["extensions"]) == set(collector["extensions"])
+
+
+def test_collector_pipelines_carry_traces_to_langfuse_spanmetrics_and_debug_and_metrics_to_prometheus(collector):
+    pipelines = collector["service"]["pipelines"]
+    traces = next(p for name, p in pipelines.items() if component_type(name) == "traces")
+    metrics = next(p for name, p in pipelines.items() if component_type(name) == "metrics")
+    assert {component_type(e) for e in traces["exporters"]} == {"otlp_http", "spanmetrics", "debug"}
+    assert "batch" in traces["processors"] and "batch" in metrics["processors"]
+    assert {component_type(r) for r in metrics["receivers"]} == {"otlp", "spanmetrics"}
+    assert [component_type(e) for e in metrics["exporters"]] == ["prometheus"]
+
+
+def listening_ports(collector) -> set[int]:
+    endpoints = [protocol["endpoint"] for protocol in collector["receivers"]["otlp"]["protocols"].values()]
+    endpoints += [extension["endpoint"] for extension in collector["extensions"].values()]
+    endpoints += [exporter["endpoint"] for name, exporter in collector["exporters"].items()
+                  if component_type(name) == "prometheus"]
+    for endpoint in endpoints:
+        assert endpoint.startswith("0.0.0.0:"), f"{endpoint}: inside a container, listen on all interfaces"
+    return {int(endpoint.rsplit(":", 1)[1]) for endpoint in endpoints}
+
+
+def test_collector_listens_on_the_ports_compose_publishes(collector, compose):
+    ports = listening_ports(collector)
+    assert {4317, 4318} <= ports
+    assert set(published_ports(compose["services"]["otel-collector"])) == ports
+
+
+def test_collector_sends_to_langfuse_with_basic_auth_and_the_v4_ingestion_header(collector, compose):
+    (langfuse,) = [e for name, e in collector["exporters"].items() if component_type(name) == "otlp_http"]
+    match = re.fullmatch(r"http://([\w-]+):(\d+)/api/public/otel", langfuse["endpoint"])
+    assert match, langfuse["endpoint"]
+    host, port = match.group(1), int(match.group(2))
+    assert host in compose["services"] and port in published_ports(compose["services"][host])
+    headers = langfuse["headers"]
+    assert headers["x-langfuse-ingestion-version"] == "4"
+    assert headers["Authorization"] == "Basic ${env:LANGFUSE_BASIC_AUTH}"
+
+
+def test_every_environment_variable_the_collector_reads_is_set_by_compose(compose):
+    wanted = set(re.findall(r"\$\{env:(\w+)\}", COLLECTOR.read_text()))
+    assert wanted <= set(compose["services"]["otel-collector"]["environment"])
+
+
+def test_the_config_compose_mounts_is_the_one_the_collector_is_told_to_read(compose):
+    service = compose["services"]["otel-collector"]
+    mounted = {v.split(":")[1] for v in service["volumes"] if v.startswith("./dashboards/otel-collector/config.yaml:")}
+    assert service["command"] == [f"--config={path}" for path in mounted]
+
+
+def test_prometheus_scrapes_the_collectors_prometheus_exporter(collector, compose):
+    config = load_yaml(PROMETHEUS)
+    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    (exporter,) = [e for name, e in collector["exporters"].items() if component_type(name) == "prometheus"]
+    port = exporter["endpoint"].rsplit(":", 1)[1]
+    assert f"otel-collector:{port}" in targets
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert "./dashboards/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+# --- Prometheus rules -----------------------------------------------------------------------------------------------
+
+
+def test_promtool_accepts_the_prometheus_config():
+    run(tool("promtool"), "check", "config", str(PROMETHEUS))
+
+
+def test_promtool_accepts_the_alert_rules():
+    run(tool("promtool"), "check", "rules", str(ALERTS))
+
+
+def test_alert_rules_pass_their_unit_tests():
+    output = run(tool("promtool"), "test", "rules", ALERT_TESTS.name, cwd=ALERT_TESTS.parent)
+    assert "SUCCESS" in output
+
+
+def test_every_alert_is_unit_tested_and_explains_itself():
+    rules = [rule for group in load_yaml(ALERTS)["groups"] for rule in group["rules"]]
+    alerts = {rule["alert"]: rule for rule in rules if "alert" in rule}
+    tested = {case["alertname"] for test in load_yaml(ALERT_TESTS)["tests"] for case in test["alert_rule_test"]
+              if case["exp_alerts"]}
+    assert set(alerts) == tested, f"alerts never shown firing in {ALERT_TESTS.name}: {set(alerts) - tested}"
+    for name, rule in alerts.items():
+        assert rule["labels"]["severity"] in {"warning", "critical"}, name
+        assert rule["annotations"]["summary"] and len(rule["annotations"]["description"]) > 100, name
+
+
+# --- PromQL of the dashboard and the alerts --------------------------------------------------------------------------
+
+GRAFANA_RANGES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+
+
+def grafana_to_promql(expr: str) -> str:
+    """A panel query as Prometheus would receive it: Grafana's range variables and the dashboard's variables filled."""
+    for variable, value in GRAFANA_RANGES.items():
+        expr = expr.replace(variable, value)
+    return re.sub(r"\$\{?\w+\}?", ".*", expr)  # $agent, $model: only ever used inside =~ matchers
+
+
+def dashboard_queries() -> dict[str, str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return {f"panel_{panel['id']}_{target['refId']}": grafana_to_promql(target["expr"])
+            for panel in dashboard["panels"] for target in panel.get("targets", [])}
+
+
+def alert_queries() -> dict[str, str]:
+    return {rule.get("alert") or rule["record"]: rule["expr"]
+            for group in load_yaml(ALERTS)["groups"] for rule in group["rules"]}
+
+
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                "offset", "inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers that are not functions, keywords or label names."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists
+    expr = re.sub(r"\boffset\s+-?\w+", "", expr)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])[a-zA-Z_:][\w:]*", expr):
+        if match.group() in PROMQL_WORDS or expr[match.end():].lstrip().startswith("("):
+            continue  # a keyword, or a function or aggregation being called
+        names.add(match.group())
+    return names
+
+
+def test_metric_names_are_found_in_promql():
+    expr = ('histogram_quantile(0.95, sum by (le, model) (rate(x_bucket{a=~"b|c"}[5m]))) / on(job) '
+            'group_left(team) y_total offset 1h > 1e6 and z unless sum without (i) (w{q="v"})')
+    assert metric_names(expr) == {"x_bucket", "y_total", "z", "w"}
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path):
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:{key}", "expr": expr} for key, expr in queries.items()]}]}
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    run(tool("promtool"), "check", "rules", str(path))
+
+
+def test_the_dashboard_has_the_panels_and_variables_it_promises():
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    for title in ("Runs by status", "Turns per run", "Tokens by model and type", "Cost by model",
+                  "Model latency p50 / p95", "Tool calls by tool and outcome", "Tool error ratio by tool",
+                  "Anomalies by type"):
+        assert title in titles
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"agent", "model"}
+    datasources = {json.dumps(p.get("datasource"), sort_keys=True) for p in dashboard["panels"] if p["type"] != "row"}
+    assert datasources == {json.dumps({"type": "prometheus", "uid": "prometheus"}, sort_keys=True)}
+    provisioned = load_yaml(ROOT / "dashboards/grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    assert [d["uid"] for d in provisioned] == ["prometheus"]
+
+
+# --- metric names against a real scrape ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scripted_agent_run(provider) -> bool:
+    """A scripted run through the real loop, if the Agent records metrics; False when it cannot (yet)."""
+    try:
+        from runtime import Agent, ScriptedModel, tool as as_tool
+    except ImportError:
+        return False
+    if "meter_provider" not in inspect.signature(Agent).parameters:
+        return False
+
+    @as_tool
+    def search(query: str) -> str:
+        """Search the catalogue.
+
+        Args:
+            query: what to look for.
+        """
+        return f"3 results for {query}"
+
+    usage = {"input_tokens": 1200, "output_tokens": 40, "cache_read_input_tokens": 800}
+    model = ScriptedModel([
+        {"content": [{"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"query": "osaka"}}],
+         "stop_reason": "tool_use", "usage": usage},
+        {"content": [{"type": "text", "text": "Found 3."}], "stop_reason": "end_turn", "usage": usage},
+    ])
+    Agent("claude-sonnet-4-5", tools=[search], client=model, name="scrape-check", meter_provider=provider).run("hi")
+    return True
+
+
+@pytest.fixture(scope="module")
+def scraped() -> dict[str, set[str]]:
+    """{metric name: label names} from the runtime's own Prometheus endpoint, after a run and every kind of event."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from instrumentation.metrics import LoopMetrics, prometheus_reader
+
+    port = free_port()
+    provider = MeterProvider(metric_readers=[prometheus_reader(port)])
+    try:
+        scripted_agent_run(provider)
+        # Whatever a short happy run does not produce: a failed call, a failing tool, an anomaly, a run on a limit.
+        loop_metrics = LoopMetrics(meter_provider=provider)
+        loop_metrics.record_chat(agent="support", request_model="claude-sonnet-4-5",
+                                 response_model="claude-sonnet-4-5-20250929", input_tokens=2000, output_tokens=150,
+                                 duration_s=3.2, cost_usd=0.0083, server_address="api.anthropic.com")
+        loop_metrics.record_chat(agent="support", request_model="claude-sonnet-4-5", response_model=None,
+                                 input_tokens=0, output_tokens=0, duration_s=60.0, error_type="APITimeoutError")
+        loop_metrics.record_tool(agent="support", tool="search", outcome="ok", duration_s=0.12)
+        loop_metrics.record_tool(agent="support", tool="search", outcome="timeout", duration_s=30.0)
+        loop_metrics.record_anomaly(agent="support", type="repeated_call", tool="search")
+        loop_metrics.record_run(agent="support", status="max_turns", turns=10)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        provider.shutdown()
+
+    series: dict[str, set[str]] = {}
+    for line in body.splitlines():
+        match = re.match(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? ", line)
+        if match and not line.startswith("#"):
+            labels = set(re.findall(r"(\w+)=\"", match.group(2) or ""))
+            series.setdefault(match.group(1), set()).update(labels)
+    return series
+
+
+def test_the_runtime_endpoint_shows_every_metric_under_its_documented_name(scraped):
+    for name in ("gen_ai_client_token_usage_bucket", "gen_ai_client_operation_duration_seconds_bucket",
+                 "looptrace_runs_total", "looptrace_turns_bucket", "looptrace_tool_calls_total",
+                 "looptrace_tool_duration_seconds_bucket", "looptrace_anomalies_total", "looptrace_cost_usd_total"):
+        assert name in scraped, f"{name} not in the scrape: {sorted(scraped)}"
+    assert {"gen_ai_token_type", "gen_ai_request_model", "gen_ai_agent_name"} <= scraped["gen_ai_client_token_usage_bucket"]
+    assert "error_type" in scraped["gen_ai_client_operation_duration_seconds_bucket"]
+    assert {"gen_ai_agent_name", "looptrace_run_status"} <= scraped["looptrace_runs_total"]
+    assert {"gen_ai_tool_name", "looptrace_tool_outcome"} <= scraped["looptrace_tool_calls_total"]
+    assert {"looptrace_anomaly_type", "gen_ai_tool_name"} <= scraped["looptrace_anomalies_total"]
+
+
+def recording_rule_names() -> set[str]:
+    return {rule["record"] for group in load_yaml(ALERTS)["groups"] for rule in group["rules"] if "record" in rule}
+
+
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_promql_names_only_metrics_that_exist(source, scraped):
+    queries = dashboard_queries() if source == "dashboard" else alert_queries()
+    known = set(scraped) | SPANMETRICS_NAMES | recording_rule_names()
+    for key, expr in queries.items():
+        unknown = metric_names(expr) - known
+        assert not unknown, f"{source} {key} names metrics nothing emits: {unknown}"
+
+
+def test_promql_uses_only_labels_the_metrics_carry(scraped):
+    """A misspelt label does not break a query, it silently matches nothing; so label names are checked too."""
+    labels_of = {**{name: SPANMETRICS_LABELS for name in SPANMETRICS_NAMES}, **scraped}
+    every_label = set().union(*labels_of.values())
+    for key, expr in {**dashboard_queries(), **alert_queries()}.items():
+        selected = [labels_of[name] for name in metric_names(expr) if name in labels_of]
+        carried = set().union(*selected) if selected else every_label  # a rule over recording rules: any label
+        used = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", expr))
+        used |= {label.strip() for group in re.findall(r"\bby\s*\(([^)]*)\)", expr) for label in group.split(",")}
+        assert used <= carried | {"job", "instance"}, f"{key} uses labels its metrics do not carry: {used - carried}"
+
+
+# --- the collector names metrics as the runtime's endpoint does ------------------------------------------------------
+
+UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "1": ""}  # the entries our instruments need
+
+
+def collector_prometheus_name(name: str, unit: str, monotonic_counter: bool) -> str:
+    """The name the collector's prometheus exporter gives a metric under its default translation strategy
+    (UnderscoreEscapingWithSuffixes, prometheus/otlptranslator): dots and other invalid characters split the name into
+    words; a unit in braces adds nothing, a known unit adds its word, any other unit is appended as written; counters
+    get _total."""
+    words = [w for w in re.split(r"[^a-zA-Z0-9:]+", name) if w]
+    main = unit.split("/")[0].strip()
+    if main and not re.search(r"[{}]", main):
+        suffix = UNIT_WORDS.get(main, main)
+        if suffix and suffix not in words:
+            words.append(suffix)
+    if monotonic_counter:
+        words = [w for w in words if w != "total"] + ["total"]
+    return "_".join(words)
+
+
+def test_the_collector_would_name_every_instrument_as_the_runtime_endpoint_does(scraped):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from instrumentation.metrics import LoopMetrics
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    loop_metrics = LoopMetrics(meter_provider=provider)
+    loop_metrics.record_chat(agent="a", request_model="m", response_model=None, input_tokens=1, output_tokens=1,
+                             duration_s=0.1, cost_usd=0.1)
+    loop_metrics.record_tool(agent="a", tool="t", outcome="ok", duration_s=0.1)
+    loop_metrics.record_run(agent="a", status="done", turns=1)
+    loop_metrics.record_anomaly(agent="a", type="cycle", tool=None)
+    metrics = [m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+    provider.shutdown()
+    assert len(metrics) == 8
+
+    for metric in metrics:
+        counter = getattr(metric.data, "is_monotonic", False)
+        name = collector_prometheus_name(metric.name, metric.unit, counter)
+        exposed = name if counter else f"{name}_bucket"
+        assert exposed in scraped, f"{metric.name} ({metric.unit}): collector says {exposed}, runtime says otherwise"
