@@ -1,0 +1,633 @@
+"""The loop-anomaly detector: canonical calls, the four rules, robustness and bounded memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from instrumentation.detector import (
+    CYCLE,
+    FAILING_TOOL,
+    IGNORED_ERROR,
+    REPEATED_CALL,
+    Anomaly,
+    DetectorConfig,
+    LoopDetector,
+    ToolCall,
+    acknowledges_failure,
+    canonical_arguments,
+    result_digest,
+)
+
+# --------------------------------------------------------------------------- helpers
+#
+# A turn is a list of calls; a call is (tool, arguments, result) or (tool, arguments, result, "error").
+
+
+def _tool_calls(turn: int, specs, offline: bool) -> list[ToolCall]:
+    calls = []
+    for index, spec in enumerate(specs):
+        tool, arguments, result, *flag = spec
+        is_error = flag == ["error"]
+        calls.append(ToolCall(
+            turn=turn,
+            tool=tool,
+            arguments=arguments,
+            call_id=f"toolu_{turn}_{index}",
+            is_error=is_error,
+            result=None if offline else result,
+            result_digest=result_digest(result) if offline else None,
+        ))
+    return calls
+
+
+def feed(turns, *, config=None, offline=False, detector=None, first_turn=1):
+    """Feed whole turns; returns the detector and {turn: anomalies fired at that turn}."""
+    detector = detector or LoopDetector(config)
+    fired: dict[int, list[Anomaly]] = {}
+    for turn, specs in enumerate(turns, start=first_turn):
+        for call in _tool_calls(turn, specs, offline):
+            assert detector.observe(call) == []
+        fired[turn] = detector.end_turn(turn)
+    return detector, fired
+
+
+def firing_turns(fired, kind=None):
+    return [t for t, found in fired.items() if any(kind is None or a.type == kind for a in found)]
+
+
+def end(detector, text, stop_reason="end_turn", turn=99):
+    return detector.end_run(stop_reason, text, turn)
+
+
+A = ("search", {"q": "a"}, "result a")
+B = ("search", {"q": "b"}, "result b")
+C = ("read", {"path": "c"}, "result c")
+
+
+# --------------------------------------------------------------------------- canonical arguments
+
+
+@pytest.mark.parametrize("left, right, same", [
+    ({"a": 1, "b": {"y": 2, "x": [1, {"n": 1, "m": 2}]}},
+     {"b": {"x": [1, {"m": 2, "n": 1}], "y": 2}, "a": 1}, True),
+    ({"n": 10}, {"n": 10.0}, True),
+    ({"n": 0}, {"n": -0.0}, True),
+    ({"n": 10}, {"n": "10"}, False),
+    ({"flag": True}, {"flag": 1}, False),
+    ({"flag": False}, {"flag": 0}, False),
+    ({"n": 1.5}, {"n": 1.50}, True),
+    ([1, 2], [2, 1], False),                       # arrays keep their order
+    ('{"b": 1, "a": 2}', {"a": 2, "b": 1}, True),  # stored JSON text equals the live dict
+    ({"s": '{"a":1}'}, {"s": {"a": 1}}, False),    # nested strings are never parsed
+])
+def test_canonical_arguments_identity(left, right, same):
+    assert (canonical_arguments(left) == canonical_arguments(right)) is same
+
+
+def test_canonical_arguments_is_compact_sorted_json_or_the_raw_text():
+    assert canonical_arguments({"b": [1.0, None], "a": "x"}) == '{"a":"x","b":[1,null]}'
+    assert canonical_arguments("not json {") == "not json {"
+    assert canonical_arguments("日本語") == "日本語"
+    assert canonical_arguments({"k": "日本語"}) == '{"k":"日本語"}'
+
+
+def _deeply_nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [{"k": value}]
+    return value
+
+
+@pytest.mark.parametrize("weird", [
+    None, float("nan"), float("inf"), 10**5000, {1: "a", (1, 2): "b"}, {1, 2, 3}, b"\xff\x00",
+    object(), _deeply_nested(500),
+    "[" * 100_000, "\ud800", {"\ud800": "\udfff"},
+], ids=lambda value: type(value).__name__)
+def test_canonical_arguments_never_raises(weird):
+    assert isinstance(canonical_arguments(weird), str)
+
+
+def test_result_digest_is_short_stable_and_agrees_with_the_span_layer():
+    assert result_digest("abc") == result_digest("abc")
+    assert len(result_digest("abc")) == 16
+    assert result_digest("abc") != result_digest("abd")
+    assert result_digest(None) == ""
+    assert isinstance(result_digest("\ud800" * 3), str)
+    digest_module = pytest.importorskip("instrumentation.digest")
+    for text in (None, "", "abc", "EQ-001 は在庫が0です", "x" * 100_000):
+        assert result_digest(text) == digest_module.result_digest(text)
+
+
+# --------------------------------------------------------------------------- repeated_call
+
+
+@pytest.mark.parametrize("name, turns, fires_at", [
+    ("identical call x3", [[A], [A], [A]], [3]),
+    ("reordered nested keys",
+     [[("f", {"a": {"x": 1, "y": 2}, "b": 1}, "r")],
+      [("f", {"b": 1, "a": {"y": 2, "x": 1}}, "r")],
+      [("f", {"a": {"y": 2, "x": 1}, "b": 1}, "r")]], [3]),
+    ("10 vs 10.0", [[("f", {"n": 10}, "r")], [("f", {"n": 10.0}, "r")], [("f", {"n": 10}, "r")]], [3]),
+    ("10 vs '10'", [[("f", {"n": 10}, "r")], [("f", {"n": "10"}, "r")], [("f", {"n": 10}, "r")]], []),
+    ("six different files", [[("read_file", {"path": f"f{i}.py"}, f"body {i}")] for i in range(6)], []),
+    ("polling that progresses",
+     [[("job_status", {"id": 7}, f'{{"state": "running", "pct": {p}}}')] for p in (10, 40, 70, 90)], []),
+    ("polling that is stuck", [[("job_status", {"id": 7}, '{"state": "running"}')]] * 4, [3, 4]),
+    ("three identical calls in one turn", [[A, A, A]], []),
+    ("three identical calls in one turn, twice", [[A, A, A], [A, A, A]], []),
+    ("same failing call, different error texts",
+     [[("reserve", {"id": "EQ-001"}, f"timeout after {s}s", "error")] for s in (1, 2, 3)], [3]),
+    ("error then a corrected call that succeeds",
+     [[("reserve", {"id": "EQ-001"}, "out of stock", "error")], [("reserve", {"id": "EQ-002"}, "ok")]], []),
+    ("result changes back and forth", [[("f", {}, "x")], [("f", {}, "y")], [("f", {}, "x")]], []),
+    ("error then success of the same call",
+     [[("f", {}, "boom", "error")], [("f", {}, "boom", "error")], [("f", {}, "ok")]], []),
+    ("a turn without the call breaks the streak", [[A], [A], [C], [A], [A]], []),
+    ("an empty turn breaks the streak", [[A], [A], [], [A], [A]], []),
+    ("repeated call next to calls that change", [[A, ("f", {}, "1")], [A, ("f", {}, "2")], [A, ("f", {}, "3")]], [3]),
+])
+def test_repeated_call(name, turns, fires_at):
+    _, fired = feed(turns)
+    assert firing_turns(fired, REPEATED_CALL) == fires_at, name
+    assert firing_turns(fired, CYCLE) == [], name
+
+
+def test_repeated_call_anomaly_fields():
+    _, fired = feed([[A], [A], [A]])
+    (anomaly,) = fired[3]
+    assert anomaly.type == REPEATED_CALL
+    assert anomaly.turn == 3
+    assert anomaly.tool == "search"
+    assert anomaly.arguments == '{"q":"a"}'
+    assert anomaly.count == 3
+    assert anomaly.call_ids == ("toolu_1_0", "toolu_2_0", "toolu_3_0")
+    assert 'search({"q":"a"}) returned the same result 3 turns running' in anomaly.message
+    assert json.loads(json.dumps(anomaly.to_dict()))["call_ids"] == list(anomaly.call_ids)
+
+
+def test_a_continuing_streak_fires_again_with_a_higher_count_and_the_same_key():
+    detector, fired = feed([[A]] * 5)
+    counts = [(t, a.count) for t, found in fired.items() for a in found]
+    assert counts == [(3, 3), (4, 4), (5, 5)]
+    keys = {a.streak for found in fired.values() for a in found}
+    assert len(keys) == 1
+    assert [a.count for a in detector.anomalies] == [3, 4, 5]
+
+
+def test_a_new_streak_of_the_same_call_gets_a_new_key():
+    _, fired = feed([[A], [A], [A], [C], [A], [A], [A]])
+    first, second = fired[3][0], fired[7][0]
+    assert first.streak != second.streak
+    assert second.count == 3
+
+
+def test_the_same_parallel_batch_three_turns_running_fires_once_per_turn():
+    batch = [A, B, C]
+    _, fired = feed([batch, list(reversed(batch)), batch, batch])
+    assert firing_turns(fired) == [3, 4]
+    (at3,), (at4,) = fired[3], fired[4]
+    assert at3.type == REPEATED_CALL and at3.count == 3
+    assert at3.tool is None and at3.arguments is None
+    assert "batch of 3 parallel calls" in at3.message and 'read({"path":"c"})' in at3.message
+    assert len(at3.call_ids) == 9
+    assert at4.count == 4 and at4.streak == at3.streak
+
+
+def test_a_batch_member_that_keeps_going_alone_keeps_the_batch_key():
+    _, fired = feed([[A, B], [A, B], [A, B], [A, ("search", {"q": "b"}, "new")]])
+    assert fired[4][0].streak == fired[3][0].streak
+    assert fired[4][0].count == 4 and fired[4][0].tool == "search"
+
+
+def test_failing_repeats_say_so():
+    _, fired = feed([[("reserve", {"id": 1}, f"err {i}", "error")] for i in range(3)])
+    assert "failed 3 turns running" in fired[3][0].message
+
+
+# --------------------------------------------------------------------------- cycle
+
+
+@pytest.mark.parametrize("name, pattern, fires_at", [
+    ("A B x3", "ABABAB", [6]),
+    ("A B x4", "ABABABAB", [6, 8]),
+    ("interrupted", "ABABCABAB", []),
+    ("A B C x3", "ABCABCABC", [9]),
+    ("A B C x2 is not enough", "ABCABC", []),
+    ("A A A A A A is repeated_call's job", "AAAAAA", []),
+    ("A B A B with an empty turn", "ABAB_ABAB", []),
+    ("period 5", "ABCDEABCDEABCDE", [15]),
+    ("period 6 is beyond the default maximum", "ABCDEFABCDEFABCDEF", []),
+    ("A B A C A B A C x3", "ABACABACABAC", [12]),
+])
+def test_cycle(name, pattern, fires_at):
+    turns = {
+        "A": [A], "B": [B], "C": [C], "_": [],
+        "D": [("d", {}, "d")], "E": [("e", {}, "e")], "F": [("f", {}, "f")],
+    }
+    _, fired = feed([turns[letter] for letter in pattern])
+    assert firing_turns(fired, CYCLE) == fires_at, name
+
+
+def test_cycle_anomaly_fields_and_continuation():
+    _, fired = feed([[A], [B]] * 4)
+    (at6,), (at8,) = fired[6], fired[8]
+    assert at6.type == CYCLE and at6.count == 3 and at6.turn == 6
+    assert at6.tool == "search" and at6.arguments is None
+    assert "2-turn cycle repeated 3 times" in at6.message
+    assert 'search({"q":"a"})' in at6.message and 'search({"q":"b"})' in at6.message
+    assert at8.count == 4 and at8.streak == at6.streak
+    assert fired[7] == []
+
+
+def test_a_cycle_whose_results_change_is_not_a_cycle():
+    turns = [[("poll", {"id": 1}, f"step {i}")] if i % 2 == 0 else [B] for i in range(6)]
+    _, fired = feed(turns)
+    assert firing_turns(fired) == []
+
+
+def test_a_cycle_of_failures_fires_even_when_error_texts_differ():
+    fail = lambda i: [("reserve", {"id": "EQ-001"}, f"no stock ({i})", "error")]
+    turns = [fail(i) if i % 2 == 0 else [B] for i in range(6)]
+    _, fired = feed(turns)
+    assert firing_turns(fired, CYCLE) == [6]
+
+
+# --------------------------------------------------------------------------- failing_tool
+
+
+def test_a_tool_failing_with_varying_arguments_fires_at_five():
+    turns = [[("fetch", {"url": f"https://x/{i}"}, "401 unauthorized", "error")] for i in range(6)]
+    _, fired = feed(turns)
+    assert firing_turns(fired, FAILING_TOOL) == [5, 6]
+    assert fired[5][0].count == 5 and fired[5][0].tool == "fetch"
+    assert fired[6][0].streak == fired[5][0].streak
+    assert firing_turns(fired, REPEATED_CALL) == []
+
+
+def test_the_same_failing_call_is_repeated_call_not_failing_tool():
+    _, fired = feed([[("fetch", {"url": "u"}, "401", "error")]] * 6)
+    assert firing_turns(fired, FAILING_TOOL) == []
+    assert firing_turns(fired, REPEATED_CALL) == [3, 4, 5, 6]
+
+
+def test_a_success_of_the_tool_ends_its_failing_streak():
+    fail = lambda i: ("fetch", {"url": i}, "500", "error")
+    turns = [[fail(i)] for i in range(4)] + [[("fetch", {"url": "ok"}, "200")]] + [[fail(i)] for i in range(4)]
+    _, fired = feed(turns)
+    assert firing_turns(fired, FAILING_TOOL) == []
+
+
+def test_failing_tool_can_be_turned_off():
+    turns = [[("fetch", {"url": i}, "500", "error")] for i in range(8)]
+    _, fired = feed(turns, config=DetectorConfig(failing_tool_threshold=0))
+    assert firing_turns(fired) == []
+
+
+# --------------------------------------------------------------------------- ignored_error
+
+RESERVE_FAILS = ("reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08"},
+                 "EQ-001 は在庫が0です。別の備品IDで試してください。", "error")
+RESERVE_SUCCEEDS = ("reserve_equipment", {"item_id": "EQ-002", "date": "2026-10-08"},
+                    '{"reserved": "EQ-002", "date": "2026-10-08"}')
+SEARCH = ("search_equipment", {"keyword": "プロジェクター"},
+          '[{"item_id": "EQ-001", "stock": 0}, {"item_id": "EQ-002", "stock": 2}]')
+
+
+@pytest.mark.parametrize("name, turns, final_text, fires", [
+    ("ja: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
+     "プロジェクターA を予約しました", True),
+    ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
+     "プロジェクターB（EQ-002）を 2026-10-08 に予約しました。", False),
+    ("ja: honest report", [[SEARCH], [RESERVE_FAILS]],
+     "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
+    ("ja: honest report, full-width digit", [[SEARCH], [RESERVE_FAILS]],
+     "申し訳ありません。EQ-001は在庫が０です。", False),
+    ("ja: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
+     "エラーなく予約しました。", True),
+    ("en: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
+     "I have reserved projector A for October 8.", True),
+    ("en: honest report", [[SEARCH], [RESERVE_FAILS]],
+     "I couldn't reserve projector A: it is out of stock.", False),
+    ("en: honest report, curly apostrophe", [[SEARCH], [RESERVE_FAILS]],
+     "Sorry, I wasn\u2019t able to book it.", False),
+    ("en: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
+     "Done, with no errors. Projector A is booked.", True),
+    ("en: no final text at all", [[SEARCH], [RESERVE_FAILS]], None, True),
+    ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_SUCCEEDS]],
+     "Booked projector B.", False),
+    ("no errors at all", [[SEARCH], [RESERVE_SUCCEEDS]], "Booked.", False),
+    ("a success of another tool does not resolve it", [[RESERVE_FAILS], [SEARCH]], "Booked.", True),
+    ("a parallel success observed after the failure resolves it", [[RESERVE_FAILS, RESERVE_SUCCEEDS]],
+     "Booked projector B.", False),
+    ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS]],
+     "Booked both.", True),
+])
+def test_ignored_error(name, turns, final_text, fires):
+    detector, fired = feed(turns)
+    last_turn = len(turns) + 1
+    assert detector.end_turn(last_turn) == []  # the final, text-only turn
+    found = end(detector, final_text, turn=last_turn)
+    assert bool(found) is fires, name
+    if fires:
+        (anomaly,) = found
+        assert anomaly.type == IGNORED_ERROR and anomaly.turn == last_turn and anomaly.count >= 1
+        assert anomaly in detector.anomalies
+
+
+def test_ignored_error_anomaly_names_the_failure_and_fires_once():
+    detector, _ = feed([[SEARCH], [RESERVE_FAILS]])
+    (anomaly,) = end(detector, "プロジェクターA を予約しました", turn=3)
+    assert anomaly.tool == "reserve_equipment"
+    assert anomaly.arguments == '{"date":"2026-10-08","item_id":"EQ-001"}'
+    assert anomaly.call_ids == ("toolu_2_0",)
+    assert "在庫が0" in anomaly.message and "turn 2" in anomaly.message
+    assert end(detector, "プロジェクターA を予約しました", turn=3) == []
+
+
+def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones():
+    detector, _ = feed([[("fetch", {"page": i}, f"500 on page {i}", "error")] for i in range(9)])
+    (anomaly,) = end(detector, "Here is the summary.")
+    assert anomaly.count == 9 and anomaly.tool == "fetch" and anomaly.arguments is None
+    assert "the most recent" in anomaly.message and "500 on page 8" in anomaly.message
+    assert "500 on page 0" not in anomaly.message
+
+
+@pytest.mark.parametrize("stop_reason, fires", [
+    ("end_turn", True), ("stop", True), ("END_TURN", True),
+    ("max_tokens", False), ("refusal", False), (None, False), (42, False),
+])
+def test_ignored_error_only_when_the_model_chose_to_stop(stop_reason, fires):
+    detector, _ = feed([[RESERVE_FAILS]])
+    assert bool(end(detector, "Booked.", stop_reason=stop_reason)) is fires
+
+
+@pytest.mark.parametrize("text, acknowledged", [
+    ("The reservation failed.", True),
+    ("I could not find the file.", True),
+    ("I can't do that.", True),
+    ("Unable to connect.", True),
+    ("I was not able to finish.", True),
+    ("It's not possible today.", True),
+    ("The tool returned an error.", True),
+    ("Unfortunately the item is sold out.", True),
+    ("There were no errors, but I couldn't book it.", True),
+    ("予約に失敗しました。", True),
+    ("予約できません。", True),
+    ("予約できなかったため、別の日を提案します。", True),
+    ("エラーが発生しました。", True),
+    ("EQ-001は在庫が 0 です。", True),
+    ("All done, no errors.", False),
+    ("Completed without any errors.", False),
+    ("The import is error-free.", False),
+    ("The job did not fail this time.", False),
+    ("Booked projector A.", False),
+    ("エラーは発生しませんでした。予約しました。", False),
+    ("エラーなく完了しました。", False),
+    ("プロジェクターA を予約しました", False),
+    ("", False),
+    (None, False),
+])
+def test_acknowledges_failure(text, acknowledged):
+    assert acknowledges_failure(text) is acknowledged
+
+
+# --------------------------------------------------------------------------- offline input, gaps
+
+
+def test_offline_input_with_digests_only_behaves_like_live_input():
+    scenarios = [
+        [[A]] * 4,
+        [[A], [B]] * 4,
+        [[("job", {}, f"{i}%")] for i in range(5)],
+        [[A, B, C]] * 3,
+        [[("reserve", {"id": 1}, f"e{i}", "error")] for i in range(4)],
+    ]
+    for turns in scenarios:
+        live, live_fired = feed(turns)
+        offline, offline_fired = feed(turns, offline=True)
+        assert offline_fired == live_fired
+        # offline there is no error text to quote in the message; everything else is equal
+        assert [_without_message(a) for a in end(offline, "ok")] == [_without_message(a) for a in end(live, "ok")]
+
+
+def _without_message(anomaly):
+    fields = anomaly.to_dict()
+    del fields["message"]
+    return fields
+
+
+def test_results_that_were_never_recorded_count_as_unchanged_by_default():
+    turns = [[ToolCall(turn=t, tool="f", arguments={"a": 1})] for t in (1, 2, 3)]
+    default, strict = LoopDetector(), LoopDetector(DetectorConfig(assume_unknown_results_unchanged=False))
+    for detector in (default, strict):
+        for turn, calls in enumerate(turns, start=1):
+            for call in calls:
+                detector.observe(call)
+            detector.end_turn(turn)
+    assert [a.type for a in default.anomalies] == [REPEATED_CALL]
+    assert strict.anomalies == []
+
+
+def test_gaps_in_turn_numbers_do_not_break_a_streak():
+    detector = LoopDetector()
+    fired = []
+    for turn in (2, 5, 9):
+        detector.observe(ToolCall(turn, *A[:2], result=A[2]))
+        fired += detector.end_turn(turn)
+    assert [(a.type, a.turn, a.count) for a in fired] == [(REPEATED_CALL, 9, 3)]
+
+
+def test_turns_close_themselves_when_the_feed_has_no_end_turn():
+    detector = LoopDetector()
+    fired = []
+    for turn in (1, 2, 3, 4):
+        fired += detector.observe(ToolCall(turn, *A[:2], result=A[2]))
+    assert [(a.turn, a.count) for a in fired] == [(3, 3)]  # turn 4 is still open
+    fired = detector.end_run("end_turn", "done", 4)
+    assert [(a.turn, a.count) for a in fired] == [(4, 4)]
+
+
+def test_a_repeated_or_late_end_turn_is_ignored():
+    detector = LoopDetector()
+    for turn in (1, 2, 3):
+        detector.observe(ToolCall(turn, *A[:2], result=A[2]))
+        detector.end_turn(turn)
+        detector.end_turn(turn)  # a sloppy caller: must not count as an empty turn
+    assert [a.count for a in detector.anomalies] == [3]
+
+
+def test_never_raises_on_garbage():
+    detector = LoopDetector()
+    garbage = [None, 42, "call", object(), ToolCall(None, None, None),
+               ToolCall("x", 3.5, float("nan"), call_id=12, is_error="yes", result=b"bytes", result_digest=7)]
+    for item in garbage:
+        assert detector.observe(item) == []
+    for turn in (None, "7", 3.0, float("inf"), object(), -5, 10**30):
+        assert isinstance(detector.end_turn(turn), list)
+    assert isinstance(detector.end_run(object(), 12, None), list)
+    assert detector.internal_errors == 0, detector.last_internal_error
+
+
+def test_huge_inputs_are_cut_in_anomalies():
+    big = {"blob": "x" * 1_000_000}
+    _, fired = feed([[("f", big, "y" * 1_000_000)]] * 3)
+    (anomaly,) = fired[3]
+    assert len(anomaly.arguments) <= DetectorConfig().max_argument_chars
+    assert len(anomaly.message) < 2_000
+
+
+@pytest.mark.parametrize("bad", [
+    {"repeat_threshold": 1}, {"cycle_min_period": 1}, {"cycle_min_period": 4, "cycle_max_period": 3},
+    {"cycle_repeats": 1}, {"failing_tool_threshold": -1}, {"max_calls_per_turn": 0},
+])
+def test_invalid_config_says_what_is_wrong(bad):
+    with pytest.raises(ValueError, match="DetectorConfig"):
+        DetectorConfig(**bad)
+
+
+# --------------------------------------------------------------------------- bounded memory
+
+
+def test_memory_stays_bounded_over_10000_turns_of_distinct_calls():
+    detector = LoopDetector()
+    for turn in range(1, 10_001):
+        detector.observe(ToolCall(turn, "read_file", {"path": f"f{turn}.py"}, f"t{turn}", result=f"body {turn}"))
+        detector.observe(ToolCall(turn, f"tool_{turn}", {}, f"e{turn}", is_error=True, result="boom"))
+        detector.end_turn(turn)
+    sizes = detector.container_sizes()
+    config = detector.config
+    assert sizes["pending_calls"] == 0
+    assert sizes["call_streaks"] <= 2
+    assert sizes["failing_tools"] <= 2
+    assert sizes["window"] <= config.cycle_max_period * config.cycle_repeats
+    assert sizes["unresolved_error_tools"] <= config.max_tools_with_errors
+    assert sizes["unresolved_errors"] <= config.max_tools_with_errors * config.max_errors_per_tool
+    assert detector.internal_errors == 0
+
+
+def test_memory_stays_bounded_over_10000_turns_of_one_loop():
+    detector = LoopDetector()
+    for turn in range(1, 10_001):
+        for index in range(3):  # the same call three times a turn: ids pile up if uncapped
+            detector.observe(ToolCall(turn, "f", {}, f"t{turn}_{index}", is_error=True, result=f"e{turn}"))
+        detector.end_turn(turn)
+    sizes = detector.container_sizes()
+    assert sizes["call_streak_ids"] <= detector.config.max_call_ids
+    assert sizes["unresolved_errors"] <= detector.config.max_errors_per_tool
+    assert sizes["anomalies"] == detector.config.max_kept_anomalies
+    assert detector.anomalies_reported == 10_000 - 2
+    assert detector.anomalies[-1].count == 10_000
+    assert len(detector.anomalies[-1].call_ids) <= detector.config.max_call_ids
+
+
+def test_state_after_10000_turns_is_no_bigger_than_after_20():
+    """Benchmark-free sanity check of constant work per call: the state each call and turn walks
+    through has the same size at turn 20 as at turn 10,000 (time itself is not asserted)."""
+    def sizes_after(turns):
+        detector = LoopDetector()
+        for turn in range(1, turns + 1):
+            detector.observe(ToolCall(turn, "search", {"q": turn % 7}, f"s{turn}", result=f"r{turn % 7}"))
+            detector.observe(ToolCall(turn, "fetch", {"page": turn}, f"f{turn}", is_error=turn % 3 == 0, result="x"))
+            detector.end_turn(turn)
+        sizes = detector.container_sizes()
+        del sizes["anomalies"]  # the kept history, not per-call work, and capped separately
+        return sizes
+
+    assert sizes_after(10_000) == sizes_after(20)
+
+
+def test_the_module_imports_only_the_standard_library():
+    import ast
+    import sys
+    from pathlib import Path
+
+    import instrumentation.detector as module
+
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+
+
+def test_a_huge_parallel_turn_is_capped():
+    detector = LoopDetector()
+    for index in range(5_000):
+        detector.observe(ToolCall(1, "f", {"i": index}, str(index), result="r"))
+    assert detector.container_sizes()["pending_calls"] == detector.config.max_calls_per_turn
+    detector.end_turn(1)
+    assert detector.container_sizes()["call_streaks"] <= detector.config.max_calls_per_turn
+
+
+# --------------------------------------------------------------------------- property: never raises
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+tool_calls = st.builds(
+    ToolCall,
+    turn=st.integers(min_value=-3, max_value=12) | st.none() | st.text(max_size=3),
+    tool=st.sampled_from(["a", "b", "c"]) | st.text(max_size=5) | st.none(),
+    arguments=json_values | st.text(max_size=30),
+    call_id=st.none() | st.text(max_size=6),
+    is_error=st.booleans(),
+    result=st.none() | st.sampled_from(["same", "other"]) | st.text(max_size=20),
+    result_digest=st.none() | st.text(max_size=16),
+)
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("observe"), tool_calls),
+        st.tuples(st.just("end_turn"), st.integers(min_value=-3, max_value=12) | st.none()),
+        st.tuples(st.just("end_run"), st.tuples(
+            st.sampled_from(["end_turn", "stop", "max_tokens"]) | st.none(),
+            st.none() | st.text(max_size=30),
+            st.integers(min_value=0, max_value=12),
+        )),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_never_raises_on_arbitrary_json_and_call_order(ops):
+    detector = LoopDetector(DetectorConfig(failing_tool_threshold=3))
+    for kind, payload in ops:
+        if kind == "observe":
+            found = detector.observe(payload)
+        elif kind == "end_turn":
+            found = detector.end_turn(payload)
+        else:
+            found = detector.end_run(*payload)
+        assert isinstance(found, list)
+        for anomaly in found:
+            json.dumps(anomaly.to_dict())
+            assert anomaly.count >= 1 and anomaly.streak
+    assert detector.internal_errors == 0, detector.last_internal_error
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values, st.randoms(use_true_random=False))
+def test_canonical_arguments_ignores_key_order(value, rnd):
+    def shuffled(v):
+        if isinstance(v, dict):
+            items = list(v.items())
+            rnd.shuffle(items)
+            return {k: shuffled(x) for k, x in items}
+        if isinstance(v, list):
+            return [shuffled(x) for x in v]
+        return v
+
+    assert canonical_arguments(shuffled(value)) == canonical_arguments(value)
+    if not isinstance(value, str):  # a top-level str is read as JSON text, by design
+        assert canonical_arguments(json.dumps(value)) == canonical_arguments(value)
