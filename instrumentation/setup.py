@@ -39,12 +39,16 @@ class Telemetry:
     exporters: list[str]
     trace_file: Path | None = None
     _processors: list = field(default_factory=list)
+    _stopped: bool = False
 
     def flush(self, timeout_ms: int = 5_000) -> bool:
         return self.tracer_provider.force_flush(timeout_ms)
 
     def shutdown(self) -> None:
-        self.tracer_provider.shutdown()
+        """Flush and stop every exporter. Safe to call more than once."""
+        if not self._stopped:
+            self._stopped = True
+            self.tracer_provider.shutdown()
 
 
 def parse_exporters(value: str | Iterable[str] | None) -> list[str]:
@@ -102,7 +106,9 @@ def configure(
         processor = SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
         provider.add_span_processor(processor)
         telemetry._processors.append(processor)
-    if set_global:
+    # The global provider can be set once per process; an application that already set one keeps it (and looptrace
+    # spans still reach this provider through Agent(tracer_provider=...)).
+    if set_global and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
     return telemetry
 

@@ -309,7 +309,7 @@ class Agent:
         try:
             self.on_event(event)
         except Exception as exc:  # an observer's bug must not end someone's run
-            log.warning("observer_failed", event=type(event).__name__, error=f"{type(exc).__name__}: {exc}")
+            log.warning("observer_failed", event_type=type(event).__name__, error=f"{type(exc).__name__}: {exc}")
 
 
 class UnknownStopReason(Exception):

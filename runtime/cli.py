@@ -25,6 +25,7 @@ from .result import RunResult, RunStatus
 from .tools import Tool
 from .views import LiveView, render_trace
 
+DEFAULT_MODEL = "claude-sonnet-5-5"
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
@@ -90,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
-    run.add_argument("--model", default=os.environ.get("LOOPTRACE_MODEL", "claude-sonnet-4-5"),
+    run.add_argument("--model", default=os.environ.get("LOOPTRACE_MODEL", DEFAULT_MODEL),
                      help="model id (default: %(default)s, or LOOPTRACE_MODEL)")
     run.add_argument("--system", help="system prompt")
     run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
@@ -135,7 +136,7 @@ def _demo(args: argparse.Namespace) -> int:
     agent = Agent(
         demo_story.DEMO_MODEL, tools=inventory.tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=demo_story.equipment_model(), limits=Limits(max_turns=10, tool_timeout_s=5),
-        on_event=None if args.json else LiveView(out),
+        on_event=None if args.json else LiveView(out), tracer_provider=telemetry.tracer_provider,
     )
     if not args.json:
         out.write(f"task: {demo_story.DEMO_TASK}\n(offline: a scripted model replays four responses; the tools are real)\n\n")
@@ -145,6 +146,7 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         out.write(f"\nfinal answer: {result.final_text}\n\n")
         _show_written_trace(telemetry, result, out)
+    telemetry.shutdown()
     return EXIT_CODES[result.status]
 
 
@@ -161,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
             client=AnthropicModel(stream=args.stream),
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr),
+            on_event=None if args.json else LiveView(sys.stderr), tracer_provider=telemetry.tracer_provider,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -174,6 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         if result.error:
             print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
         _point_at_trace(telemetry, result, sys.stderr)
+    telemetry.shutdown()
     return EXIT_CODES[result.status]
 
 
@@ -213,7 +216,7 @@ def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry) -> R
     try:
         return agent.run(task)
     except RunInterrupted as interrupted:
-        telemetry.flush()
+        telemetry.shutdown()
         print(f"\nlooptrace: interrupted after {interrupted.result.turns} turns; the trace was saved",
               file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None
@@ -325,7 +328,8 @@ def _configure_logging() -> None:
             structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(30),  # WARNING and above
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # Looked up at each use, not bound once: whoever swaps sys.stderr later (a test harness) is still followed.
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
     )
 
 

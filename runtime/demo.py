@@ -11,7 +11,7 @@ from typing import Any, Literal
 from .models import ScriptedModel
 from .tools import tool
 
-DEMO_MODEL = "claude-sonnet-4-5"
+DEMO_MODEL = "claude-sonnet-5-5"
 DEMO_TASK = "Reserve a projector for 2026-10-08."
 DEMO_SYSTEM = "You book office equipment. Check stock with search_equipment before reserving."
 

@@ -2,7 +2,9 @@
 
 Figures are Anthropic's published list prices (platform.claude.com pricing page, checked 2026-11). A model id matches the
 longest key that it starts with, so dated ids ("claude-sonnet-4-5-20250929") and aliases share one row. Pass your own
-table to `Agent(prices=...)` for negotiated rates or models released after this file.
+table to `Agent(prices=...)` for negotiated rates or models released after this file. Claude Haiku 5.5 is left out on
+purpose: its price depends on each request's prompt length (two tiers around 100k tokens), which a flat row would
+misstate; give it a row of your own for the tier you use.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ class Price:
 
 
 DEFAULT_PRICES: dict[str, Price] = {
+    "claude-fable-5-1": Price(10, 50, 0.25, 12.5, 20),
+    "claude-mythos-5-1": Price(10, 50, 0.25, 12.5, 20),
+    "claude-fable-5": Price.standard(10, 50),
+    "claude-mythos-5": Price.standard(10, 50),
+    "claude-opus-5-5": Price(4, 20, 0.20, 5, 8),
+    "claude-sonnet-5-5": Price(2, 10, 0.10, 2.5, 4),  # cache reads cut to 0.05x on 2026-10-07
+    "claude-sonnet-5": Price.standard(2, 10),
     "claude-opus-4-5": Price.standard(5, 25),
     "claude-opus-4-6": Price.standard(5, 25),
     "claude-opus-4-7": Price.standard(5, 25),
@@ -37,7 +46,7 @@ DEFAULT_PRICES: dict[str, Price] = {
     "claude-opus-5": Price.standard(5, 25),
     "claude-opus-4-1": Price.standard(15, 75),
     "claude-opus-4-0": Price.standard(15, 75),
-    "claude-opus-4-2": Price.standard(15, 75),  # "claude-opus-4-20250514", the dated id of Opus 4
+    "claude-opus-4-20250514": Price.standard(15, 75),
     "claude-3-opus": Price.standard(15, 75),
     "claude-sonnet-4": Price.standard(3, 15),  # 4, 4.5 and 4.6 share a price
     "claude-3-7-sonnet": Price.standard(3, 15),

@@ -1,0 +1,48 @@
+"""Shared fixtures: a private tracer provider whose finished spans the tests can read.
+
+Tests never set the global tracer provider (it can be set once per process); they hand the provider to the Agent.
+"""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+
+class Spans:
+    """The finished spans of a test, with the look-ups the assertions need."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+
+    @property
+    def all(self):
+        return list(self.exporter.get_finished_spans())
+
+    def named(self, prefix: str):
+        return [s for s in self.all if s.name.startswith(prefix)]
+
+    def one(self, prefix: str):
+        found = self.named(prefix)
+        assert len(found) == 1, f"expected one span named {prefix}*, found {[s.name for s in self.all]}"
+        return found[0]
+
+    def children_of(self, parent):
+        return [s for s in self.all if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+@pytest.fixture
+def spans() -> Spans:
+    return Spans()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog():
+    # The CLI configures structlog for its process; in-process CLI tests must not leave that behind for the next test.
+    yield
+    structlog.reset_defaults()

@@ -1,0 +1,246 @@
+"""Every span a run produces, with its GenAI attributes, its place in the tree and what content it may carry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
+
+from instrumentation import semconv as sc
+from runtime import Agent, Limits, RunStatus, ScriptedModel, tool
+from runtime.demo import DEMO_TASK, Inventory, equipment_script
+
+MODEL = "claude-sonnet-4-5"
+
+
+def run_story(spans, **agent_options):
+    agent = Agent(MODEL, tools=Inventory().tools(), client=ScriptedModel(equipment_script()), name="booking",
+                  system="Book things.", tracer_provider=spans.provider, **agent_options)
+    return agent.run(DEMO_TASK)
+
+
+def test_one_trace_per_run_with_the_documented_tree(spans):
+    result = run_story(spans)
+
+    assert len(spans.named("invoke_agent")) == 1
+    assert len(spans.named("turn ")) == 4
+    assert len(spans.named("chat ")) == 4
+    assert len(spans.named("execute_tool ")) == 3
+    assert {format(s.context.trace_id, "032x") for s in spans.all} == {result.trace_id}
+
+    root = spans.one("invoke_agent")
+    assert root.name == "invoke_agent booking" and root.kind is SpanKind.INTERNAL and root.parent is None
+    turns = sorted(spans.children_of(root), key=lambda s: s.attributes[sc.TURN_INDEX])
+    assert [t.name for t in turns] == ["turn 1", "turn 2", "turn 3", "turn 4"]
+    children = [sorted(c.name for c in spans.children_of(t)) for t in turns]
+    assert children == [
+        ["chat claude-sonnet-4-5", "execute_tool search_equipment"],
+        ["chat claude-sonnet-4-5", "execute_tool reserve_equipment"],
+        ["chat claude-sonnet-4-5", "execute_tool reserve_equipment"],
+        ["chat claude-sonnet-4-5"],
+    ]
+
+
+def test_root_span_attributes(spans):
+    result = run_story(spans)
+    a = spans.one("invoke_agent").attributes
+    assert a[sc.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert a[sc.GEN_AI_PROVIDER_NAME] == "anthropic"
+    assert a[sc.GEN_AI_AGENT_NAME] == "booking"
+    assert a[sc.GEN_AI_REQUEST_MODEL] == MODEL
+    assert a[sc.RUN_STATUS] == "done"
+    assert a[sc.RUN_TURNS] == 4
+    assert a[sc.RUN_USAGE_TOTAL_TOKENS] == result.usage.total_tokens == 2445
+    assert a[sc.RUN_COST_USD] == pytest.approx(result.cost_usd)
+    assert a[sc.RUN_ANOMALY_COUNT] == 0
+    # Run totals must not look like usage of the root span itself, or backends would count tokens twice.
+    assert not any(key.startswith("gen_ai.usage.") for key in a)
+
+
+def test_turn_spans_carry_the_raw_stop_reason(spans):
+    run_story(spans)
+    turns = sorted(spans.named("turn "), key=lambda s: s.attributes[sc.TURN_INDEX])
+    assert [t.attributes[sc.STOP_REASON] for t in turns] == ["tool_use"] * 3 + ["end_turn"]
+    assert all(t.attributes[sc.GEN_AI_AGENT_NAME] == "booking" for t in turns)  # no span without a gen_ai.* key
+
+
+def test_chat_span_attributes(spans):
+    run_story(spans)
+    chats = sorted(spans.named("chat "), key=lambda s: s.start_time)
+    first, last = chats[0], chats[-1]
+    assert first.kind is SpanKind.CLIENT
+    a = first.attributes
+    assert a[sc.GEN_AI_OPERATION_NAME] == "chat"
+    assert a[sc.GEN_AI_PROVIDER_NAME] == "anthropic"
+    assert a[sc.GEN_AI_REQUEST_MODEL] == MODEL
+    assert a[sc.GEN_AI_REQUEST_MAX_TOKENS] == 4096
+    assert a[sc.GEN_AI_RESPONSE_MODEL] == MODEL
+    assert a[sc.GEN_AI_RESPONSE_ID].startswith("msg_")
+    assert a[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("tool_call",)
+    assert last.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert a[sc.GEN_AI_USAGE_INPUT_TOKENS] == 412
+    assert a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 38
+    assert a[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 0
+
+
+def test_input_tokens_on_chat_spans_include_the_cache(spans):
+    response = {"stop_reason": "end_turn", "content": [{"type": "text", "text": "hi"}],
+                "usage": {"input_tokens": 100, "output_tokens": 7, "cache_read_input_tokens": 2000,
+                          "cache_creation_input_tokens": 300}}
+    Agent(MODEL, client=ScriptedModel([response]), tracer_provider=spans.provider).run("hi")
+    a = spans.one("chat ").attributes
+    assert a[sc.GEN_AI_USAGE_INPUT_TOKENS] == 2400
+    assert a[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 2000
+    assert a[sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] == 300
+    assert a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 7
+
+
+@pytest.mark.parametrize("stop_reason, finish", [("max_tokens", "length"), ("stop_sequence", "stop"),
+                                                 ("refusal", "refusal"), ("pause_turn", "pause_turn")])
+def test_finish_reasons_are_normalised_like_the_otel_anthropic_instrumentation(spans, stop_reason, finish):
+    script = [{"stop_reason": stop_reason, "content": []}, {"stop_reason": "end_turn", "content": []}]
+    Agent(MODEL, client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
+    first = min(spans.named("chat "), key=lambda s: s.start_time)
+    assert first.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == (finish,)
+    assert first.attributes[sc.STOP_REASON] == stop_reason
+
+
+def test_tool_span_attributes_and_the_failed_call(spans):
+    run_story(spans)
+    tools = sorted(spans.named("execute_tool "), key=lambda s: s.start_time)
+    search, failed, reserved = tools
+    a = search.attributes
+    assert a[sc.GEN_AI_OPERATION_NAME] == "execute_tool"
+    assert a[sc.GEN_AI_TOOL_NAME] == "search_equipment"
+    assert a[sc.GEN_AI_TOOL_CALL_ID] == "toolu_01"
+    assert a[sc.GEN_AI_TOOL_TYPE] == "function"
+    assert a[sc.GEN_AI_TOOL_DESCRIPTION].startswith("Search office equipment")
+    assert json.loads(a[sc.GEN_AI_TOOL_CALL_ARGUMENTS]) == {"keyword": "projector"}
+    assert json.loads(a[sc.GEN_AI_TOOL_CALL_RESULT])[0]["item_id"] == "EQ-001"
+    assert len(a[sc.TOOL_RESULT_DIGEST]) == 16
+    assert search.status.status_code is StatusCode.UNSET
+
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes[sc.ERROR_TYPE] == "RuntimeError"
+    assert failed.attributes[sc.TOOL_IS_ERROR] is True
+    assert "EQ-001 has no stock" in failed.attributes[sc.GEN_AI_TOOL_CALL_RESULT]
+    assert reserved.status.status_code is StatusCode.UNSET
+
+
+def test_conversation_content_is_captured_in_the_genai_message_shape(spans):
+    run_story(spans)
+    root = spans.one("invoke_agent").attributes
+    assert json.loads(root[sc.GEN_AI_SYSTEM_INSTRUCTIONS]) == [{"type": "text", "content": "Book things."}]
+    assert [t["name"] for t in json.loads(root[sc.GEN_AI_TOOL_DEFINITIONS])] == ["search_equipment",
+                                                                                  "reserve_equipment"]
+    second_chat = sorted(spans.named("chat "), key=lambda s: s.start_time)[1].attributes
+    history = json.loads(second_chat[sc.GEN_AI_INPUT_MESSAGES])
+    assert [m["role"] for m in history] == ["user", "assistant", "user"]
+    assert history[1]["parts"][0] == {"type": "tool_call", "id": "toolu_01", "name": "search_equipment",
+                                      "arguments": {"keyword": "projector"}}
+    assert history[2]["parts"][0]["type"] == "tool_call_response"
+    output = json.loads(second_chat[sc.GEN_AI_OUTPUT_MESSAGES])
+    assert output[0]["role"] == "assistant" and output[0]["finish_reason"] == "tool_call"
+
+
+def test_no_content_switch_keeps_content_off_every_span_but_keeps_the_digest(spans, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "NO_CONTENT")
+    run_story(spans)
+    content_keys = {sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES, sc.GEN_AI_SYSTEM_INSTRUCTIONS,
+                    sc.GEN_AI_TOOL_CALL_ARGUMENTS, sc.GEN_AI_TOOL_CALL_RESULT, sc.GEN_AI_TOOL_DEFINITIONS}
+    for span in spans.all:
+        assert not content_keys & set(span.attributes), span.name
+    assert all(sc.TOOL_RESULT_DIGEST in s.attributes for s in spans.named("execute_tool"))
+
+
+def test_the_looptrace_switch_turns_content_off_too(spans):
+    run_story(spans, capture_content=False)
+    assert not any(sc.GEN_AI_TOOL_CALL_ARGUMENTS in s.attributes for s in spans.all)
+
+
+def test_secret_looking_arguments_are_redacted_and_token_counts_are_not(spans):
+    @tool
+    def login(user: str, password: str, api_key: str, max_tokens: int) -> str:
+        """Log in."""
+        return "ok"
+
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t1", "name": "login", "input": {
+        "user": "ana", "password": "hunter2", "api_key": "sk-123", "max_tokens": 5}}]},
+              {"stop_reason": "end_turn", "content": []}]
+    Agent(MODEL, tools=[login], client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
+    arguments = json.loads(spans.one("execute_tool").attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
+    assert arguments == {"user": "ana", "password": "[REDACTED]", "api_key": "[REDACTED]", "max_tokens": 5}
+    everything = json.dumps([dict(s.attributes) for s in spans.all], default=str)
+    assert "hunter2" not in everything and "sk-123" not in everything
+
+
+def test_large_values_are_capped_with_a_visible_marker(spans, monkeypatch):
+    monkeypatch.setenv("LOOPTRACE_MAX_ATTRIBUTE_CHARS", "500")
+
+    @tool
+    def dump() -> str:
+        """Return a lot."""
+        return "y" * 5000
+
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t1", "name": "dump", "input": {}}]},
+              {"stop_reason": "end_turn", "content": []}]
+    Agent(MODEL, tools=[dump], client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
+    a = spans.one("execute_tool").attributes
+    assert a[sc.GEN_AI_TOOL_CALL_RESULT].endswith("…[truncated 4500 of 5000 chars]")
+    assert a[sc.TOOL_RESULT_CHARS] == 5000
+
+
+def test_a_failed_model_call_is_an_error_span_and_an_error_run(spans):
+    model = ScriptedModel([TimeoutError("upstream took too long")])
+    result = Agent(MODEL, client=model, tracer_provider=spans.provider).run("x")
+    assert result.status is RunStatus.ERROR
+    chat = spans.one("chat ")
+    assert chat.status.status_code is StatusCode.ERROR
+    assert chat.attributes[sc.ERROR_TYPE] == "TimeoutError"
+    root = spans.one("invoke_agent")
+    assert root.status.status_code is StatusCode.ERROR
+    assert root.attributes[sc.RUN_STATUS] == "error"
+    assert "upstream took too long" in root.attributes[sc.RUN_ERROR]
+
+
+def test_a_limit_is_a_status_on_the_root_not_an_error(spans):
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]}] * 3
+    Agent(MODEL, client=ScriptedModel(script), limits=Limits(max_turns=2), tracer_provider=spans.provider).run("x")
+    root = spans.one("invoke_agent")
+    assert root.attributes[sc.RUN_STATUS] == "max_turns"
+    assert root.status.status_code is StatusCode.UNSET
+
+
+def test_a_run_inside_an_existing_span_joins_its_trace(spans):
+    outer_tracer = spans.provider.get_tracer("the-app")
+    with outer_tracer.start_as_current_span("handle request") as outer:
+        result = Agent(MODEL, client=ScriptedModel([{"content": []}]), tracer_provider=spans.provider).run("x")
+    root = spans.one("invoke_agent")
+    assert root.parent.span_id == outer.get_span_context().span_id
+    assert result.trace_id == format(outer.get_span_context().trace_id, "032x")
+
+
+def test_a_tools_own_spans_nest_under_its_execute_tool_span(spans):
+    tracer = spans.provider.get_tracer("tool-internals")
+
+    @tool
+    def traced() -> str:
+        """Makes a span of its own."""
+        with tracer.start_as_current_span("inner work"):
+            return "ok"
+
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t", "name": "traced", "input": {}}]},
+              {"content": []}]
+    Agent(MODEL, tools=[traced], client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
+    assert spans.one("inner work").parent.span_id == spans.one("execute_tool").context.span_id
+
+
+def test_without_an_sdk_nothing_is_recorded_and_nothing_breaks():
+    # The global provider of a fresh process is the API's no-op: the run works, the trace id is all zeros.
+    provider = trace.NoOpTracerProvider()
+    result = Agent(MODEL, client=ScriptedModel(equipment_script()), tools=Inventory().tools(),
+                   tracer_provider=provider).run(DEMO_TASK)
+    assert result.status is RunStatus.DONE
+    assert result.trace_id == "0" * 32
