@@ -272,8 +272,8 @@ def _compact_json(value: Any) -> str:
 def result_digest(text: str | None) -> str:
     """Short stable digest of a tool result's text: blake2b, 8 bytes, hex; "" for None.
 
-    Byte for byte the same as `instrumentation.digest.result_digest`, which the span layer
-    records, so live and offline detection compare equal values (a test checks it).
+    The span layer records this same function's value on every execute_tool span, so live and
+    offline detection compare equal values.
     """
     if text is None:
         return ""

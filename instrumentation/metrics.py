@@ -52,8 +52,8 @@ TOOL_DURATION_BUCKETS: Sequence[float] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
 )
 
-# Not in semconv.py yet; the anomaly type is a metric attribute only (spans carry anomalies as events).
-ANOMALY_TYPE = "looptrace.anomaly.type"
+# The same attribute names the spans carry, so a metric and its span events can be joined.
+ANOMALY_TYPE = sc.ANOMALY_TYPE
 
 _TOKEN_TYPE = _gen_ai.GEN_AI_TOKEN_TYPE
 _INPUT = _gen_ai.GenAiTokenTypeValues.INPUT.value

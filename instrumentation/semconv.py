@@ -65,6 +65,20 @@ TOOL_IS_ERROR = "looptrace.tool.is_error"
 TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
 
+ANOMALY_EVENT = "looptrace.anomaly"  # span event on the turn span and on each offending tool span
+ANOMALY_TYPE = "looptrace.anomaly.type"
+ANOMALY_MESSAGE = "looptrace.anomaly.message"
+ANOMALY_COUNT = "looptrace.anomaly.count"
+ANOMALY_STREAK = "looptrace.anomaly.streak"
+ANOMALY_ACTION = "looptrace.anomaly.action"  # warn | nudge | stop
+ANOMALY_TOOL = "looptrace.anomaly.tool"
+ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
+NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
+
+# Langfuse shows an observation's level and status message; WARNING makes an anomaly visible where it happened.
+LANGFUSE_OBSERVATION_LEVEL = "langfuse.observation.level"
+LANGFUSE_OBSERVATION_STATUS_MESSAGE = "langfuse.observation.status_message"
+
 # --- span names ---------------------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ telemetry switched off), every method returns before building a single attribute
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,8 +17,9 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from . import semconv as sc
-from .content import MessageLog, cap, capture_from_env, max_chars_from_env, redact, to_json
-from .digest import result_digest
+from .content import MessageLog, cap, capture_from_env, genai_message, max_chars_from_env, redact, to_json
+from .metrics import LoopMetrics
+from .detector import result_digest
 
 _TRACER_NAME = "looptrace"
 
@@ -31,11 +33,13 @@ class Tracing:
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool | None = None,
         max_attribute_chars: int | None = None,
+        meter_provider: Any = None,
         enabled: bool = True,
     ) -> None:
         self.enabled = enabled
         self._provider = tracer_provider
         self._tracer = trace.get_tracer(_TRACER_NAME, _version(), tracer_provider=tracer_provider)
+        self.metrics = LoopMetrics(meter_provider) if enabled else None
         self.capture_content = capture_from_env() if capture_content is None else capture_content
         self.max_chars = max_attribute_chars or max_chars_from_env()
 
@@ -114,6 +118,9 @@ class RunSpan:
 
     def end(self, *, status: str, turns: int, usage: Any, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
+        metrics = self.tracing.metrics
+        if metrics is not None:
+            metrics.record_run(agent=self.agent, status=status, turns=turns)
         if not self.recording:
             return
         attributes = {
@@ -138,24 +145,48 @@ class RunSpan:
         self.span.set_attributes(attributes)
         self.span.end()
 
-    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
-        if self.recording:
-            self.span.add_event(name, attributes)
-
 
 class TurnSpan:
-    __slots__ = ("run", "span", "recording")
+    __slots__ = ("run", "span", "recording", "flagged")
 
     def __init__(self, run: RunSpan, span: Span) -> None:
         self.run = run
         self.span = span
         self.recording = span.is_recording()
+        self.flagged: str | None = None
+
+    def anomaly(self, anomaly: Any, action: str, tool_spans: list[ToolSpan]) -> None:
+        """Record an anomaly where it happened: an event on this turn and on each offending call, and the metric."""
+        metrics = self.run.tracing.metrics
+        if metrics is not None:
+            metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
+        if not self.recording:
+            return
+        event = {
+            sc.ANOMALY_TYPE: anomaly.type,
+            sc.ANOMALY_MESSAGE: anomaly.message,
+            sc.ANOMALY_COUNT: anomaly.count,
+            sc.ANOMALY_STREAK: anomaly.streak,
+            sc.ANOMALY_ACTION: action,
+        }
+        if anomaly.tool:
+            event[sc.ANOMALY_TOOL] = anomaly.tool
+        if anomaly.arguments is not None and self.run.tracing.capture_content:
+            event[sc.ANOMALY_ARGUMENTS] = cap(anomaly.arguments, 1024)
+        self.span.add_event(sc.ANOMALY_EVENT, event)
+        self.flagged = f"{anomaly.type}: {anomaly.message}"
+        for tool_span in tool_spans:
+            tool_span.flag(event, self.flagged)
+
+    def nudged(self, text: str) -> None:
+        if self.recording:
+            self.span.set_attribute(sc.NUDGE_TEXT, text)
 
     def start_chat(self, params: Mapping[str, Any], *, server_address: str | None, server_port: int | None,
                    stream: bool) -> ChatSpan:
-        if not self.recording:
-            return ChatSpan(self.run, _NON_RECORDING)
         model = params.get("model", "")
+        if not self.recording:
+            return ChatSpan(self.run, _NON_RECORDING, model, server_address)
         attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
             sc.GEN_AI_REQUEST_MODEL: model,
@@ -178,11 +209,11 @@ class TurnSpan:
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
         )
-        return ChatSpan(self.run, span)
+        return ChatSpan(self.run, span, model, server_address)
 
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
         if not self.recording:
-            return ToolSpan(self.run, _NON_RECORDING)
+            return ToolSpan(self.run, _NON_RECORDING, name)
         attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: name,
@@ -199,31 +230,44 @@ class TurnSpan:
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
-        return ToolSpan(self.run, span)
-
-    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
-        if self.recording:
-            self.span.add_event(name, attributes)
+        return ToolSpan(self.run, span, name)
 
     def end(self, *, stop_reason: str | None) -> None:
         if not self.recording:
             return
+        attributes: dict[str, Any] = {}
         if stop_reason is not None:
-            self.span.set_attribute(sc.STOP_REASON, stop_reason)
+            attributes[sc.STOP_REASON] = stop_reason
+        if self.flagged is not None:
+            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
+            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
+        if attributes:
+            self.span.set_attributes(attributes)
         self.span.end()
 
 
 class ChatSpan:
-    __slots__ = ("run", "span")
+    __slots__ = ("run", "span", "model", "server_address", "started")
 
-    def __init__(self, run: RunSpan, span: Span) -> None:
+    def __init__(self, run: RunSpan, span: Span, model: str, server_address: str | None) -> None:
         self.run = run
         self.span = span
+        self.model = model
+        self.server_address = server_address
+        self.started = time.perf_counter()
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
 
     def end(self, response: Mapping[str, Any], usage: Any, *, cost_usd: float | None) -> None:
+        # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
+        input_tokens = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+        metrics = self.run.tracing.metrics
+        if metrics is not None:
+            metrics.record_chat(agent=self.run.agent, request_model=self.model, response_model=response.get("model"),
+                                input_tokens=input_tokens, output_tokens=usage.output_tokens,
+                                duration_s=time.perf_counter() - self.started, cost_usd=cost_usd,
+                                server_address=self.server_address)
         if not self.span.is_recording():
             return
         stop_reason = response.get("stop_reason")
@@ -232,9 +276,7 @@ class ChatSpan:
             sc.GEN_AI_RESPONSE_MODEL: response.get("model") or "",
             sc.GEN_AI_RESPONSE_FINISH_REASONS: (sc.finish_reason(stop_reason),),
             sc.STOP_REASON: stop_reason or "",
-            # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
-            sc.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens + usage.cache_read_input_tokens
-            + usage.cache_creation_input_tokens,
+            sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
             sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
             sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_input_tokens,
             sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: usage.cache_creation_input_tokens,
@@ -243,8 +285,6 @@ class ChatSpan:
             attributes[sc.CHAT_COST_USD] = cost_usd
         tracing = self.run.tracing
         if tracing.capture_content:
-            from .content import genai_message  # local: the common path above needs none of it
-
             output = genai_message({"role": "assistant", "content": response.get("content")})
             output["finish_reason"] = sc.finish_reason(stop_reason)
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([output]), tracing.max_chars)
@@ -252,6 +292,11 @@ class ChatSpan:
         self.span.end()
 
     def fail(self, exc: BaseException) -> None:
+        metrics = self.run.tracing.metrics
+        if metrics is not None:
+            metrics.record_chat(agent=self.run.agent, request_model=self.model, response_model=None, input_tokens=0,
+                                output_tokens=0, duration_s=time.perf_counter() - self.started,
+                                error_type=type(exc).__qualname__, server_address=self.server_address)
         if not self.span.is_recording():
             return
         _record_error(self.span, exc)
@@ -259,17 +304,28 @@ class ChatSpan:
 
 
 class ToolSpan:
-    __slots__ = ("run", "span")
+    __slots__ = ("run", "span", "tool", "flagged")
 
-    def __init__(self, run: RunSpan, span: Span) -> None:
+    def __init__(self, run: RunSpan, span: Span, tool: str) -> None:
         self.run = run
         self.span = span
+        self.tool = tool
+        self.flagged: str | None = None  # the status message of an anomaly this call is part of
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
 
+    def flag(self, anomaly_event: Mapping[str, Any], message: str) -> None:
+        """Mark this call as part of an anomaly: an event now, WARNING level when the span ends."""
+        if self.span.is_recording():
+            self.span.add_event(sc.ANOMALY_EVENT, anomaly_event)
+            self.flagged = message
+
     def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
-            digest: str | None = None) -> None:
+            digest: str | None = None, duration_s: float = 0.0) -> None:
+        metrics = self.run.tracing.metrics
+        if metrics is not None:
+            metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
         attributes = {
@@ -281,15 +337,16 @@ class ToolSpan:
         tracing = self.run.tracing
         if tracing.capture_content:
             attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
+        if self.flagged is not None and not is_error:
+            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
+            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
         if is_error:
             attributes[sc.ERROR_TYPE] = error_type or outcome
+            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "ERROR"
+            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged or result, 1024)
             self.span.set_status(Status(StatusCode.ERROR, cap(result, 1024)))
         self.span.set_attributes(attributes)
         self.span.end()
-
-    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
-        if self.span.is_recording():
-            self.span.add_event(name, attributes)
 
 
 def _record_error(span: Span, exc: BaseException) -> None:

@@ -16,10 +16,13 @@ from typing import Any
 
 import structlog
 
-from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, Tracing
+from instrumentation.alerts import AlertContext, Alerts
+from instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
+from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
 
+from . import policy as policies
 from . import tools as toolkit
-from .events import Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 from .limits import Budget, Limits
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
@@ -60,7 +63,11 @@ class Agent:
         prices: Mapping[str, Price] | None = None,
         max_tool_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         on_event: Callable[[Event], None] | None = None,
+        on_anomaly: policies.Policy = None,
+        detector: DetectorConfig | bool = True,
+        alerts: Alerts | None = None,
         tracer_provider: Any = None,
+        meter_provider: Any = None,
         capture_content: bool | None = None,
         telemetry: bool = True,
     ) -> None:
@@ -80,7 +87,12 @@ class Agent:
                 f"max_cost_usd needs a price for {model!r}, and the price table has none: "
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
-        self._tracing = Tracing(tracer_provider=tracer_provider, capture_content=capture_content, enabled=telemetry)
+        self.policy = policies.AnomalyPolicy(on_anomaly)
+        self.alerts = alerts or Alerts()
+        self._detector_config = None if detector is False else (
+            detector if isinstance(detector, DetectorConfig) else DetectorConfig())
+        self._tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider,
+                                capture_content=capture_content, enabled=telemetry)
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._server_address: tuple[str | None, int | None] | None = None
 
@@ -121,6 +133,7 @@ class Agent:
         run = _Run(
             budget=Budget(self.limits),
             messages=messages,
+            detector=LoopDetector(self._detector_config) if self._detector_config else None,
             server=self._server(),
             span=self._tracing.start_run(
                 agent=self.name,
@@ -177,22 +190,42 @@ class Agent:
 
         # Budgets first, as the seed loop does: a turn that crossed one ends the run even if it also said end_turn.
         spent = run.budget.spent()
+        stopped = False
         if spent is None and stop_reason == "tool_use":
             try:
-                results = yield from self._tool_round(run, turn, index, content)
+                results, stopped = yield from self._tool_round(run, turn, index, content)
             except BaseException:
                 turn.end(stop_reason=stop_reason)
                 raise
             run.messages.append({"role": "user", "content": results})
+        elif spent is None and stop_reason not in STATUS_FOR_STOP_REASON and run.detector is not None:
+            stopped, _ = self._react(run, turn, run.detector.end_turn(index), [])
+        status = self._status_after(run, turn, index, spent, stopped, stop_reason)
         turn.end(stop_reason=stop_reason)
+        return status
+
+    def _status_after(self, run: _Run, turn: TurnSpan, index: int, spent: RunStatus | None, stopped: bool,
+                      stop_reason: str | None) -> RunStatus | None:
+        """The run's status once a turn is over, or None to go on."""
         if spent is not None:
             return spent
+        if stopped:
+            return RunStatus.STOPPED_BY_DETECTOR
         if stop_reason in ("tool_use", "pause_turn"):  # pause_turn: the response goes back as it is
             return None
         status = STATUS_FOR_STOP_REASON.get(stop_reason)
         if status is None:
             run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
             return RunStatus.ERROR
+        if run.detector is None:
+            return status
+        # The model says it is finished: the moment to check for errors it never dealt with.
+        stopped, nudges = self._react(run, turn, run.detector.end_run(stop_reason, run.final_text, index), [])
+        if stopped:
+            return RunStatus.STOPPED_BY_DETECTOR
+        if nudges and status is RunStatus.DONE:
+            run.messages.append({"role": "user", "content": [{"type": "text", "text": t} for t in nudges]})
+            return None  # one more turn, for the model to answer the nudge
         return status
 
     def _tool_round(self, run: _Run, turn, index: int, content: list[Any]) -> Generator[_Effect, Any, list[dict]]:
@@ -207,7 +240,15 @@ class Agent:
             for call in calls:
                 call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
             raise outcome.exc
-        return [self._settle_call(index, call) for call in calls]
+        results = [self._settle_call(run, index, call) for call in calls]
+        stopped, nudges = False, []
+        if run.detector is not None:
+            stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
+        for call in calls:  # after detection, so the spans of offending calls carry the anomaly
+            call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
+                          error_type=call.error_type, duration_s=call.duration_s)
+        results.extend({"type": "text", "text": text} for text in nudges)
+        return results, stopped
 
     def _prepare_call(self, turn, block: dict[str, Any]) -> _Call:
         name = block.get("name") or ""
@@ -227,21 +268,44 @@ class Agent:
                 call.error = exc
         return call
 
-    def _settle_call(self, turn_index: int, call: _Call) -> dict[str, Any]:
+    def _settle_call(self, run: _Run, turn_index: int, call: _Call) -> dict[str, Any]:
+        """The tool_result for a finished call; the detector sees the call as the model will."""
         if call.error is None:
-            text, is_error, outcome = toolkit.result_text(call.value), False, "ok"
+            call.result, call.outcome = toolkit.result_text(call.value), "ok"
         else:
-            text, is_error = toolkit.error_text(call.error), True
-            outcome = call.error.kind if isinstance(call.error, toolkit.ToolError) else "error"
-        text = _truncate_result(text, self.max_tool_result_chars)
-        call.span.end(result=text, is_error=is_error, outcome=outcome,
-                      error_type=None if outcome != "error" else type(call.error).__qualname__)
-        self._emit(ToolFinished(turn_index, call.call_id, call.name, call.arguments, text, is_error, outcome,
-                                call.duration_s))
-        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": text}
-        if is_error:
+            call.result, call.is_error = toolkit.error_text(call.error), True
+            call.outcome = call.error.kind if isinstance(call.error, toolkit.ToolError) else "error"
+            call.error_type = type(call.error).__qualname__ if call.outcome == "error" else None
+        call.result = _truncate_result(call.result, self.max_tool_result_chars)
+        if run.detector is not None:
+            run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.arguments,
+                                          call_id=call.call_id, is_error=call.is_error, result=call.result))
+        self._emit(ToolFinished(turn_index, call.call_id, call.name, call.arguments, call.result, call.is_error,
+                                call.outcome, call.duration_s))
+        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
+        if call.is_error:
             block["is_error"] = True
         return block
+
+    def _react(self, run: _Run, turn: TurnSpan, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
+        """Alert on each anomaly and apply the policy. Returns whether to stop and the nudges to send."""
+        stop, nudges = False, []
+        for anomaly in anomalies:
+            action = self.policy.decide(anomaly, anomaly.streak in run.nudged)
+            run.anomalies.append(anomaly)
+            involved = set(anomaly.call_ids)
+            turn.anomaly(anomaly, action, [c.span for c in calls if c.call_id in involved])
+            self.alerts.send(anomaly, AlertContext(agent=self.name, trace_id=run.span.trace_id,
+                                                   span_id=run.span.span_id, action=action))
+            self._emit(AnomalyDetected(anomaly, action))
+            if action == policies.NUDGE:
+                run.nudged.add(anomaly.streak)
+                text = policies.nudge_text(anomaly)
+                turn.nudged(text)
+                nudges.append(text)
+            elif action == policies.STOP:
+                stop = True
+        return stop, nudges
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 
@@ -327,7 +391,9 @@ class _Run:
     final_text: str = ""
     stop_reason: str | None = None
     error: BaseException | None = None
+    detector: LoopDetector | None = None
     anomalies: list[Any] = field(default_factory=list)
+    nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
     server: tuple[str | None, int | None] = (None, None)
 
 
@@ -349,6 +415,10 @@ class _Call:
     value: Any = None
     error: BaseException | None = None
     duration_s: float = 0.0
+    result: str = ""  # what the model is sent, once settled
+    is_error: bool = False
+    outcome: str = "ok"
+    error_type: str | None = None
 
     @property
     def runnable(self) -> bool:

@@ -111,15 +111,12 @@ def test_canonical_arguments_never_raises(weird):
     assert isinstance(canonical_arguments(weird), str)
 
 
-def test_result_digest_is_short_stable_and_agrees_with_the_span_layer():
+def test_result_digest_is_short_and_stable():
     assert result_digest("abc") == result_digest("abc")
     assert len(result_digest("abc")) == 16
     assert result_digest("abc") != result_digest("abd")
     assert result_digest(None) == ""
     assert isinstance(result_digest("\ud800" * 3), str)
-    digest_module = pytest.importorskip("instrumentation.digest")
-    for text in (None, "", "abc", "EQ-001 は在庫が0です", "x" * 100_000):
-        assert result_digest(text) == digest_module.result_digest(text)
 
 
 # --------------------------------------------------------------------------- repeated_call

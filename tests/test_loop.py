@@ -39,7 +39,9 @@ def answer(text="done", stop_reason="end_turn", **usage):
 
 def agent_for(script, tools=(lookup,), **limits):
     limits = {"max_turns": 8, "max_total_tokens": 50_000, **limits}
-    return Agent(MODEL, tools=tools, client=ScriptedModel(script), limits=Limits(**limits), telemetry=False)
+    # The seed's loop has no detector; with ours on, its "max turns" model would be stopped as a runaway at 4.
+    return Agent(MODEL, tools=tools, client=ScriptedModel(script), limits=Limits(**limits), telemetry=False,
+                 detector=False)
 
 
 LOOKUP = ("toolu_1", "lookup", {"key": "a"})

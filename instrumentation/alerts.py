@@ -1,0 +1,128 @@
+"""Where an anomaly goes besides the spans and the metric: a log line, a webhook, your own callback.
+
+Every sink is on by default where it costs nothing (the structlog WARNING); the webhook is on when a URL is given
+(``LOOPTRACE_ALERT_WEBHOOK``). A webhook posts at most once per run and anomaly type, from a background thread, with
+a timeout: an alert channel that is slow or down never holds up the agent. Webhook URLs are credentials (a Slack
+incoming-webhook URL is enough to post to the channel), so only their host is ever logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+
+log = structlog.get_logger("looptrace")
+
+WEBHOOK_ENV = "LOOPTRACE_ALERT_WEBHOOK"
+
+
+@dataclass(frozen=True, slots=True)
+class AlertContext:
+    """Where an anomaly happened, for the receivers that were not there."""
+
+    agent: str
+    trace_id: str
+    span_id: str
+    action: str  # warn | nudge | stop
+
+
+class Alerts:
+    """The alert sinks of an agent. One instance may serve many runs at once."""
+
+    def __init__(
+        self,
+        *,
+        webhook_url: str | None = None,
+        webhook_timeout_s: float = 5.0,
+        callback: Callable[[Any, AlertContext], None] | None = None,
+        log_warnings: bool = True,
+    ) -> None:
+        self.webhook_url = webhook_url if webhook_url is not None else os.environ.get(WEBHOOK_ENV) or None
+        self.webhook_timeout_s = webhook_timeout_s
+        self.callback = callback
+        self.log_warnings = log_warnings
+        self._posted: set[tuple[str, str]] = set()  # (trace_id, anomaly type): one post each
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def send(self, anomaly: Any, context: AlertContext) -> None:
+        if self.log_warnings:
+            log.warning(
+                "loop_anomaly",
+                anomaly_type=anomaly.type,
+                tool=anomaly.tool,
+                count=anomaly.count,
+                turn=anomaly.turn,
+                action=context.action,
+                agent=context.agent,
+                trace_id=context.trace_id,
+                span_id=context.span_id,
+                message=anomaly.message,
+            )
+        if self.callback is not None:
+            try:
+                self.callback(anomaly, context)
+            except Exception as exc:  # the user's hook failing must not fail the user's agent
+                log.warning("alert_callback_failed", error=f"{type(exc).__name__}: {exc}")
+        if self.webhook_url and self._first_of_its_kind(context.trace_id, anomaly.type):
+            thread = threading.Thread(target=self._post, args=(webhook_payload(anomaly, context),),
+                                      name="looptrace-alert-webhook", daemon=True)
+            thread.start()
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for webhook posts in flight (the CLI does before it exits; tests do to observe them)."""
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout_s)
+
+    def _first_of_its_kind(self, trace_id: str, anomaly_type: str) -> bool:
+        with self._lock:
+            key = (trace_id, anomaly_type)
+            if key in self._posted:
+                return False
+            self._posted.add(key)
+            return True
+
+    def _post(self, payload: dict[str, Any]) -> None:
+        request = urllib.request.Request(
+            self.webhook_url, data=json.dumps(payload).encode(), method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "looptrace-alerts"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.webhook_timeout_s) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            self._warn(f"HTTP {exc.code}")
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            self._warn(f"{type(reason).__name__}: {reason}")
+
+    def _warn(self, cause: str) -> None:
+        log.warning("alert_webhook_failed", host=urlsplit(self.webhook_url).hostname, cause=cause)
+
+
+def webhook_payload(anomaly: Any, context: AlertContext) -> dict[str, Any]:
+    """A JSON body that Slack (and anything reading a ``text`` field) shows as is, with the details beside it."""
+    tool = f" in `{anomaly.tool}`" if anomaly.tool else ""
+    text = (f":warning: looptrace: {anomaly.type}{tool} (agent `{context.agent}`, turn {anomaly.turn}, "
+            f"action {context.action}): {anomaly.message} — trace {context.trace_id}")
+    return {
+        "text": text,
+        "anomaly": anomaly.to_dict(),
+        "agent": context.agent,
+        "trace_id": context.trace_id,
+        "span_id": context.span_id,
+        "action": context.action,
+    }

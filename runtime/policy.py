@@ -1,0 +1,60 @@
+"""What an anomaly does to the run: warn (alerts only), nudge (alerts and one corrective message), or stop.
+
+``Agent(on_anomaly=...)`` takes one action for every type ("warn", "nudge", "stop"), a mapping from type to action
+(merged over the defaults), or a callable that receives the anomaly and returns an action. The defaults give a loop
+one chance: repeated calls and cycles are nudged the first time a streak fires and stopped if the same streak fires
+again; a tool that keeps failing is nudged once; an ignored error is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+WARN, NUDGE, STOP = "warn", "nudge", "stop"
+ESCALATE = "escalate"  # nudge the first time a streak fires, stop if it fires again
+ACTIONS = (WARN, NUDGE, STOP, ESCALATE)
+
+DEFAULT_ACTIONS: dict[str, str] = {
+    "repeated_call": ESCALATE,
+    "cycle": ESCALATE,
+    "failing_tool": NUDGE,
+    "ignored_error": WARN,
+}
+
+Policy = str | Mapping[str, str] | Callable[[Any], str] | None
+
+
+class AnomalyPolicy:
+    def __init__(self, on_anomaly: Policy = None) -> None:
+        self._callable = on_anomaly if callable(on_anomaly) else None
+        actions = dict(DEFAULT_ACTIONS)
+        if isinstance(on_anomaly, str):
+            actions = {kind: _checked(on_anomaly) for kind in DEFAULT_ACTIONS}
+            self._fallback = _checked(on_anomaly)
+        else:
+            self._fallback = WARN
+            if isinstance(on_anomaly, Mapping):
+                actions.update({kind: _checked(action) for kind, action in on_anomaly.items()})
+        self._actions = actions
+
+    def decide(self, anomaly: Any, nudged_before: bool) -> str:
+        """The action for this firing; ``nudged_before`` says whether its streak was already nudged."""
+        action = self._callable(anomaly) if self._callable else self._actions.get(anomaly.type, self._fallback)
+        action = _checked(action)
+        if action == ESCALATE:
+            return STOP if nudged_before else NUDGE
+        if action == NUDGE and nudged_before:
+            return WARN  # once per streak: a second identical nudge would only add noise to the history
+        return action
+
+
+def nudge_text(anomaly: Any) -> str:
+    """The corrective message the model receives, in the user turn after the tool results."""
+    return f"[looptrace loop detector] {anomaly.message}"
+
+
+def _checked(action: Any) -> str:
+    if action not in ACTIONS:
+        raise ValueError(f"unknown anomaly action {action!r}; choose from {', '.join(ACTIONS)}")
+    return action
