@@ -17,10 +17,12 @@ import structlog
 
 from instrumentation import setup as telemetry_setup
 from instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
+from instrumentation.trace_detect import detect_spans
 
 from . import demo as demo_story
 from .agent import Agent, RunInterrupted
 from .limits import Limits
+from .models import ScriptedModel
 from .result import RunResult, RunStatus
 from .tools import Tool
 from .views import LiveView, render_trace
@@ -81,8 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="run the offline equipment-reservation demo (no key, no network)",
+    demo = commands.add_parser("demo", help="run an offline demo (no key, no network)",
                                epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("story", nargs="?", default="equipment", choices=sorted(demo_story.STORIES),
+                      help="equipment (default): a failed reservation the model recovers from; runaway: a model "
+                           "repeating itself, nudged then stopped; ignored-error: a failure the answer glosses over")
+    _add_anomaly_flag(demo)
     _add_export_flags(demo)
     demo.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
     demo.set_defaults(handler=_demo)
@@ -104,8 +110,22 @@ def _parser() -> argparse.ArgumentParser:
                      help="per tool call, seconds (default: %(default)s)")
     run.add_argument("--stream", action="store_true", help="use server-sent events for model calls")
     run.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    _add_anomaly_flag(run)
     _add_export_flags(run)
     run.set_defaults(handler=_run)
+
+    detect = commands.add_parser(
+        "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
+        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose tool calls are "
+                    "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
+                    "that keep failing and errors the final answer ignored.",
+        epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file or bad flag",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    detect.add_argument("file", nargs="?", type=Path,
+                        help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
+    detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
+    detect.set_defaults(handler=_detect)
 
     traces = commands.add_parser("traces", help="read the local trace file")
     traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
@@ -117,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(handler=_traces_list)
     return parser
+
+
+def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--on-anomaly", choices=("warn", "nudge", "stop"),
+                        help="what a loop anomaly does (default: nudge repeated calls and cycles once, stop them if "
+                             "they go on; warn about ignored errors)")
 
 
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
@@ -131,20 +157,23 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     out = sys.stdout
+    task, script, blurb = demo_story.STORIES[args.story]
     telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
-    inventory = demo_story.Inventory()
     agent = Agent(
-        demo_story.DEMO_MODEL, tools=inventory.tools(), system=demo_story.DEMO_SYSTEM, name="booking",
-        client=demo_story.equipment_model(), limits=Limits(max_turns=10, tool_timeout_s=5),
+        demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
+        client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
         on_event=None if args.json else LiveView(out), tracer_provider=telemetry.tracer_provider,
     )
     if not args.json:
-        out.write(f"task: {demo_story.DEMO_TASK}\n(offline: a scripted model replays four responses; the tools are real)\n\n")
-    result = _execute(agent, demo_story.DEMO_TASK, telemetry)
+        out.write(f"task: {task}\n(offline: {blurb})\n\n")
+    result = _execute(agent, task, telemetry)
     if args.json:
         _print_json(result, out)
     else:
-        out.write(f"\nfinal answer: {result.final_text}\n\n")
+        out.write(f"\nfinal answer: {result.final_text or '(none)'}\n")
+        for anomaly in result.anomalies:
+            out.write(f"flagged: {anomaly.type} at turn {anomaly.turn}: {anomaly.message}\n")
+        out.write("\n")
         _show_written_trace(telemetry, result, out)
     telemetry.shutdown()
     return EXIT_CODES[result.status]
@@ -160,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         agent = Agent(
             args.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
-            client=AnthropicModel(stream=args.stream),
+            client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
             on_event=None if args.json else LiveView(sys.stderr), tracer_provider=telemetry.tracer_provider,
@@ -194,6 +223,28 @@ def _traces_show(args: argparse.Namespace) -> int:
         spans = [s for s in read_spans(path) if s.trace_id == trace_id]
     print(render_trace(spans))
     return EXIT_OK
+
+
+def _detect(args: argparse.Namespace) -> int:
+    path = args.file or default_trace_file()
+    found = 0
+    with _BadLineReporter(path) as report:
+        for verdict in detect_spans(read_spans(path, report, report.progress)):
+            report.clear_progress()
+            found += len(verdict.anomalies)
+            if not verdict.anomalies and not args.all:
+                continue
+            if args.json:
+                print(json.dumps(verdict.to_dict(), ensure_ascii=False))
+                continue
+            print(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {verdict.turns} turns, "
+                  f"{verdict.tool_calls} tool calls, {len(verdict.anomalies)} anomalies")
+            for anomaly in verdict.anomalies:
+                tool = f" {anomaly.tool}" if anomaly.tool else ""
+                print(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}")
+    if not args.json:
+        print(f"{found} anomal{'y' if found == 1 else 'ies'} found in {path}", file=sys.stderr)
+    return 1 if found else EXIT_OK
 
 
 def _traces_list(args: argparse.Namespace) -> int:
@@ -311,6 +362,10 @@ class _BadLineReporter:
         if bad.line not in self.seen:
             self.seen.add(bad.line)
             print(f"looptrace: {self.path}:{bad.line}: skipped: {bad.reason}", file=sys.stderr)
+
+    def clear_progress(self) -> None:
+        if self.interactive and self.size > 50_000_000:
+            sys.stderr.write("\r" + " " * 60 + "\r")
 
     def progress(self, done: int) -> None:
         if self.interactive and self.size > 50_000_000:

@@ -1,7 +1,10 @@
-"""The offline demo: the equipment-reservation story from the tool-use article, with real tools and a scripted model.
+"""The offline demos: real tools, a scripted model, no key and no network.
 
-The model searches, tries to reserve a projector that has no stock, reads the error, reserves the other one and ends
-its turn: four turns, three tool calls, one of them failing and handed back to the model as an is_error result.
+- equipment: the reservation story from the tool-use article. The model searches, tries to reserve a projector that
+  has no stock, reads the error, reserves the other one and ends its turn: four turns, three tool calls, one failing
+  and handed back to the model as an is_error result.
+- runaway: a model that keeps calling the same tool; the detector nudges it, then stops the run.
+- ignored-error: a failing tool, then a final answer that claims success; the detector flags it.
 """
 
 from __future__ import annotations
@@ -84,3 +87,31 @@ def equipment_script() -> list[dict[str, Any]]:
 
 def equipment_model() -> ScriptedModel:
     return ScriptedModel(equipment_script())
+
+
+def runaway_script() -> list[dict[str, Any]]:
+    """A model that never changes course: the same search, turn after turn, whatever it is told."""
+    return [_tool_use(f"toolu_{n:02d}", "search_equipment", {"keyword": "projector"}, (400 + 60 * n, 30))
+            for n in range(1, 11)]
+
+
+def ignored_error_script() -> list[dict[str, Any]]:
+    """A reservation that fails, and a final answer that claims it worked."""
+    return [
+        _tool_use("toolu_01", "reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08"}, (420, 48)),
+        {
+            "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "Done! Projector A (EQ-001) is reserved for 2026-10-08."}],
+            "usage": {"input_tokens": 530, "output_tokens": 22},
+        },
+    ]
+
+
+STORIES = {
+    "equipment": ("Reserve a projector for 2026-10-08.", equipment_script,
+                  "a scripted model replays four responses; the tools are real"),
+    "runaway": ("Find me a projector.", runaway_script,
+                "a scripted model that repeats the same search forever: nudged, then stopped"),
+    "ignored-error": ("Reserve Projector A for 2026-10-08.", ignored_error_script,
+                      "a reservation fails and the model claims success anyway"),
+}

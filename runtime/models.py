@@ -31,11 +31,15 @@ class AnthropicModel:
     The clients are made on first use from the SDK's standard environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL) and
     ``client_options``, or passed in ready-made. ``stream=True`` uses server-sent events, which the SDK requires for
     requests it expects to run longer than ten minutes.
+
+    Recent SDKs trace their own API calls. looptrace's chat span already is that call, with the GenAI attributes and
+    its place in the turn, so the SDK's span would be a second generation with the same usage (counted twice by
+    backends such as Langfuse): its spans are switched off here, and trace-context propagation is left as it was.
     """
 
     def __init__(self, client: Any = None, async_client: Any = None, *, stream: bool = False, **client_options: Any):
-        self._client = client
-        self._async_client = async_client
+        self._client = _without_sdk_spans(client)
+        self._async_client = _without_sdk_spans(async_client)
         self._options = client_options
         self.stream = stream
 
@@ -43,14 +47,14 @@ class AnthropicModel:
         if self._client is None:
             import anthropic
 
-            self._client = anthropic.Anthropic(**self._options)
+            self._client = _without_sdk_spans(anthropic.Anthropic(**self._options))
         return self._client
 
     def async_client(self):
         if self._async_client is None:
             import anthropic
 
-            self._async_client = anthropic.AsyncAnthropic(**self._options)
+            self._async_client = _without_sdk_spans(anthropic.AsyncAnthropic(**self._options))
         return self._async_client
 
     def server(self) -> tuple[str | None, int | None]:
@@ -76,6 +80,13 @@ class AnthropicModel:
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
+
+
+def _without_sdk_spans(client: Any) -> Any:
+    options = getattr(client, "open_telemetry", None)  # absent before the SDK traced itself: nothing to switch off
+    if not isinstance(options, dict) or not options.get("traces", {}).get("enabled"):
+        return client
+    return client.with_options(open_telemetry={**options, "traces": {**options["traces"], "enabled": False}})
 
 
 def _as_json(message: Any) -> dict[str, Any]:

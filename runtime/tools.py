@@ -69,7 +69,7 @@ class Tool:
         if self.arguments_model is None:
             return dict(arguments)
         try:
-            parsed = self.arguments_model.model_validate_json(json.dumps(arguments), strict=True)
+            parsed = self.arguments_model.model_validate_json(json.dumps(_json_integers(arguments)), strict=True)
         except pydantic.ValidationError as exc:
             raise InvalidArguments(_explain(self.name, exc)) from None
         # Keep pydantic models and enums as the function declared them; only fields the model sent are passed, so
@@ -314,6 +314,17 @@ def _explain(tool_name: str, exc: pydantic.ValidationError) -> str:
         else:
             problems.append(f"{where}: {error['msg']}")
     return f"invalid arguments for {tool_name}: " + "; ".join(problems)
+
+
+def _json_integers(value: Any) -> Any:
+    """Integral floats as ints: JSON Schema counts 10.0 as an integer, and strict validation otherwise would not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _json_integers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_integers(v) for v in value]
+    return value
 
 
 def _short(value: Any, limit: int = 200) -> str:

@@ -1,0 +1,238 @@
+"""The detector over spans instead of inside a loop: stored trace files, and a span processor for any agent.
+
+Any agent whose tool calls are `execute_tool` spans with `gen_ai.tool.*` attributes can be checked, whatever
+framework produced them. A run is rebuilt from its spans: model-call spans (`gen_ai.operation.name` chat and its kin)
+mark where a turn begins, each tool span belongs to the turn whose model call started last before it, and the root
+gives the way the run ended. Results are compared by `looptrace.tool.result_digest` when present (ours, recorded even
+without content capture), else by the digest of `gen_ai.tool.call.result`.
+
+A trace is judged when its root span arrives (roots end last, so in a trace file they come after their children);
+traces whose root never arrives are judged at the end of the input. Memory holds the compact calls of the traces
+still open, not the spans.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import semconv as sc
+from .detector import Anomaly, DetectorConfig, LoopDetector, ToolCall, result_digest
+
+MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+_STOP_LIKE = frozenset({"stop", "end_turn"})
+
+
+@dataclass(slots=True)
+class _Call:
+    start_ns: int
+    tool: str
+    arguments: Any
+    call_id: str | None
+    is_error: bool
+    digest: str | None
+
+
+@dataclass(slots=True)
+class _OpenRun:
+    """What the detector needs of one trace, gathered span by span in whatever order they come."""
+
+    model_spans: list[tuple[int, str, str | None]] = field(default_factory=list)  # start, span id, parent id
+    calls: list[_Call] = field(default_factory=list)
+    last_model: tuple[int, str | None, str | None] = (-1, None, None)  # start, stop reason, output text
+    root_name: str = ""
+    root_text: str | None = None
+    root_status: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    trace_id: str
+    name: str  # the root span's name
+    turns: int
+    tool_calls: int
+    status: str | None  # looptrace.run.status when the trace is ours
+    anomalies: list[Anomaly]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace_id": self.trace_id, "name": self.name, "turns": self.turns, "tool_calls": self.tool_calls,
+                "status": self.status, "anomalies": [a.to_dict() for a in self.anomalies]}
+
+
+class RunRebuilder:
+    """Feed spans (as `SpanRecord`-like objects) in any order; get a Verdict per trace as its root arrives."""
+
+    def __init__(self, config: DetectorConfig | None = None, max_open_traces: int = 10_000) -> None:
+        self.config = config
+        self.max_open_traces = max_open_traces
+        self._open: OrderedDict[str, _OpenRun] = OrderedDict()
+
+    def add(self, span: Any) -> Verdict | None:
+        attributes = span.attributes
+        run = self._open.get(span.trace_id)
+        if run is None:
+            run = self._open[span.trace_id] = _OpenRun()
+            if len(self._open) > self.max_open_traces:  # a root that never comes must not hold memory forever
+                self._open.popitem(last=False)
+        operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
+        if operation == sc.OPERATION_EXECUTE_TOOL or (operation is None and sc.GEN_AI_TOOL_NAME in attributes):
+            run.calls.append(_call_of(span))
+        elif operation in MODEL_OPERATIONS:
+            run.model_spans.append((span.start_ns, span.span_id, span.parent_span_id))
+            if span.start_ns >= run.last_model[0]:
+                run.last_model = (span.start_ns, _stop_reason(attributes), _output_text(attributes))
+        if span.parent_span_id is None or operation == sc.OPERATION_INVOKE_AGENT:
+            run.root_name = span.name
+            run.root_text = _output_text(attributes)
+            run.root_status = attributes.get(sc.RUN_STATUS)
+            return self._judge(span.trace_id)
+        return None
+
+    def finish(self) -> list[Verdict]:
+        """Judge every trace still open (their roots never came: a crashed process, a partial file)."""
+        verdicts = (self._judge(trace_id) for trace_id in list(self._open))
+        return [v for v in verdicts if v is not None]
+
+    def _judge(self, trace_id: str) -> Verdict | None:
+        run = self._open.pop(trace_id)
+        if not run.calls and not run.model_spans:
+            return None  # no agent here: an application span around a run that was already judged, or unrelated
+        detector = LoopDetector(self.config)
+        model_starts = _model_call_starts(run.model_spans)
+        turns = _assign_turns(model_starts, run.calls)
+        for turn, calls in turns:
+            for call in calls:
+                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
+                                          is_error=call.is_error, result_digest=call.digest))
+            detector.end_turn(turn)
+        last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
+        _, stop_reason, model_text = run.last_model
+        final_text = run.root_text if run.root_text is not None else model_text
+        detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
+        return Verdict(trace_id=trace_id, name=run.root_name, turns=max(len(model_starts), len(turns)),
+                       tool_calls=len(run.calls), status=run.root_status, anomalies=detector.anomalies)
+
+
+def detect_spans(spans: Iterable[Any], config: DetectorConfig | None = None) -> Iterator[Verdict]:
+    """A Verdict for every trace among the spans, as soon as each can be judged."""
+    rebuilder = RunRebuilder(config)
+    for span in spans:
+        verdict = rebuilder.add(span)
+        if verdict is not None:
+            yield verdict
+    yield from rebuilder.finish()
+
+
+def _model_call_starts(model_spans: list[tuple[int, str, str | None]]) -> list[int]:
+    """One start per model call. A model span nested in another (an SDK's own span inside an agent framework's, or
+    inside ours) is the same call seen twice, not a turn of its own."""
+    ids = {span_id for _, span_id, _ in model_spans}
+    return sorted(start for start, _, parent in model_spans if parent not in ids)
+
+
+def _assign_turns(starts: list[int], calls: list[_Call]) -> list[tuple[int, list[_Call]]]:
+    """Tool calls grouped by turn: the turn of a call is the number of model calls that started before it."""
+    by_turn: dict[int, list[_Call]] = {}
+    position = 0
+    for call in sorted(calls, key=lambda c: c.start_ns):
+        while position < len(starts) and starts[position] <= call.start_ns:
+            position += 1
+        by_turn.setdefault(max(position, 1), []).append(call)
+    if not starts:
+        return sorted(by_turn.items())
+    # Turns without tool calls still count: they break streaks the way they did in the live run.
+    return [(turn, by_turn.get(turn, [])) for turn in range(1, max([len(starts), *by_turn]) + 1)]
+
+
+def _call_of(span: Any) -> _Call:
+    a = span.attributes
+    raw_arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS)
+    digest = a.get(sc.TOOL_RESULT_DIGEST)
+    if digest is None and sc.GEN_AI_TOOL_CALL_RESULT in a:
+        digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
+    is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
+    return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
+                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, digest=digest)
+
+
+def _stop_reason(attributes: dict[str, Any]) -> str | None:
+    raw = attributes.get(sc.STOP_REASON)
+    if raw:
+        return raw
+    reasons = attributes.get(sc.GEN_AI_RESPONSE_FINISH_REASONS)
+    if isinstance(reasons, (list, tuple)) and reasons:
+        return str(reasons[-1])
+    return None
+
+
+def _output_text(attributes: dict[str, Any]) -> str | None:
+    """The text parts of gen_ai.output.messages, if the span carries them (content capture on)."""
+    raw = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
+    if not isinstance(raw, str):
+        return None
+    try:
+        messages = json.loads(raw)
+    except ValueError:
+        return raw  # capped (truncated) JSON: its text still tells whether the answer admits a failure
+    texts = [part.get("content", "") for message in messages if isinstance(message, dict)
+             for part in message.get("parts", ()) if isinstance(part, dict) and part.get("type") == "text"]
+    return "\n".join(str(t) for t in texts)
+
+
+# --- live, over someone else's agent ------------------------------------------------------------------------------
+
+try:  # the processor needs the SDK; the rest of this module does not
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+except ImportError:  # pragma: no cover - the SDK is a dependency of looptrace, but keep the offline part importable
+    SpanProcessor = object  # type: ignore[assignment,misc]
+
+
+@dataclass(slots=True)
+class _LiveSpan:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    attributes: dict[str, Any]
+    status_code: int
+
+
+class DetectorSpanProcessor(SpanProcessor):
+    """Runs the detector over any GenAI-instrumented agent in this process, as its spans end.
+
+    Add it to the application's TracerProvider; ``on_verdict`` receives each trace's Verdict when its root span ends
+    (use it to log, alert or fail a test). The spans themselves are not changed: they have already ended.
+    """
+
+    def __init__(self, on_verdict: Callable[[Verdict], None], config: DetectorConfig | None = None) -> None:
+        self._rebuilder = RunRebuilder(config)
+        self._on_verdict = on_verdict
+
+    def on_start(self, span, parent_context=None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.get_span_context()
+        live = _LiveSpan(
+            trace_id=format(context.trace_id, "032x"),
+            span_id=format(context.span_id, "016x"),
+            parent_span_id=format(span.parent.span_id, "016x") if span.parent is not None else None,
+            name=span.name,
+            start_ns=span.start_time or 0,
+            attributes=dict(span.attributes or {}),
+            status_code=span.status.status_code.value,
+        )
+        verdict = self._rebuilder.add(live)
+        if verdict is not None:
+            self._on_verdict(verdict)
+
+    def shutdown(self) -> None:
+        for verdict in self._rebuilder.finish():
+            self._on_verdict(verdict)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
