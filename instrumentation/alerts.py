@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import structlog
+from .logs import log
 
-log = structlog.get_logger("looptrace")
 
 WEBHOOK_ENV = "LOOPTRACE_ALERT_WEBHOOK"
 

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-log = structlog.get_logger("looptrace")
+from .logs import log
 
 TRACE_FILE_ENV = "LOOPTRACE_TRACE_FILE"
 DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"

@@ -14,9 +14,9 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 
 from instrumentation.alerts import AlertContext, Alerts
+from instrumentation.logs import log
 from instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
 from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
 
@@ -28,7 +28,6 @@ from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus, Usage
 
-log = structlog.get_logger("looptrace")
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -275,7 +274,8 @@ class Agent:
         else:
             call.result, call.is_error = toolkit.error_text(call.error), True
             call.outcome = call.error.kind if isinstance(call.error, toolkit.ToolError) else "error"
-            call.error_type = type(call.error).__qualname__ if call.outcome == "error" else None
+            original = getattr(call.error, "original", call.error)
+            call.error_type = type(original).__qualname__ if call.outcome == "error" else None
         call.result = _truncate_result(call.result, self.max_tool_result_chars)
         if run.detector is not None:
             run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.arguments,

@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +33,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report it
 EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.DONE: EXIT_OK,
     RunStatus.ERROR: 1,
@@ -53,7 +55,7 @@ EXIT_CODE_HELP = """exit codes:
   3   traces show: no such trace
   10  max_turns    11 token_budget    12 cost_budget    13 timeout
   20  max_tokens   21 stop_sequence   22 refusal        23 context_window
-  30  stopped_by_detector             130 interrupted (Ctrl-C)"""
+  30  stopped_by_detector             130 interrupted (Ctrl-C)   143 terminated (SIGTERM)"""
 
 
 class UsageError(Exception):
@@ -263,15 +265,26 @@ def _traces_list(args: argparse.Namespace) -> int:
 # --- shared pieces ------------------------------------------------------------------------------------------------
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered the way Ctrl-C is, so the run ends its spans and they are flushed before the exit."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry) -> RunResult:
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return agent.run(task)
     except RunInterrupted as interrupted:
         telemetry.shutdown()
-        print(f"\nlooptrace: interrupted after {interrupted.result.turns} turns; the trace was saved",
-              file=sys.stderr)
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        terminated = isinstance(interrupted.__cause__, Terminated)
+        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after {interrupted.result.turns} turns; "
+              f"the trace was saved", file=sys.stderr)
+        raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
+        signal.signal(signal.SIGTERM, previous)
         telemetry.flush()
 
 

@@ -42,6 +42,15 @@ class ToolTimeout(ToolError):
     kind = "timeout"
 
 
+class ToolRaisedBaseException(ToolError):
+    """A tool raised KeyboardInterrupt, SystemExit or the like. It is that tool's failure: re-raised as it is, it would
+    look like the user pressing Ctrl-C, or end the process."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {original}" if str(original) else type(original).__name__)
+        self.original = original
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tool:
     """A callable offered to the model. Build one with `@tool`; construct directly only for hand-written schemas."""
@@ -137,6 +146,9 @@ async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) ->
             # Cancel but do not await: a coroutine that swallows cancellation must not hang the run.
             task.cancel()
             raise ToolTimeout(_timeout_message(t, timeout_s))
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, Exception):
+            raise ToolRaisedBaseException(error)
         return task.result()
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
@@ -157,8 +169,10 @@ class _Outcome:
         self.error: BaseException | None = None
 
     def outcome(self) -> Any:
-        if self.error is not None:
+        if isinstance(self.error, Exception):
             raise self.error
+        if self.error is not None:
+            raise ToolRaisedBaseException(self.error)
         return self.value
 
 
