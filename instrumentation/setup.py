@@ -1,54 +1,196 @@
 """configure(): the OpenTelemetry SDK for applications and the CLI, from arguments and the standard variables.
 
 Libraries use the OpenTelemetry API only; an application calls this once (or sets up the SDK itself, in which case
-looptrace's spans simply join its pipeline). Exporters are picked, in order of precedence, from the ``exporters``
-argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``, and finally the local trace file. Every exporter sits
-behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the standard ``OTEL_BSP_*``).
+looptrace's spans simply join its pipeline).
+
+Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
+(``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
+``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
+when both are; the local trace file otherwise. Names combine: ``file,langfuse,otlp``.
+
+Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it
+with the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``export.GuardedExporter``:
+bounded, never raising, one warning per failure cause, undelivered spans saved to the spill file for
+``looptrace traces push``. Metrics go over OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with
+``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
+
+Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
+about 0.1 s, whatever the backends do (default 5 s). Past the deadline, spans still queued go to the spill file rather
+than being dropped; metrics that miss it are not exported (the next run's cumulative points make up for them).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+import structlog
 from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .export import (
+    ConfigurationError,
+    GuardedExporter,
+    GuardedMetricExporter,
+    LangfuseSettings,
+    SpillFile,
+    configured_backends,
+    network_exporter,
+    network_metric_exporter,
+)
 from .otlp_file import OTLPJsonFileExporter, default_trace_file
 
+__all__ = [
+    "ConfigurationError",
+    "Telemetry",
+    "choose_exporters",
+    "configure",
+    "context_from_traceparent",
+    "parse_exporters",
+    "sigterm_as_keyboard_interrupt",
+]
+
+log = structlog.get_logger("looptrace")
+
 EXPORTER_ENV = "LOOPTRACE_EXPORTER"
-KNOWN_EXPORTERS = ("file", "console", "none")
+PROMETHEUS_PORT_ENV = "LOOPTRACE_PROMETHEUS_PORT"
+TRACEPARENT_ENV, TRACESTATE_ENV = "TRACEPARENT", "TRACESTATE"
+KNOWN_EXPORTERS = ("file", "console", "otlp", "langfuse", "none")
+NETWORK_EXPORTERS = ("langfuse", "otlp")
 DEFAULT_SERVICE_NAME = "looptrace"
-
-
-class ConfigurationError(ValueError):
-    """A setting that cannot work, with what to do about it."""
+FLUSH_TIMEOUT_MS = 5_000
 
 
 @dataclass
 class Telemetry:
-    """What configure() set up. Keep it to flush or shut down; the CLI does both on the way out."""
+    """What configure() set up. Keep it to flush or shut down; the CLI does both on the way out.
+
+    ``scores`` sends Langfuse scores (the anomaly score) when the langfuse exporter is on, and is None otherwise.
+    """
 
     tracer_provider: TracerProvider
     exporters: list[str]
     trace_file: Path | None = None
+    meter_provider: MeterProvider | None = None
+    spill_file: Path | None = None
+    scores: Any = None  # langfuse.LangfuseScores | None
     _processors: list = field(default_factory=list)
+    _guards: list[GuardedExporter] = field(default_factory=list)
+    _metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
     _stopped: bool = False
 
-    def flush(self, timeout_ms: int = 5_000) -> bool:
-        return self.tracer_provider.force_flush(timeout_ms)
+    def flush(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> bool:
+        """Export what is buffered, within ``timeout_ms``. True when nothing had to be spilled meanwhile."""
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        spilled_before = self.spilled_spans
+        with self._deadline(deadline):
+            flushed = self.tracer_provider.force_flush(timeout_ms)
+            if self.meter_provider is not None:
+                flushed = self.meter_provider.force_flush(_remaining_ms(deadline)) and flushed
+        if self.scores is not None:
+            flushed = self.scores.flush(_remaining_ms(deadline) / 1000) and flushed
+        return bool(flushed) and self.spilled_spans == spilled_before
+
+    def shutdown(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
+        """Deliver what can be delivered within ``timeout_ms``, spill the rest, stop everything. Idempotent.
+
+        Metrics go first: spans that miss the deadline are saved to the spill file, metrics would be lost.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        atexit.unregister(self.shutdown)
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        with self._deadline(deadline):
+            if self.meter_provider is not None:
+                _quietly(self.meter_provider.shutdown, timeout_millis=_remaining_ms(deadline))
+            for processor in self._processors:
+                _quietly(processor.force_flush, _remaining_ms(deadline))
+        for guard in self._guards:
+            guard.set_deadline(time.monotonic())  # the queues are drained; nothing may wait any more
+        _quietly(self.tracer_provider.shutdown)
+        if self.scores is not None:
+            self.scores.close(_remaining_ms(deadline) / 1000)
+        if self.spill_file is not None and self._guards:
+            _quietly(SpillFile(self.spill_file).compact)  # drops batches an export delivered after all
+
+    @property
+    def spilled_spans(self) -> int:
+        """Spans of this process's runs that sit undelivered in the spill file."""
+        return sum(guard.spilled_spans for guard in self._guards)
+
+    def spill_notice(self) -> str | None:
+        """The line the CLI prints when spans could not be delivered, or None when all were."""
+        counts = [(guard.name, guard.spilled_spans) for guard in self._guards if guard.spilled_spans]
+        if not counts:
+            return None
+        each = ", ".join(f"{count} for {name}" for name, count in counts)
+        return (f"looptrace: {sum(c for _, c in counts)} spans could not be delivered ({each}); they are saved in "
+                f"{self.spill_file}. Send them later with: looptrace traces push")
+
+    @contextlib.contextmanager
+    def _deadline(self, deadline: float) -> Iterator[None]:
+        guards = [*self._guards, *self._metric_guards]
+        for guard in guards:
+            guard.set_deadline(deadline)
+        try:
+            yield
+        finally:
+            for guard in guards:
+                guard.set_deadline(None)
+
+
+def _remaining_ms(deadline: float) -> int:
+    return max(int((deadline - time.monotonic()) * 1000), 0)
+
+
+def _quietly(call, *args, **kwargs) -> None:
+    try:
+        call(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - shutting down must not fail on a backend; the guards already reported it
+        pass
+
+
+class _BoundedBatchSpanProcessor(BatchSpanProcessor):
+    """A BatchSpanProcessor whose force_flush keeps its timeout.
+
+    The SDK's exports everything on the caller's thread whatever the timeout (opentelemetry-python#4568). Here the
+    timeout becomes the guard's deadline: batches past it are spilled in microseconds instead of sent, so the queue
+    still drains completely, in time, and no span is dropped. Whoever calls it (Telemetry.flush, the agent's own flush
+    on Ctrl-C, TracerProvider.force_flush) gets the bound.
+    """
+
+    def __init__(self, guard: GuardedExporter) -> None:
+        super().__init__(guard)
+        self.guard = guard
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        previous = self.guard.deadline
+        mine = time.monotonic() + max(timeout_millis, 0) / 1000
+        self.guard.set_deadline(mine if previous is None else min(previous, mine))
+        try:
+            return super().force_flush(timeout_millis)
+        finally:
+            self.guard.set_deadline(previous)
 
     def shutdown(self) -> None:
-        """Flush and stop every exporter. Safe to call more than once."""
-        if not self._stopped:
-            self._stopped = True
-            self.tracer_provider.shutdown()
+        self.force_flush(FLUSH_TIMEOUT_MS)
+        self.guard.set_deadline(time.monotonic())
+        super().shutdown()
 
 
 def parse_exporters(value: str | Iterable[str] | None) -> list[str]:
@@ -72,13 +214,13 @@ def choose_exporters(explicit: str | Iterable[str] | None = None) -> list[str]:
         names = parse_exporters(source)
         if names:
             return [] if names == ["none"] else [n for n in names if n != "none"]
-    return ["file"]
+    return configured_backends() or ["file"]
 
 
 def _otel_traces_exporter() -> str | None:
     value = os.environ.get("OTEL_TRACES_EXPORTER")
     # Only the names that mean the same here; anything else (zipkin, ...) is for other distributions to interpret.
-    if value and all(v.strip() in ("console", "none") for v in value.split(",")):
+    if value and all(v.strip() in ("otlp", "console", "none") for v in value.split(",")):
         return value
     return None
 
@@ -90,30 +232,56 @@ def configure(
     service_name: str | None = None,
     console_stream: IO[str] | None = None,
     set_global: bool = True,
+    spill_file: str | os.PathLike[str] | None = None,
+    prometheus_port: int | None = None,
 ) -> Telemetry:
-    """Set up tracing for an application. Returns the handle to flush and shut it down.
+    """Set up tracing (and metrics) for an application. Returns the handle to flush and shut it down.
 
-    ``set_global=False`` leaves the global tracer provider alone; pass ``telemetry.tracer_provider`` to
-    ``Agent(tracer_provider=...)`` instead (what tests and embedding applications with their own SDK set-up want).
+    ``set_global=False`` leaves the global providers alone; pass ``telemetry.tracer_provider`` (and
+    ``telemetry.meter_provider``) to the Agent instead (what tests and embedding applications with their own SDK
+    set-up want). ``spill_file`` defaults to ``LOOPTRACE_SPILL_FILE`` or ``.looptrace/spill.jsonl``.
+    A bounded ``shutdown()`` also runs at interpreter exit if the application does not call it.
     """
     names = choose_exporters(exporters)
     disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-    provider = TracerProvider(resource=_resource(service_name))
+    resource = _resource(service_name)
+    # Not the SDK's own exit hook: it joins the export thread for up to 30 s and drops what is left.
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     telemetry = Telemetry(tracer_provider=provider, exporters=[] if disabled else names)
+    spill = SpillFile(spill_file)  # the path only; nothing is written unless a backend fails
     for name in telemetry.exporters:
-        exporter = _exporter(name, trace_file, console_stream, telemetry)
-        # The console is for a human watching: spans appear as they end. Everything else is batched off-thread.
-        processor = SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
+        if name in NETWORK_EXPORTERS:
+            guard = network_exporter(name, spill=spill)
+            telemetry._guards.append(guard)
+            telemetry.spill_file = spill.path
+            processor = _BoundedBatchSpanProcessor(guard)
+        else:
+            exporter = _local_exporter(name, trace_file, console_stream, telemetry)
+            # The console is for a human watching: spans appear as they end. The file is batched off-thread.
+            processor = SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
         provider.add_span_processor(processor)
         telemetry._processors.append(processor)
-    # The global provider can be set once per process; an application that already set one keeps it (and looptrace
+    if "langfuse" in telemetry.exporters:
+        from .langfuse import LangfuseScores
+
+        settings = LangfuseSettings.from_env()
+        telemetry.scores = LangfuseScores.from_settings(settings) if settings else None
+    telemetry.meter_provider = _meter_provider(telemetry, resource, disabled, prometheus_port)
+    # The global providers can be set once per process; an application that already set one keeps it (and looptrace
     # spans still reach this provider through Agent(tracer_provider=...)).
     if set_global and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
+    if set_global:
+        from opentelemetry import metrics
+        from opentelemetry.metrics import _internal as metrics_internal
+
+        if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider):
+            metrics.set_meter_provider(telemetry.meter_provider)
+    atexit.register(telemetry.shutdown)
     return telemetry
 
 
-def _exporter(name: str, trace_file, console_stream, telemetry: Telemetry) -> SpanExporter:
+def _local_exporter(name: str, trace_file, console_stream, telemetry: Telemetry) -> SpanExporter:
     if name == "file":
         telemetry.trace_file = Path(trace_file) if trace_file else default_trace_file()
         return OTLPJsonFileExporter(telemetry.trace_file)
@@ -124,6 +292,34 @@ def _exporter(name: str, trace_file, console_stream, telemetry: Telemetry) -> Sp
     raise ConfigurationError(f"unknown exporter {name!r}")
 
 
+def _meter_provider(telemetry: Telemetry, resource: Resource, disabled: bool,
+                    prometheus_port: int | None) -> MeterProvider:
+    readers = []
+    if not disabled:
+        metrics_off = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none"
+        if "otlp" in telemetry.exporters and not metrics_off:
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            guard = network_metric_exporter()
+            telemetry._metric_guards.append(guard)
+            readers.append(PeriodicExportingMetricReader(guard))
+        port = prometheus_port if prometheus_port is not None else _port_from_env()
+        if port is not None:
+            from .metrics import prometheus_reader
+
+            readers.append(prometheus_reader(port))
+    return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+
+
+def _port_from_env() -> int | None:
+    value = os.environ.get(PROMETHEUS_PORT_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigurationError(f"{PROMETHEUS_PORT_ENV}={value!r} is not a port number")
+    return int(value)
+
+
 def _resource(service_name: str | None) -> Resource:
     # Resource.create() reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; an explicit name wins over both, and
     # "looptrace" replaces the SDK's "unknown_service" when nothing names the service.
@@ -131,3 +327,46 @@ def _resource(service_name: str | None) -> Resource:
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     return resource
+
+
+# --- joining a caller's trace -------------------------------------------------------------------------------------
+
+
+def context_from_traceparent(traceparent: str | None = None, tracestate: str | None = None) -> Context | None:
+    """The context a W3C ``traceparent`` header hands over, for a run to join that trace as a child.
+
+    With no argument, reads ``TRACEPARENT`` (and ``TRACESTATE``), which is how job schedulers and CI systems pass a
+    trace to a process. Returns None when there is nothing to join. An invalid value given explicitly raises
+    ValueError (a usage error for ``--traceparent``); one from the environment costs a warning and is ignored.
+    The CLI runs the agent under it: ``token = opentelemetry.context.attach(ctx)`` ... ``detach(token)``.
+    """
+    from_environment = traceparent is None
+    value = (os.environ.get(TRACEPARENT_ENV) if from_environment else traceparent) or ""
+    if not value.strip():
+        return None
+    carrier = {"traceparent": value.strip()}
+    state = os.environ.get(TRACESTATE_ENV) if from_environment and tracestate is None else tracestate
+    if state:
+        carrier["tracestate"] = state
+    context = TraceContextTextMapPropagator().extract(carrier, context=Context())
+    if trace.get_current_span(context).get_span_context().is_valid:
+        return context
+    problem = f"not a W3C traceparent: {value.strip()[:80]!r} (expected 00-<32 hex>-<16 hex>-<2 hex>)"
+    if not from_environment:
+        raise ValueError(problem)
+    log.warning("traceparent_ignored", variable=TRACEPARENT_ENV, problem=problem)
+    return None
+
+
+def sigterm_as_keyboard_interrupt() -> None:
+    """Make SIGTERM end a run the way Ctrl-C does (spans ended, flushed within the bound, the rest spilled).
+
+    For the CLI, which owns its process; call from the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("signal handlers can only be installed from the main thread")
+
+    def interrupt(signum, frame):  # noqa: ANN001 - signal's signature
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -1,0 +1,685 @@
+"""Export to Langfuse and to a collector, against local receivers that decode the real wire formats.
+
+What is checked: the Langfuse endpoint, auth and ingestion-version header; every span of a run arriving with its
+parent; the Langfuse attributes as Langfuse reads them; the anomaly score; the standard OTLP variables over HTTP and
+gRPC; and the faults (refused, 503 then success, a 2 s delay, 401): each export bounded, one warning naming backend and
+cause and never a secret, the spill file holding exactly the undelivered spans, push delivering them once.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_json
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as encode_proto
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from structlog.testing import capture_logs
+
+from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, unused_port
+from instrumentation import export, langfuse
+from instrumentation import semconv as sc
+from instrumentation.export import (
+    ConfigurationError,
+    GuardedExporter,
+    LangfuseSettings,
+    OtlpSettings,
+    PushInProgress,
+    SpillFile,
+    network_exporter,
+    push,
+)
+from instrumentation.otlp_file import read_spans
+from instrumentation.setup import configure
+
+PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"
+LANGFUSE_PREFIX = "/api/public/otel"
+BASIC = "Basic " + base64.b64encode(f"{PUBLIC_KEY}:{SECRET_KEY}".encode()).decode()
+ISOLATED_ENV = (
+    "LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST", "LANGFUSE_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_INSECURE",
+    "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED", "LOOPTRACE_EXPORTER", "LOOPTRACE_SPILL_FILE",
+    "LOOPTRACE_PROMETHEUS_PORT", "LOOPTRACE_TRACE_FILE", "TRACEPARENT", "TRACESTATE",
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    for name in ISOLATED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # default trace and spill files land in the test's directory
+    monkeypatch.setattr(export, "RETRY_AFTER_FAILURE_S", 10.0)
+
+
+@pytest.fixture
+def spill(tmp_path) -> SpillFile:
+    return SpillFile(tmp_path / "spill.jsonl")
+
+
+@pytest.fixture
+def langfuse_rx(monkeypatch):
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
+        use_langfuse(monkeypatch, rx.base_url)
+        yield rx
+
+
+def use_langfuse(monkeypatch, base_url: str, secret: str = SECRET_KEY, timeout_s: float = 2.0) -> None:
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", PUBLIC_KEY)
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", secret)
+    monkeypatch.setenv("LANGFUSE_BASE_URL", base_url)
+    monkeypatch.setenv("LANGFUSE_TIMEOUT", str(timeout_s))
+
+
+def use_collector(monkeypatch, url: str, timeout_ms: int = 2000, **extra: str) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", str(timeout_ms))
+    for name, value in extra.items():
+        monkeypatch.setenv(name, value)
+
+
+def finished_run_spans():
+    """Spans shaped like one of our runs (root, turn, chat, tool), with the Langfuse attributes spans.py will add."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "looptrace-test"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("looptrace", "0.1.0")
+    common = {sc.GEN_AI_PROVIDER_NAME: "anthropic", sc.GEN_AI_AGENT_NAME: "booking",
+              **langfuse.trace_attributes("booking", session_id="s-1", user_id="u-1", tags=["demo", "nightly"],
+                                          metadata={"ticket": "T-9", "attempt": 2})}
+    root = tracer.start_span("invoke_agent booking", attributes={
+        sc.GEN_AI_OPERATION_NAME: "invoke_agent", **common, **langfuse.observation_attributes("agent")})
+    turn = tracer.start_span("turn 1", context=trace.set_span_in_context(root),
+                             attributes={**common, **langfuse.observation_attributes("turn")})
+    chat = tracer.start_span("chat claude-sonnet-5-5", context=trace.set_span_in_context(turn), kind=SpanKind.CLIENT,
+                             attributes={sc.GEN_AI_OPERATION_NAME: "chat", **common,
+                                         **langfuse.observation_attributes("chat")})
+    chat.set_attributes({sc.GEN_AI_USAGE_INPUT_TOKENS: 1700, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 38,
+                         **langfuse.generation_attributes(input_tokens=200, output_tokens=38,
+                                                          cache_read_input_tokens=1500, cost_usd=0.0021)})
+    chat.end()
+    tool = tracer.start_span("execute_tool search", context=trace.set_span_in_context(turn), attributes={
+        sc.GEN_AI_OPERATION_NAME: "execute_tool", sc.GEN_AI_TOOL_NAME: "search", **common,
+        sc.GEN_AI_TOOL_CALL_ARGUMENTS: '{"q":"projector"}', **langfuse.observation_attributes("tool")})
+    tool.set_attributes({sc.GEN_AI_TOOL_CALL_RESULT: "[]",
+                         **langfuse.anomaly_attributes("repeated_call: search called 3 times with the same arguments")})
+    tool.end()
+    turn.end()
+    root.end()
+    return list(memory.get_finished_spans())
+
+
+def span_ids(spans) -> set[str]:
+    return {format(s.context.span_id, "016x") for s in spans}
+
+
+def warnings_of(logs, event: str = "export_failed"):
+    return [entry for entry in logs if entry.get("event") == event]
+
+
+def assert_no_secret(logs) -> None:
+    text = json.dumps(logs, default=str)
+    assert SECRET_KEY not in text and BASIC not in text and "Basic " not in text
+
+
+def assert_parents_arrive(received) -> None:
+    ids = {s.span_id for s in received}
+    roots = [s for s in received if s.parent_span_id is None]
+    assert len(roots) == 1, [s.name for s in roots]
+    assert all(s.parent_span_id in ids for s in received if s.parent_span_id is not None)
+
+
+# --- settings -----------------------------------------------------------------------------------------------------
+
+
+def test_otlp_settings_follow_the_specification():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_EXPORTER_OTLP_HEADERS": "x-a=1,x-b=two%20words",
+           "OTEL_EXPORTER_OTLP_TIMEOUT": "2500", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}
+    traces = OtlpSettings.from_env("traces", env)
+    assert traces.endpoint == "http://collector:4318/v1/traces"  # the generic endpoint gets the signal's path
+    assert dict(traces.headers) == {"x-a": "1", "x-b": "two words"}
+    assert traces.timeout_s == 2.5  # milliseconds, as the specification says
+    assert traces.compression == "gzip" and traces.protocol == "http/protobuf"
+    assert OtlpSettings.from_env("metrics", env).endpoint == "http://collector:4318/v1/metrics"
+
+    specific = {**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://other:9999/custom",
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-c=3", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "100"}
+    traces = OtlpSettings.from_env("traces", specific)
+    assert (traces.endpoint, dict(traces.headers), traces.timeout_s) == ("http://other:9999/custom", {"x-c": "3"}, 0.1)
+
+    grpc_settings = OtlpSettings.from_env("traces", {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                                                     "OTEL_EXPORTER_OTLP_INSECURE": "true"})
+    assert (grpc_settings.endpoint, grpc_settings.insecure) == ("http://localhost:4317", True)
+    assert OtlpSettings.from_env("traces", {}).endpoint == "http://localhost:4318/v1/traces"
+    assert "x-a" not in repr(OtlpSettings.from_env("traces", env))  # headers may carry tokens
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "http/json"),
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, "milliseconds"),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"}, "brotli"),
+])
+def test_otlp_settings_that_cannot_work_say_why(env, message):
+    with pytest.raises(ConfigurationError, match=message):
+        OtlpSettings.from_env("traces", env)
+
+
+def test_langfuse_settings_from_the_sdk_variables():
+    assert LangfuseSettings.from_env({"LANGFUSE_PUBLIC_KEY": "pk"}) is None
+    keys = {"LANGFUSE_PUBLIC_KEY": "pk", "LANGFUSE_SECRET_KEY": "sk-secret"}
+    assert LangfuseSettings.from_env(keys).traces_url == "https://cloud.langfuse.com/api/public/otel/v1/traces"
+    host = LangfuseSettings.from_env({**keys, "LANGFUSE_HOST": "http://old:3000"})
+    assert host.base_url == "http://old:3000"
+    both = LangfuseSettings.from_env({**keys, "LANGFUSE_HOST": "http://old:3000", "LANGFUSE_BASE_URL": "http://new/"})
+    assert both.traces_url == "http://new/api/public/otel/v1/traces"
+    assert "sk-secret" not in repr(both) and "pk" not in repr(both)
+
+
+# --- Langfuse -----------------------------------------------------------------------------------------------------
+
+
+def run_agent(provider, task: str = "Reserve a projector for 2026-10-08"):
+    from runtime import Agent, ScriptedModel
+    from runtime.demo import Inventory, equipment_script
+
+    started = time.monotonic()
+    result = Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(equipment_script()),
+                   tracer_provider=provider).run(task)
+    return result, time.monotonic() - started
+
+
+def configure_with_memory(**kwargs):
+    """configure() plus an in-memory copy of every span, to compare what left with what was made."""
+    telemetry = configure(set_global=False, **kwargs)
+    memory = InMemorySpanExporter()
+    telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(memory))
+    return telemetry, memory
+
+
+def test_a_run_reaches_langfuse_with_its_keys_the_ingestion_version_and_every_parent(langfuse_rx, tmp_path):
+    telemetry, memory = configure_with_memory(exporters="langfuse", spill_file=tmp_path / "spill.jsonl")
+    result, _ = run_agent(telemetry.tracer_provider)
+    telemetry.shutdown()
+
+    made = memory.get_finished_spans()
+    received = langfuse_rx.wait_for_spans(len(made))
+    assert result.status.value == "done"
+    assert {s.span_id for s in received} == span_ids(made) and len(received) == len(made)
+    assert_parents_arrive(received)
+    for request in langfuse_rx.requests:
+        assert request.path == LANGFUSE_PREFIX + "/v1/traces" and request.accepted
+        assert request.headers["authorization"] == BASIC
+        assert request.headers["x-langfuse-ingestion-version"] == "4"
+        assert request.headers["content-encoding"] == "gzip"
+    assert not (tmp_path / "spill.jsonl").exists()
+
+
+def test_langfuse_never_receives_the_collectors_headers(langfuse_rx, monkeypatch, spill):
+    # OTEL_EXPORTER_OTLP_HEADERS is for the collector; the HTTP exporter would merge it into every request.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer collector-token,x-tenant=acme")
+    exporter = network_exporter("langfuse", spill=spill)
+    assert exporter.export(finished_run_spans()) == SpanExportResult.SUCCESS
+    headers = langfuse_rx.requests[0].headers
+    assert headers["authorization"] == BASIC and "x-tenant" not in headers
+    assert "collector-token" not in json.dumps(headers)
+
+
+def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, spill):
+    assert network_exporter("langfuse", spill=spill).export(finished_run_spans()) == SpanExportResult.SUCCESS
+    by_name = {s.name: s for s in langfuse_rx.wait_for_spans(4)}
+    for span in by_name.values():  # Langfuse v4 reads trace attributes per observation: all of them carry them
+        a = span.attributes
+        assert a["langfuse.trace.name"] == "booking" and a["session.id"] == "s-1" and a["user.id"] == "u-1"
+        assert a["langfuse.trace.tags"] == ["demo", "nightly"]
+        assert a["langfuse.trace.metadata.ticket"] == "T-9" and a["langfuse.trace.metadata.attempt"] == "2"
+    types = {name: s.attributes["langfuse.observation.type"] for name, s in by_name.items()}
+    assert types == {"invoke_agent booking": "agent", "turn 1": "span", "chat claude-sonnet-5-5": "generation",
+                     "execute_tool search": "tool"}
+    chat = by_name["chat claude-sonnet-5-5"].attributes
+    assert json.loads(chat["langfuse.observation.usage_details"]) == {"input": 200, "output": 38,
+                                                                      "input_cache_read": 1500}
+    assert json.loads(chat["langfuse.observation.cost_details"]) == {"total": 0.0021}
+    assert not any(k.startswith("langfuse.observation.usage") for n, s in by_name.items() if n != "chat claude-sonnet-5-5"
+                   for k in s.attributes)
+    tool = by_name["execute_tool search"].attributes
+    assert tool["langfuse.observation.level"] == "WARNING"
+    assert tool["langfuse.observation.status_message"].startswith("repeated_call")
+    assert tool[sc.GEN_AI_TOOL_NAME] == "search" and tool[sc.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"q":"projector"}'
+
+
+def test_a_scripted_run_looks_right_in_langfuse(langfuse_rx, spill):
+    """The real loop's spans once spans.py merges the langfuse attributes; skipped until it does."""
+    telemetry = configure(exporters="langfuse", set_global=False, spill_file=spill.path)
+    run_agent(telemetry.tracer_provider)
+    telemetry.shutdown()
+    received = langfuse_rx.wait_for_spans(1)
+    root = next(s for s in received if s.parent_span_id is None)
+    if "langfuse.observation.type" not in root.attributes:
+        pytest.skip("spans.py does not add the Langfuse attributes yet")
+    assert root.attributes["langfuse.observation.type"] == "agent"
+    assert all(s.attributes.get("langfuse.trace.name") == root.attributes[sc.GEN_AI_AGENT_NAME] for s in received)
+    for span in received:
+        kind = span.attributes["langfuse.observation.type"]
+        has_usage = "langfuse.observation.usage_details" in span.attributes
+        assert has_usage == (kind == "generation"), span.name
+        if kind == "tool":
+            assert span.attributes[sc.GEN_AI_TOOL_NAME] in span.name
+
+
+# --- the attribute functions --------------------------------------------------------------------------------------
+
+
+def test_trace_attributes_refuse_what_langfuse_would_drop():
+    assert langfuse.trace_attributes("a") == {"langfuse.trace.name": "a"}
+    assert langfuse.trace_attributes("a", tags=["x", "x", "y"])["langfuse.trace.tags"] == ("x", "y")
+    with pytest.raises(ValueError, match="200"):
+        langfuse.trace_attributes("a", session_id="s" * 201)
+    with pytest.raises(ValueError, match="letters, digits"):
+        langfuse.trace_attributes("a", metadata={"bad key": 1})
+    with pytest.raises(ValueError, match="non-empty"):
+        langfuse.trace_attributes("a", user_id="")
+
+
+def test_generation_attributes_never_count_cache_tokens_twice():
+    usage = json.loads(langfuse.generation_attributes(input_tokens=3, output_tokens=5, cache_read_input_tokens=100,
+                                                      cache_creation_input_tokens=40)
+                       ["langfuse.observation.usage_details"])
+    # Langfuse adds every type with "input" in its name: 3 + 100 + 40 is the whole input, once.
+    assert usage == {"input": 3, "output": 5, "input_cache_read": 100, "input_cache_creation": 40}
+    assert "langfuse.observation.cost_details" not in langfuse.generation_attributes(input_tokens=1, output_tokens=1)
+
+
+def test_observation_and_anomaly_attributes():
+    assert langfuse.observation_attributes("chat") == {"langfuse.observation.type": "generation"}
+    with pytest.raises(ValueError):
+        langfuse.observation_attributes("retriever")
+    assert langfuse.anomaly_attributes("x" * 5000)["langfuse.observation.status_message"] == "x" * 1024
+    assert langfuse.anomaly_attributes("m", level="ERROR")["langfuse.observation.level"] == "ERROR"
+    with pytest.raises(ValueError):
+        langfuse.anomaly_attributes("m", level="FATAL")
+
+
+# --- scores -------------------------------------------------------------------------------------------------------
+
+
+class ScoreReceiver:
+    """Langfuse's POST /api/public/scores, enough of it: Basic auth, one JSON object per request."""
+
+    def __init__(self, status: int = 200, delay_s: float = 0.0) -> None:
+        self.bodies: list[dict] = []
+        self.headers: list[dict] = []
+        self.status, self.delay_s = status, delay_s
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                time.sleep(receiver.delay_s)
+                receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
+                ok = self.path == "/api/public/scores" and self.headers.get("authorization") == BASIC
+                status = receiver.status if ok else 401
+                if status == 200:
+                    receiver.bodies.append(body)
+                payload = json.dumps({"id": body.get("id")} if status == 200 else {"message": "no"}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_anomaly_score_lands_on_the_trace_once():
+    rx = ScoreReceiver()
+    try:
+        scores = langfuse.LangfuseScores(rx.base_url, PUBLIC_KEY, SECRET_KEY, timeout_s=1)
+        trace_id = "0af7651916cd43dd8448eb211c80319c"
+        first = scores.anomaly(trace_id, "repeated_call", "search called 3 times", span_id="b7ad6b7169203331")
+        again = scores.anomaly(trace_id, "repeated_call", "search called 3 times", span_id="b7ad6b7169203331")
+        assert scores.close(2.0)
+    finally:
+        rx.close()
+    assert first == again  # the same score again is an update in Langfuse, not a second score
+    body = rx.bodies[0]
+    assert body["traceId"] == trace_id and body["name"] == "loop_anomaly" and body["value"] == "repeated_call"
+    assert body["dataType"] == "CATEGORICAL" and body["comment"] == "search called 3 times"
+    assert body["metadata"] == {"span_id": "b7ad6b7169203331"} and "observationId" not in body
+    assert rx.headers[0]["authorization"] == BASIC
+
+
+def test_a_failing_score_is_one_warning_and_never_blocks_the_caller():
+    rx = ScoreReceiver(status=401, delay_s=0.3)
+    try:
+        scores = langfuse.LangfuseScores(rx.base_url, PUBLIC_KEY, "wrong-" + SECRET_KEY, timeout_s=1)
+        with capture_logs() as logs:
+            started = time.monotonic()
+            for n in range(3):
+                scores.send("0af7651916cd43dd8448eb211c80319c", name="quality", value=n)
+            queued_in = time.monotonic() - started
+            assert not scores.flush(0.1)  # bounded: the server is still holding the first one
+            scores.close(3.0)
+    finally:
+        rx.close()
+    assert queued_in < 0.05
+    failed = warnings_of(logs, "langfuse_score_failed")
+    assert [(w["cause"], w["detail"]) for w in failed] == [("unauthorized", "HTTP 401")]
+    assert SECRET_KEY not in json.dumps(logs)
+
+
+# --- the collector ------------------------------------------------------------------------------------------------
+
+
+def test_collector_over_http_gets_the_headers_and_compression_from_the_environment(monkeypatch, spill):
+    with OTLPReceiver(required_headers={"x-api-key": "k 1"}) as rx:
+        use_collector(monkeypatch, rx.url, OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k%201",
+                      OTEL_EXPORTER_OTLP_COMPRESSION="gzip")
+        spans = finished_run_spans()
+        assert network_exporter("otlp", spill=spill).export(spans) == SpanExportResult.SUCCESS
+        assert {s.span_id for s in rx.wait_for_spans(4)} == span_ids(spans)
+        request = rx.requests[0]
+    assert request.path == "/v1/traces" and request.headers["content-encoding"] == "gzip"
+
+
+def test_collector_over_grpc(monkeypatch, spill):
+    with OTLPGrpcReceiver(required_metadata={"x-api-key": "k1"}) as rx:
+        use_collector(monkeypatch, rx.url, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k1",
+                      OTEL_EXPORTER_OTLP_COMPRESSION="gzip")
+        spans = finished_run_spans()
+        assert network_exporter("otlp", spill=spill).export(spans) == SpanExportResult.SUCCESS
+        received = rx.wait_for_spans(4)
+    assert {s.span_id for s in received} == span_ids(spans)
+    assert_parents_arrive(received)
+    assert rx.requests[0].headers["x-api-key"] == "k1"
+
+
+@pytest.mark.parametrize("fault, cause", [
+    (None, "refused"),
+    (Reject(grpc.StatusCode.UNAUTHENTICATED), "unauthorized"),
+    (Reject(grpc.StatusCode.INTERNAL), "server_error"),
+])
+def test_grpc_failures_are_classified(monkeypatch, spill, fault, cause):
+    with OTLPGrpcReceiver() as rx:
+        url = rx.url if fault else f"http://127.0.0.1:{unused_port()}"
+        if fault:
+            rx.fail_next(fault)
+        use_collector(monkeypatch, url, OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+        exporter = network_exporter("otlp", spill=spill)
+        with capture_logs() as logs:
+            started = time.monotonic()
+            assert exporter.export(finished_run_spans()) == SpanExportResult.FAILURE
+            elapsed = time.monotonic() - started
+    assert elapsed < 0.5
+    assert [w["cause"] for w in warnings_of(logs)] == [cause]
+    assert spill.pending_spans("otlp") == 4
+
+
+# --- faults -------------------------------------------------------------------------------------------------------
+
+
+def exported_within(exporter, spans, seconds: float):
+    started = time.monotonic()
+    result = exporter.export(spans)
+    elapsed = time.monotonic() - started
+    assert elapsed < seconds, f"export took {elapsed:.2f} s"
+    return result, elapsed
+
+
+def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spill):
+    port = unused_port()
+    use_langfuse(monkeypatch, f"http://127.0.0.1:{port}", timeout_s=5)
+    exporter = network_exporter("langfuse", spill=spill)
+    batches = [finished_run_spans() for _ in range(3)]
+    with capture_logs() as logs:
+        for batch in batches:
+            # The exporter would retry a refused connection for 5 s; the guard stops at the first refusal.
+            result, _ = exported_within(exporter, batch, 0.5)
+            assert result == SpanExportResult.FAILURE
+    (warning,) = warnings_of(logs)
+    assert (warning["backend"], warning["cause"]) == ("langfuse", "refused")
+    assert warning["endpoint"] == f"http://127.0.0.1:{port}/api/public/otel/v1/traces"
+    assert warning["spans_saved_to"] == str(spill.path)
+    assert_no_secret(logs)
+    expected = set().union(*(span_ids(b) for b in batches))
+    assert {s.span_id for s in read_spans(spill.path)} == expected  # the trace-file reader reads the spill file
+    assert exporter.spilled_spans == 12
+
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
+        use_langfuse(monkeypatch, rx.base_url)
+        report = push(spill.path)
+        received = rx.wait_for_spans(12)
+        assert report.sent == {"langfuse": 12} and report.ok
+        assert sorted(s.span_id for s in received) == sorted(expected)  # each exactly once
+        rx.clear()
+        assert push(spill.path).summary().startswith("nothing to push")
+        assert rx.requests == []
+    assert not spill.path.exists() and not spill.ledger.exists()
+
+
+def test_503_then_success_is_delivered_without_a_warning(langfuse_rx, spill):
+    langfuse_rx.fail_next(Reject(503, retry_after=0.1))
+    exporter = network_exporter("langfuse", spill=spill)
+    spans = finished_run_spans()
+    with capture_logs() as logs:
+        result, _ = exported_within(exporter, spans, 1.0)
+    assert result == SpanExportResult.SUCCESS and warnings_of(logs) == []
+    assert [r.status for r in langfuse_rx.requests] == [503, 200]
+    assert {s.span_id for s in langfuse_rx.spans} == span_ids(spans) and not spill.path.exists()
+
+
+def test_a_slow_backend_costs_the_timeout_then_the_batch_is_spilled(monkeypatch, spill):
+    with OTLPReceiver() as rx:
+        rx.fail_next(Delay(2.0))
+        use_collector(monkeypatch, rx.url, timeout_ms=400)
+        exporter = network_exporter("otlp", spill=spill)
+        spans = finished_run_spans()
+        with capture_logs() as logs:
+            result, elapsed = exported_within(exporter, spans, 0.9)
+            assert result == SpanExportResult.FAILURE
+            # Paused after the failure: the next batch goes straight to the spill file, with no second warning.
+            exported_within(exporter, finished_run_spans(), 0.05)
+    (warning,) = warnings_of(logs)
+    assert (warning["backend"], warning["cause"]) == ("otlp", "timeout")
+    assert elapsed >= 0.35
+    assert {b.backend for b in spill.pending()} == {"otlp"} and spill.pending_spans() == 8
+
+
+def test_401_names_the_keys_and_never_prints_them(monkeypatch, spill):
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
+        use_langfuse(monkeypatch, rx.base_url, secret="sk-lf-wrong-and-secret")
+        exporter = network_exporter("langfuse", spill=spill)
+        with capture_logs() as logs:
+            result, _ = exported_within(exporter, finished_run_spans(), 0.5)
+        assert rx.requests[0].status == 401
+    (warning,) = warnings_of(logs)
+    assert result == SpanExportResult.FAILURE
+    assert (warning["cause"], warning["detail"]) == ("unauthorized", "HTTP 401")
+    assert "LANGFUSE_SECRET_KEY" in warning["hint"]
+    assert "sk-lf-wrong-and-secret" not in json.dumps(logs) and "Basic" not in json.dumps(logs)
+    assert spill.pending_spans("langfuse") == 4
+
+
+def test_a_success_resets_the_warnings(monkeypatch, spill):
+    monkeypatch.setattr(export, "RETRY_AFTER_FAILURE_S", 0.0)
+    with OTLPReceiver() as rx:
+        use_collector(monkeypatch, rx.url)
+        exporter = network_exporter("otlp", spill=spill)
+        with capture_logs() as logs:
+            for fault in (500, 500, None, 500):  # 500 is not retried by the exporter; 503 would be
+                if fault:
+                    rx.fail_next(fault)
+                exporter.export(finished_run_spans())
+    assert [w["cause"] for w in warnings_of(logs)] == ["server_error", "server_error"]  # once, then again after a success
+
+
+def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeypatch, spill):
+    with OTLPReceiver() as rx:
+        rx.fail_next(Delay(0.4))
+        use_collector(monkeypatch, rx.url, timeout_ms=3000)
+        exporter = network_exporter("otlp", spill=spill)
+        exporter.set_deadline(time.monotonic() + 0.1)  # a flush with 0.1 s left
+        result, _ = exported_within(exporter, finished_run_spans(), 0.3)
+        assert result == SpanExportResult.FAILURE and spill.pending_spans() == 4
+        rx.wait_for_spans(4)
+        deadline = time.monotonic() + 2
+        while spill.pending_spans() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert spill.pending_spans() == 0 and exporter.spilled_spans == 0  # so push will not send it a second time
+        rx.clear()
+        assert push(spill.path).sent == {}
+        assert rx.requests == []
+
+
+def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tmp_path):
+    baseline, _ = run_agent(TracerProvider())
+    run_agent(TracerProvider())  # warm-up, so the timed runs compare like with like
+    _, baseline_s = run_agent(TracerProvider())
+    use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_s=5)
+    use_collector(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_ms=5000)
+    telemetry, memory = configure_with_memory(exporters="langfuse,otlp", spill_file=tmp_path / "spill.jsonl")
+    with capture_logs() as logs:
+        result, run_s = run_agent(telemetry.tracer_provider)
+        started = time.monotonic()
+        telemetry.shutdown(timeout_ms=1000)
+        shutdown_s = time.monotonic() - started
+    assert (result.status, result.turns, result.final_text) == (baseline.status, baseline.turns, baseline.final_text)
+    assert run_s < baseline_s + 0.25, (run_s, baseline_s)  # export happens on another thread
+    assert shutdown_s < 1.2
+    assert sorted((w["backend"], w["cause"]) for w in warnings_of(logs)) == [("langfuse", "refused"),
+                                                                             ("otlp", "refused")]
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    made = span_ids(memory.get_finished_spans())
+    for backend in ("langfuse", "otlp"):
+        assert {span_id for batch in spill.pending([backend]) for span_id in span_ids(batch.readable_spans())} == made
+    assert telemetry.spilled_spans == 2 * len(made)
+    assert "looptrace traces push" in telemetry.spill_notice() and str(spill.path) in telemetry.spill_notice()
+
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
+        use_langfuse(monkeypatch, rx.base_url)
+        report = push(spill.path, to=["langfuse"])  # the collector's copy stays for later
+        assert report.sent == {"langfuse": len(made)} and report.skipped == {"otlp": len(made)}
+        assert {s.span_id for s in rx.wait_for_spans(len(made))} == made
+    assert spill.pending_spans("otlp") == len(made) and spill.pending_spans("langfuse") == 0
+
+
+# --- the spill file and push --------------------------------------------------------------------------------------
+
+
+def test_spilled_spans_come_back_as_they_were_sent(spill):
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "svc", "deployment.environment": "test"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("looptrace", "1.2.3")
+    remote = trace.SpanContext(0x5AB, 0xC0FFEE, is_remote=True)
+    with tracer.start_as_current_span("root", context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+                                      kind=SpanKind.SERVER, links=[Link(remote, {"why": "caller"})],
+                                      attributes={"s": "x", "i": 7, "f": 1.5, "b": True, "l": ["a", "b"]}) as root:
+        root.add_event("looptrace.anomaly", {"type": "cycle"})
+        root.set_status(Status(StatusCode.ERROR, "boom"))
+        with tracer.start_as_current_span("child", kind=SpanKind.CLIENT):
+            pass
+    original = memory.get_finished_spans()
+    spill.append("otlp", original)
+    (batch,) = spill.pending()
+    assert encode_proto(batch.readable_spans()) == encode_proto(original)
+    assert json.loads(json.dumps(encode_json(batch.readable_spans()).to_dict())) == batch.data
+
+
+class ScriptedExporter:
+    """A stand-in backend for push: records what it was sent, fails or raises on given calls."""
+
+    def __init__(self, fail_on=(), raise_on=()):
+        self.calls, self.fail_on, self.raise_on = [], set(fail_on), set(raise_on)
+
+    def export(self, spans):
+        self.calls.append([format(s.context.span_id, "016x") for s in spans])
+        if len(self.calls) in self.raise_on:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C in the middle of a push
+        return SpanExportResult.FAILURE if len(self.calls) in self.fail_on else SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def test_an_interrupted_push_never_sends_a_batch_twice(spill):
+    batches = [finished_run_spans() for _ in range(3)]
+    for batch in batches:
+        spill.append("langfuse", batch)
+    first = ScriptedExporter(raise_on={2})
+    with pytest.raises(KeyboardInterrupt):
+        push(spill.path, {"langfuse": first})
+    second = ScriptedExporter()
+    push(spill.path, {"langfuse": second})
+    third = ScriptedExporter()
+    push(spill.path, {"langfuse": third})
+    delivered = [first.calls[0], *second.calls]  # the interrupted call never got its answer: it is sent again
+    assert sorted(map(sorted, delivered)) == sorted(sorted(span_ids(b)) for b in batches)
+    assert third.calls == [] and not spill.path.exists()
+
+
+def test_a_failing_backend_keeps_its_batches_and_others_go_on(spill):
+    for backend in ("langfuse", "langfuse", "otlp"):
+        spill.append(backend, finished_run_spans())
+    langfuse_exporter, otlp_exporter = ScriptedExporter(fail_on={1}), ScriptedExporter()
+    report = push(spill.path, {"langfuse": langfuse_exporter, "otlp": otlp_exporter})
+    assert len(langfuse_exporter.calls) == 1  # not tried again in the same push
+    assert (report.sent, report.failed, report.ok) == ({"otlp": 4}, {"langfuse": 8}, False)
+    assert spill.pending_spans("langfuse") == 8 and spill.pending_spans("otlp") == 0
+    with pytest.raises(ConfigurationError, match="not configured"):
+        push(spill.path, {"otlp": otlp_exporter}, to=["langfuse"])
+
+
+def test_two_pushes_at_once_are_refused(spill):
+    spill.append("otlp", finished_run_spans())
+    exporter = ScriptedExporter()
+    with spill.pushing(), pytest.raises(PushInProgress):
+        push(spill.path, {"otlp": exporter})
+    assert exporter.calls == []
+
+
+def test_a_bad_line_is_kept_not_sent(spill):
+    spill.append("otlp", finished_run_spans())
+    with open(spill.path, "a") as handle:
+        handle.write('{"truncated": \n')
+    push(spill.path, {"otlp": ScriptedExporter()})
+    assert spill.path.read_text() == '{"truncated": \n'
+
+
+def test_guarded_exporter_survives_an_exporter_that_raises(spill):
+    class Broken:
+        def export(self, spans):
+            raise RuntimeError("boom")
+
+        def shutdown(self):
+            pass
+
+    exporter = GuardedExporter("otlp", Broken(), endpoint="http://user:pw@collector:4318/v1/traces?token=t",
+                               spill=spill)
+    with capture_logs() as logs:
+        assert exporter.export(finished_run_spans()) == SpanExportResult.FAILURE
+    (warning,) = warnings_of(logs)
+    assert (warning["cause"], warning["detail"]) == ("failed", "RuntimeError")
+    assert warning["endpoint"] == "http://collector:4318/v1/traces"  # no user info, no query
+    assert spill.pending_spans() == 4
