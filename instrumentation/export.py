@@ -50,7 +50,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
-import structlog
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_spans_json
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.resources import Resource
@@ -60,14 +59,13 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.util.re import parse_env_headers
 
+from .logs import log
 from .otlp_file import decode_attributes
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
     import fcntl
 except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
-
-log = structlog.get_logger("looptrace")
 
 DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEOUT (10000 ms)
 RETRY_AFTER_FAILURE_S = 10.0  # how long a failed backend is skipped before the next batch tries it again
@@ -471,6 +469,9 @@ _sender_thread = threading.local()
 
 
 class _ExporterLogFilter(logging.Filter):
+    """Hears the gRPC status in the exporters' log records. An application that silences those loggers (a level
+    above ERROR, or a dictConfig that disables existing loggers) leaves gRPC failures reported as "failed"."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         probe: OutcomeProbe | None = getattr(_sender_thread, "probe", None)
         if probe is None:
@@ -493,7 +494,10 @@ def _install_log_filter() -> None:
     with _log_filter_lock:
         if not _log_filter_installed:
             for name in _EXPORTER_LOGGERS:
-                logging.getLogger(name).addFilter(_log_filter)
+                # First in line: the gRPC exporter's own DuplicateFilter drops a record whose format string was seen
+                # in the last 20 s (whatever its arguments) and ends the chain, so behind it the probe would miss
+                # the second failure of the process.
+                logging.getLogger(name).filters.insert(0, _log_filter)
             _log_filter_installed = True
 
 

@@ -41,11 +41,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import requests
-import structlog
 
+from . import semconv as sc
 from .export import Failure, LangfuseSettings, failure_from_exception, failure_from_status, safe_url
-
-log = structlog.get_logger("looptrace")
+from .logs import log
 
 TRACE_NAME = "langfuse.trace.name"
 USER_ID = "user.id"
@@ -53,8 +52,8 @@ SESSION_ID = "session.id"
 TRACE_TAGS = "langfuse.trace.tags"
 TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
 OBSERVATION_TYPE = "langfuse.observation.type"
-OBSERVATION_LEVEL = "langfuse.observation.level"
-OBSERVATION_STATUS_MESSAGE = "langfuse.observation.status_message"
+OBSERVATION_LEVEL = sc.LANGFUSE_OBSERVATION_LEVEL
+OBSERVATION_STATUS_MESSAGE = sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE
 OBSERVATION_USAGE_DETAILS = "langfuse.observation.usage_details"
 OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
 
@@ -210,6 +209,10 @@ class LangfuseScores:
         return self.send(trace_id, name=ANOMALY_SCORE, value=anomaly_type, data_type="CATEGORICAL",
                          comment=message[:MAX_STATUS_MESSAGE_CHARS],
                          metadata={"span_id": span_id} if span_id else None)
+
+    def alert_callback(self, anomaly: Any, context: Any) -> None:
+        """``Alerts(callback=scores.alert_callback)``: the anomaly score for every anomaly the detector reports."""
+        self.anomaly(context.trace_id, anomaly.type, anomaly.message, span_id=context.span_id)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every queued score was sent or failed, at most ``timeout_s``. True when the queue drained."""

@@ -24,16 +24,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import structlog
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
@@ -52,6 +49,7 @@ from .export import (
     network_exporter,
     network_metric_exporter,
 )
+from .logs import log
 from .otlp_file import OTLPJsonFileExporter, default_trace_file
 
 __all__ = [
@@ -61,10 +59,7 @@ __all__ = [
     "configure",
     "context_from_traceparent",
     "parse_exporters",
-    "sigterm_as_keyboard_interrupt",
 ]
-
-log = structlog.get_logger("looptrace")
 
 EXPORTER_ENV = "LOOPTRACE_EXPORTER"
 PROMETHEUS_PORT_ENV = "LOOPTRACE_PROMETHEUS_PORT"
@@ -95,15 +90,17 @@ class Telemetry:
 
     def flush(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> bool:
         """Export what is buffered, within ``timeout_ms``. True when nothing had to be spilled meanwhile."""
+        if self._stopped:  # the CLI's interrupted path shuts down, then flushes in a finally: nothing left to do
+            return self.spilled_spans == 0
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         spilled_before = self.spilled_spans
         with self._deadline(deadline):
-            flushed = self.tracer_provider.force_flush(timeout_ms)
+            flushed = _succeeded(self.tracer_provider.force_flush, timeout_ms)
             if self.meter_provider is not None:
-                flushed = self.meter_provider.force_flush(_remaining_ms(deadline)) and flushed
+                flushed = _succeeded(self.meter_provider.force_flush, _remaining_ms(deadline)) and flushed
         if self.scores is not None:
             flushed = self.scores.flush(_remaining_ms(deadline) / 1000) and flushed
-        return bool(flushed) and self.spilled_spans == spilled_before
+        return flushed and self.spilled_spans == spilled_before
 
     def shutdown(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
         """Deliver what can be delivered within ``timeout_ms``, spill the rest, stop everything. Idempotent.
@@ -156,6 +153,13 @@ class Telemetry:
 
 def _remaining_ms(deadline: float) -> int:
     return max(int((deadline - time.monotonic()) * 1000), 0)
+
+
+def _succeeded(call, *args) -> bool:
+    try:
+        return bool(call(*args))
+    except Exception:  # noqa: BLE001 - the SDK's MeterProvider raises when its deadline has passed: not our caller's problem
+        return False
 
 
 def _quietly(call, *args, **kwargs) -> None:
@@ -356,17 +360,3 @@ def context_from_traceparent(traceparent: str | None = None, tracestate: str | N
         raise ValueError(problem)
     log.warning("traceparent_ignored", variable=TRACEPARENT_ENV, problem=problem)
     return None
-
-
-def sigterm_as_keyboard_interrupt() -> None:
-    """Make SIGTERM end a run the way Ctrl-C does (spans ended, flushed within the bound, the rest spilled).
-
-    For the CLI, which owns its process; call from the main thread.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("signal handlers can only be installed from the main thread")
-
-    def interrupt(signum, frame):  # noqa: ANN001 - signal's signature
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)
