@@ -1,15 +1,14 @@
 """Getting spans to Langfuse and to an OpenTelemetry Collector without ever hurting the agent.
 
-Three pieces, used by ``setup.configure()`` and by ``looptrace traces push``:
+Two pieces, used by ``setup.configure()`` and by ``spill.push()`` (``looptrace traces push``):
 
 * **Factories** that build the OpenTelemetry project's OTLP exporters from the standard variables
   (``otlp_span_exporter``, ``otlp_metric_exporter``) and from Langfuse's (``langfuse_span_exporter``).
 * **GuardedExporter**, wrapped around each network exporter (behind a BatchSpanProcessor, so all of this happens off
   the agent's thread). It never raises, bounds the time of every export, turns a failure into *one* structlog warning
   per backend and cause (refused, timeout, unauthorized, server_error, rejected, failed) that names the backend and the
-  endpoint but never a key or a header, and appends what it could not deliver to the spill file.
-* **The spill file and push()**: undelivered spans wait in ``.looptrace/spill.jsonl`` (OTLP/JSON lines, readable by
-  ``otlp_file.read_spans``), each line tagged with its backend; ``push()`` sends them later, exactly once.
+  endpoint but never a key or a header, and appends what it could not deliver to the spill file (``spill.py``), from
+  which ``looptrace traces push`` sends it later, exactly once.
 
 Time a dead or slow backend can cost (measured figures are in tests/test_export.py and tests/test_setup.py):
 
@@ -33,47 +32,32 @@ pushing it can then show it twice in Langfuse. looptrace prefers that to losing 
 from __future__ import annotations
 
 import base64
-import contextlib
-import json
 import logging
 import os
 import queue
 import threading
 import time
-import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
-from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_spans_json
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.util.re import parse_env_headers
 
 from .logs import log
-from .otlp_file import decode_attributes
 
-try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
-    import fcntl
-except ImportError:  # pragma: no cover - not on the platforms we test
-    fcntl = None  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from .spill import SpillFile
 
 DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEOUT (10000 ms)
 RETRY_AFTER_FAILURE_S = 10.0  # how long a failed backend is skipped before the next batch tries it again
 WAIT_SLICE_S = 0.05  # how often a waiting export looks at its deadline and at what the probe saw
 _GRACE_S = 1.0  # the exporters enforce their timeout themselves; this only catches one that does not
-
-SPILL_FILE_ENV = "LOOPTRACE_SPILL_FILE"
-DEFAULT_SPILL_FILE = Path(".looptrace") / "spill.jsonl"
 
 LANGFUSE_DEFAULT_BASE_URL = "https://cloud.langfuse.com"
 LANGFUSE_TRACES_PATH = "/api/public/otel/v1/traces"
@@ -87,10 +71,6 @@ _DEFAULT_ENDPOINTS = {HTTP_PROTOBUF: "http://localhost:4318", GRPC: "http://loca
 
 class ConfigurationError(ValueError):
     """A setting that cannot work, with what to do about it."""
-
-
-def default_spill_file() -> Path:
-    return Path(os.environ.get(SPILL_FILE_ENV) or DEFAULT_SPILL_FILE)
 
 
 def safe_url(url: str) -> str:
@@ -592,7 +572,10 @@ class _Delivery:
                 seen = self.probe.failure
                 if seen is not None and seen.definitive:
                     return self.failed(seen), future
-                if now >= limit or (deadline is not None and now >= deadline):
+                if deadline is not None and now >= deadline:
+                    return self.failed(Failure(TIMEOUT, f"no answer before the flush deadline "
+                                                        f"({now - started:.1f} s)")), future
+                if now >= limit:
                     return self.failed(Failure(TIMEOUT, f"no answer within {now - started:.1f} s "
                                                         f"(timeout {self.timeout_s:g} s)")), future
                 continue
@@ -715,11 +698,12 @@ class GuardedExporter(SpanExporter):
         failure, future = delivery.attempt(lambda: self.inner.export(spans),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
-            self.delivered_spans += len(spans)
+            self._count_delivered(len(spans))
             return SpanExportResult.SUCCESS
         batch = self._save(spans, failure)
-        if batch is not None and not future.done():
-            # Still on the wire: if it gets through after all, the spilled copy must never be pushed.
+        if batch is not None:
+            # Possibly still on the wire (the wait was cut short): if it gets through after all, the spilled copy
+            # must never be pushed. A future that already ended runs the callback at once.
             future.add_done_callback(lambda done: self._late_answer(done, batch, len(spans)))
         return SpanExportResult.FAILURE
 
@@ -747,10 +731,14 @@ class GuardedExporter(SpanExporter):
                 self.spill.mark_delivered(batch)
                 with self._spill_lock:
                     self._spilled.pop(batch, None)
-                self.delivered_spans += count
+                self._count_delivered(count)
                 self._delivery.recovered()
         except Exception:  # noqa: BLE001 - on the sender thread; the batch simply stays pending, push sends it
             pass
+
+    def _count_delivered(self, count: int) -> None:
+        with self._spill_lock:  # the worker thread and, for a late answer, the sender thread
+            self.delivered_spans += count
 
     def _warn_spill(self, error: BaseException) -> None:
         if not self._spill_warned:
@@ -772,7 +760,8 @@ class GuardedExporter(SpanExporter):
 
 class GuardedMetricExporter(MetricExporter):
     """The metric side of GuardedExporter: bounded, never raising, one warning per cause. Metrics are not spilled:
-    a missed export is made good by the next one, since the points are cumulative."""
+    in a long-lived process the next export carries the cumulative totals again; a one-shot run whose final export
+    fails loses that run's points (the spans, which are spilled, still hold everything the metrics count)."""
 
     def __init__(self, name: str, inner: MetricExporter, *, endpoint: str, probe: OutcomeProbe | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -814,296 +803,3 @@ class GuardedMetricExporter(MetricExporter):
             self.inner.shutdown(timeout_millis=timeout_millis)
         except Exception:  # noqa: BLE001
             pass
-
-
-# --- the spill file -----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PendingBatch:
-    """One undelivered batch: a line of the spill file."""
-
-    backend: str
-    batch: str
-    data: Mapping[str, Any]  # the OTLP/JSON TracesData of the line
-
-    @property
-    def span_count(self) -> int:
-        return sum(len(ss.get("spans") or ()) for rs in self.data.get("resourceSpans") or ()
-                   for ss in rs.get("scopeSpans") or ())
-
-    def readable_spans(self) -> list[ReadableSpan]:
-        return readable_spans(self.data)
-
-
-class SpillFile:
-    """Spans not yet delivered: one OTLP/JSON ``TracesData`` per line, like the trace file, plus one extra key::
-
-        {"looptrace": {"backend": "langfuse", "batch": "<id>"}, "resourceSpans": [...]}
-
-    Delivered batches are written to a ledger beside it (``<file>.sent``, one batch id per line, fsynced) and only
-    then dropped from the spill file by an atomic rewrite (``compact``). The ledger is what makes delivery exactly
-    once: whatever the moment a push is interrupted, a batch is either still pending or in the ledger.
-    """
-
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path) if path is not None else default_spill_file()
-        self.ledger = self.path.with_name(self.path.name + ".sent")
-        self._lock_path = self.path.with_name(self.path.name + ".lock")
-        self._push_lock_path = self.path.with_name(self.path.name + ".push-lock")
-        self._thread_lock = threading.RLock()
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self._lock_path, "a") as handle:
-                if fcntl is not None:
-                    fcntl.flock(handle, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    if fcntl is not None:
-                        fcntl.flock(handle, fcntl.LOCK_UN)
-
-    @contextlib.contextmanager
-    def pushing(self) -> Iterator[None]:
-        """Held for a whole push: a second push at the same time is refused rather than sending the same batches."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._push_lock_path, "a") as handle:
-            if fcntl is not None:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise PushInProgress(f"another push is sending {self.path}; try again when it is done") from None
-            try:
-                yield
-            finally:
-                if fcntl is not None:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def append(self, backend: str, spans: Sequence[ReadableSpan]) -> str:
-        """Add one batch for ``backend``; returns its batch id."""
-        batch = uuid.uuid4().hex
-        document = {"looptrace": {"backend": backend, "batch": batch}, **encode_spans_json(spans).to_dict()}
-        line = json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n"
-        with self._locked(), open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(line)
-        return batch
-
-    def mark_delivered(self, batch: str) -> None:
-        with self._locked(), open(self.ledger, "a", encoding="utf-8") as handle:
-            handle.write(batch + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def delivered(self) -> set[str]:
-        try:
-            return set(self.ledger.read_text(encoding="utf-8").split())
-        except FileNotFoundError:
-            return set()
-
-    def pending(self, backends: Iterable[str] | None = None) -> list[PendingBatch]:
-        """The batches not yet delivered, in file order (for ``backends`` only, when given)."""
-        wanted = None if backends is None else set(backends)
-        with self._locked():
-            delivered = self.delivered()
-            lines = self._lines()
-        batches = []
-        for raw in lines:
-            parsed = _parse_spill_line(raw)
-            if parsed is None or parsed.batch in delivered or (wanted is not None and parsed.backend not in wanted):
-                continue
-            batches.append(parsed)
-        return batches
-
-    def pending_spans(self, backend: str | None = None) -> int:
-        return sum(b.span_count for b in self.pending(None if backend is None else [backend]))
-
-    def compact(self) -> None:
-        """Drop delivered batches from the file (atomically), then empty the ledger; remove both when nothing is
-        left. Lines that cannot be parsed are kept: they are someone's data, and `looptrace traces` reports them."""
-        with self._locked():
-            delivered = self.delivered()
-            if not delivered:
-                return
-            kept = [raw for raw in self._lines()
-                    if (parsed := _parse_spill_line(raw)) is None or parsed.batch not in delivered]
-            if kept:
-                temporary = self.path.with_name(self.path.name + ".tmp")
-                with open(temporary, "w", encoding="utf-8") as handle:
-                    handle.writelines(kept)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(temporary, self.path)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
-            # Every id in the ledger named a line that is now gone: the ledger has nothing left to protect.
-            self.ledger.unlink()
-
-    def _lines(self) -> list[str]:
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as handle:
-                return [line if line.endswith("\n") else line + "\n" for line in handle if line.strip()]
-        except FileNotFoundError:
-            return []
-
-
-def _parse_spill_line(raw: str) -> PendingBatch | None:
-    try:
-        document = json.loads(raw)
-        tag = document.pop("looptrace")
-        return PendingBatch(backend=str(tag["backend"]), batch=str(tag["batch"]), data=document)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
-class PushInProgress(RuntimeError):
-    """Another push holds the spill file."""
-
-
-# --- OTLP/JSON back to spans, for push ----------------------------------------------------------------------------
-
-_KIND_BY_OTLP = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER,
-                 5: SpanKind.CONSUMER}
-_OTLP_KIND_NAMES = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
-                    "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
-_STATUS_BY_OTLP = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
-_OTLP_STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
-_PARENT_IS_REMOTE = 0x200  # OTLP span flags: bit 8 says "is_remote is known", bit 9 is its value
-
-
-def readable_spans(data: Mapping[str, Any]) -> list[ReadableSpan]:
-    """The spans of one OTLP/JSON ``TracesData`` document, rebuilt as SDK spans an exporter can send again.
-
-    What the OTLP encoder reads from a span survives the round trip (ids, parent, names, kind, times, attributes,
-    events, links, status, resource, scope); bytes attributes come back as their base64 text.
-    """
-    spans = []
-    for resource_spans in data.get("resourceSpans") or ():
-        resource = Resource(decode_attributes((resource_spans.get("resource") or {}).get("attributes")),
-                            schema_url=resource_spans.get("schemaUrl") or None)
-        for scope_spans in resource_spans.get("scopeSpans") or ():
-            scope = scope_spans.get("scope") or {}
-            instrumentation = InstrumentationScope(scope.get("name", ""), scope.get("version") or None,
-                                                   scope_spans.get("schemaUrl") or None,
-                                                   decode_attributes(scope.get("attributes")) or None)
-            for span in scope_spans.get("spans") or ():
-                spans.append(_readable_span(span, resource, instrumentation))
-    return spans
-
-
-def _readable_span(span: Mapping[str, Any], resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
-    trace_id = int(span["traceId"], 16)
-    flags = int(span.get("flags") or 0)
-    parent_id = span.get("parentSpanId")
-    parent = SpanContext(trace_id, int(parent_id, 16), is_remote=bool(flags & _PARENT_IS_REMOTE),
-                         trace_flags=TraceFlags(TraceFlags.SAMPLED)) if parent_id else None
-    status = span.get("status") or {}
-    code = _enum(status.get("code", 0), _OTLP_STATUS_NAMES)
-    kind = _enum(span.get("kind", 1), _OTLP_KIND_NAMES)
-    return ReadableSpan(
-        name=span.get("name", ""),
-        context=SpanContext(trace_id, int(span["spanId"], 16), is_remote=False,
-                            trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=_trace_state(span)),
-        parent=parent,
-        resource=resource,
-        attributes=_attributes(span.get("attributes")),
-        events=[Event(e.get("name", ""), _attributes(e.get("attributes")), int(e.get("timeUnixNano") or 0))
-                for e in span.get("events") or ()],
-        links=[Link(SpanContext(int(link["traceId"], 16), int(link["spanId"], 16), is_remote=True,
-                                trace_state=_trace_state(link)), _attributes(link.get("attributes")))
-               for link in span.get("links") or ()],
-        kind=_KIND_BY_OTLP.get(kind, SpanKind.INTERNAL),
-        status=Status(_STATUS_BY_OTLP.get(code, StatusCode.UNSET), status.get("message") or None),
-        start_time=int(span.get("startTimeUnixNano") or 0),
-        end_time=int(span.get("endTimeUnixNano") or 0),
-        instrumentation_scope=scope,
-    )
-
-
-def _attributes(items: Any) -> dict[str, Any]:
-    # The SDK wants sequences as tuples, so that attributes stay immutable.
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in decode_attributes(items).items()}
-
-
-def _trace_state(item: Mapping[str, Any]) -> TraceState | None:
-    header = item.get("traceState")
-    return TraceState.from_header([header]) if header else None
-
-
-def _enum(value: Any, names: Mapping[str, int]) -> int:
-    return value if isinstance(value, int) else names.get(str(value), 0)
-
-
-# --- push ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PushReport:
-    """What a push did, per backend, in spans."""
-
-    path: Path
-    sent: Counter = field(default_factory=Counter)
-    failed: Counter = field(default_factory=Counter)  # tried and still pending
-    skipped: Counter = field(default_factory=Counter)  # pending for a backend not targeted or not configured
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def summary(self) -> str:
-        if not (self.sent or self.failed or self.skipped):
-            return f"nothing to push: {self.path} holds no pending spans"
-        parts = [f"sent {n} spans to {b}" for b, n in sorted(self.sent.items())]
-        parts += [f"{n} spans for {b} still pending (it failed; see the warning)" for b, n in sorted(self.failed.items())]
-        parts += [f"{n} spans for {b} left pending (not configured or not chosen with --to)"
-                  for b, n in sorted(self.skipped.items())]
-        return "; ".join(parts)
-
-
-def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[str, SpanExporter] | None = None, *,
-         to: Iterable[str] | None = None) -> PushReport:
-    """Send what the spill file holds, exactly once, and keep what still fails.
-
-    ``exporters`` maps backend names to exporters (tests pass their own); by default every backend the environment
-    configures (``configured_backends()``) gets a guarded exporter. ``to`` limits the push to those backends. A
-    backend that fails is not tried again in the same push; its batches stay pending.
-    """
-    spill = SpillFile(spill_path)
-    own = exporters is None
-    if exporters is None:
-        exporters = {name: network_exporter(name) for name in configured_backends()}
-    targets = set(to) if to else set(exporters)
-    missing = targets - set(exporters)
-    if missing:
-        raise ConfigurationError(f"cannot push to {', '.join(sorted(missing))}: it is not configured "
-                                 "(langfuse needs LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY, otlp needs "
-                                 "OTEL_EXPORTER_OTLP_ENDPOINT)")
-    report = PushReport(spill.path)
-    try:
-        with spill.pushing():
-            for batch in spill.pending():
-                if batch.backend not in targets:
-                    report.skipped[batch.backend] += batch.span_count
-                elif batch.backend in report.failed:
-                    report.failed[batch.backend] += batch.span_count
-                elif _send(exporters[batch.backend], batch):
-                    spill.mark_delivered(batch.batch)
-                    report.sent[batch.backend] += batch.span_count
-                else:
-                    report.failed[batch.backend] += batch.span_count
-            spill.compact()
-    finally:
-        if own:
-            for exporter in exporters.values():
-                exporter.shutdown()
-    return report
-
-
-def _send(exporter: SpanExporter, batch: PendingBatch) -> bool:
-    try:
-        return exporter.export(batch.readable_spans()) == SpanExportResult.SUCCESS
-    except Exception:  # noqa: BLE001 - an unguarded exporter from a caller: the batch stays pending
-        return False

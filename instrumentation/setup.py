@@ -44,13 +44,13 @@ from .export import (
     GuardedExporter,
     GuardedMetricExporter,
     LangfuseSettings,
-    SpillFile,
     configured_backends,
     network_exporter,
     network_metric_exporter,
 )
 from .logs import log
 from .otlp_file import OTLPJsonFileExporter, default_trace_file
+from .spill import SpillFile
 
 __all__ = [
     "ConfigurationError",

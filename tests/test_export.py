@@ -29,18 +29,10 @@ from structlog.testing import capture_logs
 from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, unused_port
 from instrumentation import export, langfuse
 from instrumentation import semconv as sc
-from instrumentation.export import (
-    ConfigurationError,
-    GuardedExporter,
-    LangfuseSettings,
-    OtlpSettings,
-    PushInProgress,
-    SpillFile,
-    network_exporter,
-    push,
-)
+from instrumentation.export import ConfigurationError, GuardedExporter, LangfuseSettings, OtlpSettings, network_exporter
 from instrumentation.otlp_file import read_spans
 from instrumentation.setup import configure
+from instrumentation.spill import PushInProgress, SpillFile, push
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"
 LANGFUSE_PREFIX = "/api/public/otel"

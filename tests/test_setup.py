@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from structlog.testing import capture_logs
 
 from fakes.otlp_receiver import Delay, OTLPReceiver, unused_port
-from instrumentation.export import SpillFile
 from instrumentation.metrics import LoopMetrics
 from instrumentation.otlp_file import read_spans
 from instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
+from instrumentation.spill import SpillFile
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-setup", "sk-lf-setup"
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -110,7 +110,7 @@ def test_file_langfuse_and_otlp_together(monkeypatch, tmp_path):
     assert runs.data_points[0].value == 1 and runs.resource["service.name"] == "booking-service"
     assert collector.spans[0].resource["deployment.environment"] == "test"
     assert all(r.path == "/v1/metrics" for r in collector.requests if r.metrics)
-    assert telemetry.spill_notice() is None and not (tmp_path / ".looptrace" / "spill.jsonl").exists()
+    assert telemetry.spill_notice() is None and not (tmp_path / ".looptrace").exists()  # no spill, no lock files
 
 
 def test_metrics_on_a_prometheus_endpoint(monkeypatch):
