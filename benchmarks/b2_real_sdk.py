@@ -29,7 +29,7 @@ from runtime import Agent
 
 from . import scenario
 from .common import Row, clock, fmt_s, interleave, median, paired_median_difference, say
-from .fake_server import FakeServer
+from .servers import MessagesAPIServer
 
 TURNS = 20
 GOAL = 0.10  # at most 10% more wall time per turn
@@ -75,7 +75,7 @@ def run(quick: bool = False) -> list[Row]:
     tool_definitions = [scenario.lookup.definition()]
     impls = {"lookup": scenario.lookup_plain}
 
-    with FakeServer(turns=TURNS) as server, tempfile.TemporaryDirectory(prefix="looptrace-bench2-") as tmp:
+    with MessagesAPIServer(turns=TURNS) as server, tempfile.TemporaryDirectory(prefix="looptrace-bench2-") as tmp:
         def client(**options: Any) -> anthropic.Anthropic:
             return anthropic.Anthropic(base_url=server.url, api_key=server.api_key, max_retries=0, **options)
 
