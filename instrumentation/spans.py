@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -18,10 +18,17 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 
 from . import semconv as sc
 from .content import MessageLog, cap, capture_from_env, genai_message, max_chars_from_env, redact, to_json
+from .langfuse import generation_attributes, observation_attributes, trace_attributes
 from .metrics import LoopMetrics
 from .detector import result_digest
 
 _TRACER_NAME = "looptrace"
+
+# How each span shows in Langfuse (an agent, a grouping span, a generation, a tool), built once.
+_AS_AGENT = observation_attributes("agent")
+_AS_TURN = observation_attributes("turn")
+_AS_GENERATION = observation_attributes("chat")
+_AS_TOOL = observation_attributes("tool")
 
 
 class Tracing:
@@ -64,14 +71,21 @@ class Tracing:
         task: str,
         system: str | None,
         tool_definitions: list[dict[str, Any]],
-        extra_attributes: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        tags: Iterable[str] = (),
+        metadata: Mapping[str, Any] | None = None,
     ) -> RunSpan:
+        # Checked even when nothing records: a session id Langfuse would drop should fail in tests, not in production.
+        trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
-        common = {sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_AGENT_NAME: agent}
-        if extra_attributes:
-            common.update(extra_attributes)
-        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT, sc.GEN_AI_REQUEST_MODEL: model, **common}
+        # On every span of the run: Langfuse v4 reads trace-level attributes per observation.
+        common = {sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_AGENT_NAME: agent, **trace_level}
+        if session_id is not None:
+            common[sc.GEN_AI_CONVERSATION_ID] = session_id
+        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT, sc.GEN_AI_REQUEST_MODEL: model, **common,
+                      **_AS_AGENT}
         if self.capture_content:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([{"role": "user", "parts": [
                 {"type": "text", "content": task}]}]), self.max_chars)
@@ -112,7 +126,7 @@ class RunSpan:
             sc.turn_span_name(index),
             context=trace.set_span_in_context(self.span),
             kind=SpanKind.INTERNAL,
-            attributes={sc.TURN_INDEX: index, **self.common},
+            attributes={sc.TURN_INDEX: index, **self.common, **_AS_TURN},
         )
         return TurnSpan(self, span)
 
@@ -192,6 +206,7 @@ class TurnSpan:
             sc.GEN_AI_REQUEST_MODEL: model,
             sc.GEN_AI_REQUEST_MAX_TOKENS: params.get("max_tokens", 0),
             **self.run.common,
+            **_AS_GENERATION,
         }
         if stream:
             attributes[sc.GEN_AI_REQUEST_STREAM] = True
@@ -220,6 +235,7 @@ class TurnSpan:
             sc.GEN_AI_TOOL_CALL_ID: call_id,
             sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
             **self.run.common,
+            **_AS_TOOL,
         }
         if description:
             attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
@@ -283,6 +299,11 @@ class ChatSpan:
         }
         if cost_usd is not None:
             attributes[sc.CHAT_COST_USD] = cost_usd
+        # Langfuse's own usage keys win over gen_ai.usage.*, whose cache handling differs between its versions.
+        attributes.update(generation_attributes(
+            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens, cost_usd=cost_usd))
         tracing = self.run.tracing
         if tracing.capture_content:
             output = genai_message({"role": "assistant", "content": response.get("content")})

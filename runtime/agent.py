@@ -97,9 +97,14 @@ class Agent:
 
     # --- drivers ---------------------------------------------------------------------------------------------------
 
-    def run(self, task: str | list[dict[str, Any]]) -> RunResult:
-        """Run to completion on this thread. Ctrl-C ends the run's spans, then raises RunInterrupted."""
-        loop = self._loop(task)
+    def run(self, task: str | list[dict[str, Any]], *, session_id: str | None = None, user_id: str | None = None,
+            tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None) -> RunResult:
+        """Run to completion on this thread. Ctrl-C ends the run's spans, then raises RunInterrupted.
+
+        ``task`` is the user's request, or a whole message history to continue. ``session_id``, ``user_id``, ``tags``
+        and ``metadata`` label the trace (Langfuse's trace attributes, on every span of the run).
+        """
+        loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata))
         value: Any = None
         while True:
             try:
@@ -111,9 +116,11 @@ class Agent:
             except BaseException as exc:  # hand it to the core, which decides what it means for the run
                 value = _Raised(exc)
 
-    async def arun(self, task: str | list[dict[str, Any]]) -> RunResult:
-        """Run to completion in asyncio; parallel tool calls of one turn run concurrently."""
-        loop = self._loop(task)
+    async def arun(self, task: str | list[dict[str, Any]], *, session_id: str | None = None,
+                   user_id: str | None = None, tags: Iterable[str] = (),
+                   metadata: Mapping[str, Any] | None = None) -> RunResult:
+        """Run to completion in asyncio; parallel tool calls of one turn run concurrently. Arguments as for run()."""
+        loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata))
         value: Any = None
         while True:
             try:
@@ -127,7 +134,7 @@ class Agent:
 
     # --- the shared core -------------------------------------------------------------------------------------------
 
-    def _loop(self, task: str | list[dict[str, Any]]) -> Generator[_Effect, Any, RunResult]:
+    def _loop(self, task: str | list[dict[str, Any]], labels: _Labels) -> Generator[_Effect, Any, RunResult]:
         messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
         run = _Run(
             budget=Budget(self.limits),
@@ -140,6 +147,10 @@ class Agent:
                 task=task if isinstance(task, str) else _text_of_last_user(messages),
                 system=self.system,
                 tool_definitions=self._tool_definitions,
+                session_id=labels.session_id,
+                user_id=labels.user_id,
+                tags=labels.tags,
+                metadata=labels.metadata,
             ),
         )
         try:
@@ -395,6 +406,16 @@ class _Run:
     anomalies: list[Any] = field(default_factory=list)
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
     server: tuple[str | None, int | None] = (None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    """What the caller says about a run, for the trace: Langfuse's session, user, tags and metadata."""
+
+    session_id: str | None
+    user_id: str | None
+    tags: tuple[str, ...]
+    metadata: Mapping[str, Any] | None
 
 
 @dataclass(slots=True)

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+from opentelemetry import context as otel_context
 
 from instrumentation import setup as telemetry_setup
+from instrumentation.alerts import Alerts
+from instrumentation.langfuse import trace_attributes
 from instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
+from instrumentation.spill import PushInProgress, push
 from instrumentation.trace_detect import detect_spans
 
 from . import demo as demo_story
@@ -112,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="per tool call, seconds (default: %(default)s)")
     run.add_argument("--stream", action="store_true", help="use server-sent events for model calls")
     run.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    run.add_argument("--session-id", help="Langfuse session (and gen_ai.conversation.id) of the run's trace")
+    run.add_argument("--user-id", help="Langfuse user of the run's trace")
+    run.add_argument("--tag", action="append", default=[], metavar="TAG", help="a trace tag; repeat for more")
+    run.add_argument("--traceparent", default=os.environ.get("TRACEPARENT"),
+                     help="W3C traceparent of a trace to join (default: TRACEPARENT), e.g. from a job scheduler")
     _add_anomaly_flag(run)
     _add_export_flags(run)
     run.set_defaults(handler=_run)
@@ -138,6 +147,15 @@ def _parser() -> argparse.ArgumentParser:
     listing = traces_commands.add_parser("list", help="one line per run in the file")
     listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(handler=_traces_list)
+    push = traces_commands.add_parser(
+        "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
+        epilog="exit codes:\n  0   everything pending was delivered (or nothing was pending)\n"
+               "  1   some spans are still pending (the backend failed again)\n  2   bad flag or configuration",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    push.add_argument("--to", choices=("langfuse", "otlp"),
+                      help="only this backend (default: every backend the environment configures)")
+    push.add_argument("--file", type=Path, help="spill file (default: LOOPTRACE_SPILL_FILE or .looptrace/spill.jsonl)")
+    push.set_defaults(handler=_traces_push)
     return parser
 
 
@@ -149,7 +167,8 @@ def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="LIST",
-                        help="comma list of file, console, none (default: LOOPTRACE_EXPORTER, else file)")
+                        help="comma list of file, console, otlp, langfuse, none (default: LOOPTRACE_EXPORTER; else "
+                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, else file)")
     parser.add_argument("--trace-file", type=Path,
                         help="where the file exporter writes (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
 
@@ -164,7 +183,7 @@ def _demo(args: argparse.Namespace) -> int:
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
-        on_event=None if args.json else LiveView(out), tracer_provider=telemetry.tracer_provider,
+        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry),
     )
     if not args.json:
         out.write(f"task: {task}\n(offline: {blurb})\n\n")
@@ -177,7 +196,7 @@ def _demo(args: argparse.Namespace) -> int:
             out.write(f"flagged: {anomaly.type} at turn {anomaly.turn}: {anomaly.message}\n")
         out.write("\n")
         _show_written_trace(telemetry, result, out)
-    telemetry.shutdown()
+    _close(telemetry)
     return EXIT_CODES[result.status]
 
 
@@ -185,6 +204,10 @@ def _run(args: argparse.Namespace) -> int:
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         raise UsageError("ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
+    try:
+        parent = telemetry_setup.context_from_traceparent(args.traceparent) if args.traceparent else None
+    except ValueError as exc:
+        raise UsageError(f"--traceparent: {exc}") from None
     telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
     from .models import AnthropicModel
 
@@ -194,11 +217,18 @@ def _run(args: argparse.Namespace) -> int:
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr), tracer_provider=telemetry.tracer_provider,
+            on_event=None if args.json else LiveView(sys.stderr), **_telemetry_options(telemetry),
         )
+        labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
+        trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    result = _execute(agent, args.task, telemetry)
+    token = otel_context.attach(parent) if parent is not None else None
+    try:
+        result = _execute(agent, args.task, telemetry, labels)
+    finally:
+        if token is not None:
+            otel_context.detach(token)
     if args.json:
         _print_json(result, sys.stdout)
     else:
@@ -207,7 +237,7 @@ def _run(args: argparse.Namespace) -> int:
         if result.error:
             print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
         _point_at_trace(telemetry, result, sys.stderr)
-    telemetry.shutdown()
+    _close(telemetry)
     return EXIT_CODES[result.status]
 
 
@@ -273,12 +303,13 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry) -> RunResult:
+def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry,
+             labels: dict[str, Any] | None = None) -> RunResult:
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return agent.run(task)
+        return agent.run(task, **(labels or {}))
     except RunInterrupted as interrupted:
-        telemetry.shutdown()
+        _close(telemetry)
         terminated = isinstance(interrupted.__cause__, Terminated)
         print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after {interrupted.result.turns} turns; "
               f"the trace was saved", file=sys.stderr)
@@ -286,6 +317,30 @@ def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry) -> R
     finally:
         signal.signal(signal.SIGTERM, previous)
         telemetry.flush()
+
+
+def _telemetry_options(telemetry: telemetry_setup.Telemetry) -> dict[str, Any]:
+    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
+    callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
+    return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
+            "alerts": Alerts(callback=callback)}
+
+
+def _close(telemetry: telemetry_setup.Telemetry) -> None:
+    """Deliver or spill everything, within a bound, and say where undelivered spans went."""
+    telemetry.shutdown()
+    notice = telemetry.spill_notice()
+    if notice:
+        print(notice, file=sys.stderr)
+
+
+def _traces_push(args: argparse.Namespace) -> int:
+    try:
+        report = push(args.file, to=[args.to] if args.to else None)
+    except PushInProgress as exc:
+        raise UsageError(str(exc)) from None
+    print(report.summary())
+    return EXIT_OK if report.ok else 1
 
 
 def load_tools(path: Path) -> list[Tool]:

@@ -501,6 +501,7 @@ class OTLPReceiver(_Recorder):
         self.basic_auth = basic_auth
         self.required_headers = dict(required_headers or {})
         self.path_prefix = path_prefix.rstrip("/")
+        self.scores: list[dict] = []  # Langfuse scores posted (a Langfuse stand-in only)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True  # a keep-alive connection must not block stop()
         self.port: int = self._server.server_address[1]
@@ -555,6 +556,8 @@ class OTLPReceiver(_Recorder):
         return status, content_type, body, extra
 
     def _process(self, received: Received, raw_body: bytes) -> tuple[int, str, bytes]:
+        if self.path_prefix == "/api/public/otel" and received.path.split("?", 1)[0] == "/api/public/scores":
+            return self._score(received, raw_body)
         signal = self._signal_for(received.path)
         if signal is None:
             raise _Rejected(404, f"no OTLP endpoint at {received.path}")
@@ -593,6 +596,20 @@ class OTLPReceiver(_Recorder):
         if _is_json(received.content_type):
             return 200, "application/json", json_format.MessageToJson(response_type()).encode()
         return 200, "application/x-protobuf", response_type().SerializeToString()
+
+    def _score(self, received: Received, raw_body: bytes) -> tuple[int, str, bytes]:
+        """Langfuse's score API, as a Langfuse stand-in needs it: Basic auth, one JSON score per request."""
+        if self.basic_auth is not None:
+            auth_error = _check_basic_auth(received.headers.get("authorization"), self.basic_auth)
+            if auth_error:
+                raise _Rejected(401, auth_error)
+        try:
+            score = json.loads(raw_body)
+        except ValueError:
+            raise _Rejected(400, "the score is not JSON") from None
+        with self._lock:
+            self.scores.append(score)
+        return 200, "application/json", json.dumps({"id": score.get("id", "score")}).encode()
 
     def _signal_for(self, path: str):
         path = path.split("?", 1)[0]
