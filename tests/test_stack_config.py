@@ -33,7 +33,6 @@ PROMETHEUS = ROOT / "dashboards/prometheus/prometheus.yml"
 ALERTS = ROOT / "dashboards/prometheus/alerts.yml"
 ALERT_TESTS = ROOT / "dashboards/prometheus/alerts_test.yml"
 DASHBOARD = ROOT / "dashboards/grafana/looptrace.json"
-FULL_STACK = ROOT / "dashboards/FULL_STACK.md"
 README = ROOT / "README.md"
 
 # What the collector's spanmetrics connector emits with the namespace and unit dashboards/otel-collector/config.yaml
@@ -146,14 +145,11 @@ def documented_langfuse_values(text: str) -> dict[str, set[str]]:
     return values
 
 
-def full_stack_texts() -> list[tuple[str, str]]:
-    """The Full stack draft, and the README's "Full stack" section once the README has one."""
-    texts = [(FULL_STACK.name, FULL_STACK.read_text())]
-    if README.exists():
-        match = re.search(r"^(#+) Full stack\b.*?(?=^\1 |\Z)", README.read_text(), re.M | re.S)
-        if match:
-            texts.append(("README.md#full-stack", match.group(0)))
-    return texts
+def full_stack_text() -> str:
+    """The README's "Full stack" section: the one place a new user learns URLs, ports and credentials."""
+    match = re.search(r"^(#+) Full stack\b.*?(?=^\1 |\Z)", README.read_text(), re.M | re.S)
+    assert match, "README.md has no Full stack section"
+    return match.group(0)
 
 
 def test_the_documented_langfuse_credentials_are_the_ones_compose_creates(compose):
@@ -164,18 +160,18 @@ def test_the_documented_langfuse_credentials_are_the_ones_compose_creates(compos
         "LANGFUSE_SECRET_KEY": {web["LANGFUSE_INIT_PROJECT_SECRET_KEY"]},
         "LANGFUSE_BASE_URL": {f"http://localhost:{host_port}"},
     }
-    for source, text in full_stack_texts():
-        documented = documented_langfuse_values(text)
-        for name, values in expected.items():
-            assert documented.get(name) == values, f"{source} gives {name}={documented.get(name)}, not {values}"
-        assert web["LANGFUSE_INIT_USER_EMAIL"] in text and web["LANGFUSE_INIT_USER_PASSWORD"] in text, source
+    text = full_stack_text()
+    documented = documented_langfuse_values(text)
+    for name, values in expected.items():
+        assert documented.get(name) == values, f"the README gives {name}={documented.get(name)}, not {values}"
+    assert web["LANGFUSE_INIT_USER_EMAIL"] in text and web["LANGFUSE_INIT_USER_PASSWORD"] in text
 
 
 def test_the_full_stack_guide_lists_every_published_port(compose):
-    text = FULL_STACK.read_text()
+    text = full_stack_text()
     for name, service in compose["services"].items():
         for host_port in published_ports(service).values():
-            assert re.search(rf"\b{host_port}\b", text), f"{FULL_STACK.name} does not mention port {host_port} ({name})"
+            assert re.search(rf"\b{host_port}\b", text), f"the README does not mention port {host_port} ({name})"
 
 
 # --- the collector ------------------------------------------------------------------------------------------------
