@@ -10,6 +10,9 @@ Three variants of one scripted run (``TURNS`` turns, a no-op tool per turn), int
   with the very attributes, events and statuses looptrace produced (recorded from a run), in the same order, into an
   identical provider, processor and exporter. No agent loop, no context attach: the floor any instrumentation pays.
 
+For context, on-unexported and raw-unexported do the same with a TracerProvider that has no processor: the spans are
+made, recorded and ended, and go nowhere, which shows how the cost splits between making spans and exporting them.
+
 Every sample ends with ``force_flush``, so the export (encoding and writing the file) is paid inside the sample that
 produced the spans, equally by on and raw.
 
@@ -71,6 +74,9 @@ def run(quick: bool = False) -> list[Row]:
         metrics_provider = _file_provider(os.path.join(tmp, "on_metrics.jsonl"))
         meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
         raw_tracer = raw_provider.get_tracer("looptrace")
+        # Context: the same two without any exporter, to show how the cost splits between making and exporting.
+        bare_provider = TracerProvider()
+        bare_tracer = TracerProvider().get_tracer("looptrace")
 
         def agent(**options: Any) -> Agent:
             return Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="bench",
@@ -80,6 +86,7 @@ def run(quick: bool = False) -> list[Row]:
             "off": agent(telemetry=False, detector=False),
             "on": agent(tracer_provider=on_provider),
             "on+metrics": agent(tracer_provider=metrics_provider, meter_provider=meter_provider),
+            "on-unexported": agent(tracer_provider=bare_provider),
         }
         responses = scenario.script(TURNS)
         task = scenario.task("run-0")
@@ -99,20 +106,26 @@ def run(quick: bool = False) -> list[Row]:
 
             return sample
 
-        def raw_sample() -> float:
-            started = clock()
-            for _ in range(runs_per_sample):
-                replay(raw_tracer, recorder)
-            raw_provider.force_flush()
-            return clock() - started
+        def raw_sample(tracer, provider: TracerProvider | None):
+            def sample() -> float:
+                started = clock()
+                for _ in range(runs_per_sample):
+                    replay(tracer, recorder)
+                if provider is not None:
+                    provider.force_flush()
+                return clock() - started
 
-        say(f"  1: {reps} x (off, on, on+metrics, raw), {runs_per_sample} runs of {TURNS} turns each "
+            return sample
+
+        say(f"  1: {reps} x (off, on, raw, and 3 more for context), {runs_per_sample} runs of {TURNS} turns each "
             f"({spans_per_run} spans per run)")
         samples = interleave({
             "off": looptrace_sample("off", None),
             "on": looptrace_sample("on", on_provider),
             "on+metrics": looptrace_sample("on+metrics", metrics_provider),
-            "raw": raw_sample,
+            "raw": raw_sample(raw_tracer, raw_provider),
+            "on-unexported": looptrace_sample("on-unexported", None),
+            "raw-unexported": raw_sample(bare_tracer, None),
         }, reps=reps)
         for provider in (on_provider, raw_provider, metrics_provider):
             provider.shutdown()
@@ -125,6 +138,8 @@ def run(quick: bool = False) -> list[Row]:
     raw = median(samples["raw"]) / turns_per_sample
     ratio = cost / raw
     spans_per_turn = spans_per_run / TURNS
+    cost_unexported = paired_median_difference(samples["on-unexported"], samples["off"]) / turns_per_sample
+    raw_unexported = median(samples["raw-unexported"]) / turns_per_sample
     return [
         Row("1 telemetry cost", "looptrace telemetry per turn / raw OTel per turn", f"{ratio:.2f}x",
             f"<= {GOAL_RATIO}x", ratio <= GOAL_RATIO,
@@ -134,4 +149,8 @@ def run(quick: bool = False) -> list[Row]:
         Row("1 telemetry cost", "same, with an SDK MeterProvider (in-memory reader)",
             f"{cost_metrics / raw:.2f}x", "", None,
             f"ours {fmt_s(cost_metrics)}/turn with metrics recorded"),
+        Row("1 telemetry cost", "context: the same without export (spans made, recorded, ended; no processor)",
+            f"{cost_unexported / raw_unexported:.2f}x", "", None,
+            f"ours {fmt_s(cost_unexported)}/turn, raw SDK {fmt_s(raw_unexported)}/turn: the export (encoding and "
+            f"writing, same spans in both) is ~{fmt_s(raw - raw_unexported)} of the raw cost per turn"),
     ]

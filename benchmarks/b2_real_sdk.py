@@ -11,6 +11,9 @@ Both talk to the same FakeMessagesAPI (its own process, the real wire format, no
   looptrace switches the SDK's own spans off itself.
 * looptrace, telemetry off (context): the same Agent with ``telemetry=False, detector=False``, which separates the cost
   of the runtime (validation, a thread per sync tool call, limits) from the cost of telemetry.
+* looptrace, spans exported nowhere (context): a TracerProvider without processors: spans are made and ended, the
+  detector runs, nothing is encoded or written.
+* looptrace, content capture off (context): ``capture_content=False``, file export on.
 """
 
 from __future__ import annotations
@@ -79,14 +82,22 @@ def run(quick: bool = False) -> list[Row]:
         def client(**options: Any) -> anthropic.Anthropic:
             return anthropic.Anthropic(base_url=server.url, api_key=server.api_key, max_retries=0, **options)
 
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(OTLPJsonFileExporter(os.path.join(tmp, "traces.jsonl"))))
+        def file_provider(name: str) -> TracerProvider:
+            provider = TracerProvider()
+            provider.add_span_processor(BatchSpanProcessor(OTLPJsonFileExporter(os.path.join(tmp, name))))
+            return provider
+
+        def agent(**options: Any) -> Agent:
+            return Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="bench",
+                         limits=scenario.LIMITS, max_tokens=MAX_TOKENS, client=client(), **options)
+
+        provider, no_content_provider = file_provider("traces.jsonl"), file_provider("no-content.jsonl")
         bare_client = client(open_telemetry=False)
-        traced = Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="bench",
-                       limits=scenario.LIMITS, max_tokens=MAX_TOKENS, client=client(), tracer_provider=provider)
-        untraced = Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="bench",
-                         limits=scenario.LIMITS, max_tokens=MAX_TOKENS, client=client(),
-                         telemetry=False, detector=False)
+        traced = agent(tracer_provider=provider)
+        untraced = agent(telemetry=False, detector=False)
+        # Context: where the telemetry's cost goes. Spans made but exported nowhere; and content capture off.
+        unexported = agent(tracer_provider=TracerProvider())
+        no_content = agent(tracer_provider=no_content_provider, capture_content=False)
 
         def bare() -> float:
             started = clock()
@@ -95,25 +106,28 @@ def run(quick: bool = False) -> list[Row]:
                 assert (status, steps) == ("done", TURNS), (status, steps)
             return clock() - started
 
-        def looptrace(agent: Agent, flush: bool):
+        def looptrace(target: Agent, flush: TracerProvider | None):
             def sample() -> float:
                 started = clock()
                 for _ in range(runs_per_sample):
-                    result = agent.run(task)
+                    result = target.run(task)
                     assert result.turns == TURNS and result.status.value == "done", (result.status, result.error)
-                if flush:
-                    provider.force_flush()
+                if flush is not None:
+                    flush.force_flush()
                 return clock() - started
             return sample
 
-        say(f"  2: {reps} x (bare, looptrace, looptrace telemetry off), {runs_per_sample} run(s) of {TURNS} turns "
-            f"each, anthropic {anthropic.__version__} against a local FakeMessagesAPI")
+        say(f"  2: {reps} x (bare, looptrace, and 3 variants of looptrace for context), {runs_per_sample} run(s) of "
+            f"{TURNS} turns each, anthropic {anthropic.__version__} against a local FakeMessagesAPI")
         samples = interleave({
             "bare": bare,
-            "looptrace": looptrace(traced, True),
-            "looptrace-off": looptrace(untraced, False),
+            "looptrace": looptrace(traced, provider),
+            "looptrace-off": looptrace(untraced, None),
+            "unexported": looptrace(unexported, None),
+            "no-content": looptrace(no_content, no_content_provider),
         }, reps=reps, warmup=2)
         provider.shutdown()
+        no_content_provider.shutdown()
 
     bare_turn = median(samples["bare"]) / turns_per_sample
     ours_turn = median(samples["looptrace"]) / turns_per_sample
@@ -121,6 +135,8 @@ def run(quick: bool = False) -> list[Row]:
     extra = paired_median_difference(samples["looptrace"], samples["bare"]) / turns_per_sample
     overhead = extra / bare_turn
     runtime_extra = paired_median_difference(samples["looptrace-off"], samples["bare"]) / turns_per_sample
+    unexported_extra = paired_median_difference(samples["unexported"], samples["bare"]) / turns_per_sample
+    no_content_extra = paired_median_difference(samples["no-content"], samples["bare"]) / turns_per_sample
     return [
         Row("2 real SDK", "looptrace wall time per turn vs bare loop", f"+{overhead:.1%}", f"<= +{GOAL:.0%}",
             overhead <= GOAL,
@@ -128,4 +144,8 @@ def run(quick: bool = False) -> list[Row]:
             f"{reps} interleaved samples of {runs_per_sample}x{TURNS} turns, server in its own process"),
         Row("2 real SDK", "of which the runtime alone (telemetry off)", f"+{runtime_extra / bare_turn:.1%}", "", None,
             f"looptrace telemetry off {fmt_s(off_turn)}/turn (+{fmt_s(runtime_extra)})"),
+        Row("2 real SDK", "context: telemetry on, spans exported nowhere", f"+{unexported_extra / bare_turn:.1%}", "",
+            None, f"+{fmt_s(unexported_extra)}/turn: making the spans, the detector, no export"),
+        Row("2 real SDK", "context: telemetry on, content capture off", f"+{no_content_extra / bare_turn:.1%}", "",
+            None, f"+{fmt_s(no_content_extra)}/turn: file export of spans without messages, arguments, results"),
     ]
