@@ -343,17 +343,17 @@ class ToolSpan:
             self.flagged = message
 
     def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
-            digest: str | None = None, duration_s: float = 0.0) -> None:
+            duration_s: float = 0.0, full_length: int | None = None) -> None:
         metrics = self.run.tracing.metrics
         if metrics is not None:
             metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
         attributes = {
-            sc.TOOL_RESULT_DIGEST: digest or result_digest(result),
+            sc.TOOL_RESULT_DIGEST: result_digest(result),
             sc.TOOL_IS_ERROR: is_error,
             sc.TOOL_OUTCOME: outcome,
-            sc.TOOL_RESULT_CHARS: len(result),
+            sc.TOOL_RESULT_CHARS: len(result) if full_length is None else full_length,
         }
         tracing = self.run.tracing
         if tracing.capture_content:
@@ -362,10 +362,12 @@ class ToolSpan:
             attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
             attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
         if is_error:
+            # Without content capture the error's text stays off the span too: it can quote the arguments.
+            said = cap(result, 1024) if tracing.capture_content else error_type or outcome
             attributes[sc.ERROR_TYPE] = error_type or outcome
             attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "ERROR"
-            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged or result, 1024)
-            self.span.set_status(Status(StatusCode.ERROR, cap(result, 1024)))
+            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024) if self.flagged else said
+            self.span.set_status(Status(StatusCode.ERROR, said))
         self.span.set_attributes(attributes)
         self.span.end()
 

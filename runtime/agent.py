@@ -16,6 +16,7 @@ from typing import Any
 
 
 from instrumentation.alerts import AlertContext, Alerts
+from instrumentation.content import redact
 from instrumentation.logs import log
 from instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
 from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
@@ -195,41 +196,42 @@ class Agent:
         stop_reason = response.get("stop_reason")
         run.stop_reason = stop_reason
         run.final_text = _text_of(content)
-        self._emit(ModelResponded(index, stop_reason, usage, run.final_text, _tool_calls_of(content),
-                                  time.perf_counter() - started))
+        if self.on_event is not None:
+            self._emit(ModelResponded(index, stop_reason, usage, run.final_text, _tool_calls_of(content),
+                                      time.perf_counter() - started))
 
         # Budgets first, as the seed loop does: a turn that crossed one ends the run even if it also said end_turn.
         spent = run.budget.spent()
-        stopped = False
-        if spent is None and stop_reason == "tool_use":
-            try:
-                results, stopped = yield from self._tool_round(run, turn, index, content)
-            except BaseException:
-                turn.end(stop_reason=stop_reason)
-                raise
-            run.messages.append({"role": "user", "content": results})
-        elif spent is None and stop_reason not in STATUS_FOR_STOP_REASON and run.detector is not None:
-            stopped, _ = self._react(run, turn, run.detector.end_turn(index), [])
-        status = self._status_after(run, turn, index, spent, stopped, stop_reason)
-        turn.end(stop_reason=stop_reason)
-        return status
+        try:
+            if spent is not None:
+                if stop_reason == "tool_use":  # the history stays one a caller can send again
+                    run.messages.append({"role": "user", "content": _not_run(content, spent)})
+                return spent
+            return (yield from self._act(run, turn, index, content, stop_reason))
+        finally:
+            turn.end(stop_reason=stop_reason)
 
-    def _status_after(self, run: _Run, turn: TurnSpan, index: int, spent: RunStatus | None, stopped: bool,
-                      stop_reason: str | None) -> RunStatus | None:
-        """The run's status once a turn is over, or None to go on."""
-        if spent is not None:
-            return spent
-        if stopped:
-            return RunStatus.STOPPED_BY_DETECTOR
-        if stop_reason in ("tool_use", "pause_turn"):  # pause_turn: the response goes back as it is
-            return None
+    def _act(self, run: _Run, turn: TurnSpan, index: int, content: list[Any],
+             stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
+        """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
+        if stop_reason == "tool_use":
+            results, stopped = yield from self._tool_round(run, turn, index, content)
+            run.messages.append({"role": "user", "content": results})
+            return RunStatus.STOPPED_BY_DETECTOR if stopped else None
+        if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
+            stopped, _ = self._react(run, turn, run.detector.end_turn(index), []) if run.detector else (False, [])
+            return RunStatus.STOPPED_BY_DETECTOR if stopped else None
         status = STATUS_FOR_STOP_REASON.get(stop_reason)
         if status is None:
             run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
             return RunStatus.ERROR
+        return self._check_finish(run, turn, index, stop_reason, status)
+
+    def _check_finish(self, run: _Run, turn: TurnSpan, index: int, stop_reason: str,
+                      status: RunStatus) -> RunStatus | None:
+        """The model says it is finished: the moment to look for errors it never dealt with."""
         if run.detector is None:
             return status
-        # The model says it is finished: the moment to check for errors it never dealt with.
         stopped, nudges = self._react(run, turn, run.detector.end_run(stop_reason, run.final_text, index), [])
         if stopped:
             return RunStatus.STOPPED_BY_DETECTOR
@@ -238,13 +240,15 @@ class Agent:
             return None  # one more turn, for the model to answer the nudge
         return status
 
-    def _tool_round(self, run: _Run, turn, index: int, content: list[Any]) -> Generator[_Effect, Any, list[dict]]:
-        """Run every tool_use block and return one tool_result per block, in the blocks' order."""
+    def _tool_round(self, run: _Run, turn: TurnSpan, index: int,
+                    content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
+        """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
+        whether the detector stops the run."""
         calls = [self._prepare_call(turn, block) for block in content
                  if isinstance(block, dict) and block.get("type") == "tool_use"]
         if not calls:
             # tool_use with no tool_use block: nothing can answer it, so say so rather than send an empty message.
-            return [{"type": "text", "text": "(no tool_use block was found in the previous response)"}]
+            return [{"type": "text", "text": "(no tool_use block was found in the previous response)"}], False
         outcome = yield _ToolRound(calls, run.budget)
         if isinstance(outcome, _Raised):  # interrupted mid-tool: close the spans of the calls, then let it through
             for call in calls:
@@ -256,7 +260,7 @@ class Agent:
             stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
-                          error_type=call.error_type, duration_s=call.duration_s)
+                          error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
         results.extend({"type": "text", "text": text} for text in nudges)
         return results, stopped
 
@@ -287,9 +291,11 @@ class Agent:
             call.outcome = call.error.kind if isinstance(call.error, toolkit.ToolError) else "error"
             original = getattr(call.error, "original", call.error)
             call.error_type = type(original).__qualname__ if call.outcome == "error" else None
+        call.full_length = len(call.result)
         call.result = _truncate_result(call.result, self.max_tool_result_chars)
         if run.detector is not None:
-            run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.arguments,
+            # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
+            run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=redact(call.arguments),
                                           call_id=call.call_id, is_error=call.is_error, result=call.result))
         self._emit(ToolFinished(turn_index, call.call_id, call.name, call.arguments, call.result, call.is_error,
                                 call.outcome, call.duration_s))
@@ -301,8 +307,11 @@ class Agent:
     def _react(self, run: _Run, turn: TurnSpan, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
         """Alert on each anomaly and apply the policy. Returns whether to stop and the nudges to send."""
         stop, nudges = False, []
+        turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
         for anomaly in anomalies:
             action = self.policy.decide(anomaly, anomaly.streak in run.nudged)
+            if action == policies.NUDGE and not turns_left:
+                action = policies.WARN  # a nudge the model will never read would only turn `done` into max_turns
             run.anomalies.append(anomaly)
             involved = set(anomaly.call_ids)
             turn.anomaly(anomaly, action, [c.span for c in calls if c.call_id in involved])
@@ -437,6 +446,7 @@ class _Call:
     error: BaseException | None = None
     duration_s: float = 0.0
     result: str = ""  # what the model is sent, once settled
+    full_length: int = 0  # of the result before truncation
     is_error: bool = False
     outcome: str = "ok"
     error_type: str | None = None
@@ -535,6 +545,13 @@ def _text_of_last_user(messages: list[dict[str, Any]]) -> str:
 def _tool_calls_of(content: list[Any]) -> tuple[tuple[str, Any], ...]:
     return tuple((b.get("name", ""), b.get("input")) for b in content
                  if isinstance(b, dict) and b.get("type") == "tool_use")
+
+
+def _not_run(content: list[Any], limit: RunStatus) -> list[dict[str, Any]]:
+    """is_error results for tool calls the run stopped before making, so the history stays valid to continue."""
+    return [{"type": "tool_result", "tool_use_id": block.get("id", ""), "is_error": True,
+             "content": f"(not run: the run stopped on its {limit.value} limit)"}
+            for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
 
 
 def _truncate_result(text: str, limit: int) -> str:

@@ -6,8 +6,11 @@ it appends is exactly what the API sent, a RunResult can be dumped as is, and a 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
+import random
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -62,9 +65,39 @@ class AnthropicModel:
         url = urlsplit(str(client.base_url))
         return url.hostname, url.port or (443 if url.scheme == "https" else 80)
 
+    # Under a run's wall-clock limit the SDK's own retries would give every attempt the whole time left again (three
+    # attempts, three times the limit). There looptrace retries itself, the errors the SDK retries, each attempt and
+    # each pause fitted into what is left.
+
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         client = self.sync_client()
-        options = {} if timeout is None else {"timeout": timeout}
+        if timeout is None:
+            return self._send(client, params, {})
+        deadline = time.monotonic() + timeout
+        for attempt in itertools.count():
+            try:
+                return self._send(client.with_options(max_retries=0), params, _time_left(deadline))
+            except Exception as exc:
+                delay = _retry_delay(exc, attempt, client.max_retries, deadline)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        client = self.async_client()
+        if timeout is None:
+            return await self._asend(client, params, {})
+        deadline = time.monotonic() + timeout
+        for attempt in itertools.count():
+            try:
+                return await self._asend(client.with_options(max_retries=0), params, _time_left(deadline))
+            except Exception as exc:
+                delay = _retry_delay(exc, attempt, client.max_retries, deadline)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+
+    def _send(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
             with client.messages.stream(**params, **options) as stream:
                 return _as_json(stream.get_final_message())
@@ -72,14 +105,50 @@ class AnthropicModel:
         raw = client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
 
-    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
-        client = self.async_client()
-        options = {} if timeout is None else {"timeout": timeout}
+    async def _asend(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
             async with client.messages.stream(**params, **options) as stream:
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
+
+
+def _time_left(deadline: float) -> dict[str, float]:
+    return {"timeout": max(deadline - time.monotonic(), 0.001)}
+
+
+def _retry_delay(exc: Exception, attempt: int, max_retries: int, deadline: float) -> float | None:
+    """How long to wait before retrying a failed call, or None when it must not be retried (the SDK's rules: 408, 409,
+    429 and 5xx, connection errors and timeouts, ``x-should-retry`` and ``retry-after``), or when no time is left."""
+    import anthropic
+
+    if attempt >= max_retries:
+        return None
+    if isinstance(exc, anthropic.APIStatusError):
+        headers = exc.response.headers
+        verdict = headers.get("x-should-retry")
+        if verdict == "false" or (verdict != "true" and not (exc.status_code in (408, 409, 429)
+                                                             or exc.status_code >= 500)):
+            return None
+        delay = _retry_after(headers)
+    elif isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
+        delay = None
+    else:
+        return None
+    if delay is None:
+        delay = min(0.5 * 2**attempt, 8.0) * (1 - 0.25 * random.random())
+    return delay if delay < deadline - time.monotonic() else None
+
+
+def _retry_after(headers: Any) -> float | None:
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            value = float(headers.get(name, "")) / scale
+        except ValueError:
+            continue
+        if 0 < value <= 60:
+            return value
+    return None
 
 
 def _without_sdk_spans(client: Any) -> Any:

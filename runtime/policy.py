@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from instrumentation.logs import log
+
 WARN, NUDGE, STOP = "warn", "nudge", "stop"
 ESCALATE = "escalate"  # nudge the first time a streak fires, stop if it fires again
 ACTIONS = (WARN, NUDGE, STOP, ESCALATE)
@@ -39,9 +41,17 @@ class AnomalyPolicy:
         self._actions = actions
 
     def decide(self, anomaly: Any, nudged_before: bool) -> str:
-        """The action for this firing; ``nudged_before`` says whether its streak was already nudged."""
-        action = self._callable(anomaly) if self._callable else self._actions.get(anomaly.type, self._fallback)
-        action = _checked(action)
+        """The action for this firing; ``nudged_before`` says whether its streak was already nudged.
+
+        A policy callable that raises or answers nonsense is logged and treated as "warn": a bug in the user's policy
+        must not leave a run half-ended.
+        """
+        try:
+            action = self._callable(anomaly) if self._callable else self._actions.get(anomaly.type, self._fallback)
+            action = _checked(action)
+        except Exception as exc:
+            log.warning("anomaly_policy_failed", anomaly_type=anomaly.type, error=f"{type(exc).__name__}: {exc}")
+            return WARN
         if action == ESCALATE:
             return STOP if nudged_before else NUDGE
         if action == NUDGE and nudged_before:

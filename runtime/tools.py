@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import inspect
 import json
 import re
@@ -51,7 +52,7 @@ class ToolRaisedBaseException(ToolError):
         self.original = original
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True)
 class Tool:
     """A callable offered to the model. Build one with `@tool`; construct directly only for hand-written schemas."""
 
@@ -61,7 +62,7 @@ class Tool:
     fn: Callable[..., Any]
     arguments_model: type[pydantic.BaseModel] | None = None
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
@@ -131,6 +132,7 @@ def as_tools(items: Any) -> dict[str, Tool]:
 
 def run_sync(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
     """Call a tool from synchronous code. Waits at most ``timeout_s``; a hung tool is left behind, never waited for."""
+    _refuse_when_out_of_time(t, timeout_s)
     box = _start_in_daemon_thread(t, kwargs)
     if not box.done.wait(timeout_s):
         raise ToolTimeout(_timeout_message(t, timeout_s))
@@ -139,6 +141,7 @@ def run_sync(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
 
 async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
     """Call a tool from a coroutine: async tools as tasks, sync tools on a daemon thread, both under the timeout."""
+    _refuse_when_out_of_time(t, timeout_s)
     if t.is_async:
         task = asyncio.ensure_future(t.fn(**kwargs))
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
@@ -146,13 +149,15 @@ async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) ->
             # Cancel but do not await: a coroutine that swallows cancellation must not hang the run.
             task.cancel()
             raise ToolTimeout(_timeout_message(t, timeout_s))
-        error = None if task.cancelled() else task.exception()
+        if task.cancelled():  # the tool cancelled itself (or something it awaited): its failure, not the run's
+            raise ToolError(f"{t.name} was cancelled before it returned")
+        error = task.exception()
         if error is not None and not isinstance(error, Exception):
             raise ToolRaisedBaseException(error)
         return task.result()
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
-    box = _start_in_daemon_thread(t, kwargs, on_done=lambda: loop.call_soon_threadsafe(_settle, future))
+    box = _start_in_daemon_thread(t, kwargs, on_done=lambda: _wake(loop, future))
     try:
         await asyncio.wait_for(asyncio.shield(future), timeout_s)
     except TimeoutError:
@@ -202,6 +207,20 @@ def _start_in_daemon_thread(t: Tool, kwargs: dict[str, Any], on_done: Callable[[
 def _settle(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    # An abandoned tool may finish after its event loop has closed; nobody is waiting then.
+    try:
+        loop.call_soon_threadsafe(_settle, future)
+    except RuntimeError:
+        pass
+
+
+def _refuse_when_out_of_time(t: Tool, timeout_s: float | None) -> None:
+    """A call is not started once the run's clock has run out: its side effects would happen unseen."""
+    if timeout_s is not None and timeout_s <= 0:
+        raise ToolTimeout(f"{t.name} was not run: the run's time limit was reached")
 
 
 def _timeout_message(t: Tool, timeout_s: float | None) -> str:

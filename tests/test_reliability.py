@@ -326,3 +326,112 @@ def test_200_concurrent_runs_keep_their_spans_apart_and_one_failure_touches_no_o
         assert agent_names == {f"agent-{index}"}  # no span of another run
         expected = 1 + 3 + 3 + 2 if index != 7 else 1 + 2 + 2 + 1
         assert len(trace_spans) == expected
+
+
+# --- edges found in review ----------------------------------------------------------------------------------------
+
+
+def test_tool_use_without_a_tool_use_block_is_answered_not_crashed():
+    model = ScriptedModel([{"stop_reason": "tool_use", "content": [{"type": "text", "text": "let me check"}]},
+                           answer()])
+    result = Agent(MODEL, client=model, telemetry=False).run("go")
+    assert result.status is RunStatus.DONE and result.turns == 2
+
+
+def test_the_wall_clock_limit_holds_through_the_sdks_retries(api):
+    import anthropic
+
+    api.add(*([Delay(5, answer())] * 3))
+    client = anthropic.Anthropic(base_url=api.url, api_key="test-key")
+    started = time.monotonic()
+    result = Agent(MODEL, client=client, limits=Limits(timeout_s=1.0), telemetry=False).run("go")
+    assert result.status is RunStatus.TIMEOUT
+    assert time.monotonic() - started < 3  # without a deadline-aware retry: three attempts of a full second each
+
+
+def test_no_tool_is_started_once_the_runs_clock_has_run_out():
+    ran = []
+
+    @tool
+    def slow(n: int) -> str:
+        """Takes long enough to use up the run's clock."""
+        ran.append(n)
+        time.sleep(0.4)
+        return "ok"
+
+    calls = {"stop_reason": "tool_use", "content": [
+        {"type": "tool_use", "id": f"t{n}", "name": "slow", "input": {"n": n}} for n in range(3)]}
+    model = ScriptedModel([calls, answer()])
+    result = Agent(MODEL, tools=[slow], client=model, limits=Limits(timeout_s=0.3), telemetry=False).run("go")
+    assert result.status is RunStatus.TIMEOUT
+    assert ran == [0]
+    assert "was not run: the run's time limit was reached" in result.messages[-1]["content"][2]["content"]
+
+
+def test_a_budget_reached_on_a_tool_use_turn_leaves_a_history_that_can_be_continued():
+    from fakes.messages_api import check_tool_results_follow_tool_uses
+
+    model = ScriptedModel([{**tool_use("step"), "usage": {"input_tokens": 100, "output_tokens": 1}}])
+    result = Agent(MODEL, client=model, limits=Limits(max_total_tokens=50), telemetry=False).run("go")
+    assert result.status is RunStatus.TOKEN_BUDGET
+    # The history ends with the unanswered call's result, so it is a valid request as it stands (the API's rule)...
+    assert check_tool_results_follow_tool_uses({"messages": result.messages}) is None
+    # ...where without it the API would refuse it.
+    assert "without `tool_result`" in check_tool_results_follow_tool_uses(
+        {"messages": result.messages[:-1] + [{"role": "user", "content": "go on"}]})
+    assert result.messages[-1]["content"][0]["tool_use_id"] == "toolu_1"
+    assert result.messages[-1]["content"][0]["is_error"] is True
+
+
+def test_a_nudge_is_not_sent_when_no_turn_is_left_to_read_it():
+    @tool
+    def fails() -> str:
+        """Always fails."""
+        raise RuntimeError("nope")
+
+    model = ScriptedModel([tool_use("fails"), answer("All done, it worked.")])
+    result = Agent(MODEL, tools=[fails], client=model, limits=Limits(max_turns=2), telemetry=False,
+                   on_anomaly={"ignored_error": "nudge"}, alerts=Alerts(log_warnings=False)).run("go")
+    assert result.status is RunStatus.DONE
+    assert [a.type for a in result.anomalies] == ["ignored_error"]
+
+
+def test_secrets_in_arguments_never_reach_anomaly_messages_spans_or_webhooks(spans):
+    import structlog
+
+    @tool
+    def login(user: str, password: str) -> str:
+        """Logs in."""
+        return "denied"
+
+    sent = []
+    script = [tool_use("login", {"user": "ana", "password": "hunter2"}, f"t{n}") for n in range(3)] + [answer("no")]
+    with structlog.testing.capture_logs() as logs:
+        result = Agent(MODEL, tools=[login], client=ScriptedModel(script), on_anomaly="warn",
+                       tracer_provider=spans.provider, alerts=Alerts(callback=lambda a, c: sent.append(a))).run("go")
+    assert [a.type for a in result.anomalies] == ["repeated_call"]
+    everything = json.dumps([[dict(s.attributes), [dict(e.attributes) for e in s.events]] for s in spans.all]
+                            + [a.to_dict() for a in sent] + logs, default=str)
+    assert "hunter2" not in everything and "[REDACTED]" in everything
+
+
+def test_a_policy_that_raises_is_treated_as_warn():
+    def broken_policy(anomaly):
+        raise KeyError("oops")
+
+    result = Agent(MODEL, tools=[_typed], client=ScriptedModel(
+        [tool_use("_typed", {"name": "a", "count": 1}, f"t{n}") for n in range(4)] + [answer()]),
+        on_anomaly=broken_policy, alerts=Alerts(log_warnings=False), telemetry=False).run("go")
+    assert result.status is RunStatus.DONE and result.anomalies
+
+
+def test_an_async_tool_that_cancels_itself_is_a_tool_failure_under_arun():
+    @tool
+    async def cancels() -> str:
+        """Raises CancelledError from inside."""
+        raise asyncio.CancelledError()
+
+    model = ScriptedModel([tool_use("cancels"), answer()])
+    result = asyncio.run(Agent(MODEL, tools=[cancels], client=model, telemetry=False).arun("go"))
+    assert result.status is RunStatus.DONE
+    assert "was cancelled" in model.requests[1]["messages"][-1]["content"][0]["content"]
