@@ -13,6 +13,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from .logs import log
 
 
 WEBHOOK_ENV = "LOOPTRACE_ALERT_WEBHOOK"
+_MAX_REMEMBERED_POSTS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +48,14 @@ class Alerts:
         log_warnings: bool = True,
     ) -> None:
         self.webhook_url = webhook_url if webhook_url is not None else os.environ.get(WEBHOOK_ENV) or None
+        if self.webhook_url and urlsplit(self.webhook_url).scheme not in ("http", "https"):
+            # Said without the URL: the URL is the credential.
+            raise ValueError("the alert webhook URL must start with http:// or https://")
         self.webhook_timeout_s = webhook_timeout_s
         self.callback = callback
         self.log_warnings = log_warnings
-        self._posted: set[tuple[str, str]] = set()  # (trace_id, anomaly type): one post each
+        # (trace_id, anomaly type) already posted: one post each. Bounded, for services that run for months.
+        self._posted: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -91,7 +97,9 @@ class Alerts:
             key = (trace_id, anomaly_type)
             if key in self._posted:
                 return False
-            self._posted.add(key)
+            self._posted[key] = None
+            if len(self._posted) > _MAX_REMEMBERED_POSTS:
+                self._posted.popitem(last=False)
             return True
 
     def _post(self, payload: dict[str, Any]) -> None:
@@ -107,6 +115,8 @@ class Alerts:
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             self._warn(f"{type(reason).__name__}: {reason}")
+        except Exception as exc:  # whatever else urllib raises, its message may quote the URL: name the type only
+            self._warn(type(exc).__name__)
 
     def _warn(self, cause: str) -> None:
         log.warning("alert_webhook_failed", host=urlsplit(self.webhook_url).hostname, cause=cause)

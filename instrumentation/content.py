@@ -99,15 +99,29 @@ def genai_part(block: Any) -> dict[str, Any]:
 
 
 class MessageLog:
-    """The run's history as GenAI JSON, each message serialised once: the history is append-only, and re-encoding
-    all of it for every model call would make a long run quadratic."""
+    """The run's history as GenAI JSON for each model call's span.
+
+    Each message is encoded once (the history only grows, and encoding all of it for every call would make a long run
+    quadratic), and a span gets the *newest* messages that fit its size cap, as a valid JSON array: the end of the
+    conversation is what the model was answering. How many older messages were left out is returned beside it.
+    """
 
     __slots__ = ("_encoded",)
 
     def __init__(self) -> None:
         self._encoded: list[str] = []
 
-    def input_messages_json(self, messages: list[dict[str, Any]]) -> str:
+    def input_messages_json(self, messages: list[dict[str, Any]], limit: int) -> tuple[str, int]:
         for message in messages[len(self._encoded):]:
             self._encoded.append(to_json(genai_message(message)))
-        return "[" + ",".join(self._encoded[: len(messages)]) + "]"
+        encoded = self._encoded[: len(messages)]
+        kept: list[str] = []
+        size = 2
+        for text in reversed(encoded):
+            if kept and size + len(text) + 1 > limit:
+                break
+            kept.append(text)
+            size += len(text) + 1
+        if len(kept) == 1 and size > limit:  # one message larger than the cap: cut it, marked
+            return cap("[" + kept[0] + "]", limit), len(encoded) - 1
+        return "[" + ",".join(reversed(kept)) + "]", len(encoded) - len(kept)

@@ -205,7 +205,7 @@ class LangfuseScores:
     def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None) -> str:
         """The score that marks a run with a loop anomaly: categorical ``loop_anomaly`` = the anomaly type, on the
         trace (so the traces table can filter on it and an alert can count it), one per type and trace, with the
-        detector's message as the comment and the offending span's id in the metadata."""
+        detector's message as the comment and the id of the span that reported it (the run's root) in the metadata."""
         return self.send(trace_id, name=ANOMALY_SCORE, value=anomaly_type, data_type="CATEGORICAL",
                          comment=message[:MAX_STATUS_MESSAGE_CHARS],
                          metadata={"span_id": span_id} if span_id else None)

@@ -224,7 +224,7 @@ def choose_exporters(explicit: str | Iterable[str] | None = None) -> list[str]:
 def _otel_traces_exporter() -> str | None:
     value = os.environ.get("OTEL_TRACES_EXPORTER")
     # Only the names that mean the same here; anything else (zipkin, ...) is for other distributions to interpret.
-    if value and all(v.strip() in ("otlp", "console", "none") for v in value.split(",")):
+    if value and all(v.strip().lower() in ("otlp", "console", "none") for v in value.split(",")):
         return value
     return None
 

@@ -20,7 +20,7 @@ from . import semconv as sc
 from .content import MessageLog, cap, capture_from_env, genai_message, max_chars_from_env, redact, to_json
 from .langfuse import generation_attributes, observation_attributes, trace_attributes
 from .metrics import LoopMetrics
-from .detector import result_digest
+from .detector import canonical_arguments, result_digest
 
 _TRACER_NAME = "looptrace"
 
@@ -218,8 +218,10 @@ class TurnSpan:
                 attributes[sc.SERVER_PORT] = server_port
         tracing = self.run.tracing
         if tracing.capture_content:
-            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(
-                self.run.messages.input_messages_json(params.get("messages", [])), tracing.max_chars)
+            history, omitted = self.run.messages.input_messages_json(params.get("messages", []), tracing.max_chars)
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = history
+            if omitted:
+                attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
         span = tracing._tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -242,6 +244,8 @@ class TurnSpan:
         tracing = self.run.tracing
         if tracing.capture_content:
             attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(redact(arguments)), tracing.max_chars)
+        else:
+            attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redact(arguments)))
         span = tracing._tracer.start_span(
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,

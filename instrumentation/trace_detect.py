@@ -14,13 +14,15 @@ still open, not the spans.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
-from .detector import Anomaly, DetectorConfig, LoopDetector, ToolCall, result_digest
+from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, ToolCall, result_digest
+from .logs import log
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _STOP_LIKE = frozenset({"stop", "end_turn"})
@@ -112,8 +114,11 @@ class RunRebuilder:
         _, stop_reason, model_text = run.last_model
         final_text = run.root_text if run.root_text is not None else model_text
         detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
+        anomalies = detector.anomalies
+        if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
+            anomalies = [a for a in anomalies if a.type != IGNORED_ERROR]
         return Verdict(trace_id=trace_id, name=run.root_name, turns=max(len(model_starts), len(turns)),
-                       tool_calls=len(run.calls), status=run.root_status, anomalies=detector.anomalies)
+                       tool_calls=len(run.calls), status=run.root_status, anomalies=anomalies)
 
 
 def detect_spans(spans: Iterable[Any], config: DetectorConfig | None = None) -> Iterator[Verdict]:
@@ -149,7 +154,8 @@ def _assign_turns(starts: list[int], calls: list[_Call]) -> list[tuple[int, list
 
 def _call_of(span: Any) -> _Call:
     a = span.attributes
-    raw_arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS)
+    # Without content capture only the digest of the arguments is stored: equal digests, equal calls.
+    raw_arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS, a.get(sc.TOOL_ARGUMENTS_DIGEST))
     digest = a.get(sc.TOOL_RESULT_DIGEST)
     if digest is None and sc.GEN_AI_TOOL_CALL_RESULT in a:
         digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
@@ -211,6 +217,7 @@ class DetectorSpanProcessor(SpanProcessor):
     def __init__(self, on_verdict: Callable[[Verdict], None], config: DetectorConfig | None = None) -> None:
         self._rebuilder = RunRebuilder(config)
         self._on_verdict = on_verdict
+        self._lock = threading.Lock()  # spans end on whatever thread ran them
 
     def on_start(self, span, parent_context=None) -> None:
         pass
@@ -226,13 +233,23 @@ class DetectorSpanProcessor(SpanProcessor):
             attributes=dict(span.attributes or {}),
             status_code=span.status.status_code.value,
         )
-        verdict = self._rebuilder.add(live)
+        with self._lock:
+            verdict = self._rebuilder.add(live)
         if verdict is not None:
-            self._on_verdict(verdict)
+            self._deliver(verdict)
 
     def shutdown(self) -> None:
-        for verdict in self._rebuilder.finish():
+        with self._lock:
+            verdicts = self._rebuilder.finish()
+        for verdict in verdicts:
+            self._deliver(verdict)
+
+    def _deliver(self, verdict: Verdict) -> None:
+        # Called from span.end() in someone else's code: a failing callback must not surface there.
+        try:
             self._on_verdict(verdict)
+        except Exception as exc:
+            log.warning("verdict_callback_failed", trace_id=verdict.trace_id, error=f"{type(exc).__name__}: {exc}")
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True

@@ -17,7 +17,9 @@ from typing import Any, TextIO
 import structlog
 from opentelemetry import context as otel_context
 
+from instrumentation import semconv as sc
 from instrumentation import setup as telemetry_setup
+from instrumentation import alerts as alerts_setup
 from instrumentation.alerts import Alerts
 from instrumentation.langfuse import trace_attributes
 from instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
@@ -27,7 +29,7 @@ from instrumentation.trace_detect import detect_spans
 from . import demo as demo_story
 from .agent import Agent, RunInterrupted
 from .limits import Limits
-from .models import ScriptedModel
+from .models import AnthropicModel, ScriptedModel
 from .result import RunResult, RunStatus
 from .tools import Tool
 from .views import LiveView, render_trace
@@ -77,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except telemetry_setup.ConfigurationError as exc:
         print(f"looptrace: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # e.g. LOOPTRACE_PROMETHEUS_PORT already taken: the environment, not the model
+        print(f"looptrace: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""),
+              file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -149,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=_traces_list)
     push = traces_commands.add_parser(
         "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
-        epilog="exit codes:\n  0   everything pending was delivered (or nothing was pending)\n"
-               "  1   some spans are still pending (the backend failed again)\n  2   bad flag or configuration",
+        epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
+               "pending and are listed)\n  1   some spans are still pending because their backend failed again\n"
+               "  2   bad flag or configuration",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     push.add_argument("--to", choices=("langfuse", "otlp"),
                       help="only this backend (default: every backend the environment configures)")
@@ -209,8 +216,6 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--traceparent: {exc}") from None
     telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
-    from .models import AnthropicModel
-
     try:
         agent = Agent(
             args.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
@@ -283,12 +288,10 @@ def _traces_list(args: argparse.Namespace) -> int:
     path = args.file or default_trace_file()
     with _BadLineReporter(path) as report:
         for span in read_spans(path, report):
-            if span.parent_span_id is None or span.attributes.get("gen_ai.operation.name") == "invoke_agent":
-                a = span.attributes
-                if a.get("gen_ai.operation.name") != "invoke_agent":
-                    continue
-                print(f"{span.trace_id}  {span.name:<30} {a.get('looptrace.run.status', '?'):<20} "
-                      f"{a.get('looptrace.run.turns', '?')} turns")
+            a = span.attributes
+            if a.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
+                print(f"{span.trace_id}  {span.name:<30} {a.get(sc.RUN_STATUS, '?'):<20} "
+                      f"{a.get(sc.RUN_TURNS, '?')} turns")
     return EXIT_OK
 
 
@@ -322,12 +325,24 @@ def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry,
 def _telemetry_options(telemetry: telemetry_setup.Telemetry) -> dict[str, Any]:
     """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
     callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
+    try:
+        alerts = Alerts(callback=callback)
+    except ValueError as exc:
+        raise UsageError(f"{alerts_setup.WEBHOOK_ENV}: {exc}") from None
+    _ALERTS.append(alerts)
     return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
-            "alerts": Alerts(callback=callback)}
+            "alerts": alerts}
+
+
+_ALERTS: list[Alerts] = []  # the process's alert sinks, whose webhook posts _close waits for
+WEBHOOK_WAIT_S = 5.0
 
 
 def _close(telemetry: telemetry_setup.Telemetry) -> None:
     """Deliver or spill everything, within a bound, and say where undelivered spans went."""
+    for alerts in _ALERTS:
+        alerts.wait(WEBHOOK_WAIT_S)  # posts run on daemon threads: without this an exit would cut them off
+    _ALERTS.clear()
     telemetry.shutdown()
     notice = telemetry.spill_notice()
     if notice:
@@ -389,7 +404,7 @@ def _latest_trace_id(path: Path, report) -> str | None:
     latest = None
     latest_end = -1
     for span in read_spans(path, report, report.progress):
-        if span.parent_span_id is None or span.attributes.get("gen_ai.operation.name") == "invoke_agent":
+        if span.parent_span_id is None or span.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
             if span.end_ns >= latest_end:
                 latest, latest_end = span.trace_id, span.end_ns
     return latest

@@ -85,10 +85,6 @@ def equipment_script() -> list[dict[str, Any]]:
     ]
 
 
-def equipment_model() -> ScriptedModel:
-    return ScriptedModel(equipment_script())
-
-
 def runaway_script() -> list[dict[str, Any]]:
     """A model that never changes course: the same search, turn after turn, whatever it is told."""
     return [_tool_use(f"toolu_{n:02d}", "search_equipment", {"keyword": "projector"}, (400 + 60 * n, 30))

@@ -70,7 +70,7 @@ class RunResult:
     trace_id: str  # 32 lower-case hex digits; all zeros when no tracer provider records spans
     messages: list[dict[str, Any]]
     anomalies: list[Any] = field(default_factory=list)
-    error: str | None = None  # "ExceptionType: message" when status is error
+    error: str | None = None  # "ExceptionType: message" when the status is error, timeout or interrupted
     stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
 
     @property

@@ -363,3 +363,21 @@ def _as_records(finished_spans):
                       parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,
                       start_ns=s.start_time, attributes=dict(s.attributes), status_code=s.status.status_code.value)
             for s in finished_spans]
+
+
+def test_offline_detection_without_content_raises_no_false_alarms(spans, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "NO_CONTENT")
+    # Three different failing calls, then an answer that admits it: nothing to flag, live or offline.
+    script = [turn_of(("flaky", {"item": f"A-{n}"})) for n in range(3)] + [final("I could not reserve any of them.")]
+    result = Agent(MODEL, tools=scenario_tools(), client=ScriptedModel(script), on_anomaly="warn",
+                   tracer_provider=spans.provider, alerts=Alerts(log_warnings=False)).run("task")
+    assert result.anomalies == []
+    assert [v.anomalies for v in detect_spans(_as_records(spans.all))] == [[]]
+
+
+def test_offline_detection_without_content_still_sees_the_same_call_again(spans, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "NO_CONTENT")
+    Agent(MODEL, tools=scenario_tools(), client=ScriptedModel(script_for([[A]] * 3, "done")), on_anomaly="warn",
+          tracer_provider=spans.provider, alerts=Alerts(log_warnings=False)).run("task")
+    [verdict] = detect_spans(_as_records(spans.all))
+    assert fired(verdict.anomalies) == [("repeated_call", 3)]

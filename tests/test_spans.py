@@ -244,3 +244,22 @@ def test_without_an_sdk_nothing_is_recorded_and_nothing_breaks():
                    tracer_provider=provider).run(DEMO_TASK)
     assert result.status is RunStatus.DONE
     assert result.trace_id == "0" * 32
+
+
+def test_a_long_history_keeps_its_newest_messages_as_valid_json(spans, monkeypatch):
+    monkeypatch.setenv("LOOPTRACE_MAX_ATTRIBUTE_CHARS", "3000")
+
+    @tool
+    def page(n: int) -> str:
+        """A page of a long document."""
+        return f"page {n} " + "x" * 1000
+
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": f"t{n}", "name": "page",
+                                                       "input": {"n": n}}]} for n in range(6)]
+    Agent(MODEL, tools=[page], client=ScriptedModel(script + [{"content": []}]), detector=False,
+          tracer_provider=spans.provider).run("read it all")
+    last_chat = max(spans.named("chat "), key=lambda s: s.start_time).attributes
+    history = json.loads(last_chat[sc.GEN_AI_INPUT_MESSAGES])  # valid JSON, not a cut string
+    assert history[-1]["parts"][0]["response"].startswith("page 5 ")  # what the model was answering is there
+    assert len(last_chat[sc.GEN_AI_INPUT_MESSAGES]) <= 3000
+    assert last_chat[sc.INPUT_MESSAGES_OMITTED] == 13 - len(history)
