@@ -9,6 +9,7 @@ never drift apart.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -525,7 +526,8 @@ def _as_model(client: Any) -> Model:
     if hasattr(client, "create") and hasattr(client, "acreate"):
         return client
     if hasattr(client, "messages"):  # an anthropic.Anthropic or AsyncAnthropic instance
-        is_async = asyncio.iscoroutinefunction(getattr(client.messages, "create", None))
+        # The SDK decorates create(): only the function underneath says whether it is a coroutine.
+        is_async = inspect.iscoroutinefunction(inspect.unwrap(getattr(client.messages, "create", None)))
         return AnthropicModel(async_client=client) if is_async else AnthropicModel(client=client)
     raise TypeError(f"client must be an anthropic client or a Model, got {type(client).__name__}")
 

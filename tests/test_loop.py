@@ -365,3 +365,13 @@ def test_an_observer_that_raises_does_not_break_the_run():
     agent = Agent(MODEL, tools=[lookup], client=ScriptedModel([tool_use(LOOKUP), answer()]), on_event=broken,
                   telemetry=False)
     assert agent.run("task").status is RunStatus.DONE
+
+
+def test_an_async_anthropic_client_is_used_by_arun():
+    import anthropic
+    from fakes.messages_api import FakeMessagesAPI
+
+    with FakeMessagesAPI([answer("from the async client")]) as api:
+        client = anthropic.AsyncAnthropic(base_url=api.url, api_key="test-key")
+        result = asyncio.run(Agent(MODEL, client=client, telemetry=False).arun("hi"))
+    assert result.final_text == "from the async client"

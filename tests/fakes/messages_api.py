@@ -510,6 +510,8 @@ class _Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 for keep-alive and, above all, chunked streams: a stream cut
     # short is then visibly incomplete to the client instead of merely ended.
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms a request.
+    disable_nagle_algorithm = True
     server_version = "fake-messages-api"
     sys_version = ""
     server: _Server
