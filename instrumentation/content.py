@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -46,6 +47,7 @@ _SECRET_WORDS = {"password", "passwd", "pwd", "token", "secret", "authorization"
 _WORD_SPLIT = re.compile(r"[^a-zA-Z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
+@functools.lru_cache(maxsize=4096)  # a run asks about the same few argument names on every call
 def is_secret_key(key: str) -> bool:
     words = [w.lower() for w in _WORD_SPLIT.split(key) if w]
     if any(w in _SECRET_WORDS for w in words):
@@ -110,6 +112,10 @@ class MessageLog:
 
     def __init__(self) -> None:
         self._encoded: list[str] = []
+
+    def remember(self, encoded_message: str) -> None:
+        """The next message of the history, already encoded (the chat span encodes the model's answer anyway)."""
+        self._encoded.append(encoded_message)
 
     def input_messages_json(self, messages: list[dict[str, Any]], limit: int) -> tuple[str, int]:
         for message in messages[len(self._encoded):]:

@@ -712,11 +712,15 @@ class LoopDetector:
 
     def _find_cycle(self) -> _CycleRun | None:
         cfg = self.config
+        # The digests of the whole window, once per turn, rather than a copy of the window for every period tried.
+        digests = [s.digest for s in self._window]
         for period in range(cfg.cycle_min_period, cfg.cycle_max_period + 1):
             span = period * cfg.cycle_repeats
-            if len(self._window) < span:
+            if len(digests) < span:
                 break
-            recent = [s.digest for s in list(self._window)[-span:]]
+            recent = digests[-span:]
+            if recent[-1] != recent[-1 - period]:
+                continue  # the cheap test first: most turns end every candidate period right here
             if "" in recent:
                 continue  # a turn without tool calls is no part of a tool loop
             periodic = all(recent[i] == recent[i - period] for i in range(period, span))

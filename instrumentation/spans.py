@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
@@ -229,8 +230,11 @@ class TurnSpan:
         return ChatSpan(self.run, span, model, server_address)
 
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
+        """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
+        the call (spans, the detector, alerts) may quote."""
+        arguments = redact(arguments)
         if not self.recording:
-            return ToolSpan(self.run, _NON_RECORDING, name)
+            return ToolSpan(self.run, _NON_RECORDING, name, arguments)
         attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: name,
@@ -243,14 +247,14 @@ class TurnSpan:
             attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
         tracing = self.run.tracing
         if tracing.capture_content:
-            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(redact(arguments)), tracing.max_chars)
+            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(arguments), tracing.max_chars)
         else:
-            attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redact(arguments)))
+            attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
         span = tracing._tracer.start_span(
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
-        return ToolSpan(self.run, span, name)
+        return ToolSpan(self.run, span, name, arguments)
 
     def end(self, *, stop_reason: str | None) -> None:
         if not self.recording:
@@ -310,9 +314,12 @@ class ChatSpan:
             cache_creation_input_tokens=usage.cache_creation_input_tokens, cost_usd=cost_usd))
         tracing = self.run.tracing
         if tracing.capture_content:
-            output = genai_message({"role": "assistant", "content": response.get("content")})
-            output["finish_reason"] = sc.finish_reason(stop_reason)
-            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([output]), tracing.max_chars)
+            # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
+            encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")}))
+            self.run.messages.remember(encoded)
+            finish = to_json(sc.finish_reason(stop_reason))
+            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(f'[{encoded[:-1]},"finish_reason":{finish}}}]',
+                                                        tracing.max_chars)
         self.span.set_attributes(attributes)
         self.span.end()
 
@@ -329,12 +336,13 @@ class ChatSpan:
 
 
 class ToolSpan:
-    __slots__ = ("run", "span", "tool", "flagged")
+    __slots__ = ("run", "span", "tool", "arguments", "flagged")
 
-    def __init__(self, run: RunSpan, span: Span, tool: str) -> None:
+    def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any) -> None:
         self.run = run
         self.span = span
         self.tool = tool
+        self.arguments = arguments  # redacted
         self.flagged: str | None = None  # the status message of an anomaly this call is part of
 
     def activate(self) -> contextlib.AbstractContextManager:
@@ -382,13 +390,26 @@ def _record_error(span: Span, exc: BaseException) -> None:
     span.record_exception(exc)
 
 
-@contextlib.contextmanager
-def _activate(span: Span) -> Iterator[None]:
-    if not span.is_recording():
-        yield
-        return
-    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-        yield
+class _activate:
+    """Makes ``span`` current while a model or tool call runs, so spans made inside it nest under it.
+
+    A plain class rather than trace.use_span: the loop enters one per call, and use_span's generator machinery and
+    exception handling (which we do not want here: failures are recorded by the caller) cost more than the attach.
+    """
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.token = None
+
+    def __enter__(self) -> None:
+        if self.span.is_recording():
+            self.token = otel_context.attach(trace.set_span_in_context(self.span))
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.token is not None:
+            otel_context.detach(self.token)
 
 
 def _version() -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 
 from instrumentation.alerts import AlertContext, Alerts
-from instrumentation.content import redact
 from instrumentation.logs import log
 from instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
 from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
@@ -296,9 +295,9 @@ class Agent:
         call.result = _truncate_result(call.result, self.max_tool_result_chars)
         if run.detector is not None:
             # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
-            run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=redact(call.arguments),
+            run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
                                           call_id=call.call_id, is_error=call.is_error, result=call.result))
-        self._emit(ToolFinished(turn_index, call.call_id, call.name, call.arguments, call.result, call.is_error,
+        self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result, call.is_error,
                                 call.outcome, call.duration_s))
         block = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
         if call.is_error:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .models import ScriptedModel
 from .tools import tool
 
 DEMO_MODEL = "claude-sonnet-5-5"

@@ -32,7 +32,7 @@ class ToolFinished:
     turn: int
     call_id: str
     name: str
-    arguments: Any
+    arguments: Any  # secrets redacted, as on the spans
     result: str
     is_error: bool
     outcome: str  # ok | error | timeout | invalid_arguments | unknown_tool

@@ -20,7 +20,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from instrumentation import semconv as sc
 from instrumentation.alerts import Alerts
 from instrumentation.detector import LoopDetector, ToolCall
-from instrumentation.otlp_file import read_spans
 from instrumentation.trace_detect import DetectorSpanProcessor, detect_spans
 from runtime import Agent, RunStatus, ScriptedModel, tool
 from runtime.cli import main

@@ -373,5 +373,5 @@ def test_an_async_anthropic_client_is_used_by_arun():
 
     with FakeMessagesAPI([answer("from the async client")]) as api:
         client = anthropic.AsyncAnthropic(base_url=api.url, api_key="test-key")
-        result = asyncio.run(Agent(MODEL, client=client, telemetry=False).arun("hi"))
+        result = asyncio.run(Agent("claude-sonnet-5-5", client=client, telemetry=False).arun("hi"))
     assert result.final_text == "from the async client"
