@@ -116,6 +116,7 @@ above 2, nor checks whether the final answer admits a failure.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -229,15 +230,24 @@ _MAX_INT_BITS = 13_000  # ints longer than ~4,000 digits cannot go through str()
 
 def canonical_arguments(args: Any) -> str:
     """Compact JSON of `args` with keys sorted and numbers normalised; raw text if not JSON."""
+    if isinstance(args, str):
+        return _canonical_text(args)
     try:
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                return args  # not JSON: the raw text is the only identity it has
         return _compact_json(_normalise(args, 0))
     except Exception:  # exotic objects whose __str__ fails, and the like
         return f"<unrepresentable {type(args).__qualname__}>"
+
+
+@functools.lru_cache(maxsize=4096)  # stored traces give arguments as text, and a loop repeats the same text
+def _canonical_text(text: str) -> str:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text  # not JSON: the raw text is the only identity it has
+    try:
+        return _compact_json(_normalise(value, 0))
+    except Exception:
+        return f"<unrepresentable {type(value).__qualname__}>"
 
 
 def _normalise(value: Any, depth: int) -> Any:

@@ -25,6 +25,12 @@ from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, Tool
 from .logs import log
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+# The only span attributes detection reads: a reader can skip decoding everything else.
+DETECTION_KEYS = frozenset({
+    sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_CALL_ARGUMENTS,
+    sc.GEN_AI_TOOL_CALL_RESULT, sc.TOOL_ARGUMENTS_DIGEST, sc.TOOL_RESULT_DIGEST, sc.TOOL_IS_ERROR, sc.ERROR_TYPE,
+    sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
+})
 _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 
@@ -46,7 +52,7 @@ class _OpenRun:
     calls: list[_Call] = field(default_factory=list)
     last_model: tuple[int, str | None, str | None] = (-1, None, None)  # start, stop reason, output text
     root_name: str = ""
-    root_text: str | None = None
+    root_text: str | None = None  # the root's gen_ai.output.messages, unparsed
     root_status: str | None = None
 
 
@@ -84,11 +90,11 @@ class RunRebuilder:
             run.calls.append(_call_of(span))
         elif operation in MODEL_OPERATIONS:
             run.model_spans.append((span.start_ns, span.span_id, span.parent_span_id))
-            if span.start_ns >= run.last_model[0]:
-                run.last_model = (span.start_ns, _stop_reason(attributes), _output_text(attributes))
+            if span.start_ns >= run.last_model[0]:  # output text kept raw: only the last one is ever parsed
+                run.last_model = (span.start_ns, _stop_reason(attributes), attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
         if span.parent_span_id is None or operation == sc.OPERATION_INVOKE_AGENT:
             run.root_name = span.name
-            run.root_text = _output_text(attributes)
+            run.root_text = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
             run.root_status = attributes.get(sc.RUN_STATUS)
             return self._judge(span.trace_id)
         return None
@@ -111,8 +117,8 @@ class RunRebuilder:
                                           is_error=call.is_error, result_digest=call.digest))
             detector.end_turn(turn)
         last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
-        _, stop_reason, model_text = run.last_model
-        final_text = run.root_text if run.root_text is not None else model_text
+        _, stop_reason, model_output = run.last_model
+        final_text = _output_text(run.root_text if run.root_text is not None else model_output)
         detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
         anomalies = detector.anomalies
         if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
@@ -174,9 +180,8 @@ def _stop_reason(attributes: dict[str, Any]) -> str | None:
     return None
 
 
-def _output_text(attributes: dict[str, Any]) -> str | None:
-    """The text parts of gen_ai.output.messages, if the span carries them (content capture on)."""
-    raw = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
+def _output_text(raw: Any) -> str | None:
+    """The text parts of a gen_ai.output.messages value, if a span carried one (content capture on)."""
     if not isinstance(raw, str):
         return None
     try:

@@ -24,7 +24,7 @@ from instrumentation.alerts import Alerts
 from instrumentation.langfuse import trace_attributes
 from instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
 from instrumentation.spill import PushInProgress, push
-from instrumentation.trace_detect import detect_spans
+from instrumentation.trace_detect import DETECTION_KEYS, detect_spans
 
 from . import demo as demo_story
 from .agent import Agent, RunInterrupted
@@ -266,7 +266,7 @@ def _detect(args: argparse.Namespace) -> int:
     path = args.file or default_trace_file()
     found = 0
     with _BadLineReporter(path) as report:
-        for verdict in detect_spans(read_spans(path, report, report.progress)):
+        for verdict in detect_spans(read_spans(path, report, report.progress, keys=DETECTION_KEYS)):
             report.clear_progress()
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
