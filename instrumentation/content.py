@@ -108,18 +108,22 @@ class MessageLog:
     conversation is what the model was answering. How many older messages were left out is returned beside it.
     """
 
-    __slots__ = ("_encoded",)
+    __slots__ = ("_encoded", "_size")
 
     def __init__(self) -> None:
         self._encoded: list[str] = []
+        self._size = 0  # of all encoded messages with their separators
 
     def remember(self, encoded_message: str) -> None:
         """The next message of the history, already encoded (the chat span encodes the model's answer anyway)."""
         self._encoded.append(encoded_message)
+        self._size += len(encoded_message) + 1
 
     def input_messages_json(self, messages: list[dict[str, Any]], limit: int) -> tuple[str, int]:
         for message in messages[len(self._encoded):]:
-            self._encoded.append(to_json(genai_message(message)))
+            self.remember(to_json(genai_message(message)))
+        if len(self._encoded) == len(messages) and self._size + 1 <= limit:
+            return "[" + ",".join(self._encoded) + "]", 0  # the usual case: everything fits
         encoded = self._encoded[: len(messages)]
         kept: list[str] = []
         size = 2

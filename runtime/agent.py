@@ -174,7 +174,8 @@ class Agent:
         """One model call and whatever it asks for. Returns the run's status when this turn ends the run."""
         index = run.budget.turns + 1
         turn = run.span.start_turn(index)
-        self._emit(TurnStarted(index))
+        if self.on_event is not None:
+            self._emit(TurnStarted(index))
         params = self._request(run.messages)
         chat = turn.start_chat(params, server_address=run.server[0], server_port=run.server[1],
                                stream=self.client.stream)
@@ -297,8 +298,9 @@ class Agent:
             # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
             run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
                                           call_id=call.call_id, is_error=call.is_error, result=call.result))
-        self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result, call.is_error,
-                                call.outcome, call.duration_s))
+        if self.on_event is not None:
+            self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result,
+                                    call.is_error, call.outcome, call.duration_s))
         block = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
         if call.is_error:
             block["is_error"] = True
