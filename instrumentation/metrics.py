@@ -58,8 +58,6 @@ ANOMALY_TYPE = sc.ANOMALY_TYPE
 _TOKEN_TYPE = _gen_ai.GEN_AI_TOKEN_TYPE
 _INPUT = _gen_ai.GenAiTokenTypeValues.INPUT.value
 _OUTPUT = _gen_ai.GenAiTokenTypeValues.OUTPUT.value
-_CHAT = _gen_ai.GenAiOperationNameValues.CHAT.value
-_ANTHROPIC = _gen_ai.GenAiProviderNameValues.ANTHROPIC.value
 
 
 class LoopMetrics:
@@ -123,8 +121,8 @@ class LoopMetrics:
         """One Messages API call. `input_tokens` already includes cache reads and cache writes (the conventions'
         Anthropic rule). A failed call records its duration with `error.type` and no token usage: the API sent none."""
         attributes = {
-            _gen_ai.GEN_AI_OPERATION_NAME: _CHAT,
-            _gen_ai.GEN_AI_PROVIDER_NAME: _ANTHROPIC,
+            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+            sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
             _gen_ai.GEN_AI_REQUEST_MODEL: request_model,
             # Not one of the conventions' metric attributes, but allowed, and the only way to split spend by agent.
             _gen_ai.GEN_AI_AGENT_NAME: agent,

@@ -117,6 +117,9 @@ class Agent:
             except BaseException as exc:  # hand it to the core, which decides what it means for the run
                 value = _Raised(exc)
 
+    # run() and arun() are the same few lines but for `await`: kept apart on purpose, since one function cannot both
+    # block and await; everything they drive is shared in _loop.
+
     async def arun(self, task: str | list[dict[str, Any]], *, session_id: str | None = None,
                    user_id: str | None = None, tags: Iterable[str] = (),
                    metadata: Mapping[str, Any] | None = None) -> RunResult:
