@@ -25,7 +25,6 @@ an annotation and is dropped, leaving `looptrace_cost_total`, which hides the cu
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 from opentelemetry import metrics
@@ -36,7 +35,6 @@ from opentelemetry.semconv.attributes import server_attributes as _server
 
 from . import semconv as sc
 
-_METER_NAME = "looptrace"
 
 # Bucket boundaries the GenAI semantic conventions specify for their two client histograms.
 TOKEN_USAGE_BUCKETS: Sequence[float] = (
@@ -65,7 +63,7 @@ class LoopMetrics:
     dictionary entries and an SDK call, safe to call from several threads."""
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
-        meter = metrics.get_meter(_METER_NAME, _version(), meter_provider=meter_provider)
+        meter = metrics.get_meter(sc.SCOPE_NAME, sc.SCOPE_VERSION, meter_provider=meter_provider)
         # The semconv helpers (create_gen_ai_client_*) take no bucket advice, so the names and units come from the
         # same module but the instruments are created here with the conventions' boundaries.
         self._token_usage = meter.create_histogram(
@@ -189,13 +187,3 @@ def prometheus_reader(port: int, host: str = "127.0.0.1"):
             "choose another port with prometheus_port= or LOOPTRACE_PROMETHEUS_PORT"
         ) from exc
     return reader
-
-
-@functools.cache
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("looptrace")
-    except Exception:  # running from a source tree that was never installed
-        return "0.0.0"

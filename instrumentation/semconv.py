@@ -10,6 +10,19 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _g
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
+def _installed_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("looptrace")
+    except Exception:  # running from a source tree that was never installed
+        return "0.0.0"
+
+
+# The instrumentation scope of every span and metric: looked up once, not per agent.
+SCOPE_NAME = "looptrace"
+SCOPE_VERSION = _installed_version()
+
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
 GEN_AI_PROVIDER_NAME = _gen_ai.GEN_AI_PROVIDER_NAME

@@ -23,7 +23,6 @@ from .langfuse import generation_attributes, observation_attributes, trace_attri
 from .metrics import LoopMetrics
 from .detector import canonical_arguments, result_digest
 
-_TRACER_NAME = "looptrace"
 
 # How each span shows in Langfuse (an agent, a grouping span, a generation, a tool), built once.
 _AS_AGENT = observation_attributes("agent")
@@ -46,7 +45,7 @@ class Tracing:
     ) -> None:
         self.enabled = enabled
         self._provider = tracer_provider
-        self._tracer = trace.get_tracer(_TRACER_NAME, _version(), tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=tracer_provider)
         self.metrics = LoopMetrics(meter_provider) if enabled else None
         self.capture_content = capture_from_env() if capture_content is None else capture_content
         self.max_chars = max_attribute_chars or max_chars_from_env()
@@ -412,13 +411,6 @@ class _activate:
             otel_context.detach(self.token)
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("looptrace")
-    except Exception:  # running from a source tree that was never installed
-        return "0.0.0"
 
 
 _NON_RECORDING = NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
