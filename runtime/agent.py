@@ -15,10 +15,9 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from instrumentation.alerts import AlertContext, Alerts
-from instrumentation.logs import log
 from instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
+from instrumentation.logs import log
 from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
 
 from . import policy as policies
@@ -28,7 +27,6 @@ from .limits import Budget, Limits
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus, Usage
-
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -45,7 +43,7 @@ class RunInterrupted(KeyboardInterrupt):
 class Agent:
     """An LLM agent on the Anthropic Messages API, traced by construction.
 
-    >>> agent = Agent(model="claude-sonnet-4-5", tools=[search], limits=Limits(max_turns=10))
+    >>> agent = Agent(model="claude-sonnet-5-5", tools=[search], limits=Limits(max_turns=10))
     >>> result = agent.run("Find the cheapest flight to Osaka")
     """
 
