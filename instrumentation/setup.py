@@ -68,6 +68,7 @@ KNOWN_EXPORTERS = ("file", "console", "otlp", "langfuse", "none")
 NETWORK_EXPORTERS = ("langfuse", "otlp")
 DEFAULT_SERVICE_NAME = "looptrace"
 FLUSH_TIMEOUT_MS = 5_000
+NETWORK_QUEUE_SPANS = 16_384
 
 
 @dataclass
@@ -179,7 +180,11 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
     """
 
     def __init__(self, guard: GuardedExporter) -> None:
-        super().__init__(guard)
+        # A network backend can stall a batch for its whole timeout; the SDK's 2,048-span queue then overflows within
+        # a second of a busy process and drops spans before they could be spilled. A larger queue (a few tens of MB
+        # at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
+        explicit = os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE")
+        super().__init__(guard, max_queue_size=None if explicit else NETWORK_QUEUE_SPANS)
         self.guard = guard
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
