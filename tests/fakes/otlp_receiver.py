@@ -332,6 +332,12 @@ def parse_otlp_json(body: bytes, message: Message) -> Message:
 class _Recorder:
     """Thread-safe record of requests plus a queue of faults to inject."""
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -514,12 +520,6 @@ class OTLPReceiver(_Recorder):
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"otlp-http-{self.port}", daemon=True
         )
         self._thread.start()
-
-    def __enter__(self) -> OTLPReceiver:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def stop(self) -> None:
         if self._stopping.is_set():
@@ -768,12 +768,6 @@ class OTLPGrpcReceiver(_Recorder):
         self.endpoint = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.endpoint}"  # for OTEL_EXPORTER_OTLP_ENDPOINT with the grpc protocol
         self._server.start()
-
-    def __enter__(self) -> OTLPGrpcReceiver:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def stop(self) -> None:
         if self._stopping.is_set():
