@@ -184,13 +184,13 @@ def _span(span: dict[str, Any], resource: dict[str, Any], scope: str, keys: froz
         span_id=span_id.lower(),
         parent_span_id=(span.get("parentSpanId") or "").lower() or None,
         name=span.get("name", ""),
-        kind=_enum(span.get("kind", 0), "SPAN_KIND_"),
+        kind=decode_span_kind(span.get("kind", 0)),
         start_ns=int(span.get("startTimeUnixNano") or 0),
         end_ns=int(span.get("endTimeUnixNano") or 0),
         attributes=decode_attributes(span.get("attributes"), keys),
         events=[(e.get("name", ""), int(e.get("timeUnixNano") or 0), decode_attributes(e.get("attributes"), keys))
                 for e in span.get("events") or ()],
-        status_code=_enum(status.get("code", 0), "STATUS_CODE_"),
+        status_code=decode_status_code(status.get("code", 0)),
         status_message=status.get("message", ""),
         resource=resource,
         scope=scope,
@@ -210,6 +210,16 @@ def _enum(value: Any, prefix: str) -> int:
     if isinstance(value, str):
         return _ENUM_NAMES[prefix].get(value.removeprefix(prefix), 0)
     return 0
+
+
+def decode_span_kind(value: Any) -> int:
+    """An OTLP/JSON span kind, written as its number or its enum name."""
+    return _enum(value, "SPAN_KIND_")
+
+
+def decode_status_code(value: Any) -> int:
+    """An OTLP/JSON status code, written as its number or its enum name."""
+    return _enum(value, "STATUS_CODE_")
 
 
 def decode_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from .export import ConfigurationError, configured_backends, network_exporter
-from .otlp_file import decode_attributes
+from .otlp_file import decode_attributes, decode_span_kind, decode_status_code
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
     import fcntl
@@ -192,10 +192,7 @@ class PushInProgress(RuntimeError):
 
 _KIND_BY_OTLP = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER,
                  5: SpanKind.CONSUMER}
-_OTLP_KIND_NAMES = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
-                    "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
 _STATUS_BY_OTLP = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
-_OTLP_STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _PARENT_IS_REMOTE = 0x200  # OTLP span flags: bit 8 says "is_remote is known", bit 9 is its value
 
 
@@ -226,8 +223,8 @@ def _readable_span(span: Mapping[str, Any], resource: Resource, scope: Instrumen
     parent = SpanContext(trace_id, int(parent_id, 16), is_remote=bool(flags & _PARENT_IS_REMOTE),
                          trace_flags=TraceFlags(TraceFlags.SAMPLED)) if parent_id else None
     status = span.get("status") or {}
-    code = _enum(status.get("code", 0), _OTLP_STATUS_NAMES)
-    kind = _enum(span.get("kind", 1), _OTLP_KIND_NAMES)
+    code = decode_status_code(status.get("code", 0))
+    kind = decode_span_kind(span.get("kind", 1))
     return ReadableSpan(
         name=span.get("name", ""),
         context=SpanContext(trace_id, int(span["spanId"], 16), is_remote=False,
@@ -256,10 +253,6 @@ def _attributes(items: Any) -> dict[str, Any]:
 def _trace_state(item: Mapping[str, Any]) -> TraceState | None:
     header = item.get("traceState")
     return TraceState.from_header([header]) if header else None
-
-
-def _enum(value: Any, names: Mapping[str, int]) -> int:
-    return value if isinstance(value, int) else names.get(str(value), 0)
 
 
 # --- push ---------------------------------------------------------------------------------------------------------

@@ -426,6 +426,11 @@ class _BadLineReporter:
         self.size = 0
         self.interactive = sys.stderr.isatty()
 
+    @property
+    def shows_progress(self) -> bool:
+        """Only a person watching a big file wants a progress line."""
+        return self.interactive and self.size > 50_000_000
+
     def __enter__(self) -> _BadLineReporter:
         try:
             self.size = os.path.getsize(self.path)
@@ -436,7 +441,7 @@ class _BadLineReporter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.interactive and self.size > 50_000_000:
+        if self.shows_progress:
             sys.stderr.write("\r" + " " * 60 + "\r")
         if isinstance(exc, TraceFileError):
             raise UsageError(str(exc)) from None
@@ -447,11 +452,11 @@ class _BadLineReporter:
             print(f"looptrace: {self.path}:{bad.line}: skipped: {bad.reason}", file=sys.stderr)
 
     def clear_progress(self) -> None:
-        if self.interactive and self.size > 50_000_000:
+        if self.shows_progress:
             sys.stderr.write("\r" + " " * 60 + "\r")
 
     def progress(self, done: int) -> None:
-        if self.interactive and self.size > 50_000_000:
+        if self.shows_progress:
             sys.stderr.write(f"\rreading {self.path.name}: {done * 100 // max(self.size, 1)}% "
                              f"({done / 1e6:,.0f} of {self.size / 1e6:,.0f} MB)")
             sys.stderr.flush()
