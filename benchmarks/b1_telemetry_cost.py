@@ -31,9 +31,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from instrumentation.otlp_file import OTLPJsonFileExporter
-from runtime import Agent
-from runtime.models import ScriptedModel
+from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+from looptrace.runtime import Agent
+from looptrace.runtime.models import ScriptedModel
 
 from . import scenario
 from .common import Row, clock, fmt_s, interleave, median, paired_median_difference, say

@@ -27,8 +27,8 @@ import anthropic
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from instrumentation.otlp_file import OTLPJsonFileExporter
-from runtime import Agent
+from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+from looptrace.runtime import Agent
 
 from . import scenario
 from .common import Row, clock, fmt_s, interleave, median, paired_median_difference, say

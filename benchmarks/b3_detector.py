@@ -26,11 +26,11 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from instrumentation.detector import LoopDetector, ToolCall
-from instrumentation.otlp_file import OTLPJsonFileExporter
-from instrumentation.alerts import Alerts
-from runtime import Agent, tool
-from runtime.models import ScriptedModel
+from looptrace.instrumentation.detector import LoopDetector, ToolCall
+from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.runtime import Agent, tool
+from looptrace.runtime.models import ScriptedModel
 
 from . import scenario
 from .common import Row, clock, fmt_s, interleave, median, say
@@ -175,7 +175,7 @@ def write_trace_file(path: str, spans: int) -> tuple[int, int]:
 
 def detect_file(path: str, verdicts: list[int] | None = None) -> float:
     """``looptrace detect PATH --json`` in this process, its output kept in memory; the seconds it took."""
-    from runtime import cli
+    from looptrace.runtime import cli
 
     sink = io.StringIO()
     started = clock()

@@ -1,7 +1,7 @@
 """4. Backend trouble: per-turn latency while spans go to an OTLP backend that is healthy, refusing, or slow.
 
 Three agents, identical but for where their spans go, each set up the way an application would:
-``instrumentation.configure(exporters="otlp", set_global=False)`` with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at
+``looptrace.configure(exporters="otlp", set_global=False)`` with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at
 
 * healthy: an OTLPReceiver (the test fake, in a process of its own) that answers at once;
 * refused: a port nothing listens on (``unused_port()``): every export is refused;
@@ -27,9 +27,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from runtime import Agent
-from runtime.events import RunFinished, TurnStarted
-from runtime.models import ScriptedModel
+from looptrace.runtime import Agent
+from looptrace.runtime.events import RunFinished, TurnStarted
+from looptrace.runtime.models import ScriptedModel
 
 from . import scenario
 from .common import Row, clock, fmt_s, percentile, say
@@ -58,7 +58,7 @@ class _Pipeline:
     """Where one agent's telemetry goes: configure()'s otlp pipeline, or the SDK's exporter if there is none."""
 
     def __init__(self, endpoint: str | None, spill_file: str) -> None:
-        from instrumentation import setup
+        from looptrace.instrumentation import setup
 
         self.telemetry = None
         self.how = ""

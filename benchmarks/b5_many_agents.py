@@ -30,9 +30,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrumentation.alerts import Alerts
-from runtime import Agent
-from runtime.models import AnthropicModel
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.runtime import Agent
+from looptrace.runtime.models import AnthropicModel
 
 from . import scenario
 from .common import Row, clock, fmt_s, median, percentile, say

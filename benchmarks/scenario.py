@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime import Limits, tool
+from looptrace.runtime import Limits, tool
 
 MODEL = "claude-sonnet-4-5"
 SYSTEM = "You look things up, one step at a time."

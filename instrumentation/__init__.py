@@ -1,6 +1,6 @@
 """looptrace's telemetry: spans, metrics, the loop detector, alerts and exporters.
 
-`instrumentation.configure(...)` sets up the OpenTelemetry SDK for an application (it is loaded on first use, so code
+`looptrace.configure(...)` sets up the OpenTelemetry SDK for an application (it is loaded on first use, so code
 that only makes spans through the API never imports the SDK's exporters).
 """
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from instrumentation.alerts import AlertContext, Alerts
-from instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
-from instrumentation.logs import log
-from instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
+from looptrace.instrumentation.alerts import AlertContext, Alerts
+from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
+from looptrace.instrumentation.logs import log
+from looptrace.instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
 
 from . import policy as policies
 from . import tools as toolkit

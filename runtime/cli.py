@@ -17,14 +17,14 @@ from typing import Any, TextIO
 import structlog
 from opentelemetry import context as otel_context
 
-from instrumentation import semconv as sc
-from instrumentation import setup as telemetry_setup
-from instrumentation import alerts as alerts_setup
-from instrumentation.alerts import Alerts
-from instrumentation.langfuse import trace_attributes
-from instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
-from instrumentation.spill import PushInProgress, push
-from instrumentation.trace_detect import DETECTION_KEYS, detect_spans
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation import setup as telemetry_setup
+from looptrace.instrumentation import alerts as alerts_setup
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.langfuse import trace_attributes
+from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
+from looptrace.instrumentation.spill import PushInProgress, push
+from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
 
 from . import demo as demo_story
 from .agent import Agent, RunInterrupted

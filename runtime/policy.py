@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from instrumentation.logs import log
+from looptrace.instrumentation.logs import log
 
 WARN, NUDGE, STOP = "warn", "nudge", "stop"
 ESCALATE = "escalate"  # nudge the first time a streak fires, stop if it fires again

@@ -7,8 +7,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from instrumentation import semconv as sc
-from instrumentation.otlp_file import SpanRecord
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.otlp_file import SpanRecord
 
 from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 

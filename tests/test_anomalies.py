@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from instrumentation import semconv as sc
-from instrumentation.alerts import Alerts
-from instrumentation.detector import LoopDetector, ToolCall
-from instrumentation.trace_detect import DetectorSpanProcessor, detect_spans
-from runtime import Agent, RunStatus, ScriptedModel, tool
-from runtime.cli import main
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.detector import LoopDetector, ToolCall
+from looptrace.instrumentation.trace_detect import DetectorSpanProcessor, detect_spans
+from looptrace.runtime import Agent, RunStatus, ScriptedModel, tool
+from looptrace.runtime.cli import main
 
 MODEL = "claude-sonnet-5-5"
 TOOLS_FILE = Path(__file__).parent / "data" / "scenario_tools.py"
@@ -356,7 +356,7 @@ def test_the_detector_never_raises_on_arbitrary_json(calls):
 
 def _as_records(finished_spans):
     """SDK spans as the trace reader's records, the way they look after a round trip through the file."""
-    from instrumentation.trace_detect import _LiveSpan
+    from looptrace.instrumentation.trace_detect import _LiveSpan
 
     return [_LiveSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                       parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,

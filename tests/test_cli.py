@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from fakes.messages_api import Error, FakeMessagesAPI
 
-from instrumentation import semconv as sc
-from instrumentation.otlp_file import read_spans
-from runtime.cli import main
-from runtime.demo import equipment_script
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.runtime.cli import main
+from looptrace.runtime.demo import equipment_script
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 
@@ -245,7 +245,7 @@ def test_help_lists_the_commands_and_exit_codes(capsys):
 
 def _console_script() -> list[str]:
     script = Path(sys.executable).parent / "looptrace"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "runtime.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "looptrace"]
 
 
 def test_the_installed_command_runs_the_demo(tmp_path):
@@ -256,7 +256,7 @@ def test_the_installed_command_runs_the_demo(tmp_path):
 
 def test_ctrl_c_mid_tool_exits_130_with_a_valid_trace(tmp_path):
     tools = tmp_path / "slow_tools.py"
-    tools.write_text("import time\nfrom runtime import tool\n\n@tool\ndef wait_forever() -> str:\n"
+    tools.write_text("import time\nfrom looptrace import tool\n\n@tool\ndef wait_forever() -> str:\n"
                      "    \"\"\"Sleeps.\"\"\"\n    time.sleep(60)\n    return 'late'\n")
     with FakeMessagesAPI([{"content": [{"type": "tool_use", "id": "toolu_1", "name": "wait_forever", "input": {}}]}]) \
             as fake:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrumentation.detector import (
+from looptrace.instrumentation.detector import (
     CYCLE,
     FAILING_TOOL,
     IGNORED_ERROR,
@@ -542,7 +542,7 @@ def test_the_module_imports_only_the_standard_library():
     import sys
     from pathlib import Path
 
-    import instrumentation.detector as module
+    import looptrace.instrumentation.detector as module
 
     tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

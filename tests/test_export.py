@@ -27,12 +27,12 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from structlog.testing import capture_logs
 
 from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, unused_port
-from instrumentation import export, langfuse
-from instrumentation import semconv as sc
-from instrumentation.export import ConfigurationError, GuardedExporter, LangfuseSettings, OtlpSettings, network_exporter
-from instrumentation.otlp_file import read_spans
-from instrumentation.setup import configure
-from instrumentation.spill import PushInProgress, SpillFile, push
+from looptrace.instrumentation import export, langfuse
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.export import ConfigurationError, GuardedExporter, LangfuseSettings, OtlpSettings, network_exporter
+from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.spill import PushInProgress, SpillFile, push
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"
 LANGFUSE_PREFIX = "/api/public/otel"
@@ -183,8 +183,8 @@ def test_langfuse_settings_from_the_sdk_variables():
 
 
 def run_agent(provider, task: str = "Reserve a projector for 2026-10-08"):
-    from runtime import Agent, ScriptedModel
-    from runtime.demo import Inventory, equipment_script
+    from looptrace.runtime import Agent, ScriptedModel
+    from looptrace.runtime.demo import Inventory, equipment_script
 
     started = time.monotonic()
     result = Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(equipment_script()),

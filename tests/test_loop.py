@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from runtime import Agent, Limits, Price, RunInterrupted, RunStatus, ScriptedModel, tool
-from runtime.demo import DEMO_TASK, Inventory, equipment_script
+from looptrace.runtime import Agent, Limits, Price, RunInterrupted, RunStatus, ScriptedModel, tool
+from looptrace.runtime.demo import DEMO_TASK, Inventory, equipment_script
 
 MODEL = "claude-sonnet-4-5"
 
@@ -268,19 +268,19 @@ def test_ctrl_c_during_a_tool_ends_the_run_as_interrupted_and_re_raises():
     agent = Agent(MODEL, tools=[press_ctrl_c], client=ScriptedModel([tool_use(("t1", "press_ctrl_c", {}))]),
                   telemetry=False)
     # A tool's own KeyboardInterrupt is that tool's failure; a real Ctrl-C arrives in the waiting main thread.
-    original = __import__("runtime.tools", fromlist=["run_sync"]).run_sync
+    original = __import__("looptrace.runtime.tools", fromlist=["run_sync"]).run_sync
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    import runtime.tools
+    import looptrace.runtime.tools
 
-    runtime.tools.run_sync = interrupted
+    looptrace.runtime.tools.run_sync = interrupted
     try:
         with pytest.raises(RunInterrupted) as caught:
             agent.run("task")
     finally:
-        runtime.tools.run_sync = original
+        looptrace.runtime.tools.run_sync = original
     assert isinstance(caught.value, KeyboardInterrupt)
     assert caught.value.result.status is RunStatus.INTERRUPTED
     assert caught.value.result.turns == 1

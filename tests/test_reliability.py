@@ -20,15 +20,15 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from instrumentation import semconv as sc
-from instrumentation.alerts import Alerts
-from instrumentation.otlp_file import OTLPJsonFileExporter, read_spans
-from runtime import Agent, Limits, RunStatus, ScriptedModel, tool
-from runtime.cli import main
-from runtime.tools import InvalidArguments
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter, read_spans
+from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool
+from looptrace.runtime.cli import main
+from looptrace.runtime.tools import InvalidArguments
 
 MODEL = "claude-sonnet-5-5"
-CLI = [sys.executable, "-m", "runtime.cli"]
+CLI = [sys.executable, "-m", "looptrace"]
 
 
 def tool_use(name, arguments=None, call_id="toolu_1"):
@@ -46,7 +46,7 @@ def answer(text="done"):
 def test_a_process_with_a_hung_sync_tool_still_exits_promptly(tmp_path):
     script = textwrap.dedent("""
         import threading
-        from runtime import Agent, Limits, ScriptedModel, tool
+        from looptrace.runtime import Agent, Limits, ScriptedModel, tool
 
         @tool
         def hang() -> str:

@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from structlog.testing import capture_logs
 
 from fakes.otlp_receiver import Delay, OTLPReceiver, unused_port
-from instrumentation.metrics import LoopMetrics
-from instrumentation.otlp_file import read_spans
-from instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
-from instrumentation.spill import SpillFile
+from looptrace.instrumentation.metrics import LoopMetrics
+from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
+from looptrace.instrumentation.spill import SpillFile
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-setup", "sk-lf-setup"
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -39,8 +39,8 @@ def _isolated(monkeypatch, tmp_path):
 
 
 def run_agent(provider):
-    from runtime import Agent, ScriptedModel
-    from runtime.demo import Inventory, equipment_script
+    from looptrace.runtime import Agent, ScriptedModel
+    from looptrace.runtime.demo import Inventory, equipment_script
 
     return Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(equipment_script()),
                  tracer_provider=provider).run("Reserve a projector for 2026-10-08")

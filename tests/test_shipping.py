@@ -13,13 +13,13 @@ import pytest
 from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, unused_port
 
-from instrumentation import semconv as sc
-from instrumentation.otlp_file import read_spans
-from runtime.demo import equipment_script, runaway_script
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.runtime.demo import equipment_script, runaway_script
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 PUBLIC, SECRET = "pk-lf-test", "sk-lf-test-secret"
-CLI = [sys.executable, "-m", "runtime.cli"]
+CLI = [sys.executable, "-m", "looptrace"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

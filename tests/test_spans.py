@@ -8,9 +8,9 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from instrumentation import semconv as sc
-from runtime import Agent, Limits, RunStatus, ScriptedModel, tool
-from runtime.demo import DEMO_TASK, Inventory, equipment_script
+from looptrace.instrumentation import semconv as sc
+from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool
+from looptrace.runtime.demo import DEMO_TASK, Inventory, equipment_script
 
 MODEL = "claude-sonnet-4-5"
 

@@ -374,7 +374,7 @@ def free_port() -> int:
 def scripted_agent_run(provider) -> bool:
     """A scripted run through the real loop, if the Agent records metrics; False when it cannot (yet)."""
     try:
-        from runtime import Agent, ScriptedModel, tool as as_tool
+        from looptrace.runtime import Agent, ScriptedModel, tool as as_tool
     except ImportError:
         return False
     if "meter_provider" not in inspect.signature(Agent).parameters:
@@ -404,7 +404,7 @@ def scraped() -> dict[str, set[str]]:
     """{metric name: label names} from the runtime's own Prometheus endpoint, after a run and every kind of event."""
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from instrumentation.metrics import LoopMetrics, prometheus_reader
+    from looptrace.instrumentation.metrics import LoopMetrics, prometheus_reader
 
     port = free_port()
     provider = MeterProvider(metric_readers=[prometheus_reader(port)])
@@ -497,7 +497,7 @@ def test_the_collector_would_name_every_instrument_as_the_runtime_endpoint_does(
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from instrumentation.metrics import LoopMetrics
+    from looptrace.instrumentation.metrics import LoopMetrics
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])

@@ -1,0 +1,73 @@
+"""looptrace: an observability-first agent runtime on the Anthropic Messages API.
+
+Everything a user needs is importable from here::
+
+    from looptrace import Agent, Limits, tool, configure
+
+The names load on first use, so ``import looptrace`` (and ``looptrace --help``) stays cheap: the OpenTelemetry SDK, the
+exporters and the ``anthropic`` client are imported only when a run or ``configure()`` needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "Agent": "looptrace.runtime.agent",
+    "RunInterrupted": "looptrace.runtime.agent",
+    "AnomalyDetected": "looptrace.runtime.events",
+    "Event": "looptrace.runtime.events",
+    "ModelResponded": "looptrace.runtime.events",
+    "RunFinished": "looptrace.runtime.events",
+    "ToolFinished": "looptrace.runtime.events",
+    "TurnStarted": "looptrace.runtime.events",
+    "Limits": "looptrace.runtime.limits",
+    "AnthropicModel": "looptrace.runtime.models",
+    "Model": "looptrace.runtime.models",
+    "ScriptedModel": "looptrace.runtime.models",
+    "Price": "looptrace.runtime.pricing",
+    "RunResult": "looptrace.runtime.result",
+    "RunStatus": "looptrace.runtime.result",
+    "Usage": "looptrace.runtime.result",
+    "Tool": "looptrace.runtime.tools",
+    "tool": "looptrace.runtime.tools",
+    "Alerts": "looptrace.instrumentation.alerts",
+    "Anomaly": "looptrace.instrumentation.detector",
+    "DetectorConfig": "looptrace.instrumentation.detector",
+    "LoopDetector": "looptrace.instrumentation.detector",
+    "ToolCall": "looptrace.instrumentation.detector",
+    "Telemetry": "looptrace.instrumentation.setup",
+    "configure": "looptrace.instrumentation.setup",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily through __getattr__
+    from looptrace.instrumentation.alerts import Alerts
+    from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, ToolCall
+    from looptrace.instrumentation.setup import Telemetry, configure
+    from looptrace.runtime.agent import Agent, RunInterrupted
+    from looptrace.runtime.events import (AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished,
+                                          TurnStarted)
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
+    from looptrace.runtime.pricing import Price
+    from looptrace.runtime.result import RunResult, RunStatus, Usage
+    from looptrace.runtime.tools import Tool, tool
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'looptrace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
