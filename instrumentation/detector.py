@@ -124,7 +124,7 @@ import re
 import unicodedata
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -132,7 +132,10 @@ __all__ = [
     "DetectorConfig",
     "LoopDetector",
     "ToolCall",
-    "acknowledges_failure",
+    "JudgeRequest",
+    "answer_addresses",
+    "call_targets",
+    "normal_text",
     "canonical_arguments",
     "result_digest",
     "REPEATED_CALL",
@@ -173,6 +176,12 @@ class Anomaly:
     count: int  # repetitions, cycle rounds, failing turns or unresolved errors
     message: str  # what happened and what to try
     streak: str  # same for every firing of one streak or pattern
+    first_turn: int | None = None  # the turn where this streak first fired; `turn` is its latest firing
+
+    @property
+    def is_update(self) -> bool:
+        """A later firing of a streak that already alerted: update it, do not alert again."""
+        return self.first_turn is not None and self.first_turn != self.turn
 
     def to_dict(self) -> dict:
         return {
@@ -184,6 +193,7 @@ class Anomaly:
             "count": self.count,
             "message": self.message,
             "streak": self.streak,
+            "first_turn": self.first_turn if self.first_turn is not None else self.turn,
         }
 
 
@@ -201,7 +211,12 @@ class DetectorConfig:
     max_errors_per_tool: int = 5  # ... and this many errors each (the most recent)
     max_call_ids: int = 20  # call ids kept per streak and reported per anomaly
     max_argument_chars: int = 500  # canonical arguments longer than this are cut in anomalies
-    max_kept_anomalies: int = 1000  # `LoopDetector.anomalies` keeps the most recent ones
+    max_kept_anomalies: int = 1000  # `LoopDetector.anomalies` keeps the most recent streaks
+    repeat_window: int = 10  # turns in which 3 identical failing calls are a repeated_call, other calls between
+    capture_content: bool = True  # False: messages name tools and counts only, never arguments or error text
+    # Confirms an ignored_error before it is reported: a callable taking a JudgeRequest and returning True (ignored),
+    # False (not ignored) or None (no opinion). A str is a model name the agent turns into such a callable.
+    judge: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
@@ -212,7 +227,7 @@ class DetectorConfig:
         _require(self.cycle_repeats >= 2, "cycle_repeats must be at least 2")
         _require(self.failing_tool_threshold >= 0, "failing_tool_threshold must be >= 0 (0 = off)")
         for name in ("max_calls_per_turn", "max_tools_with_errors", "max_errors_per_tool",
-                     "max_call_ids", "max_argument_chars", "max_kept_anomalies"):
+                     "max_call_ids", "max_argument_chars", "max_kept_anomalies", "repeat_window"):
             _require(getattr(self, name) >= 1, f"{name} must be at least 1")
 
 
@@ -243,7 +258,7 @@ def _canonical_text(text: str) -> str:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        return text  # not JSON: the raw text is the only identity it has
+        return normal_text(text)  # not JSON: the text is the only identity it has
     try:
         return _compact_json(_normalise(value, 0))
     except Exception:
@@ -253,14 +268,16 @@ def _canonical_text(text: str) -> str:
 def _normalise(value: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         return "<too deep>"
-    if value is None or isinstance(value, (bool, str)):  # bool before int: True is not 1
+    if value is None or isinstance(value, bool):  # bool before int: True is not 1
         return value
+    if isinstance(value, str):
+        return normal_text(value)
     if isinstance(value, int):
         return value if value.bit_length() <= _MAX_INT_BITS else f"<int {value:x}>"
     if isinstance(value, float):
         return int(value) if math.isfinite(value) and value.is_integer() else value
     if isinstance(value, Mapping):
-        return {_key_text(k, depth): _normalise(v, depth + 1) for k, v in value.items()}
+        return {_key_text(k, depth): _normalise(v, depth + 1) for k, v in value.items() if not _is_nonce_key(k)}
     if isinstance(value, (list, tuple)):
         return [_normalise(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
@@ -272,7 +289,43 @@ def _normalise(value: Any, depth: int) -> Any:
 
 def _key_text(key: Any, depth: int) -> str:
     # JSON keys are strings; a non-string key gets its canonical text so 1 and 1.0 agree.
-    return key if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
+    return unicodedata.normalize("NFC", key) if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
+
+
+# Argument names that carry a per-call nonce, compared case-insensitively without "_" and "-". A value under such a
+# name is fresh on every call by design, so it says nothing about what the call does.
+NONCE_KEYS = frozenset({"requestid", "xrequestid", "clientrequestid", "idempotencykey", "nonce", "correlationid",
+                        "traceid", "timestamp", "ts"})
+
+
+def _is_nonce_key(key: Any) -> bool:
+    return isinstance(key, str) and key.casefold().replace("_", "").replace("-", "") in NONCE_KEYS
+
+
+def normal_text(text: str) -> str:
+    """A string as the detector compares it: Unicode NFC, and whitespace that cannot change its meaning dropped.
+
+    One-line strings (ids, queries, command lines) have runs of whitespace collapsed and their ends stripped;
+    multi-line strings (code, file contents, where indentation matters) only lose trailing whitespace at line ends
+    and at the end.
+    """
+    try:
+        text = unicodedata.normalize("NFC", text)
+    except (TypeError, ValueError):
+        return text
+    if "\n" not in text and "\r" not in text:
+        return " ".join(text.split())
+    return "\n".join(line.rstrip() for line in text.splitlines()).rstrip()
+
+
+# Per-call nonces in tool results: UUIDs, date-times with a time of day, and long hex ids (request ids, trace ids).
+# Dates alone, numbers and short ids are data and stay.
+_RESULT_NONCES = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+    r"|\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\b[0-9a-fA-F]{24,}\b"
+)
+_MAX_NORMALISED_RESULT = 200_000  # longer results are digested as they are
 
 
 def _compact_json(value: Any) -> str:
@@ -282,6 +335,9 @@ def _compact_json(value: Any) -> str:
 def result_digest(text: str | None) -> str:
     """Short stable digest of a tool result's text: blake2b, 8 bytes, hex; "" for None.
 
+    The text is normalised first (`normal_text`, then UUIDs, date-times and long hex ids replaced by one marker), so
+    two results that differ only in a per-call nonce or in trailing whitespace are the same outcome.
+
     The span layer records this same function's value on every execute_tool span, so live and
     offline detection compare equal values.
     """
@@ -289,6 +345,8 @@ def result_digest(text: str | None) -> str:
         return ""
     if not isinstance(text, str):
         text = _safe_text(text)
+    if len(text) <= _MAX_NORMALISED_RESULT:
+        text = _RESULT_NONCES.sub("\x00", normal_text(text))
     return _digest(text, size=8)
 
 
@@ -308,73 +366,72 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
-# --------------------------------------------------------------------------- acknowledgement
+# --------------------------------------------------------------------------- ignored_error: targets and answers
 
-# Regular expressions over NFKC-normalised, case-folded text with curly apostrophes made straight.
-FAILURE_PHRASES: dict[str, tuple[str, ...]] = {
-    "en": (
-        r"\bfail(?:s|ed|ing|ures?)?\b",
-        r"\bunsuccessful(?:ly)?\b",
-        r"\bcould(?:n't| not)\b",
-        r"\bcan(?:'t|not| not)\b",
-        r"\bunable\b",
-        r"(?:\bnot|n't) able to\b",
-        r"\b(?:did|does|do)(?:n't| not) (?:work|succeed|go through|complete)\b",
-        r"\bwas(?:n't| not) (?:possible|successful|completed?)\b",
-        r"\bnot possible\b",
-        r"\bimpossible\b",
-        r"\berror(?:s|ed)?\b",
-        r"\b(?:unavailable|not available|out of stock|sold out)\b",
-        r"\bunfortunately\b",
-        r"\bwent wrong\b",
-        r"\b(?:denied|rejected|refused)\b",
-    ),
-    "ja": (
-        r"失敗",
-        r"(?:でき|出来)(?:ません|なかった|ず)",
-        r"エラー",
-        r"在庫(?:が|は)?\s*(?:0|ゼロ|切れ|なし|無し|がありません|ありません)",
-        r"不可能",
-        r"見つかりません|見つからなかった",
-        r"残念ながら",
-        r"問題が(?:発生|ありました)",
-        r"うまく(?:いきません|いかなかった|行きません|行かなかった)",
-        r"未完了",
-        r"中断",
-    ),
-}
-
-# Mentions of failure words that say the opposite; removed before looking for FAILURE_PHRASES.
-NEGATED_FAILURE_PHRASES: dict[str, tuple[str, ...]] = {
-    "en": (
-        r"\b(?:no|zero|0|without(?: any)?|free of|never (?:had|hit|saw)(?: any)?) (?:errors?|failures?)\b",
-        r"\berror[- ]?free\b",
-        r"\b(?:did|does|do|will|would)(?:n't| not) fail\b",
-        r"\bnever fail(?:s|ed)?\b",
-        r"\bwithout fail(?:ing|ure)?\b",
-    ),
-    "ja": (
-        r"(?:エラー|失敗)(?:は|も)?(?:一切|特に)?"
-        r"(?:なく|なし|無く|無し|ありません(?:でした)?|ございません(?:でした)?"
-        r"|(?:発生|出)(?:せず|しませんでした|ませんでした|していません|しておりません))",
-        r"(?:エラー|失敗)(?:は|が)?\s*0\s*件",
-    ),
-}
-
-_FAILURE_RE = re.compile("|".join(p for ps in FAILURE_PHRASES.values() for p in ps))
-_NEGATED_RE = re.compile("|".join(p for ps in NEGATED_FAILURE_PHRASES.values() for p in ps))
-_ACK_SCAN_CHARS = 20_000  # of each end of the final text: an admission is near the start or end
+_MAX_TARGET_CHARS = 200
+_MIN_MENTION_CHARS = 3  # shorter values ("a", "EU") turn up in any text by chance
+# Question marks of the scripts we know: Latin, full-width (CJK), Spanish opening, Arabic. Punctuation, not words.
+_QUESTION_MARKS = ("?", "\uff1f", "\u00bf", "\u061f")
 
 
-def acknowledges_failure(text: str | None) -> bool:
-    """True when `text` says that some work failed or could not be done (English, Japanese)."""
-    if not isinstance(text, str) or not text:
+def call_targets(arguments: Any) -> frozenset[str]:
+    """What a call acted on: its top-level string arguments that read as one token (ids, paths, codes, emails).
+
+    Free text (a message, a query with spaces, code) is not a target; neither are nested values.
+    """
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return frozenset()
+    if not isinstance(arguments, Mapping):
+        return frozenset()
+    targets = set()
+    for key, value in arguments.items():
+        if isinstance(value, str) and not _is_nonce_key(key):
+            value = normal_text(value)
+            if value and len(value) <= _MAX_TARGET_CHARS and not any(c.isspace() for c in value):
+                targets.add(value)
+    return frozenset(targets)
+
+
+def _resolves(error: _UnresolvedError, success_key: str, success_targets: frozenset[str]) -> bool:
+    """A later success resolves an error when it is the same call, or the same operation retried on the same target
+    with a minority of its arguments corrected: more than half of the failed call's targets are unchanged."""
+    if error.key == success_key:
+        return True
+    return bool(error.targets) and 2 * len(error.targets & success_targets) > len(error.targets)
+
+
+def answer_addresses(text: str | None, targets: frozenset[str]) -> bool:
+    """Whether a final answer deals with a failed call, judged on structure rather than wording.
+
+    It does when it asks the user something (hands the decision back instead of presenting the work as done), or
+    when it names what the failed call acted on (one of its targets), which is how an answer reports on it.
+    """
+    if not text:
         return False
-    if len(text) > 2 * _ACK_SCAN_CHARS:
-        text = text[:_ACK_SCAN_CHARS] + "\n" + text[-_ACK_SCAN_CHARS:]
-    normal = unicodedata.normalize("NFKC", text).casefold()
-    normal = normal.replace("\u2019", "'").replace("\u2018", "'").replace("\u02bc", "'")
-    return _FAILURE_RE.search(_NEGATED_RE.sub(" ", normal)) is not None
+    if len(text) > 2 * _ANSWER_SCAN_CHARS:
+        text = text[:_ANSWER_SCAN_CHARS] + "\n" + text[-_ANSWER_SCAN_CHARS:]
+    if any(mark in text for mark in _QUESTION_MARKS):
+        return True
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return any(len(t) >= _MIN_MENTION_CHARS and unicodedata.normalize("NFKC", t).casefold() in folded
+               for t in targets)
+
+
+_ANSWER_SCAN_CHARS = 20_000  # of each end of a huge final answer
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeRequest:
+    """What a judge is shown: the rule's finding, the failed call and the final answer."""
+
+    anomaly: Anomaly
+    tool: str
+    arguments: str  # canonical arguments of the most recent ignored error
+    error_text: str  # its start
+    final_text: str
 
 
 # --------------------------------------------------------------------------- internal state
@@ -394,6 +451,7 @@ class _Observed:
     is_error: bool
     call_id: str | None
     error_text: str  # start of the error text, for the ignored_error message
+    raw_arguments: Any = None  # as given, for the targets of a failed call (parsed only when needed)
 
 
 @dataclass(slots=True)
@@ -457,6 +515,20 @@ class _UnresolvedError:
     call_id: str | None
     arguments: str
     error_text: str
+    key: str  # tool + canonical arguments
+    targets: frozenset[str]  # identifier-like argument values: what the call acted on
+
+
+@dataclass(slots=True)
+class _FailureRun:
+    """One canonical call's recent failures (turn sequence numbers), for repeats with other calls between."""
+
+    tool: str
+    arguments: str
+    seqs: deque[int]
+    turns: deque[int]
+    call_ids: deque[str]
+    streak: str | None = None
 
 
 @dataclass(slots=True)
@@ -478,7 +550,10 @@ class LoopDetector:
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
-        self._anomalies: deque[Anomaly] = deque(maxlen=self.config.max_kept_anomalies)
+        self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
+        self._failures: dict[str, _FailureRun] = {}  # kept across the runs of a session
+        self.judge_failures = 0
+        self.judge_silenced = 0
         self._pending: list[_Observed] = []
         self._pending_overflow = 0
         self._pending_turn: int | None = None
@@ -497,8 +572,28 @@ class LoopDetector:
 
     @property
     def anomalies(self) -> list[Anomaly]:
-        """Everything reported so far (the most recent `max_kept_anomalies`)."""
-        return list(self._anomalies)
+        """This run's anomalies, one per streak with its latest count and turn (`first_turn` says where it began)."""
+        return list(self._streaks.values())
+
+    def begin_run(self) -> None:
+        """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.
+
+        Consecutive-turn streaks and cycles do not cross a run boundary (a user message came between); identical
+        failing calls within `repeat_window` turns do, so a call that keeps failing across the user turns of one
+        conversation is still a repeated_call.
+        """
+        self._guarded(self._begin_run)
+
+    def _begin_run(self) -> list[Anomaly]:
+        self._pending, self._pending_overflow, self._pending_turn = [], 0, None
+        self._last_closed_turn = None
+        self._call_streaks, self._failing_tools = {}, {}
+        self._window.clear()
+        self._cycle = None
+        self._unresolved = {}
+        self._streaks = {}
+        self._run_ended = False
+        return []
 
     def observe(self, call: ToolCall) -> list[Anomaly]:
         return self._guarded(self._observe, call)
@@ -520,7 +615,8 @@ class LoopDetector:
             "window": len(self._window),
             "unresolved_error_tools": len(self._unresolved),
             "unresolved_errors": sum(len(e.recent) for e in self._unresolved.values()),
-            "anomalies": len(self._anomalies),
+            "anomalies": len(self._streaks),
+            "failure_runs": len(self._failures),
         }
 
     def _guarded(self, action, *args) -> list[Anomaly]:
@@ -530,9 +626,19 @@ class LoopDetector:
             self.internal_errors += 1
             self.last_internal_error = _shorten(_safe_text(exc), 300)
             return []
-        self._anomalies.extend(fired)
+        fired = [self._remember(anomaly) for anomaly in fired]
         self.anomalies_reported += len(fired)
         return fired
+
+    def _remember(self, anomaly: Anomaly) -> Anomaly:
+        """Keep one entry per streak; a later firing carries the turn where the streak first fired."""
+        known = self._streaks.pop(anomaly.streak, None)
+        first = known.first_turn if known is not None and known.first_turn is not None else anomaly.turn
+        anomaly = replace(anomaly, first_turn=first)
+        self._streaks[anomaly.streak] = anomaly
+        if len(self._streaks) > self.config.max_kept_anomalies:
+            del self._streaks[next(iter(self._streaks))]
+        return anomaly
 
     # ---- feeding
 
@@ -566,9 +672,33 @@ class LoopDetector:
         reason = stop_reason.strip().lower() if isinstance(stop_reason, str) else None
         ending_reasons = {r.lower() for r in self.config.ignored_error_stop_reasons}
         if reason in ending_reasons and self._unresolved:
-            if not acknowledges_failure(final_text if isinstance(final_text, str) else None):
-                fired.append(self._ignored_error_anomaly(turn, reason))
+            text = final_text if isinstance(final_text, str) else None
+            ignored = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent
+                       if not answer_addresses(text, e.targets)]
+            if ignored:
+                anomaly = self._ignored_error_anomaly(turn, reason, ignored)
+                if self._judge_confirms(anomaly, ignored, text):
+                    fired.append(anomaly)
         return fired
+
+    def _judge_confirms(self, anomaly: Anomaly, ignored: list, text: str | None) -> bool:
+        """Ask the configured judge; only its clear "not ignored" silences the rule. A failing judge changes nothing."""
+        judge = self.config.judge
+        if not callable(judge):
+            return True
+        tool, error = ignored[-1]
+        request = JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments, error_text=error.error_text,
+                               final_text=text or "")
+        try:
+            verdict = judge(request)
+        except Exception as exc:
+            self.judge_failures += 1
+            self.last_internal_error = _shorten(f"judge: {type(exc).__name__}: {_safe_text(exc)}", 300)
+            return True
+        if verdict is False:
+            self.judge_silenced += 1
+            return False
+        return True
 
     def _current_turn_guess(self) -> int:
         if self._pending_turn is not None:
@@ -590,6 +720,7 @@ class LoopDetector:
             is_error=is_error,
             call_id=None if call_id is None else _shorten(_safe_text(call_id), 200),
             error_text=_shorten(_safe_text(result), 200) if is_error and result is not None else "",
+            raw_arguments=getattr(call, "arguments", None),
         )
 
     def _success_outcome(self, call: Any) -> str:
@@ -605,8 +736,14 @@ class LoopDetector:
 
     def _track_error(self, observed: _Observed, turn: int) -> None:
         if not observed.is_error:
-            # any later success of the tool resolves its earlier errors
-            self._unresolved.pop(observed.tool, None)
+            errors = self._unresolved.get(observed.tool)
+            if errors is not None:  # a later success resolves the errors of the same call on the same target
+                targets = call_targets(observed.raw_arguments)
+                kept = [e for e in errors.recent if not _resolves(e, observed.key, targets)]
+                errors.total -= len(errors.recent) - len(kept)
+                errors.recent = deque(kept, maxlen=self.config.max_errors_per_tool)
+                if not kept:
+                    del self._unresolved[observed.tool]
             return
         errors = self._unresolved.get(observed.tool)
         if errors is None:
@@ -615,8 +752,8 @@ class LoopDetector:
             errors = _ToolErrors(deque(maxlen=self.config.max_errors_per_tool))
             self._unresolved[observed.tool] = errors
         errors.total += 1
-        errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments,
-                                              observed.error_text))
+        errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
+                                              observed.key, call_targets(observed.raw_arguments)))
 
     # ---- closing a turn: every per-turn rule runs here
 
@@ -629,8 +766,60 @@ class LoopDetector:
         calls = _group_by_call(observed)
         cycle_fired = self._update_cycle(self._signature(turn, observed, calls, overflow))
         repeated_fired, repeating_keys = self._update_repeated_calls(turn, calls)
+        repeated_fired += self._update_failure_runs(turn, calls, repeating_keys)
         failing_fired = self._update_failing_tools(turn, calls, repeating_keys)
         return repeated_fired + cycle_fired + failing_fired
+
+    # ---- repeated_call with other calls between: the same call failing again and again
+
+    def _update_failure_runs(self, turn: int, calls: dict[str, _TurnCall], repeating_keys: set[str]) -> list[Anomaly]:
+        cfg = self.config
+        oldest = self._turn_seq - cfg.repeat_window + 1
+        fired: list[Anomaly] = []
+        for key, call in calls.items():
+            if call.outcomes != {_ERROR_OUTCOME}:
+                self._failures.pop(key, None)  # it worked (or did something else): no longer failing
+                continue
+            run = self._failures.pop(key, None) or _FailureRun(
+                call.tool, call.arguments, deque(), deque(), deque(maxlen=cfg.max_call_ids))
+            self._failures[key] = run  # most recently failing last
+            run.seqs.append(self._turn_seq)
+            run.turns.append(turn)
+            run.call_ids.extend(call.call_ids)
+            while run.seqs and run.seqs[0] < oldest:
+                run.seqs.popleft()
+                run.turns.popleft()
+            if len(run.seqs) < cfg.repeat_threshold:
+                if len(run.seqs) == 1:
+                    run.streak = None  # the earlier failures left the window: a new streak
+                continue
+            if key in repeating_keys:  # consecutive turns: the streak rule reports it; remember its key
+                run.streak = next((s.streak for s in self._call_streaks.values() if s.key == key), run.streak)
+                continue
+            if run.streak is None:
+                run.streak = f"repeated_call:{call.tool}:{key[:10]}@t{run.turns[0]}"
+            fired.append(self._failure_run_anomaly(turn, run))
+        for stale in [k for k, r in self._failures.items() if r.seqs[-1] < oldest]:
+            del self._failures[stale]
+        while len(self._failures) > cfg.max_tools_with_errors * cfg.max_errors_per_tool:
+            del self._failures[next(iter(self._failures))]
+        return fired
+
+    def _failure_run_anomaly(self, turn: int, run: _FailureRun) -> Anomaly:
+        count = len(run.seqs)
+        what = self._describe_call(run.tool, run.arguments)
+        return Anomaly(
+            type=REPEATED_CALL, turn=turn, tool=run.tool,
+            arguments=run.arguments if self.config.capture_content else None,
+            call_ids=tuple(run.call_ids)[-self.config.max_call_ids:], count=count,
+            message=(f"{what} failed {count} times in the last {self.config.repeat_window} turns (turns "
+                     f"{', '.join(str(t) for t in run.turns)}), with other calls between; retrying unchanged will "
+                     "not help: fix the arguments, use another tool, or tell the user what is failing."),
+            streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
+        )
+
+    def _describe_call(self, tool: str, arguments: str) -> str:
+        return f"{tool}({arguments})" if self.config.capture_content else f"a call to {tool}"
 
     # ---- repeated_call
 
@@ -660,9 +849,10 @@ class LoopDetector:
         tools = {s.tool for s in group}
         failing = all(s.outcome == (_ERROR_OUTCOME,) for s in group)
         if len(group) == 1:
-            what = f"{_call_text(group[0])} {'failed' if failing else 'returned the same result'}"
+            what = (f"{self._describe_call(group[0].tool, group[0].arguments)} "
+                    f"{'failed' if failing else 'returned the same result'}")
         else:
-            listed = ", ".join(_call_text(s) for s in group)
+            listed = ", ".join(self._describe_call(s.tool, s.arguments) for s in group)
             what = (f"The same batch of {len(group)} parallel calls ({listed}) "
                     f"{'failed' if failing else 'returned the same results'}")
         advice = ("retrying unchanged will not help: fix the arguments, use another tool, "
@@ -673,7 +863,7 @@ class LoopDetector:
             type=REPEATED_CALL,
             turn=turn,
             tool=tools.pop() if len(tools) == 1 else None,
-            arguments=group[0].arguments if len(group) == 1 else None,
+            arguments=group[0].arguments if len(group) == 1 and self.config.capture_content else None,
             call_ids=_recent_ids([s.call_ids for s in group], self.config.max_call_ids),
             count=count,
             message=f"{what} {count} turns running; {advice}",
@@ -690,7 +880,7 @@ class LoopDetector:
         items = sorted(f"{o.key}={o.outcome}" for o in observed)
         items.append(f"+{overflow}")
         description = ", ".join(
-            f"{c.tool}({c.arguments}){' failed' if _ERROR_OUTCOME in c.outcomes else ''}"
+            f"{self._describe_call(c.tool, c.arguments)}{' failed' if _ERROR_OUTCOME in c.outcomes else ''}"
             for c in calls.values()
         )
         return _TurnSignature(
@@ -801,26 +991,28 @@ class LoopDetector:
 
     # ---- ignored_error
 
-    def _ignored_error_anomaly(self, turn: int, stop_reason: str) -> Anomaly:
-        errors = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent]
-        total = sum(kept.total for kept in self._unresolved.values())
-        tools = {tool for tool, _ in errors}
-        listed = "; ".join(
-            f"{tool}({e.arguments}) at turn {e.turn}" + (f": {e.error_text!r}" if e.error_text else "")
-            for tool, e in errors[-5:]
-        )
-        last_tool, last_error = errors[-1]
+    def _ignored_error_anomaly(self, turn: int, stop_reason: str, ignored: list) -> Anomaly:
+        total = len(ignored) + sum(kept.total - len(kept.recent) for kept in self._unresolved.values())
+        tools = {tool for tool, _ in ignored}
+        content = self.config.capture_content
+        if content:
+            listed = "; ".join(
+                f"{tool}({e.arguments}) at turn {e.turn}" + (f": {e.error_text!r}" if e.error_text else "")
+                for tool, e in ignored[-5:])
+        else:
+            listed = "; ".join(f"{tool} at turn {e.turn}" for tool, e in ignored[-5:])
+        last_tool, last_error = ignored[-1]
         return Anomaly(
             type=IGNORED_ERROR,
             turn=turn,
             tool=last_tool if len(tools) == 1 else None,
-            arguments=last_error.arguments if total == 1 else None,
-            call_ids=tuple(e.call_id for _, e in errors if e.call_id is not None)[-self.config.max_call_ids:],
+            arguments=last_error.arguments if total == 1 and content else None,
+            call_ids=tuple(e.call_id for _, e in ignored if e.call_id is not None)[-self.config.max_call_ids:],
             count=total,
-            message=(f"The run ended ({stop_reason}) with {total} tool error(s) never resolved "
-                     f"by a later success and not acknowledged in the final answer "
-                     f"({'the most recent: ' if total > len(errors[-5:]) else ''}{listed}). Tell "
-                     "the user what failed, or retry until it succeeds before finishing."),
+            message=(f"The run ended ({stop_reason}) with {total} tool error(s) never resolved by a later success "
+                     f"on the same target, and a final answer that neither names what failed nor asks the user "
+                     f"({'the most recent: ' if total > len(ignored[-5:]) else ''}{listed}). Tell the user what "
+                     "failed, or retry until it succeeds before finishing."),
             streak=f"ignored_error@t{turn}",
         )
 
@@ -870,10 +1062,6 @@ def _repeated_streak_key(group: list[_CallStreak]) -> str:
         return f"repeated_call:{only.tool}:{only.key[:10]}@t{only.start_turn}"
     members = _digest("".join(s.key for s in group))[:10]
     return f"repeated_call:batch:{members}@t{group[0].start_turn}"
-
-
-def _call_text(streak: _CallStreak) -> str:
-    return f"{streak.tool}({streak.arguments})"
 
 
 def _recent_ids(id_groups: list, limit: int) -> tuple[str, ...]:

@@ -17,7 +17,8 @@ from looptrace.instrumentation.detector import (
     DetectorConfig,
     LoopDetector,
     ToolCall,
-    acknowledges_failure,
+    answer_addresses,
+    call_targets,
     canonical_arguments,
     result_digest,
 )
@@ -172,7 +173,9 @@ def test_a_continuing_streak_fires_again_with_a_higher_count_and_the_same_key():
     assert counts == [(3, 3), (4, 4), (5, 5)]
     keys = {a.streak for found in fired.values() for a in found}
     assert len(keys) == 1
-    assert [a.count for a in detector.anomalies] == [3, 4, 5]
+    # one streak, one entry: its latest count and turn, and the turn where it began
+    assert [(a.count, a.turn, a.first_turn) for a in detector.anomalies] == [(5, 5, 3)]
+    assert [a.is_update for found in fired.values() for a in found] == [False, True, True]
 
 
 def test_a_new_streak_of_the_same_call_gets_a_new_key():
@@ -290,6 +293,8 @@ RESERVE_FAILS = ("reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08"
                  "EQ-001 は在庫が0です。別の備品IDで試してください。", "error")
 RESERVE_SUCCEEDS = ("reserve_equipment", {"item_id": "EQ-002", "date": "2026-10-08"},
                     '{"reserved": "EQ-002", "date": "2026-10-08"}')
+RESERVE_RETRIED = ("reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08", "quantity": 1},
+                   '{"reserved": "EQ-001", "date": "2026-10-08"}')
 SEARCH = ("search_equipment", {"keyword": "プロジェクター"},
           '[{"item_id": "EQ-001", "stock": 0}, {"item_id": "EQ-002", "stock": 2}]')
 
@@ -297,7 +302,7 @@ SEARCH = ("search_equipment", {"keyword": "プロジェクター"},
 @pytest.mark.parametrize("name, turns, final_text, fires", [
     ("ja: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
      "プロジェクターA を予約しました", True),
-    ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
+    ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_RETRIED]],
      "プロジェクターB（EQ-002）を 2026-10-08 に予約しました。", False),
     ("ja: honest report", [[SEARCH], [RESERVE_FAILS]],
      "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
@@ -308,18 +313,22 @@ SEARCH = ("search_equipment", {"keyword": "プロジェクター"},
     ("en: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
      "I have reserved projector A for October 8.", True),
     ("en: honest report", [[SEARCH], [RESERVE_FAILS]],
-     "I couldn't reserve projector A: it is out of stock.", False),
+     "I couldn't reserve EQ-001: it is out of stock.", False),
+    ("en: honest report without naming the target is the judge's call", [[SEARCH], [RESERVE_FAILS]],
+     "I couldn't reserve projector A: it is out of stock.", True),
     ("en: honest report, curly apostrophe", [[SEARCH], [RESERVE_FAILS]],
-     "Sorry, I wasn\u2019t able to book it.", False),
+     "Sorry, I wasn\u2019t able to book it. Shall I try another projector?", False),
     ("en: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
      "Done, with no errors. Projector A is booked.", True),
     ("en: no final text at all", [[SEARCH], [RESERVE_FAILS]], None, True),
-    ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_SUCCEEDS]],
-     "Booked projector B.", False),
+    ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_RETRIED]],
+     "Booked projector A.", False),
     ("no errors at all", [[SEARCH], [RESERVE_SUCCEEDS]], "Booked.", False),
     ("a success of another tool does not resolve it", [[RESERVE_FAILS], [SEARCH]], "Booked.", True),
-    ("a parallel success observed after the failure resolves it", [[RESERVE_FAILS, RESERVE_SUCCEEDS]],
-     "Booked projector B.", False),
+    ("a parallel retry on the same target resolves it", [[RESERVE_FAILS, RESERVE_RETRIED]],
+     "Booked projector A.", False),
+    ("a success on another target does not resolve it", [[RESERVE_FAILS, RESERVE_SUCCEEDS]],
+     "Booked projector B.", True),
     ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS]],
      "Booked both.", True),
 ])
@@ -362,34 +371,27 @@ def test_ignored_error_only_when_the_model_chose_to_stop(stop_reason, fires):
     assert bool(end(detector, "Booked.", stop_reason=stop_reason)) is fires
 
 
-@pytest.mark.parametrize("text, acknowledged", [
-    ("The reservation failed.", True),
-    ("I could not find the file.", True),
-    ("I can't do that.", True),
-    ("Unable to connect.", True),
-    ("I was not able to finish.", True),
-    ("It's not possible today.", True),
-    ("The tool returned an error.", True),
-    ("Unfortunately the item is sold out.", True),
-    ("There were no errors, but I couldn't book it.", True),
-    ("予約に失敗しました。", True),
-    ("予約できません。", True),
-    ("予約できなかったため、別の日を提案します。", True),
-    ("エラーが発生しました。", True),
-    ("EQ-001は在庫が 0 です。", True),
-    ("All done, no errors.", False),
-    ("Completed without any errors.", False),
-    ("The import is error-free.", False),
-    ("The job did not fail this time.", False),
-    ("Booked projector A.", False),
-    ("エラーは発生しませんでした。予約しました。", False),
-    ("エラーなく完了しました。", False),
-    ("プロジェクターA を予約しました", False),
-    ("", False),
-    (None, False),
+@pytest.mark.parametrize("text, targets, addressed", [
+    ("I could not reserve EQ-001.", {"EQ-001"}, True),               # names what failed
+    ("ｅｑ－００１ は在庫が0です", {"EQ-001"}, True),                     # full-width forms fold
+    ("Shall I try another item?", {"EQ-001"}, True),                  # hands the decision back
+    ("¿Quieres que lo intente otra vez?", set(), True),
+    ("別の日にしますか？", set(), True),
+    ("Booked projector A.", {"EQ-001"}, False),
+    ("The reservation failed.", {"EQ-001"}, False),  # wording alone is not a signal: the judge's call
+    ("Done.", {"a"}, False),                           # a one-letter target is found anywhere by chance
+    ("", {"EQ-001"}, False),
+    (None, {"EQ-001"}, False),
 ])
-def test_acknowledges_failure(text, acknowledged):
-    assert acknowledges_failure(text) is acknowledged
+def test_answer_addresses_the_failure_by_structure(text, targets, addressed):
+    assert answer_addresses(text, frozenset(targets)) is addressed
+
+
+def test_call_targets_are_one_token_top_level_strings():
+    assert call_targets({"order_id": "#W123", "reason": "no longer needed", "n": 3, "request_id": "r-1",
+                         "items": ["x"]}) == {"#W123"}
+    assert call_targets('{"path": "/src/a.py"}') == {"/src/a.py"}
+    assert call_targets(["x"]) == frozenset() and call_targets("not json") == frozenset()
 
 
 # --------------------------------------------------------------------------- offline input, gaps
@@ -515,7 +517,8 @@ def test_memory_stays_bounded_over_10000_turns_of_one_loop():
     sizes = detector.container_sizes()
     assert sizes["call_streak_ids"] <= detector.config.max_call_ids
     assert sizes["unresolved_errors"] <= detector.config.max_errors_per_tool
-    assert sizes["anomalies"] == detector.config.max_kept_anomalies
+    assert sizes["anomalies"] == 1  # one streak, updated in place
+    assert sizes["failure_runs"] <= 1
     assert detector.anomalies_reported == 10_000 - 2
     assert detector.anomalies[-1].count == 10_000
     assert len(detector.anomalies[-1].call_ids) <= detector.config.max_call_ids
