@@ -131,6 +131,7 @@ __all__ = [
     "Anomaly",
     "DetectorConfig",
     "LoopDetector",
+    "SessionDetectors",
     "ToolCall",
     "JudgeRequest",
     "answer_addresses",
@@ -1078,3 +1079,42 @@ def _is_primitive(block: list[str]) -> bool:
         size % d == 0 and all(block[i] == block[i % d] for i in range(size))
         for d in range(1, size)
     )
+
+
+class SessionDetectors:
+    """Detector memory shared by the runs of one session (a conversation), bounded and evicted by age.
+
+    ``detector_for(session_id)`` returns the session's detector, ready for a new run (`LoopDetector.begin_run`), so a
+    call that keeps failing across the user turns of a conversation is caught. At most `max_sessions` are kept; a
+    session idle for `ttl_s` seconds is forgotten, and the least recently used goes first when full. Runs of one
+    session are expected one at a time (a conversation); concurrent runs of one session share a lock-protected
+    lookup but then feed the same detector.
+    """
+
+    def __init__(self, config: DetectorConfig | None = None, *, max_sessions: int = 1000, ttl_s: float = 3600.0,
+                 clock: Any = None) -> None:
+        import threading
+        import time
+
+        self.config = config
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self._clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._sessions: dict[str, tuple[float, LoopDetector]] = {}
+
+    def detector_for(self, session_id: str) -> LoopDetector:
+        now = self._clock()
+        with self._lock:
+            for stale in [k for k, (seen, _) in self._sessions.items() if now - seen > self.ttl_s]:
+                del self._sessions[stale]
+            entry = self._sessions.pop(session_id, None)
+            detector = entry[1] if entry is not None else LoopDetector(self.config)
+            self._sessions[session_id] = (now, detector)  # most recently used last
+            while len(self._sessions) > self.max_sessions:
+                del self._sessions[next(iter(self._sessions))]
+        detector.begin_run()
+        return detector
+
+    def __len__(self) -> int:
+        return len(self._sessions)
