@@ -5,7 +5,8 @@ the same LoopDetector the live loop uses, fed the way the loop feeds it:
 
 - a conversation is one session: one detector for the whole conversation, ``begin_run`` at every user text message
   (each user message starts a new run, as it does when an application calls ``Agent.run`` per user turn);
-- every assistant message is a turn: its tool calls are observed with their results, then ``end_turn``;
+- every assistant message is a turn: its tool calls are observed with their results, then ``end_turn`` with the text
+  the model wrote beside them (the user sees it, so it can report a failure as well as the final answer can);
 - a text-only assistant message ends the run with stop reason ``end_turn`` and that text as the final answer; an agent
   that answers through a terminal tool (OpenHands ``finish``, ToolBench ``Finish``) ends its last run with the tool's
   answer, ``end_turn`` when the source says it finished normally; a conversation cut off mid-work (max steps) ends
@@ -96,7 +97,8 @@ def replay(run: dict[str, Any], config: DetectorConfig | None = None) -> list[An
                                       call_id=block["id"], is_error=bool(result.get("is_error")),
                                       result=result.get("content")))
         if calls:
-            detector.end_turn(turn)
+            said = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            detector.end_turn(turn, said or None)
             continue
         terminal = [b for b in blocks if b.get("type") == "tool_use"]
         if terminal:  # the agent answered through its terminal tool

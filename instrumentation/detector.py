@@ -123,7 +123,7 @@ import math
 import re
 import unicodedata
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -404,11 +404,14 @@ def _resolves(error: _UnresolvedError, success_key: str, success_targets: frozen
     return bool(error.targets) and 2 * len(error.targets & success_targets) > len(error.targets)
 
 
-def answer_addresses(text: str | None, targets: frozenset[str]) -> bool:
+def answer_addresses(text: str | None, targets: frozenset[str], error_text: str = "") -> bool:
     """Whether a final answer deals with a failed call, judged on structure rather than wording.
 
-    It does when it asks the user something (hands the decision back instead of presenting the work as done), or
-    when it names what the failed call acted on (one of its targets), which is how an answer reports on it.
+    It does when it asks the user something (hands the decision back instead of presenting the work as done), when
+    it names what the failed call acted on (one of its targets), or when it repeats the error itself: two words in a
+    row of the error message, or a token of it that carries a digit (an id, an amount, a flight number). Nothing
+    here is a list of words: the answer is compared with the failed call and its error, in whatever language both
+    are written.
     """
     if not text:
         return False
@@ -416,12 +419,67 @@ def answer_addresses(text: str | None, targets: frozenset[str]) -> bool:
         text = text[:_ANSWER_SCAN_CHARS] + "\n" + text[-_ANSWER_SCAN_CHARS:]
     if any(mark in text for mark in _QUESTION_MARKS):
         return True
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    return any(len(t) >= _MIN_MENTION_CHARS and unicodedata.normalize("NFKC", t).casefold() in folded
-               for t in targets)
+    folded = _fold(text)
+    if any(len(t) >= _MIN_MENTION_CHARS and _fold(t) in folded for t in targets):
+        return True
+    return bool(error_text) and not _echo_units(_fold(error_text)).isdisjoint(_echo_units(folded))
+
+
+def _names_or_quotes(folded: str, error: _UnresolvedError) -> bool:
+    """Whether folded text names one of a failed call's targets or quotes its error."""
+    if any(len(t) >= _MIN_MENTION_CHARS and _fold(t) in folded for t in error.targets):
+        return True
+    return bool(error.error_text) and not _echo_units(_fold(error.error_text)).isdisjoint(_echo_units(folded))
+
+
+def _strings_in(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every string in a JSON-like value (arguments given as JSON text are parsed), to a bounded depth."""
+    if depth > 8:
+        return
+    if isinstance(value, str):
+        if depth == 0 and value[:1] in "{[":
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                yield value
+                return
+            yield from _strings_in(value, depth + 1)
+            return
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings_in(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings_in(item, depth + 1)
+
+
+def _fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _echo_units(folded: str) -> set[str]:
+    """Pieces of text distinctive enough that sharing one means quoting: word pairs, tokens with a digit, and for
+    scripts written without spaces (CJK) runs of three characters."""
+    words = _WORD.findall(folded)
+    units = {f"{a} {b}" for a, b in zip(words, words[1:])}
+    for word in words:
+        if len(word) >= 3 and any(c.isdigit() for c in word):
+            units.add(word)
+        if len(word) >= 3 and any(_is_unspaced_script(c) for c in word):
+            units.update(word[i:i + 3] for i in range(len(word) - 2))
+    return units
+
+
+def _is_unspaced_script(char: str) -> bool:
+    return "\u3040" <= char <= "\u30ff" or "\u3400" <= char <= "\u9fff" or "\uac00" <= char <= "\ud7af"
 
 
 _ANSWER_SCAN_CHARS = 20_000  # of each end of a huge final answer
+_MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,7 +568,7 @@ class _CycleRun:
     streak: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _UnresolvedError:
     turn: int
     call_id: str | None
@@ -518,6 +576,10 @@ class _UnresolvedError:
     error_text: str
     key: str  # tool + canonical arguments
     targets: frozenset[str]  # identifier-like argument values: what the call acted on
+    failures: int = 1  # times this same call failed in the run without a success between
+    moved_on: bool = False  # another call in a later turn: the model saw the failure and went on with other work
+    reported: bool = False  # a later successful call named its target or quoted its error (a ticket, a hand-off)
+    first_turn: int = 0  # where this call first failed: anything the model said after that may report it
 
 
 @dataclass(slots=True)
@@ -568,6 +630,7 @@ class LoopDetector:
         self._cycle: _CycleRun | None = None
         self._unresolved: dict[str, _ToolErrors] = {}
         self._run_ended = False
+        self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
 
     # ---- public API: thin guards around the real work
 
@@ -593,14 +656,16 @@ class LoopDetector:
         self._cycle = None
         self._unresolved = {}
         self._streaks = {}
+        self._said.clear()
         self._run_ended = False
         return []
 
     def observe(self, call: ToolCall) -> list[Anomaly]:
         return self._guarded(self._observe, call)
 
-    def end_turn(self, turn: int) -> list[Anomaly]:
-        return self._guarded(self._end_turn, turn)
+    def end_turn(self, turn: int, text: str | None = None) -> list[Anomaly]:
+        """Close a turn. `text` is what the model said in it alongside its tool calls (the user sees it too)."""
+        return self._guarded(self._end_turn, turn, text)
 
     def end_run(self, stop_reason: str | None, final_text: str | None, turn: int) -> list[Anomaly]:
         return self._guarded(self._end_run, stop_reason, final_text, turn)
@@ -654,12 +719,16 @@ class LoopDetector:
             self._pending.append(observed)
         else:
             self._pending_overflow += 1
+        if self._unresolved:
+            self._note_later_call(observed, turn)
         self._track_error(observed, turn)
         return fired
 
-    def _end_turn(self, turn: int) -> list[Anomaly]:
+    def _end_turn(self, turn: int, text: Any = None) -> list[Anomaly]:
         fallback = self._pending_turn if self._pending else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
+        if isinstance(text, str) and text.strip():
+            self._said.append((turn, _shorten(text, 2 * _ANSWER_SCAN_CHARS)))
         if turn == self._last_closed_turn and (not self._pending or self._pending_turn != turn):
             return []  # a repeated or late end_turn for a turn already closed
         return self._close_turn(turn)
@@ -675,18 +744,37 @@ class LoopDetector:
         if reason in ending_reasons and self._unresolved:
             text = final_text if isinstance(final_text, str) else None
             ignored = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent
-                       if not answer_addresses(text, e.targets)]
-            if ignored:
+                       if not e.reported and not self._addressed(e, text)]
+            # The rule's own verdict needs a failure the model knew about and then left behind: it retried the call,
+            # saw it fail again, and went on to other calls. Any other unaddressed failure (above all a single one
+            # seen just before the answer, which the answer is most likely about) is for a judge to decide.
+            persistent = [(tool, e) for tool, e in ignored if e.failures > 1 and e.moved_on]
+            if persistent:
                 anomaly = self._ignored_error_anomaly(turn, reason, ignored)
-                if self._judge_confirms(anomaly, ignored, text):
+                if self._judge_says(anomaly, ignored, text) is not False:
+                    fired.append(anomaly)
+            elif ignored:
+                anomaly = self._ignored_error_anomaly(turn, reason, ignored)
+                if self._judge_says(anomaly, ignored, text) is True:
                     fired.append(anomaly)
         return fired
 
-    def _judge_confirms(self, anomaly: Anomaly, ignored: list, text: str | None) -> bool:
-        """Ask the configured judge; only its clear "not ignored" silences the rule. A failing judge changes nothing."""
+    def _addressed(self, error: _UnresolvedError, final_text: str | None) -> bool:
+        """Whether anything the model said after seeing the failure (the final answer, or text beside later tool
+        calls) deals with it."""
+        if answer_addresses(final_text, error.targets, error.error_text):
+            return True
+        return any(turn > error.first_turn and answer_addresses(said, error.targets, error.error_text)
+                   for turn, said in self._said)
+
+    def _judge_says(self, anomaly: Anomaly, ignored: list, text: str | None) -> bool | None:
+        """The configured judge's verdict: True ignored, False not ignored, None no judge or no usable answer.
+
+        A judge that raises counts as no answer, so the rule's own verdict stands.
+        """
         judge = self.config.judge
         if not callable(judge):
-            return True
+            return None
         tool, error = ignored[-1]
         request = JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments, error_text=error.error_text,
                                final_text=text or "")
@@ -695,11 +783,10 @@ class LoopDetector:
         except Exception as exc:
             self.judge_failures += 1
             self.last_internal_error = _shorten(f"judge: {type(exc).__name__}: {_safe_text(exc)}", 300)
-            return True
+            return None
         if verdict is False:
             self.judge_silenced += 1
-            return False
-        return True
+        return verdict if isinstance(verdict, bool) else None
 
     def _current_turn_guess(self) -> int:
         if self._pending_turn is not None:
@@ -720,7 +807,7 @@ class LoopDetector:
             outcome=_ERROR_OUTCOME if is_error else self._success_outcome(call),
             is_error=is_error,
             call_id=None if call_id is None else _shorten(_safe_text(call_id), 200),
-            error_text=_shorten(_safe_text(result), 200) if is_error and result is not None else "",
+            error_text=_shorten(_safe_text(result), 500) if is_error and result is not None else "",
             raw_arguments=getattr(call, "arguments", None),
         )
 
@@ -737,6 +824,8 @@ class LoopDetector:
 
     def _track_error(self, observed: _Observed, turn: int) -> None:
         if not observed.is_error:
+            if self._unresolved:
+                self._note_later_success(observed, turn)
             errors = self._unresolved.get(observed.tool)
             if errors is not None:  # a later success resolves the errors of the same call on the same target
                 targets = call_targets(observed.raw_arguments)
@@ -752,9 +841,33 @@ class LoopDetector:
                 del self._unresolved[next(iter(self._unresolved))]  # forget the oldest tool
             errors = _ToolErrors(deque(maxlen=self.config.max_errors_per_tool))
             self._unresolved[observed.tool] = errors
+        same = next((e for e in errors.recent if e.key == observed.key), None)
+        if same is not None:  # the same call failing again: one error, failed more than once
+            errors.recent.remove(same)
+            errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
+                                                  observed.key, same.targets, same.failures + 1,
+                                                  first_turn=same.first_turn))
+            return
         errors.total += 1
         errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
-                                              observed.key, call_targets(observed.raw_arguments)))
+                                              observed.key, call_targets(observed.raw_arguments), first_turn=turn))
+
+    def _note_later_call(self, observed: _Observed, turn: int) -> None:
+        for errors in self._unresolved.values():
+            for error in errors.recent:
+                if turn > error.turn and observed.key != error.key:
+                    error.moved_on = True
+
+    def _note_later_success(self, observed: _Observed, turn: int) -> None:
+        """A success of another tool after an error may report the failure: a hand-off or a ticket that names what
+        failed or quotes its error. (Another call of the same tool naming a shared value is a retry, not a report.)"""
+        text = None
+        for errors in self._unresolved.values():
+            for error in errors.recent:
+                if not error.reported and errors is not self._unresolved.get(observed.tool):
+                    if text is None:
+                        text = _fold(" ".join(_strings_in(observed.raw_arguments)))[:_ANSWER_SCAN_CHARS]
+                    error.reported = _names_or_quotes(text, error)
 
     # ---- closing a turn: every per-turn rule runs here
 

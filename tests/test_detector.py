@@ -295,42 +295,48 @@ RESERVE_SUCCEEDS = ("reserve_equipment", {"item_id": "EQ-002", "date": "2026-10-
                     '{"reserved": "EQ-002", "date": "2026-10-08"}')
 RESERVE_RETRIED = ("reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08", "quantity": 1},
                    '{"reserved": "EQ-001", "date": "2026-10-08"}')
+REPORTS_FAILURE = ("create_ticket", {"summary": "reserving EQ-001 failed, please check the stock"}, "ticket T-1")
 SEARCH = ("search_equipment", {"keyword": "プロジェクター"},
           '[{"item_id": "EQ-001", "stock": 0}, {"item_id": "EQ-002", "stock": 2}]')
 
 
+# The rule alone fires on a failure the model knew about and left behind: the same call failed again after a retry,
+# then the model went on to other calls. Any other unaddressed failure is left to the judge.
+FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
+
+
 @pytest.mark.parametrize("name, turns, final_text, fires", [
-    ("ja: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
-     "プロジェクターA を予約しました", True),
+    ("ja: claims success after the failure", FAILED_TWICE, "プロジェクターA を予約しました", True),
     ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_RETRIED]],
      "プロジェクターB（EQ-002）を 2026-10-08 に予約しました。", False),
-    ("ja: honest report", [[SEARCH], [RESERVE_FAILS]],
-     "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
-    ("ja: honest report, full-width digit", [[SEARCH], [RESERVE_FAILS]],
-     "申し訳ありません。EQ-001は在庫が０です。", False),
-    ("ja: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
-     "エラーなく予約しました。", True),
-    ("en: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
-     "I have reserved projector A for October 8.", True),
-    ("en: honest report", [[SEARCH], [RESERVE_FAILS]],
-     "I couldn't reserve EQ-001: it is out of stock.", False),
-    ("en: honest report without naming the target is the judge's call", [[SEARCH], [RESERVE_FAILS]],
+    ("ja: honest report", FAILED_TWICE, "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
+    ("ja: honest report, full-width digit", FAILED_TWICE, "申し訳ありません。EQ-001は在庫が０です。", False),
+    ("ja: the answer quotes the error", FAILED_TWICE, "在庫が0です。別の日に予約しました。", False),
+    ("ja: 'no errors' is not an admission", FAILED_TWICE, "エラーなく予約しました。", True),
+    ("en: claims success after the failure", FAILED_TWICE, "I have reserved projector A for October 8.", True),
+    ("en: honest report naming the target", FAILED_TWICE, "I couldn't reserve EQ-001: it is out of stock.", False),
+    ("en: honest report without naming the target is the judge's call", FAILED_TWICE,
      "I couldn't reserve projector A: it is out of stock.", True),
-    ("en: honest report, curly apostrophe", [[SEARCH], [RESERVE_FAILS]],
+    ("en: a question hands the decision back", FAILED_TWICE,
      "Sorry, I wasn\u2019t able to book it. Shall I try another projector?", False),
-    ("en: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
-     "Done, with no errors. Projector A is booked.", True),
-    ("en: no final text at all", [[SEARCH], [RESERVE_FAILS]], None, True),
+    ("en: 'no errors' is not an admission", FAILED_TWICE, "Done, with no errors. Projector A is booked.", True),
+    ("en: no final text at all", FAILED_TWICE, None, True),
     ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_RETRIED]],
      "Booked projector A.", False),
     ("no errors at all", [[SEARCH], [RESERVE_SUCCEEDS]], "Booked.", False),
-    ("a success of another tool does not resolve it", [[RESERVE_FAILS], [SEARCH]], "Booked.", True),
+    ("a success of another tool does not resolve it", FAILED_TWICE, "Booked.", True),
+    ("a success on another target does not resolve it", [[RESERVE_FAILS], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
+     "Booked projector B.", True),
+    ("failed once, then other work: the judge's call", [[RESERVE_FAILS], [SEARCH]], "Booked.", False),
+    ("failed twice, nothing after: the judge's call", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Booked.", False),
     ("a parallel retry on the same target resolves it", [[RESERVE_FAILS, RESERVE_RETRIED]],
      "Booked projector A.", False),
-    ("a success on another target does not resolve it", [[RESERVE_FAILS, RESERVE_SUCCEEDS]],
-     "Booked projector B.", True),
-    ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS]],
-     "Booked both.", True),
+    ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS],
+                                                                 [RESERVE_FAILS], [SEARCH]], "Booked both.", True),
+    ("a later call that reports the failure deals with it", [[RESERVE_FAILS], [RESERVE_FAILS], [REPORTS_FAILURE]],
+     "Done.", False),
+    ("a single failure seen last is the judge's call", [[SEARCH], [RESERVE_FAILS]],
+     "I have reserved projector A for October 8.", False),
 ])
 def test_ignored_error(name, turns, final_text, fires):
     detector, fired = feed(turns)
@@ -344,18 +350,66 @@ def test_ignored_error(name, turns, final_text, fires):
         assert anomaly in detector.anomalies
 
 
+def test_text_beside_a_later_tool_call_can_report_the_failure():
+    detector = LoopDetector()
+    for turn, said in ((1, None), (2, "在庫が0です。別の備品を探します。"), (3, None)):
+        spec = SEARCH if turn == 3 else RESERVE_FAILS
+        detector.observe(ToolCall(turn, spec[0], spec[1], f"t{turn}", is_error=turn < 3, result=spec[2]))
+        detector.end_turn(turn, said)
+    assert end(detector, "Booked.", turn=4) == []  # turn 2's text quoted the error before the model moved on
+
+
+class _Judge:
+    def __init__(self, verdict):
+        self.verdict, self.requests = verdict, []
+
+    def __call__(self, request):
+        self.requests.append(request)
+        if isinstance(self.verdict, Exception):
+            raise self.verdict
+        return self.verdict
+
+
+@pytest.mark.parametrize("turns, verdict, fires", [
+    (FAILED_TWICE, False, False),                        # the judge says "not ignored": silenced
+    (FAILED_TWICE, True, True),
+    (FAILED_TWICE, RuntimeError("model down"), True),    # a failing judge leaves the rule's own verdict
+    (FAILED_TWICE, "maybe", True),                       # so does an answer that is not a verdict
+    ([[SEARCH], [RESERVE_FAILS]], True, True),           # a single failure seen last: the judge decides
+    ([[SEARCH], [RESERVE_FAILS]], False, False),
+    ([[SEARCH], [RESERVE_FAILS]], RuntimeError("model down"), False),
+])
+def test_the_judge_confirms_or_silences_ignored_error(turns, verdict, fires):
+    judge = _Judge(verdict)
+    detector, _ = feed(turns, config=DetectorConfig(judge=judge))
+    found = end(detector, "I have reserved projector A for October 8.")
+    assert bool(found) is fires
+    (request,) = judge.requests
+    assert request.tool == "reserve_equipment" and "在庫が0" in request.error_text
+    assert request.final_text == "I have reserved projector A for October 8."
+    assert detector.internal_errors == 0
+
+
+def test_the_judge_is_not_asked_when_the_answer_deals_with_the_failure():
+    judge = _Judge(True)
+    detector, _ = feed(FAILED_TWICE, config=DetectorConfig(judge=judge))
+    assert end(detector, "EQ-001 could not be reserved.") == []
+    assert judge.requests == []
+
+
 def test_ignored_error_anomaly_names_the_failure_and_fires_once():
-    detector, _ = feed([[SEARCH], [RESERVE_FAILS]])
-    (anomaly,) = end(detector, "プロジェクターA を予約しました", turn=3)
+    detector, _ = feed(FAILED_TWICE)
+    (anomaly,) = end(detector, "プロジェクターA を予約しました", turn=4)
     assert anomaly.tool == "reserve_equipment"
     assert anomaly.arguments == '{"date":"2026-10-08","item_id":"EQ-001"}'
     assert anomaly.call_ids == ("toolu_2_0",)
     assert "在庫が0" in anomaly.message and "turn 2" in anomaly.message
-    assert end(detector, "プロジェクターA を予約しました", turn=3) == []
+    assert end(detector, "プロジェクターA を予約しました", turn=4) == []
 
 
 def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones():
-    detector, _ = feed([[("fetch", {"page": i}, f"500 on page {i}", "error")] for i in range(9)])
+    failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] * 2 for i in range(9)]
+    detector, _ = feed(failing + [[SEARCH]])
     (anomaly,) = end(detector, "Here is the summary.")
     assert anomaly.count == 9 and anomaly.tool == "fetch" and anomaly.arguments is None
     assert "the most recent" in anomaly.message and "500 on page 8" in anomaly.message
@@ -367,7 +421,7 @@ def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones
     ("max_tokens", False), ("refusal", False), (None, False), (42, False),
 ])
 def test_ignored_error_only_when_the_model_chose_to_stop(stop_reason, fires):
-    detector, _ = feed([[RESERVE_FAILS]])
+    detector, _ = feed(FAILED_TWICE)
     assert bool(end(detector, "Booked.", stop_reason=stop_reason)) is fires
 
 
