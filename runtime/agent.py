@@ -270,7 +270,8 @@ class Agent:
         results = [self._settle_call(run, index, call) for call in calls]
         stopped, nudges = False, []
         if run.detector is not None:
-            stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
+            # with what the model said beside its calls: the user sees it, and it may already report a failure
+            stopped, nudges = self._react(run, turn, run.detector.end_turn(index, run.final_text), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
                           error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
