@@ -27,14 +27,37 @@ Identity of a call
 (10 == 10.0, -0.0 == 0) but strings stay strings ("10" != 10) and bools stay bools
 (True != 1); tool_use ids are not part of it. A top-level `str` argument is parsed as JSON
 text if it parses (so a trace reader may pass the stored attribute verbatim), otherwise the
-raw text is the identity. Nested strings are never parsed.
+text is the identity. Nested strings are never parsed.
 
-The outcome of a call is its result digest (`result_digest`, blake2b-64 over the UTF-8 text,
-"" for None) for a success, or the single flag "error" for a failure: error
-*texts* are ignored, because a failing call that fails with a new message each time (a
-timestamp, a request id) is still not making progress. When neither result nor digest is
-known (another framework's spans without content), results count as unchanged by default, so
-the detector degrades to "same call again" like its peers (`assume_unknown_results_unchanged`).
+Normalisation, and why it is safe (`normal_text`, `NONCE_KEYS`, `result_digest`):
+- every string and key is put in Unicode NFC: canonically equivalent text ("é" as one code
+  point or as e + combining accent) is the same text by Unicode's own definition;
+- a one-line string has runs of whitespace collapsed and its ends stripped (ids, queries and
+  command lines do not change meaning with doubled or trailing spaces); a multi-line string
+  (code, file contents, where indentation matters) only loses trailing whitespace at line ends
+  and at its end;
+- arguments named request_id, x-request-id, client_request_id, idempotency_key, nonce,
+  correlation_id, trace_id, timestamp or ts (any case, "_" and "-" ignored) are left out: they are
+  fresh on every call by design. Merging two calls that differ only there matters only when their
+  outcomes are also identical, and then they are the same call made twice;
+- a result's digest ignores the same whitespace, and UUIDs, date-times with a time of day and hex
+  ids of 24+ digits inside it (a request id, a "fetched at" stamp). Dates, numbers and short ids
+  are data and stay; results over 200,000 characters are digested as they are.
+
+The outcome of a call is its result digest for a success, or the single flag "error" for a
+failure: error *texts* are ignored, because a failing call that fails with a new message each
+time is still not making progress. When neither result nor digest is known (another framework's
+spans without content), results count as unchanged by default (`assume_unknown_results_unchanged`).
+
+Runs and sessions
+-----------------
+A detector serves one run; `begin_run()` starts the next run of the same conversation
+(`SessionDetectors` hands out one detector per session id, at most `max_sessions`, forgetting a
+session idle for `ttl_s`). Consecutive-turn streaks and cycles end at a run boundary (a user
+message came between); the memory of failing calls within `repeat_window` turns carries over.
+`anomalies` holds one entry per streak: a streak fires again on every further turn (so a policy
+can nudge at 3 and stop at 4), but each later firing carries the `first_turn` of the streak
+(`Anomaly.is_update`) and replaces the entry, so callers alert once and report the latest count.
 
 Rules (thresholds are `DetectorConfig` fields)
 ----------------------------------------------
@@ -42,58 +65,57 @@ repeated_call   The same canonical call in `repeat_threshold` (3) consecutive tu
                 progress: every turn's outcome equals the previous one (same digest), or is an
                 error each time (texts may differ). Calls are counted once per turn, so the same
                 call three times inside ONE turn is not a loop. The streak ends at the first
-                turn without the call or with a changed outcome (a changed outcome starts a new
-                streak at 1): polling a job whose status moves on is not a loop.
-                Parallel batches: calls whose streaks started in the same turn and fire together
-                are one anomaly (tool/arguments None when they differ, the calls listed in the
-                message), so the same batch of parallel calls three turns running fires once, at
-                turn 3, and keeps its key if only some of its calls go on. The order of parallel
-                calls never matters. A streak keeps firing on every further turn (count 4, 5,
-                ...) with the same `streak` key, so a policy can nudge at 3 and stop at 4.
+                turn without the call or with a changed outcome: polling a job whose status
+                moves on is not a loop. Parallel batches: calls whose streaks started in the same
+                turn and fire together are one anomaly, so the same batch of parallel calls three
+                turns running fires once. The order of parallel calls never matters.
+                Also with other calls between: the same canonical call *failing* `repeat_threshold`
+                times within the last `repeat_window` (10) turns, across the runs of a session
+                (book, think, book, think, book; or the same failing lookup after each user
+                message). Successful repeats with other calls between are not counted: re-checking
+                after an action, or after the user did something, is how troubleshooting looks.
 cycle           The sequence of turn signatures (the multiset of canonical call + outcome of
-                every call in the turn: order-free, duplicates counted)
-                repeats with a period of `cycle_min_period`..`cycle_max_period` (2..5) for
-                `cycle_repeats` (3) rounds: A B A B A B fires at the 6th turn, A B C x3 at the
-                9th. Only primitive periods count (A A A A A A is period 1: repeated_call's job;
-                period 4 that is really period 2 is reported as 2). Turns without tool calls
-                never take part. Once found, the cycle keeps firing at every further full round
-                (count 4, 5, ...) and ends at the first turn that breaks the period.
-                Overlaps, on purpose: a call present in every turn of a cycle is also a
-                repeated_call, and failing_tool may fire before a cycle of failures is
-                complete; each is its own streak.
-ignored_error   At `end_run` with a stop reason in `ignored_error_stop_reasons` ("end_turn" and
-                its normalised GenAI form "stop"): some tool error was never resolved by a
-                success of the same tool (any arguments) observed after it, and the final text
-                does not acknowledge a failure (`acknowledges_failure`). "After" is observation
-                order: a parallel success observed before the failure in the same turn does not
-                resolve it. Fires once per run; `count` is every unresolved error, the message
-                quotes the 5 most recent. Other stop reasons (max_tokens, refusal, limits) are
-                already failures with their own status, so they do not fire.
+                every call in the turn) repeats with a period of `cycle_min_period`..
+                `cycle_max_period` (2..5) for `cycle_repeats` (3) rounds: A B A B A B fires at the
+                6th turn, A B C x3 at the 9th. Only primitive periods count. Turns without tool
+                calls never take part. Once found, the cycle keeps firing at every further full
+                round and ends at the first turn that breaks the period.
+ignored_error   At `end_run` with a stop reason in `ignored_error_stop_reasons` ("end_turn", "stop").
+                1. Unresolved, per target: a tool error stands until a later success of the same
+                   tool on the same target: the identical call, or the same operation with a
+                   minority of its arguments corrected (more than half of the failed call's targets
+                   unchanged). Targets (`call_targets`) are the top-level string arguments that read
+                   as one token: ids, paths, codes, emails. A success of the tool on something else
+                   (another file, another command) resolves nothing.
+                2. Not dealt with: nothing the model said after the failure (the final answer, or
+                   text beside later tool calls) deals with it, and no later call of another tool
+                   (a hand-off, a ticket) names it. Dealing with it (`answer_addresses`) is judged
+                   on structure, in any language: asking the user something (a question mark of
+                   any script: it hands the decision back instead of presenting work as done),
+                   naming what the failed call acted on (one of its targets), or quoting the error
+                   (two words in a row of it, a token of it with a digit, or three characters in a
+                   row for scripts written without spaces). No list of words.
+                3. Evidence: the rule alone fires only for a failure the model knew about and left
+                   behind: the same call failed again after a retry and the model then went on to
+                   other calls. On the recorded trajectories, an answer written right after a
+                   single failure was a report of it in every case but one, so for every other
+                   unresolved, undealt-with failure the verdict is the judge's.
+                With a `judge` configured, a firing of the rule is confirmed by it (only a clear
+                "not ignored" silences it; a judge that raises or answers nonsense leaves the rule's
+                verdict), and the cases of 3. it leaves open are decided by it (only a clear
+                "ignored" fires). Other stop reasons (max_tokens, refusal, limits) are already
+                failures with their own status, so they do not fire.
 failing_tool    One tool fails on every call in `failing_tool_threshold` (5) consecutive turns
-                *with varying arguments* (0 disables). This is deliberately not an
-                "error_retry" rule: identical failing retries right after an error are already
-                repeated_call (outcome "error" each time). failing_tool catches what no other
-                rule does: the model rephrasing calls to a tool that is itself broken (expired
-                credentials, a service down). It stays quiet in a turn where repeated_call
-                already covers all of that tool's calls, or while a cycle is active.
+                *with varying arguments* (0 disables): the model rephrasing calls to a tool that
+                is itself broken, or guessing ids that do not exist. It stays quiet in a turn where
+                repeated_call already covers all of that tool's calls, or while a cycle is active.
 
-Acknowledgement check (`acknowledges_failure`)
-----------------------------------------------
-The final text is NFKC-normalised (full-width digits become ASCII) and case-folded; obvious
-negated mentions are removed first ("no errors", "without errors", "error-free", "did not
-fail", "never failed", エラーなく, エラーはありません, エラーは発生しませんでした, 失敗なし ...),
-then any failure phrase counts: English "fail/failed/failure", "unsuccessful", "couldn't/could
-not", "can't/cannot", "unable", "not able to", "did not work/succeed", "not possible",
-"impossible", "error(s)", "unavailable", "out of stock", "sold out", "unfortunately", "went
-wrong", "denied/rejected/refused"; Japanese 失敗, できません/できなかった/できず, エラー,
-在庫が0/在庫切れ/在庫がありません, 不可能, 見つかりません, 残念ながら, 問題が発生, うまくいきません,
-未完了, 中断. All lists live in `FAILURE_PHRASES` and `NEGATED_FAILURE_PHRASES` below.
-Known limits: any failure wording acknowledges every unresolved error (no per-tool
-attribution); unrelated uses count ("error handling", "you cannot cancel it",
-キャンセルはできません), which can hide an ignored error; negations beyond the listed phrases ("not
-a single error", エラーは見当たりません) count as acknowledgement; apologies alone ("sorry",
-申し訳ありません) do not; other languages are not covered; only the first and last
-20,000 characters of a huge final text are read.
+Content (`capture_content`)
+---------------------------
+With `capture_content=False` (the agent sets it from LOOPTRACE_CAPTURE_CONTENT / the GenAI
+capture setting) anomalies carry no arguments and their messages name tools, turns and counts
+only: no argument, no error text, no answer ever leaves the process inside an anomaly, a nudge,
+a webhook payload, a score or a log line.
 
 Cost and memory
 ---------------
@@ -121,6 +143,8 @@ import hashlib
 import json
 import math
 import re
+import threading
+import time
 import unicodedata
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -846,7 +870,7 @@ class LoopDetector:
             errors.recent.remove(same)
             errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
                                                   observed.key, same.targets, same.failures + 1,
-                                                  first_turn=same.first_turn))
+                                                  moved_on=same.moved_on, first_turn=same.first_turn))
             return
         errors.total += 1
         errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
@@ -1206,9 +1230,6 @@ class SessionDetectors:
 
     def __init__(self, config: DetectorConfig | None = None, *, max_sessions: int = 1000, ttl_s: float = 3600.0,
                  clock: Any = None) -> None:
-        import threading
-        import time
-
         self.config = config
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
