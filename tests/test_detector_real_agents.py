@@ -137,6 +137,23 @@ def test_the_agent_shares_memory_between_runs_with_the_same_session_id():
     assert alone == [[], [], []]
 
 
+def test_looptrace_detect_reads_a_conversation_as_one_session(spans):
+    @tool
+    def book(flight: str) -> str:
+        """Book a flight."""
+        raise RuntimeError("not enough seats")
+
+    one_turn = [{"stop_reason": "tool_use", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "book", "input": {"flight": "HAT142"}}]},
+                {"stop_reason": "end_turn", "content": [{"type": "text", "text": "HAT142 is full, sorry."}]}]
+    agent = Agent(MODEL, tools=[book], client=ScriptedModel(one_turn * 3), on_anomaly="warn",
+                  alerts=Alerts(log_warnings=False), tracer_provider=spans.provider)
+    live = [agent.run("book it", session_id="s-9").anomalies for _ in range(3)]
+    verdicts = list(detect_spans(_as_records(spans.all)))
+    assert [[a.type for a in v.anomalies] for v in verdicts] == [[a.type for a in found] for found in live] \
+        == [[], [], [REPEATED_CALL]]
+
+
 # --------------------------------------------------------------------------- per-target resolution
 
 
@@ -377,3 +394,25 @@ def test_a_judge_that_errors_against_the_fake_api_leaves_the_rule():
                        ).run("reserve EQ-001")
     assert result.status is RunStatus.DONE
     assert [a.type for a in result.anomalies] == [IGNORED_ERROR]
+
+
+# --------------------------------------------------------------------------- the CLI prints each anomaly once
+
+
+@pytest.mark.slow
+def test_looptrace_run_prints_each_anomaly_once(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from looptrace.runtime.cli import main
+
+    tools_file = Path(__file__).parent / "data" / "scenario_tools.py"
+    loop = [{"stop_reason": "tool_use", "content": [
+        {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": "a.txt"}}]} for i in range(8)]
+    monkeypatch.chdir(tmp_path)
+    with FakeMessagesAPI(loop + [{"content": "done"}]) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        code = main(["run", "task", "--tools", str(tools_file), "--on-anomaly", "warn"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert err.count("⚠") == 1 and "loop_anomaly" not in err
