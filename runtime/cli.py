@@ -202,7 +202,7 @@ def _demo(args: argparse.Namespace) -> int:
         for anomaly in result.anomalies:
             first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
             turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
-            out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns}): {anomaly.message}\n")
+            out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the ⚠ line above has the message
         out.write("\n")
         _show_written_trace(telemetry, result, out)
     _close(telemetry)
