@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from typing import Any
 
@@ -22,16 +21,15 @@ def capture_from_env() -> bool:
 
     The GenAI conventions' variable takes NO_CONTENT (or false); LOOPTRACE_CAPTURE_CONTENT=false does the same and wins.
     """
-    for name in (LOOPTRACE_CAPTURE_ENV, CAPTURE_ENV):
-        value = os.environ.get(name)
-        if value is not None and value.strip():
-            return value.strip().lower() not in _OFF
-    return True
+    from .settings import Settings
+
+    return Settings.from_env().capture_content
 
 
 def max_chars_from_env() -> int:
-    value = os.environ.get(MAX_CHARS_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_CHARS
+    from .settings import Settings
+
+    return Settings.from_env().max_attribute_chars
 
 
 def cap(text: str, limit: int) -> str:

@@ -43,7 +43,8 @@ from typing import Any
 import requests
 
 from . import semconv as sc
-from .export import Failure, LangfuseSettings, failure_from_exception, failure_from_status, safe_url
+from .failures import Failure, failure_from_exception, failure_from_status
+from .settings import LangfuseSettings, safe_url
 from .logs import log
 
 TRACE_NAME = "langfuse.trace.name"
