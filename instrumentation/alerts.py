@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 from .logs import log
 
 
-WEBHOOK_ENV = "LOOPTRACE_ALERT_WEBHOOK"
 _MAX_REMEMBERED_POSTS = 10_000
 
 

@@ -1,4 +1,5 @@
-"""What of a conversation goes on a span: the capture switch, secret redaction, size caps and the GenAI message shape."""
+"""What of a conversation goes on a span: secret redaction, size caps and the GenAI message shape (the capture switch
+is `Settings.capture_content`)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,7 @@ import json
 import re
 from typing import Any
 
-CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-LOOPTRACE_CAPTURE_ENV = "LOOPTRACE_CAPTURE_CONTENT"
-MAX_CHARS_ENV = "LOOPTRACE_MAX_ATTRIBUTE_CHARS"
-DEFAULT_MAX_CHARS = 32_000
 REDACTED = "[REDACTED]"
-
-_OFF = {"no_content", "false", "0", "no", "off", "none"}
-
-
-def capture_from_env() -> bool:
-    """Content is captured unless switched off: seeing a tool's arguments is the point of tracing an agent.
-
-    The GenAI conventions' variable takes NO_CONTENT (or false); LOOPTRACE_CAPTURE_CONTENT=false does the same and wins.
-    """
-    from .settings import Settings
-
-    return Settings.from_env().capture_content
-
-
-def max_chars_from_env() -> int:
-    from .settings import Settings
-
-    return Settings.from_env().max_attribute_chars
 
 
 def cap(text: str, limit: int) -> str:

@@ -25,8 +25,6 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .logs import log
 
-TRACE_FILE_ENV = "LOOPTRACE_TRACE_FILE"
-DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
 
 
 def default_trace_file() -> Path:

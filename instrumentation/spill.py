@@ -40,7 +40,6 @@ try:  # advisory file locks keep concurrent runs and pushes from interleaving; W
 except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
 
-SPILL_FILE_ENV = "LOOPTRACE_SPILL_FILE"
 __all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "default_spill_file", "push"]
 
 

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "DetectorConfig": "looptrace.instrumentation.detector",
     "LoopDetector": "looptrace.instrumentation.detector",
     "ToolCall": "looptrace.instrumentation.detector",
+    "Settings": "looptrace.instrumentation.settings",
     "Telemetry": "looptrace.instrumentation.setup",
     "configure": "looptrace.instrumentation.setup",
 }
@@ -49,6 +50,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily through __getattr__
     from looptrace.instrumentation.alerts import Alerts
     from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, ToolCall
+    from looptrace.instrumentation.settings import Settings
     from looptrace.instrumentation.setup import Telemetry, configure
     from looptrace.runtime.agent import Agent, RunInterrupted
     from looptrace.runtime.events import (AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished,
