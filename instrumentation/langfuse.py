@@ -44,8 +44,8 @@ import requests
 
 from . import semconv as sc
 from .failures import Failure, failure_from_exception, failure_from_status
-from .settings import LangfuseSettings, safe_url
 from .logs import log
+from .settings import LangfuseSettings, safe_url
 
 TRACE_NAME = sc.LANGFUSE_TRACE_NAME
 USER_ID = sc.LANGFUSE_USER_ID

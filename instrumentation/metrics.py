@@ -34,7 +34,6 @@ from opentelemetry.semconv.attributes import server_attributes as _server
 
 from . import semconv as sc
 
-
 # Bucket boundaries the GenAI semantic conventions specify for their two client histograms.
 TOKEN_USAGE_BUCKETS: Sequence[float] = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
@@ -151,7 +150,7 @@ class LoopMetrics:
         self._runs.add(1, {_gen_ai.GEN_AI_AGENT_NAME: agent, sc.RUN_STATUS: status})
         self._turns.record(turns, {_gen_ai.GEN_AI_AGENT_NAME: agent})
 
-    def record_anomaly(self, *, agent: str, type: str, tool: str | None) -> None:  # noqa: A002 - the interface's name
+    def record_anomaly(self, *, agent: str, type: str, tool: str | None) -> None:
         """One anomaly from the detector; `tool` is None for anomalies that concern the run rather than one tool."""
         attributes = {_gen_ai.GEN_AI_AGENT_NAME: agent, ANOMALY_TYPE: type}
         if tool:

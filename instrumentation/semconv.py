@@ -11,6 +11,7 @@ from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
+
 def _installed_version() -> str:
     try:
         from importlib.metadata import version

@@ -19,13 +19,12 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 
 from . import semconv as sc
 from .content import MessageLog, cap, genai_message, redact, to_json
+from .detector import canonical_arguments, result_digest
 from .interface import ToolTrace
 from .langfuse import generation_attributes, observation_attributes, trace_attributes
 from .metrics import LoopMetrics
 from .providers import providers_for_run
 from .settings import Settings
-from .detector import canonical_arguments, result_digest
-
 
 # How each span shows in Langfuse (an agent, a grouping span, a generation, a tool), built once.
 _AS_AGENT = observation_attributes("agent")
@@ -118,7 +117,7 @@ class Tracing:
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("tracing", "span", "agent", "common", "recording", "messages")
+    __slots__ = ("agent", "common", "messages", "recording", "span", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any]) -> None:
         self.tracing = tracing
@@ -178,7 +177,7 @@ class RunSpan:
 
 
 class TurnSpan:
-    __slots__ = ("run", "span", "recording", "flagged")
+    __slots__ = ("flagged", "recording", "run", "span")
 
     def __init__(self, run: RunSpan, span: Span) -> None:
         self.run = run
@@ -288,7 +287,7 @@ class TurnSpan:
 
 
 class ChatSpan:
-    __slots__ = ("run", "span", "model", "server_address", "started")
+    __slots__ = ("model", "run", "server_address", "span", "started")
 
     def __init__(self, run: RunSpan, span: Span, model: str, server_address: str | None) -> None:
         self.run = run
@@ -353,7 +352,7 @@ class ChatSpan:
 
 
 class ToolSpan:
-    __slots__ = ("run", "span", "tool", "arguments", "flagged")
+    __slots__ = ("arguments", "flagged", "run", "span", "tool")
 
     def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any) -> None:
         self.run = run
@@ -378,7 +377,7 @@ class ToolSpan:
             metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
-        attributes = {
+        attributes: dict[str, Any] = {
             sc.TOOL_RESULT_DIGEST: result_digest(result),
             sc.TOOL_IS_ERROR: is_error,
             sc.TOOL_OUTCOME: outcome,
@@ -418,7 +417,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token = None
+        self.token: object = None
 
     def __enter__(self) -> None:
         if self.span.is_recording():

@@ -275,7 +275,8 @@ class PushReport:
         if not (self.sent or self.failed or self.skipped):
             return f"nothing to push: {self.path} holds no pending spans"
         parts = [f"sent {n} spans to {b}" for b, n in sorted(self.sent.items())]
-        parts += [f"{n} spans for {b} still pending (it failed; see the warning)" for b, n in sorted(self.failed.items())]
+        parts += [f"{n} spans for {b} still pending (it failed; see the warning)"
+                  for b, n in sorted(self.failed.items())]
         parts += [f"{n} spans for {b} left pending (not configured or not chosen with --to)"
                   for b, n in sorted(self.skipped.items())]
         return "; ".join(parts)

@@ -45,7 +45,35 @@ _EXPORTS: dict[str, str] = {
     "configure": "looptrace.instrumentation.setup",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [
+    "Agent",
+    "Alerts",
+    "Anomaly",
+    "AnomalyDetected",
+    "AnthropicModel",
+    "DetectorConfig",
+    "Event",
+    "Limits",
+    "LoopDetector",
+    "Model",
+    "ModelResponded",
+    "Price",
+    "RunFinished",
+    "RunInterrupted",
+    "RunResult",
+    "RunStatus",
+    "ScriptedModel",
+    "Settings",
+    "Telemetry",
+    "Tool",
+    "ToolCall",
+    "ToolFinished",
+    "TurnStarted",
+    "Usage",
+    "__version__",
+    "configure",
+    "tool",
+]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily through __getattr__
     from looptrace.instrumentation.alerts import Alerts
@@ -53,8 +81,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from looptrace.instrumentation.settings import Settings
     from looptrace.instrumentation.setup import Telemetry, configure
     from looptrace.runtime.agent import Agent, RunInterrupted
-    from looptrace.runtime.events import (AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished,
-                                          TurnStarted)
+    from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
     from looptrace.runtime.pricing import Price

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-import structlog
-from opentelemetry import context as otel_context
 
+from looptrace import __version__
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation import setup as telemetry_setup
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.langfuse import trace_attributes
+from looptrace.instrumentation.logs import install_cli_rendering
 from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, read_spans
 from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
 from looptrace.instrumentation.spill import PushInProgress, push
@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"looptrace {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="run an offline demo (no key, no network)",
@@ -149,7 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
     show.set_defaults(handler=_traces_show)
     listing = traces_commands.add_parser("list", help="one line per run in the file")
-    listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.add_argument("--file", type=Path,
+                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(handler=_traces_list)
     push = traces_commands.add_parser(
         "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
@@ -173,9 +175,11 @@ def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="LIST",
                         help="comma list of file, console, otlp, langfuse, none (default: LOOPTRACE_EXPORTER; else "
-                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, else file)")
+                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, "
+                             "else file)")
     parser.add_argument("--trace-file", type=Path,
-                        help="where the file exporter writes (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+                        help="where the file exporter writes "
+                             "(default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
 
 
 # --- commands -----------------------------------------------------------------------------------------------------
@@ -208,7 +212,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
-        raise UsageError("ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a proxy or a local server)")
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
+                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
     settings = _settings(args)
     traceparent = args.traceparent or settings.traceparent
@@ -229,6 +234,8 @@ def _run(args: argparse.Namespace) -> int:
         trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    from opentelemetry import context as otel_context
+
     token = otel_context.attach(parent) if parent is not None else None
     try:
         result = _execute(agent, args.task, telemetry, labels)
@@ -469,17 +476,26 @@ class _BadLineReporter:
 
 
 def _configure_logging() -> None:
-    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results.
+    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results. The
+    # library's records (the stdlib logger "looptrace") are rendered through it.
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+            structlog.dev.ConsoleRenderer(colors=use_color(sys.stderr)),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(30),  # WARNING and above
         # Looked up at each use, not bound once: whoever swaps sys.stderr later (a test harness) is still followed.
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
     )
+    install_cli_rendering()
+
+
+def use_color(stream: TextIO) -> bool:
+    """Colour only for a person at a terminal, and never when NO_COLOR is set to anything (no-color.org)."""
+    return not os.environ.get("NO_COLOR") and stream.isatty()
 
 
 def _positive_int(text: str) -> int:
