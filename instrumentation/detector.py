@@ -152,6 +152,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "CYCLE",
+    "FAILING_TOOL",
+    "IGNORED_ERROR",
+    "REPEATED_CALL",
     "Anomaly",
     "DetectorConfig",
     "LoopDetector",
@@ -163,10 +167,6 @@ __all__ = [
     "normal_text",
     "canonical_arguments",
     "result_digest",
-    "REPEATED_CALL",
-    "CYCLE",
-    "IGNORED_ERROR",
-    "FAILING_TOOL",
 ]
 
 REPEATED_CALL = "repeated_call"
@@ -748,7 +748,7 @@ class LoopDetector:
         self._track_error(observed, turn)
         return fired
 
-    def _end_turn(self, turn: int, text: Any = None) -> list[Anomaly]:
+    def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
         fallback = self._pending_turn if self._pending else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
         if isinstance(text, str) and text.strip():
