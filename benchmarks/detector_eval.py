@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from looptrace.instrumentation.detector import (
-    CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL, Anomaly, DetectorConfig, LoopDetector, ToolCall,
+    CYCLE,
+    FAILING_TOOL,
+    IGNORED_ERROR,
+    REPEATED_CALL,
+    Anomaly,
+    DetectorConfig,
+    LoopDetector,
+    ToolCall,
 )
 
 from .common import Row, say

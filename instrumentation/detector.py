@@ -140,6 +140,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -158,14 +159,14 @@ __all__ = [
     "REPEATED_CALL",
     "Anomaly",
     "DetectorConfig",
+    "JudgeRequest",
     "LoopDetector",
     "SessionDetectors",
     "ToolCall",
-    "JudgeRequest",
     "answer_addresses",
     "call_targets",
-    "normal_text",
     "canonical_arguments",
+    "normal_text",
     "result_digest",
 ]
 
@@ -489,7 +490,7 @@ def _echo_units(folded: str) -> set[str]:
     """Pieces of text distinctive enough that sharing one means quoting: word pairs, tokens with a digit, and for
     scripts written without spaces (CJK) runs of three characters."""
     words = _WORD.findall(folded)
-    units = {f"{a} {b}" for a, b in zip(words, words[1:])}
+    units = {f"{a} {b}" for a, b in itertools.pairwise(words)}
     for word in words:
         if len(word) >= 3 and any(c.isdigit() for c in word):
             units.add(word)
@@ -749,7 +750,8 @@ class LoopDetector:
         return fired
 
     def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
-        fallback = self._pending_turn if self._pending else self._current_turn_guess()
+        pending = self._pending_turn if self._pending else None
+        fallback = pending if pending is not None else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
         if isinstance(text, str) and text.strip():
             self._said.append((turn, _shorten(text, 2 * _ANSWER_SCAN_CHARS)))

@@ -79,7 +79,11 @@ class ModelJudge:
 
 def _usage(response: dict[str, Any]) -> Usage:
     raw = response.get("usage") or {}
-    number = lambda key: raw.get(key) if isinstance(raw.get(key), int) else 0  # noqa: E731 - garbage counts as 0
+
+    def number(key: str) -> int:  # a count that is not an int (garbage, None) counts as 0
+        value = raw.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
     return Usage(input_tokens=number("input_tokens"), output_tokens=number("output_tokens"),
                  cache_read_input_tokens=number("cache_read_input_tokens"),
                  cache_creation_input_tokens=number("cache_creation_input_tokens"))

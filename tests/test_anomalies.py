@@ -379,7 +379,8 @@ def _as_records(finished_spans):
 def test_offline_detection_without_content_raises_no_false_alarms(spans, monkeypatch):
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "NO_CONTENT")
     # Three different failing calls, then an answer that admits it: nothing to flag, live or offline.
-    script = [turn_of(("flaky", {"item": f"A-{n}"})) for n in range(3)] + [final("I could not reserve A-0, A-1 or A-2.")]
+    script = [turn_of(("flaky", {"item": f"A-{n}"})) for n in range(3)]
+    script.append(final("I could not reserve A-0, A-1 or A-2."))
     result = Agent(MODEL, tools=scenario_tools(), client=ScriptedModel(script), on_anomaly="warn",
                    tracer_provider=spans.provider, alerts=Alerts(log_warnings=False)).run("task")
     assert result.anomalies == []

@@ -339,7 +339,7 @@ FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
      "I have reserved projector A for October 8.", False),
 ])
 def test_ignored_error(name, turns, final_text, fires):
-    detector, fired = feed(turns)
+    detector, _ = feed(turns)
     last_turn = len(turns) + 1
     assert detector.end_turn(last_turn) == []  # the final, text-only turn
     found = end(detector, final_text, turn=last_turn)

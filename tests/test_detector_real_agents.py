@@ -15,7 +15,13 @@ from fakes.messages_api import FakeMessagesAPI
 
 from looptrace.instrumentation.alerts import Alerts, webhook_payload
 from looptrace.instrumentation.detector import (
-    IGNORED_ERROR, REPEATED_CALL, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, canonical_arguments,
+    IGNORED_ERROR,
+    REPEATED_CALL,
+    DetectorConfig,
+    LoopDetector,
+    SessionDetectors,
+    ToolCall,
+    canonical_arguments,
     result_digest,
 )
 from looptrace.instrumentation.trace_detect import _LiveSpan, detect_spans
