@@ -389,8 +389,14 @@ def test_a_nudge_is_not_sent_when_no_turn_is_left_to_read_it():
         """Always fails."""
         raise RuntimeError("nope")
 
-    model = ScriptedModel([tool_use("fails"), answer("All done, it worked.")])
-    result = Agent(MODEL, tools=[fails], client=model, limits=Limits(max_turns=2), telemetry=False,
+    @tool
+    def look() -> str:
+        """Look around."""
+        return "nothing new"
+
+    # retried, failed again, moved on, then claims success: an ignored_error by the rule alone (issue 9)
+    model = ScriptedModel([tool_use("fails"), tool_use("fails"), tool_use("look"), answer("All done, it worked.")])
+    result = Agent(MODEL, tools=[fails, look], client=model, limits=Limits(max_turns=4), telemetry=False,
                    on_anomaly={"ignored_error": "nudge"}, alerts=Alerts(log_warnings=False)).run("go")
     assert result.status is RunStatus.DONE
     assert [a.type for a in result.anomalies] == ["ignored_error"]
