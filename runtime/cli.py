@@ -21,6 +21,7 @@ from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation import setup as telemetry_setup
 from looptrace.instrumentation import alerts as alerts_setup
 from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.content import redact
 from looptrace.instrumentation.langfuse import trace_attributes
 from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
 from looptrace.instrumentation.spill import PushInProgress, push
@@ -378,7 +379,20 @@ def load_tools(path: Path) -> list[Tool]:
 
 
 def _print_json(result: RunResult, out: TextIO) -> None:
-    out.write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
+    shown = result.to_dict()
+    # Output is a place secrets must not reach, like a span: tool arguments are printed as the spans hold them.
+    shown["messages"] = [_with_redacted_arguments(message) for message in shown["messages"]]
+    out.write(json.dumps(shown, ensure_ascii=False, default=str) + "\n")
+
+
+def _with_redacted_arguments(message: Any) -> Any:
+    blocks = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(blocks, list):
+        return message
+    return {**message, "content": [
+        {**block, "input": redact(block.get("input"))}
+        if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use") else block
+        for block in blocks]}
 
 
 def _point_at_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:

@@ -435,3 +435,175 @@ def test_an_async_tool_that_cancels_itself_is_a_tool_failure_under_arun():
     result = asyncio.run(Agent(MODEL, tools=[cancels], client=model, telemetry=False).arun("go"))
     assert result.status is RunStatus.DONE
     assert "was cancelled" in model.requests[1]["messages"][-1]["content"][0]["content"]
+
+
+# --- issue 12: hostile values, budgets that hold, leaks ---------------------------------------------------------------
+
+
+def _nested(depth, leaf=None):
+    value = leaf if leaf is not None else {"leaf": 1}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _circular():
+    value = {"name": "loop"}
+    value["self"] = value
+    return value
+
+
+class _UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ of the exception fails too")
+
+
+class _Unprintable:
+    def __str__(self):
+        raise _UnprintableError()
+
+    __repr__ = __str__
+
+
+@pytest.mark.parametrize("value, says", [
+    (_nested(10_000), "nested too deep"),
+    (10 ** 5000, "integer too long"),
+    ({("a", 1): "tuple key"}, "keys or values JSON cannot express"),
+    (_circular(), "contains itself"),
+    (_Unprintable(), "_Unprintable"),
+    ([_Unprintable()], "converting it raised"),
+], ids=["10000-deep", "5000-digit-int", "tuple-keys", "circular", "str-raises", "str-raises-inside"])
+def test_a_return_value_that_cannot_become_text_is_an_error_result_and_the_run_ends_whole(value, says, spans):
+    @tool
+    def hostile() -> object:
+        """Returns something no encoder can write."""
+        return value
+
+    model = ScriptedModel([tool_use("hostile"), answer("the tool gave me garbage")])
+    result = Agent(MODEL, tools=[hostile], client=model, tracer_provider=spans.provider).run("go")
+    assert result.status is RunStatus.DONE and result.turns == 2
+    sent = model.requests[1]["messages"][-1]["content"][0]
+    assert sent["is_error"] is True and says in sent["content"], sent
+    root = spans.one("invoke_agent")  # ended, with the run's status
+    assert root.attributes[sc.RUN_STATUS] == "done"
+    assert spans.one("execute_tool").attributes[sc.ERROR_TYPE] == "UnreadableResult"
+
+
+def test_a_tool_whose_exception_cannot_describe_itself_is_still_an_error_result():
+    @tool
+    def hostile() -> str:
+        """Raises an exception whose text fails."""
+        raise _UnprintableError()
+
+    model = ScriptedModel([tool_use("hostile"), answer()])
+    result = Agent(MODEL, tools=[hostile], client=model, telemetry=False).run("go")
+    assert result.status is RunStatus.DONE
+    assert model.requests[1]["messages"][-1]["content"][0] == {
+        "type": "tool_result", "tool_use_id": "toolu_1", "content": "_UnprintableError", "is_error": True}
+
+
+def test_arguments_nested_600_deep_do_not_crash_looptrace_run(api, capsys, tmp_path):
+    tools = tmp_path / "tools.py"
+    tools.write_text(textwrap.dedent('''
+        from looptrace import tool
+
+        @tool
+        def store(document: dict) -> str:
+            """Stores a document."""
+            return "stored"
+    '''))
+    api.add(tool_use("store", {"document": _nested(600, {"password": "hunter2"})}), answer("stored it"))
+    code, result = run_json(capsys, "store this", "--tools", str(tools))
+    assert (code, result["status"], result["turns"]) == (0, "done", 2)
+    spans_written = read_spans(tmp_path / ".looptrace" / "traces.jsonl")
+    (tool_span,) = [s for s in spans_written if s.name.startswith("execute_tool")]
+    arguments = tool_span.attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS]
+    assert "nested deeper than" in arguments and "hunter2" not in arguments
+    assert "hunter2" not in json.dumps(result)
+
+
+def test_a_usage_block_of_strings_and_garbage_is_counted_not_crashed(spans):
+    model = ScriptedModel([{**answer(), "usage": {"input_tokens": "120", "output_tokens": "7.5", "cache_read_input_tokens": None,
+                                                  "cache_creation_input_tokens": -3,
+                                                  "cache_creation": "lots"}}])
+    result = Agent(MODEL, client=model, limits=Limits(max_total_tokens=10_000, max_cost_usd=1.0),
+                   tracer_provider=spans.provider).run("go")
+    assert result.status is RunStatus.DONE
+    assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.total_tokens) == (120, 0, 120)
+    assert spans.one("invoke_agent").attributes[sc.RUN_STATUS] == "done"
+
+
+@pytest.mark.parametrize("arguments", [[{"password": "hunter2"}], [[{"api_key": "hunter2"}]], "password=hunter2"])
+def test_non_object_arguments_are_quoted_back_redacted(arguments, spans):
+    model = ScriptedModel([tool_use("_typed", arguments), answer()])
+    result = Agent(MODEL, tools=[_typed], client=model, tracer_provider=spans.provider).run("go")
+    told = model.requests[1]["messages"][-1]["content"][0]
+    assert told["is_error"] is True and "takes a JSON object of arguments" in told["content"]
+    everything = json.dumps([told] + [dict(s.attributes) for s in spans.all] + [a.to_dict() for a in result.anomalies])
+    if not isinstance(arguments, str):  # a bare string has no key to say it is secret
+        assert "hunter2" not in everything and "[REDACTED]" in told["content"]
+
+
+@pytest.mark.parametrize("key", ["pass", "key", "bearer", "Bearer", "db_pass", "license_key", "x-api-key"])
+def test_values_under_pass_key_and_bearer_are_redacted(key, spans):
+    @tool
+    def connect(settings: dict) -> str:
+        """Connects."""
+        return "ok"
+
+    model = ScriptedModel([tool_use("connect", {"settings": {key: "hunter2", "host": "db"}}), answer()])
+    Agent(MODEL, tools=[connect], client=model, tracer_provider=spans.provider).run("go")
+    arguments = spans.one("execute_tool").attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS]
+    assert "hunter2" not in arguments and '"host":"db"' in arguments
+
+
+def test_run_json_prints_arguments_redacted(api, capsys, tmp_path):
+    tools = tmp_path / "tools.py"
+    tools.write_text(textwrap.dedent('''
+        from looptrace import tool
+
+        @tool
+        def login(user: str, password: str) -> str:
+            """Logs in."""
+            return "welcome"
+    '''))
+    api.add(tool_use("login", {"user": "ana", "password": "hunter2"}), answer("logged in"))
+    code, result = run_json(capsys, "log in", "--tools", str(tools))
+    assert code == 0
+    printed = json.dumps(result)
+    assert "hunter2" not in printed
+    assert result["messages"][1]["content"][0]["input"] == {"user": "ana", "password": "[REDACTED]"}
+    # The model itself was sent the real value: redaction is for what is shown, not for the conversation.
+    assert "hunter2" in json.dumps(api.requests[1]["messages"])
+
+
+def test_each_request_asks_for_no_more_tokens_than_the_budget_leaves():
+    model = ScriptedModel([{**tool_use("step"), "usage": {"input_tokens": 300, "output_tokens": 100}},
+                           {**answer(), "usage": {"input_tokens": 450, "output_tokens": 20}}])
+    result = Agent(MODEL, client=model, max_tokens=4096, limits=Limits(max_total_tokens=1000),
+                   telemetry=False).run("go")
+    assert [r["max_tokens"] for r in model.requests] == [1000, 600]
+    assert result.status is RunStatus.DONE  # 870 tokens of 1000
+
+
+def test_each_request_asks_for_no_more_output_than_the_cost_budget_leaves():
+    from looptrace.runtime import Price
+
+    prices = {"m": Price(input=1.0, output=10.0, cache_read=0.1, cache_write_5m=1.25, cache_write_1h=2.0)}
+    model = ScriptedModel([{**tool_use("step"), "usage": {"input_tokens": 1000, "output_tokens": 500}},
+                           answer()])
+    Agent("m", client=model, max_tokens=4096, prices=prices, limits=Limits(max_cost_usd=0.01),
+          telemetry=False).run("go")
+    # $0.01 buys 1,000 output tokens at $10/MTok; the first turn spent $0.001 + $0.005, leaving $0.004: 400 tokens.
+    assert [r["max_tokens"] for r in model.requests] == [1000, 400]
+
+
+def test_a_lowered_max_tokens_keeps_extended_thinking_valid():
+    model = ScriptedModel([{**tool_use("step"), "usage": {"input_tokens": 100, "output_tokens": 100}},
+                           {**tool_use("step"), "usage": {"input_tokens": 2000, "output_tokens": 1000}}, answer()])
+    Agent(MODEL, client=model, max_tokens=8000, model_params={"thinking": {"type": "enabled", "budget_tokens": 4000}},
+          limits=Limits(max_total_tokens=4200), telemetry=False).run("go")
+    first, second, third = model.requests
+    assert first["max_tokens"] == 4200 and first["thinking"]["budget_tokens"] == 4000
+    assert second["max_tokens"] == 4000 and second["thinking"]["budget_tokens"] == 3999
+    assert third["max_tokens"] == 1000 and third["thinking"] == {"type": "disabled"}
