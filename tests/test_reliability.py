@@ -14,7 +14,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from fakes.messages_api import Delay, DropConnection, Error, FakeMessagesAPI
+from fakes.messages_api import Delay, DropConnection, Error, FakeMessagesAPI, Trickle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
@@ -607,3 +607,21 @@ def test_a_lowered_max_tokens_keeps_extended_thinking_valid():
     assert first["max_tokens"] == 4200 and first["thinking"]["budget_tokens"] == 4000
     assert second["max_tokens"] == 4000 and second["thinking"]["budget_tokens"] == 3999
     assert third["max_tokens"] == 1000 and third["thinking"] == {"type": "disabled"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("driver", ["run", "arun"])
+def test_the_runs_deadline_bounds_a_response_that_trickles_in(api, stream, driver):
+    import anthropic
+
+    from looptrace.runtime import AnthropicModel
+
+    slow = Trickle(interval=0.5, item=answer("too late"), pieces=40)  # 20 s, a few bytes every half second
+    api.add(slow)
+    model = AnthropicModel(client=anthropic.Anthropic(base_url=api.url, api_key="test-key"),
+                           async_client=anthropic.AsyncAnthropic(base_url=api.url, api_key="test-key"), stream=stream)
+    agent = Agent(MODEL, client=model, limits=Limits(timeout_s=1.0), telemetry=False)
+    result = agent.run("go") if driver == "run" else asyncio.run(agent.arun("go"))
+    assert result.status is RunStatus.TIMEOUT
+    assert "did not finish within" in result.error
+    assert not slow.finished.is_set()  # the run ended while the answer was still arriving
