@@ -175,7 +175,7 @@ class Agent:
             raise
         except Exception as exc:
             # A fault of looptrace's own (none is known): the run still ends, with its root span, as an error.
-            log.error("run_failed", error=f"{type(exc).__name__}: {toolkit.error_text(exc)}", exc_info=exc)
+            log.error("run_failed", error=toolkit.error_text(exc), exc_info=exc)
             return self._finish(run, RunStatus.ERROR, error=exc)
 
     def _turn(self, run: _Run) -> Generator[_Effect, Any, RunStatus | None]:

@@ -17,7 +17,7 @@ import pytest
 from fakes.messages_api import Delay, DropConnection, Error, FakeMessagesAPI, Trickle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from looptrace.instrumentation import semconv as sc
@@ -625,3 +625,52 @@ def test_the_runs_deadline_bounds_a_response_that_trickles_in(api, stream, drive
     assert result.status is RunStatus.TIMEOUT
     assert "did not finish within" in result.error
     assert not slow.finished.is_set()  # the run ended while the answer was still arriving
+
+
+class _StuckFlush(SpanProcessor):
+    """A span processor whose flush hangs, like a batch processor waiting on a backend that does not answer."""
+
+    def __init__(self) -> None:
+        self.release = __import__("threading").Event()
+        self.flushed_on: list[str] = []
+
+    def shutdown(self):
+        self.release.set()
+
+    def force_flush(self, timeout_millis=30_000):
+        self.flushed_on.append(__import__("threading").current_thread().name)
+        self.release.wait(timeout_millis / 1000)
+        return True
+
+
+def test_cancelling_arun_never_blocks_the_event_loop_on_a_flush():
+    stuck = _StuckFlush()
+    provider = TracerProvider()
+    provider.add_span_processor(stuck)
+    started = asyncio.Event()
+
+    @tool
+    async def wait() -> str:
+        """Waits until cancelled."""
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    async def main():
+        agent = Agent(MODEL, tools=[wait], client=ScriptedModel([tool_use("wait"), answer()]),
+                      tracer_provider=provider)
+        task = asyncio.ensure_future(agent.arun("go"))
+        await asyncio.wait_for(started.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Back on the loop while the flush is still stuck: it was never the loop's to wait for.
+        return __import__("threading").current_thread().name, stuck.release.is_set()
+
+    try:
+        loop_thread, released = asyncio.run(main())
+        assert not released
+        _wait_for(lambda: stuck.flushed_on)  # the flush was asked for, on a thread of its own
+        assert stuck.flushed_on and loop_thread not in stuck.flushed_on
+    finally:
+        stuck.release.set()
