@@ -166,10 +166,10 @@ def test_an_unknown_exporter_is_a_usage_error(workdir, capsys):
 
 
 def test_demo_shows_turns_the_tree_and_the_trace_file(workdir, capsys):
-    code, out, _ = run_cli(capsys, "demo")
+    code, out, err = run_cli(capsys, "demo")
     assert code == 0
-    assert "turn 4" in out
-    assert "✗ tool  reserve_equipment" in out
+    assert "\nturn 4\n" in err and "\nturn 4\n" not in out  # the live view is progress: stderr, as for `run`
+    assert "✗ tool  reserve_equipment" in err
     assert "invoke_agent booking  [done]  4 turns" in out
     assert "trace file: .looptrace/traces.jsonl" in out
     assert (workdir / ".looptrace" / "traces.jsonl").exists()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -631,14 +634,14 @@ class _StuckFlush(SpanProcessor):
     """A span processor whose flush hangs, like a batch processor waiting on a backend that does not answer."""
 
     def __init__(self) -> None:
-        self.release = __import__("threading").Event()
+        self.release = threading.Event()
         self.flushed_on: list[str] = []
 
     def shutdown(self):
         self.release.set()
 
     def force_flush(self, timeout_millis=30_000):
-        self.flushed_on.append(__import__("threading").current_thread().name)
+        self.flushed_on.append(threading.current_thread().name)
         self.release.wait(timeout_millis / 1000)
         return True
 
@@ -665,7 +668,7 @@ def test_cancelling_arun_never_blocks_the_event_loop_on_a_flush():
         with pytest.raises(asyncio.CancelledError):
             await task
         # Back on the loop while the flush is still stuck: it was never the loop's to wait for.
-        return __import__("threading").current_thread().name, stuck.release.is_set()
+        return threading.current_thread().name, stuck.release.is_set()
 
     try:
         loop_thread, released = asyncio.run(main())
@@ -674,3 +677,162 @@ def test_cancelling_arun_never_blocks_the_event_loop_on_a_flush():
         assert stuck.flushed_on and loop_thread not in stuck.flushed_on
     finally:
         stuck.release.set()
+
+
+# --- issue 12: the CLI under pipes and at the terminal -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["demo"], ["demo", "runaway"], ["demo", "--json"]])
+def test_a_closed_stdout_ends_the_demo_quietly_and_keeps_its_trace(tmp_path, argv):
+    process = subprocess.Popen([*CLI, *argv], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # the reader is gone before anything is written, as `| head -0` would leave it
+    err = process.stderr.read()
+    process.wait(timeout=60)
+    assert process.returncode == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    assert "observer_failed" not in err
+    spans_written = list(read_spans(tmp_path / ".looptrace" / "traces.jsonl", on_bad_line=pytest.fail))
+    assert any(s.name.startswith("invoke_agent") for s in spans_written)
+
+
+def test_demo_and_run_keep_the_live_view_on_stderr_and_the_outcome_on_stdout(api, capsys):
+    code = main(["demo"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "\nturn 1\n" in err and "\nturn 1\n" not in out and "task: " in err
+    assert out.startswith("final answer: ")
+    api.add(answer("hello there"))
+    code = main(["run", "say hello"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, "hello there\n")
+    assert "turn 1" in err
+
+
+class _ClosedPipe:
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self):
+        return False
+
+
+def test_a_live_view_whose_reader_went_away_goes_quiet_and_the_run_goes_on():
+    import structlog
+
+    from looptrace.runtime.views import LiveView
+
+    with structlog.testing.capture_logs() as logs:
+        result = Agent(MODEL, tools=[_typed], client=ScriptedModel([tool_use("_typed", {"name": "a", "count": 1}),
+                                                                   answer()]),
+                       on_event=LiveView(_ClosedPipe()), telemetry=False).run("go")
+    assert result.status is RunStatus.DONE and result.turns == 2
+    assert [entry["event"] for entry in logs] == []  # no observer_failed warning per event
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _until(condition, what):
+    _wait_for(condition)
+    assert condition(), f"never saw {what}"
+
+
+def test_a_slow_model_call_and_a_slow_tool_show_elapsed_time_on_a_live_line_at_a_terminal():
+    from looptrace.runtime.views import LiveView
+
+    screen = _Terminal()
+
+    def slow_model(params):  # answers once the screen has shown the wait ticking
+        _until(lambda: "waiting for the model  " in screen.getvalue(), "the model's live line")
+        return tool_use("crawl")
+
+    @tool
+    def crawl() -> str:
+        """A slow tool."""
+        _until(lambda: "running crawl  " in screen.getvalue(), "the tool's live line")
+        return "crawled"
+
+    result = Agent(MODEL, tools=[crawl], client=ScriptedModel([slow_model, answer()]),
+                   on_event=LiveView(screen, tick_s=0.02), telemetry=False).run("go")
+    assert result.status is RunStatus.DONE
+    shown = screen.getvalue()
+    assert re.search(r"\r\x1b\[K  … waiting for the model  \d+\.\d s", shown)
+    assert re.search(r"\r\x1b\[K  … running crawl  \d+\.\d s\r\x1b\[K  ✓ tool  crawl\(\{\}\)", shown)
+    # Each live line is erased before the next permanent line, so without them the record reads as when piped.
+    lines = re.sub(r"\r\x1b\[K(  … [^\r]*)?", "", shown).splitlines()
+    assert lines[0] == "turn 1" and lines[1].startswith("  model   stop_reason=tool_use")
+    assert lines[2].startswith("  ✓ tool  crawl({}) -> crawled") and lines[3] == "turn 2"
+
+
+def test_piped_the_live_view_is_plain_lines_only():
+    import io
+
+    from looptrace.runtime.views import LiveView
+
+    piped = io.StringIO()
+    slow_done = threading.Event()
+
+    @tool
+    def crawl() -> str:
+        """A tool slow enough for several ticks, were there a terminal."""
+        slow_done.wait(0.3)
+        return "crawled"
+
+    Agent(MODEL, tools=[crawl], client=ScriptedModel([tool_use("crawl"), answer()]),
+          on_event=LiveView(piped, tick_s=0.01), telemetry=False).run("go")
+    shown = piped.getvalue()
+    assert "\r" not in shown and "\x1b" not in shown and "…" not in shown.replace("…  ", "")
+    assert shown.splitlines()[0] == "turn 1"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "x", "--max-turns", "abc"], "argument --max-turns: must be a positive whole number, got 'abc'"),
+    (["run", "x", "--timeout", "soon"], "argument --timeout: must be a positive number, got 'soon'"),
+    (["run", "x", "--bogus"], "looptrace run: error: unrecognized arguments: --bogus (see looptrace run --help)"),
+    (["demo", "nope"], "looptrace demo: error: argument story: invalid choice: 'nope'"),
+    (["frobnicate"], "looptrace: error: argument COMMAND: invalid choice: 'frobnicate'"),
+])
+def test_a_bad_flag_is_one_line_in_the_users_terms(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+    assert "_positive" not in err and "usage:" not in err
+
+
+def test_tools_that_is_a_directory_says_so(api, capsys, tmp_path):
+    code = main(["run", "x", "--tools", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_exception_while_importing_the_tools_file_names_its_file_and_line(api, capsys, tmp_path):
+    path = tmp_path / "my_tools.py"
+    path.write_text("import os\n\nSETTINGS = {}\nTIMEOUT = SETTINGS['timeout']\n")
+    code = main(["run", "x", "--tools", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{path} (line 4): KeyError: 'timeout'" in err
+
+
+def test_run_without_tools_says_it_runs_with_none(api, capsys):
+    api.add(answer("hi"))
+    code = main(["run", "say hi"])
+    err = capsys.readouterr().err
+    assert code == 0 and "the model runs with no tools" in err
+    assert "tools" not in api.requests[0]
+
+
+@pytest.mark.parametrize("task", ["", "   \n"])
+def test_an_empty_task_is_refused(api, capsys, task):
+    code = main(["run", task])
+    err = capsys.readouterr().err
+    assert code == 2 and "the task is empty" in err and len(err.strip().splitlines()) == 1
+    assert api.requests == []
