@@ -346,7 +346,7 @@ def test_tool_use_without_a_tool_use_block_is_answered_not_crashed():
 def test_the_wall_clock_limit_holds_through_the_sdks_retries(api):
     import anthropic
 
-    import httpx
+    import httpx2
 
     from looptrace.runtime.models import _retry_delay
 
@@ -356,7 +356,7 @@ def test_the_wall_clock_limit_holds_through_the_sdks_retries(api):
     assert result.status is RunStatus.TIMEOUT and "did not finish within" in result.error
     # The mechanism: a retry that would not fit in the time left is not made (the SDK's would give each attempt the
     # whole limit again).
-    timed_out = anthropic.APITimeoutError(request=httpx.Request("POST", api.url))
+    timed_out = anthropic.APITimeoutError(request=httpx2.Request("POST", api.url))
     assert _retry_delay(timed_out, 0, 2, time.monotonic() + 0.01) is None
     assert _retry_delay(timed_out, 0, 2, time.monotonic() + 60) is not None
 
