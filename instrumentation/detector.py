@@ -551,7 +551,8 @@ class LoopDetector:
         return fired
 
     def _end_turn(self, turn: Any) -> list[Anomaly]:
-        fallback = self._pending_turn if self._pending else self._current_turn_guess()
+        pending = self._pending_turn if self._pending else None
+        fallback = pending if pending is not None else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
         if turn == self._last_closed_turn and (not self._pending or self._pending_turn != turn):
             return []  # a repeated or late end_turn for a turn already closed

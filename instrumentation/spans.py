@@ -417,7 +417,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: object = None
+        self.token: Any = None  # contextvars.Token of the attach
 
     def __enter__(self) -> None:
         if self.span.is_recording():
