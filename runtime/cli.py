@@ -198,7 +198,7 @@ def _demo(args: argparse.Namespace) -> int:
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
-        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry),
+        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry, live_view=not args.json),
     )
     if not args.json:
         out.write(f"task: {task}\n(offline: {blurb})\n\n")
@@ -208,7 +208,9 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         out.write(f"\nfinal answer: {result.final_text or '(none)'}\n")
         for anomaly in result.anomalies:
-            out.write(f"flagged: {anomaly.type} at turn {anomaly.turn}: {anomaly.message}\n")
+            first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+            turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+            out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the ⚠ line above has the message
         out.write("\n")
         _show_written_trace(telemetry, result, out)
     _close(telemetry)
@@ -243,7 +245,8 @@ def _run(args: argparse.Namespace) -> int:
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr), **_telemetry_options(telemetry),
+            on_event=None if args.json else LiveView(sys.stderr),
+            **_telemetry_options(telemetry, live_view=not args.json),
         )
         labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
         trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
@@ -355,13 +358,17 @@ def _execute(agent: Agent, task: str, telemetry: Telemetry,
         telemetry.flush()
 
 
-def _telemetry_options(telemetry: Telemetry) -> dict[str, Any]:
-    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
+def _telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[str, Any]:
+    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up.
+
+    With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time.
+    """
     from looptrace.instrumentation.alerts import Alerts
 
     callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
     try:
-        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "")
+        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "",
+                        log_warnings=not live_view)
     except ValueError as exc:
         raise UsageError(f"LOOPTRACE_ALERT_WEBHOOK: {exc}") from None
     _ALERTS.append(alerts)
