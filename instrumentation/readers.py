@@ -5,10 +5,10 @@ writes them: model calls (`gen_ai.operation.name` chat), `execute_tool` spans wi
 `gen_ai.output.messages` holds the final answer. `ProducerReader.translate` turns every producer's span into that
 vocabulary, span by span, as they come:
 
-- GenAI conventions (looptrace, OpenTelemetry's GenAI utilities, pydantic-ai, OpenLLMetry >= 0.57): passed through.
+- GenAI conventions (looptrace, OpenTelemetry's GenAI utilities, pydantic-ai, OpenLLMetry >= 0.56): passed through.
   When a trace has no tool spans, its tool calls are read from the messages: the model's `tool_call` parts in
   `gen_ai.output.messages`, their results in a later call's `gen_ai.input.messages` (`tool_call_response` parts).
-- OpenLLMetry (traceloop) before 0.57: indexed attributes `gen_ai.prompt.N.*` and `gen_ai.completion.N.*`; tool calls
+- OpenLLMetry (traceloop) up to 0.53: indexed attributes `gen_ai.prompt.N.*` and `gen_ai.completion.N.*`; tool calls
   under `gen_ai.completion.N.tool_calls.M.*`, results in a later prompt (Anthropic `tool_result` blocks, with
   `is_error`, or OpenAI-style `tool` messages).
 - OpenInference (Arize/Phoenix): `openinference.span.kind` LLM / TOOL / AGENT / CHAIN spans, `llm.input_messages.*`,
@@ -55,6 +55,7 @@ OLL_COMPLETION = "gen_ai.completion."
 OLL_SESSION_ID = "traceloop.association.properties.session_id"
 LANGFUSE_SESSION_ID = "langfuse.session.id"
 
+SESSION_PREFIX = "session:"
 SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID, LANGFUSE_SESSION_ID)
 # Every attribute any reader looks at, for readers of files that decode only what detection needs.
 FOREIGN_EXACT_KEYS = frozenset({
@@ -133,7 +134,7 @@ class ProducerReader:
             neutral = _from_openllmetry(span)
         else:
             neutral = _from_gen_ai(span)
-        _join_session(neutral, attributes)
+        _join_session(neutral, span)
         self._remember(neutral, span)
         return neutral
 
@@ -272,13 +273,26 @@ def _from_openllmetry(span: Any) -> NeutralSpan:
     return _copy(span, out)
 
 
-def _join_session(neutral: NeutralSpan, attributes: dict[str, Any]) -> None:
+def run_key(span: Any) -> str:
+    """The run a span belongs to: its trace, or its session for a model call that is alone in its trace."""
+    a = span.attributes
+    if span.parent_span_id is not None:
+        return span.trace_id
+    kind = a.get(OI_SPAN_KIND)
+    if kind is not None:
+        is_model_call = str(kind).upper() == "LLM"
+    else:
+        is_model_call = (a.get(sc.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS
+                         or any(key.startswith(OLL_COMPLETION) for key in a))
+    session = next((a[key] for key in SESSION_KEYS if a.get(key)), None) if is_model_call else None
+    return f"{SESSION_PREFIX}{session}" if session is not None else span.trace_id
+
+
+def _join_session(neutral: NeutralSpan, original: Any) -> None:
     """A lone model call with a session id belongs to its session's run, not to a one-span trace of its own."""
-    if neutral.parent_span_id is not None or neutral.attributes.get(sc.GEN_AI_OPERATION_NAME) not in MODEL_OPERATIONS:
-        return
-    session = next((attributes[key] for key in SESSION_KEYS if attributes.get(key)), None)
-    if session is not None:
-        neutral.trace_id = f"session:{session}"
+    key = run_key(original)
+    if key != original.trace_id:
+        neutral.trace_id = key
         neutral.parent_span_id = "session"  # not a root: the run stays open for the session's next call
 
 

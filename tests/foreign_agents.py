@@ -238,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, required=True)
     parser.add_argument("--file", help="write spans to this OTLP/JSON lines file")
     parser.add_argument("--otlp", help="send spans to this OTLP/HTTP traces URL (the SDK's protobuf exporter)")
-    parser.add_argument("--otlp-json", action="store_true", help="... as OTLP/JSON instead of protobuf")
     parser.add_argument("--grpc", help="send spans to this OTLP/gRPC endpoint (host:port)")
     parser.add_argument("--header", action="append", default=[], help="NAME=VALUE sent with every OTLP export")
     parser.add_argument("--service", default="support-app")
@@ -258,12 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.file:
         provider.add_span_processor(SimpleSpanProcessor(OTLPJsonFileExporter(args.file)))
     if args.otlp:
-        if args.otlp_json:
-            from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter as JsonExporter
-            provider.add_span_processor(SimpleSpanProcessor(JsonExporter(endpoint=args.otlp, headers=headers)))
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.otlp, headers=headers)))
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.otlp, headers=headers)))
     if args.grpc:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
         provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=args.grpc, insecure=True,
