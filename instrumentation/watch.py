@@ -639,7 +639,10 @@ def serve(settings: WatchSettings) -> int:
 
     from .langfuse import LangfuseScores
 
+    import prometheus_client
+
     configure_service_logging()
+    prometheus_client.disable_created_metrics()  # a _created series beside every counter only doubles the scrape
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     server = WatchServer(settings, scores=LangfuseScores.from_env()).start()
