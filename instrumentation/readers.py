@@ -35,10 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
+from .detector import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL
 
-REPEATED_CALL, CYCLE, IGNORED_ERROR, FAILING_TOOL = "repeated_call", "cycle", "ignored_error", "failing_tool"
-
-# OpenInference's attribute names (openinference-semantic-conventions); listed here so the reader needs no extra package.
+# OpenInference's attribute names (openinference-semantic-conventions), listed so the reader needs no extra package.
 OI_SPAN_KIND = "openinference.span.kind"
 OI_INPUT_VALUE = "input.value"
 OI_OUTPUT_VALUE = "output.value"

@@ -27,7 +27,6 @@ import base64
 import dataclasses
 import hmac
 import json
-import os
 import queue
 import threading
 import time
@@ -47,22 +46,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import semconv as sc
 from .alerts import AlertContext, Alerts
-from .content import capture_from_env
 from .detector import Anomaly, DetectorConfig
-from .logs import log
+from .logs import install_cli_rendering, log, logger
 from .otlp_file import SpanRecord, spans_of_traces_data
 from .readers import SESSION_PREFIX, run_key
+from .settings import Settings
 from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
 
-TOKEN_ENV = "LOOPTRACE_WATCH_TOKEN"
-USERNAME_ENV = "LOOPTRACE_WATCH_USERNAME"
-PASSWORD_ENV = "LOOPTRACE_WATCH_PASSWORD"
 SERVICE_NAME = "service.name"
 _RESOURCE_KEYS = frozenset({SERVICE_NAME})
-
-
-class WatchConfigError(ValueError):
-    """A setting watch cannot start with (said without any secret)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +73,10 @@ class WatchSettings:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> WatchSettings:
-        token = os.environ.get(TOKEN_ENV) or None
-        username, password = os.environ.get(USERNAME_ENV) or None, os.environ.get(PASSWORD_ENV) or None
-        if (username is None) != (password is None):
-            raise WatchConfigError(f"set both {USERNAME_ENV} and {PASSWORD_ENV}, or neither")
-        values: dict[str, Any] = {"bearer_token": token, "basic_auth": (username, password) if username else None,
-                                  "capture_content": capture_from_env()}
+        """Auth and content capture from the environment (settings.py reads it); flags as keyword overrides."""
+        settings = Settings.from_env()
+        values: dict[str, Any] = {"bearer_token": settings.watch_token, "basic_auth": settings.watch_basic_auth,
+                                  "capture_content": settings.capture_content}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -498,7 +488,7 @@ class _WatchHTTPHandler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "looptrace-watch"
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._reply(200, CONTENT_TYPE_LATEST, self.watch.metrics.render())
@@ -507,7 +497,7 @@ class _WatchHTTPHandler(BaseHTTPRequestHandler):
         else:
             self._reply(404, "text/plain", b"not found\n")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         settings = self.watch.settings
         metrics = self.watch.metrics
         if self.path.split("?", 1)[0] != "/v1/traces":
@@ -546,7 +536,8 @@ class _WatchHTTPHandler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _read_chunked(self, limit: int) -> bytes:
-        chunks, total = [], 0
+        chunks: list[bytes] = []
+        total = 0
         while True:
             size = int(self.rfile.readline(64).split(b";", 1)[0].strip() or b"0", 16)
             if size == 0:
@@ -580,7 +571,7 @@ class _WatchHTTPHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # request lines would show paths and peers on every export; the counters on /metrics say enough
 
 
@@ -591,7 +582,7 @@ def _grpc_server(watch: WatchServer, settings: WatchSettings) -> tuple[Any, int]
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
     class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request, context):  # noqa: N802 (generated interface)
+        def Export(self, request, context):
             metadata = {key.lower(): value for key, value in context.invocation_metadata()
                         if isinstance(value, str)}
             if not authorized(metadata.get("authorization"), settings):
@@ -631,15 +622,18 @@ def configure_service_logging() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # looptrace's records (the stdlib logger "looptrace", logs.py) rendered by the structlog chain above.
+    install_cli_rendering()
+    logger.setLevel(logging.INFO)
 
 
 def serve(settings: WatchSettings) -> int:
     """Run until SIGTERM or SIGINT, then stop cleanly (every open run judged, last alerts sent). Returns 0."""
     import signal
 
-    from .langfuse import LangfuseScores
-
     import prometheus_client
+
+    from .langfuse import LangfuseScores
 
     configure_service_logging()
     prometheus_client.disable_created_metrics()  # a _created series beside every counter only doubles the scrape

@@ -325,7 +325,7 @@ def _add_watch_command(commands: Any) -> None:
         epilog="exit codes:\n  0   stopped by SIGTERM or Ctrl-C after judging every open run\n"
                "  2   bad flag, or a port already taken",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    watch.add_argument("--host", default=os.environ.get("LOOPTRACE_WATCH_HOST", "127.0.0.1"),
+    watch.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
     watch.add_argument("--port", type=int, default=4318, help="OTLP/HTTP and /metrics port (default 4318)")
     watch.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317; -1: no gRPC)")
@@ -340,15 +340,12 @@ def _add_watch_command(commands: Any) -> None:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.watch import WatchConfigError, WatchSettings, serve
+    from looptrace.instrumentation.watch import WatchSettings, serve
 
-    try:
-        settings = WatchSettings.from_env(
-            host=args.host, port=args.port, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-            idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
-            max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
-    except WatchConfigError as exc:
-        raise UsageError(str(exc)) from None
+    settings = WatchSettings.from_env(
+        host=args.host, port=args.port, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
+        max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
     return serve(settings)
 
 

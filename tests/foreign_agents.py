@@ -116,7 +116,11 @@ def _run_tool(name: str, arguments: dict[str, Any], call_id: str) -> tuple[str, 
 def produce_semconv(client: Any, provider: Any, with_tool_spans: bool) -> None:
     from opentelemetry.util.genai.handler import TelemetryHandler
     from opentelemetry.util.genai.types import (
-        InputMessage, OutputMessage, Text, ToolCallRequestPart, ToolCallResponsePart,
+        InputMessage,
+        OutputMessage,
+        Text,
+        ToolCallRequestPart,
+        ToolCallResponsePart,
     )
 
     handler = TelemetryHandler(tracer_provider=provider)

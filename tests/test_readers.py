@@ -61,7 +61,7 @@ def test_tool_calls_read_from_messages_alone_still_show_a_loop_but_say_error_rul
     # OpenTelemetry's GenAI utilities with chat spans only (as OpenLLMetry >= 0.56 writes them): tool results are
     # `tool_call_response` parts, which carry no error flag.
     code, verdicts = detect(capsys, produce(tmp_path, "semconv-chat", "repeat_failing"))
-    assert code == 1 and [a["type"] for a in verdicts[0]["anomalies"]][0] == "repeated_call"
+    assert code == 1 and next(a["type"] for a in verdicts[0]["anomalies"]) == "repeated_call"
     assert verdicts[0]["tool_calls"] == 4
     code, verdicts = detect(capsys, produce(tmp_path, "semconv-chat", "ignored_error"))
     assert code == 0 and verdicts[0]["anomalies"] == []  # not guessed from the word "Error" in a result

@@ -375,7 +375,8 @@ def free_port() -> int:
 def scripted_agent_run(provider) -> bool:
     """A scripted run through the real loop, if the Agent records metrics; False when it cannot (yet)."""
     try:
-        from looptrace.runtime import Agent, ScriptedModel, tool as as_tool
+        from looptrace.runtime import Agent, ScriptedModel
+        from looptrace.runtime import tool as as_tool
     except ImportError:
         return False
     if "meter_provider" not in inspect.signature(Agent).parameters:

@@ -1,10 +1,11 @@
-"""`looptrace watch`: an OTLP receiver that flags loops in any agent's traces, live, and stays up whatever it is sent."""
+"""`looptrace watch`: an OTLP receiver that flags loops in any agent's traces live, and stays up whatever it gets."""
 
 from __future__ import annotations
 
 import base64
 import gzip
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fakes.otlp_receiver import OTLPReceiver
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.resources import Resource
@@ -28,8 +30,6 @@ from opentelemetry.trace import Status, StatusCode
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, WatchServer, WatchSettings
-
-from fakes.otlp_receiver import OTLPReceiver
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"
 
@@ -221,7 +221,7 @@ def test_a_body_above_the_request_cap_gets_413():
 
 
 def test_a_flood_of_runs_beyond_the_cap_evicts_the_oldest_and_counts_them():
-    server, recorded = start_watch(max_open_runs=5)
+    server, _recorded = start_watch(max_open_runs=5)
     try:
         for _ in range(20):  # twenty agents that never finish
             assert post(server, protobuf(agent_spans(failing_repeats=1, root=False)))[0] == 200
@@ -296,6 +296,7 @@ def test_basic_auth_from_the_environment(monkeypatch):
 
 def test_with_content_capture_off_no_argument_reaches_the_log(capsys):
     import structlog
+
     from looptrace.instrumentation.watch import configure_service_logging
     configure_service_logging()
     server = WatchServer(WatchSettings(port=0, grpc_port=None, capture_content=False, bearer_token="tok-123"),
@@ -307,6 +308,7 @@ def test_with_content_capture_off_no_argument_reaches_the_log(capsys):
     finally:
         server.stop()
         structlog.reset_defaults()
+        logging.getLogger("looptrace").setLevel(logging.NOTSET)
     logged = capsys.readouterr().err
     assert "loop_anomaly" in logged and "repeated_call" in logged
     assert "secret-order-42" not in logged and "tok-123" not in logged
