@@ -401,8 +401,11 @@ def test_a_nudge_is_not_sent_when_no_turn_is_left_to_read_it():
         """Always fails."""
         raise RuntimeError("nope")
 
-    model = ScriptedModel([tool_use("fails"), answer("All done, it worked.")])
-    result = Agent(MODEL, tools=[fails], client=model, limits=Limits(max_turns=2), telemetry=False,
+    # A failure retried, failed again and left behind for other work: what the ignored_error rule flags on its own.
+    model = ScriptedModel([tool_use("fails", call_id="t1"), tool_use("fails", call_id="t2"),
+                           tool_use("_typed", {"name": "a", "count": 1}, call_id="t3"),
+                           answer("All done, it worked.")])
+    result = Agent(MODEL, tools=[fails, _typed], client=model, limits=Limits(max_turns=4), telemetry=False,
                    on_anomaly={"ignored_error": "nudge"}, alerts=Alerts(log_warnings=False)).run("go")
     assert result.status is RunStatus.DONE
     assert [a.type for a in result.anomalies] == ["ignored_error"]
