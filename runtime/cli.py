@@ -13,7 +13,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from looptrace import __version__
 from looptrace.instrumentation.logs import install_cli_rendering
@@ -113,7 +113,7 @@ def _main(argv: list[str] | None) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line, as every other usage error is: the full usage is one --help away."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

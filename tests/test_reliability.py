@@ -345,7 +345,6 @@ def test_tool_use_without_a_tool_use_block_is_answered_not_crashed():
 
 def test_the_wall_clock_limit_holds_through_the_sdks_retries(api):
     import anthropic
-
     import httpx2
 
     from looptrace.runtime.models import _retry_delay
