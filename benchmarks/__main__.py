@@ -20,8 +20,9 @@ BENCHMARKS = {
     5: ("b5_many_agents", "200 concurrent arun calls vs one at a time, trace integrity"),
     6: ("b6_startup", "start-up CPU: import looptrace and looptrace --help vs import opentelemetry.sdk.trace"),
     7: ("detector_eval", "detector precision and recall on recorded trajectories (../shared/trajectories)"),
+    8: ("b7_watch", "looptrace watch: spans/s, memory with 10,000 open runs, alert delay"),
 }
-NAMES = {"detector-eval": 7}
+NAMES = {"detector-eval": 7, "watch": 8}
 
 
 def _benchmark_number(text: str) -> int:

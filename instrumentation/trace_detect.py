@@ -23,6 +23,7 @@ from typing import Any
 from . import semconv as sc
 from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, result_digest
 from .logs import log
+from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 # The only span attributes detection reads: a reader can skip decoding everything else.
@@ -32,6 +33,8 @@ DETECTION_KEYS = frozenset({
     sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
     sc.GEN_AI_CONVERSATION_ID,
 })
+# ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
+DETECTION_KEYS = KeySelection(DETECTION_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
 _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 
@@ -67,10 +70,12 @@ class Verdict:
     tool_calls: int
     status: str | None  # looptrace.run.status when the trace is ours
     anomalies: list[Anomaly]
+    rules_not_run: dict[str, str] = field(default_factory=dict)  # rule -> what the producer did not record
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace_id": self.trace_id, "name": self.name, "turns": self.turns, "tool_calls": self.tool_calls,
-                "status": self.status, "anomalies": [a.to_dict() for a in self.anomalies]}
+                "status": self.status, "anomalies": [a.to_dict() for a in self.anomalies],
+                "rules_not_run": self.rules_not_run}
 
 
 class RunRebuilder:
@@ -81,8 +86,10 @@ class RunRebuilder:
         self.max_open_traces = max_open_traces
         self._open: OrderedDict[str, _OpenRun] = OrderedDict()
         self._sessions = SessionDetectors(config)  # runs of one conversation, judged in the order their roots came
+        self._reader = ProducerReader(max_open_traces)  # other producers' spans, in our vocabulary
 
     def add(self, span: Any) -> Verdict | None:
+        span = self._reader.translate(span)
         attributes = span.attributes
         run = self._open.get(span.trace_id)
         if run is None:
@@ -112,8 +119,38 @@ class RunRebuilder:
         verdicts = (self._judge(trace_id) for trace_id in list(self._open))
         return [v for v in verdicts if v is not None]
 
+    def open_runs(self) -> list[str]:
+        """The keys (trace ids, or session keys) of the runs still open, oldest first."""
+        return list(self._open)
+
+    def check(self, trace_id: str) -> list[Anomaly]:
+        """The anomalies of an open run so far, without closing it (no end-of-run rules): for live watching."""
+        run = self._open.get(trace_id)
+        if run is None:
+            return []
+        calls = run.calls + [_call_of(s) for s in self._reader.message_calls(trace_id)]
+        detector = self._replay(run, calls)
+        not_run = self._reader.limits(trace_id)
+        return [a for a in detector.anomalies if a.type not in not_run]
+
+    def close(self, trace_id: str) -> Verdict | None:
+        """Judge an open run now (its root never came: the sender went quiet, or the run was evicted)."""
+        return self._judge(trace_id) if trace_id in self._open else None
+
+    def _replay(self, run: _OpenRun, calls: list[_Call]) -> LoopDetector:
+        detector = LoopDetector(self.config)
+        for turn, turn_calls in _assign_turns(_model_call_starts(run.model_spans), calls):
+            for call in turn_calls:
+                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
+                                          is_error=call.is_error, result_digest=call.digest))
+            detector.end_turn(turn)
+        return detector
+
     def _judge(self, trace_id: str) -> Verdict | None:
         run = self._open.pop(trace_id)
+        run.calls.extend(_call_of(s) for s in self._reader.message_calls(trace_id))
+        not_run = self._reader.limits(trace_id)
+        self._reader.forget(trace_id)
         if not run.calls and not run.model_spans:
             return None  # no agent here: an application span around a run that was already judged, or unrelated
         detector = self._sessions.detector_for(run.session_id) if run.session_id else LoopDetector(self.config)
@@ -130,11 +167,13 @@ class RunRebuilder:
         _, stop_reason, model_output = run.last_model
         final_text = _output_text(run.root_text if run.root_text is not None else model_output)
         detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
-        anomalies = detector.anomalies
         if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
-            anomalies = [a for a in anomalies if a.type != IGNORED_ERROR]
+            not_run.setdefault(IGNORED_ERROR, "the final answer's text was not recorded (content capture off?)")
+        if stop_reason is None and run.model_spans:
+            not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
+        anomalies = [a for a in detector.anomalies if a.type not in not_run]
         return Verdict(trace_id=trace_id, name=run.root_name, turns=max(len(model_starts), len(turns)),
-                       tool_calls=len(run.calls), status=run.root_status, anomalies=anomalies)
+                       tool_calls=len(run.calls), status=run.root_status, anomalies=anomalies, rules_not_run=not_run)
 
 
 def detect_spans(spans: Iterable[Any], config: DetectorConfig | None = None) -> Iterator[Verdict]:

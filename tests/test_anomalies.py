@@ -292,7 +292,7 @@ def test_a_warning_log_line_with_trace_and_span_ids():
 class _Hook(BaseHTTPRequestHandler):
     received: list[dict] = []
 
-    def do_POST(self):  # noqa: N802 - the stdlib's name
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append(json.loads(body))
         self.send_response(200)
