@@ -890,14 +890,17 @@ class LoopDetector:
                     error.moved_on = True
 
     def _note_later_success(self, observed: _Observed, turn: int) -> None:
-        """A success of another tool after an error may report the failure: a hand-off or a ticket that names what
-        failed or quotes its error. (Another call of the same tool naming a shared value is a retry, not a report.)"""
+        """A success of another tool after an error may report the failure: a hand-off or a ticket whose free text
+        names what failed or quotes its error. (An id argument naming the same order is the next operation on it, and
+        another call of the same tool is a retry: neither is a report.)"""
         text = None
         for errors in self._unresolved.values():
             for error in errors.recent:
                 if not error.reported and errors is not self._unresolved.get(observed.tool):
                     if text is None:
-                        text = _fold(" ".join(_strings_in(observed.raw_arguments)))[:_ANSWER_SCAN_CHARS]
+                        # free text only (a summary, a message): an id argument is the next operation, not a report
+                        text = _fold(" ".join(t for t in _strings_in(observed.raw_arguments)
+                                              if any(c.isspace() for c in t.strip())))[:_ANSWER_SCAN_CHARS]
                     error.reported = _names_or_quotes(text, error)
 
     # ---- closing a turn: every per-turn rule runs here

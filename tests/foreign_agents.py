@@ -20,7 +20,7 @@ Producers:
 
 Scenarios:
   repeat_failing  the model calls get_order(A-1) four times; it fails every time; the answer admits it
-  ignored_error   refund(A-1) fails once; the answer claims the refund went through
+  ignored_error   refund(A-1) fails twice, get_order(A-1) succeeds; the answer claims the refund went through
   clean           get_order(A-1) succeeds; the answer reports it
 """
 
@@ -76,7 +76,9 @@ def model_script(scenario: str) -> list[dict[str, Any]]:
         return [call("get_order", n) for n in range(1, 5)] + [
             {"content": "I could not look up order A-1: the order service failed every time."}]
     if scenario == "ignored_error":
-        return [call("refund", 1), {"content": "Done! Your refund for order A-1 has been processed."}]
+        # retried, failed again, then other work before the claim: what the rule flags alone (issue 9)
+        return [call("refund", 1), call("refund", 2), call("get_order", 3),
+                {"content": "Done! Your refund has been processed."}]
     return [call("get_order", 1), {"content": "Order A-1 has shipped."}]
 
 

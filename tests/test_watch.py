@@ -75,7 +75,9 @@ def agent_spans(*, failing_repeats: int = 0, ignored_error: bool = False, root: 
                                                                       sc.GEN_AI_AGENT_NAME: "helper"})
     from opentelemetry import trace
     with trace.use_span(root_span, end_on_exit=root):
-        calls = [("get_order", True)] * failing_repeats + ([("refund", True)] if ignored_error else [])
+        # an ignored error the rule sees alone (issue 9): retried, failed again, then other work before the claim
+        ignored = [("refund", True), ("refund", True), ("get_order", False)] if ignored_error else []
+        calls = [("get_order", True)] * failing_repeats + ignored
         for n, (tool, fails) in enumerate(calls, start=1):
             with tracer.start_as_current_span("chat", attributes={sc.GEN_AI_OPERATION_NAME: "chat",
                                                                   sc.GEN_AI_RESPONSE_FINISH_REASONS: ["tool_call"]}):
