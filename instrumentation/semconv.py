@@ -92,6 +92,12 @@ ANOMALY_TOOL = "looptrace.anomaly.tool"
 ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
 
+# The judge's model call (runtime/judge.py): its own instrumentation scope, so its spans can be told apart.
+JUDGE_SCOPE_NAME = "looptrace.judge"
+JUDGE = "looptrace.judge"  # true on the judge's chat span
+JUDGE_COST_USD = "looptrace.judge.cost_usd"
+JUDGE_VERDICT = "looptrace.judge.verdict"
+
 # Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.
 GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
 EVENT_MESSAGE = "message"

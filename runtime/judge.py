@@ -49,7 +49,7 @@ class ModelJudge:
         self.model = model
         self.timeout_s = timeout_s
         provider = tracer_provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer("looptrace.judge")
+        self._tracer = provider.get_tracer(sc.JUDGE_SCOPE_NAME)
 
     def __call__(self, request: JudgeRequest) -> bool | None:
         params = {
@@ -63,7 +63,7 @@ class ModelJudge:
             span.set_attribute(sc.GEN_AI_OPERATION_NAME, sc.OPERATION_CHAT)
             span.set_attribute(sc.GEN_AI_PROVIDER_NAME, "anthropic")
             span.set_attribute(sc.GEN_AI_REQUEST_MODEL, self.model)
-            span.set_attribute("looptrace.judge", True)
+            span.set_attribute(sc.JUDGE, True)
             response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
             usage = _usage(response)
             span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens + usage.cache_read_input_tokens
@@ -71,9 +71,9 @@ class ModelJudge:
             span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
             price = price_for(self.model, DEFAULT_PRICES)
             if price is not None:
-                span.set_attribute("looptrace.judge.cost_usd", cost_usd(usage, price))
+                span.set_attribute(sc.JUDGE_COST_USD, cost_usd(usage, price))
             verdict = _verdict(response)
-            span.set_attribute("looptrace.judge.verdict", "none" if verdict is None else str(verdict).lower())
+            span.set_attribute(sc.JUDGE_VERDICT, "none" if verdict is None else str(verdict).lower())
             return verdict
 
 

@@ -18,8 +18,9 @@ PRODUCT = [*(ROOT / "instrumentation").glob("*.py"), *(ROOT / "runtime").glob("*
 
 def test_every_emitted_name_is_defined_in_semconv():
     name = re.compile(r"""["']((?:looptrace|langfuse|gen_ai)\.[a-z_]+(?:\.[a-z_]+)*\.?)["']""")
+    # readers.py reads other producers' names (legacy gen_ai.prompt.*, langfuse.session.id): not ours to emit.
     found = {path.name: name.findall(path.read_text(encoding="utf-8"))
-             for path in PRODUCT if path.name != "semconv.py"}
+             for path in PRODUCT if path.name not in ("semconv.py", "readers.py")}
     assert {file: names for file, names in found.items() if names} == {}
 
 
