@@ -2,9 +2,9 @@
 
 ``Agent(detector=DetectorConfig(judge="claude-haiku-4-5"))`` asks that model, through the agent's own client, whether
 the final answer ignored the failed call. The prompt is short and the answer structured (a forced tool call); the
-judge's tokens and cost go on a span of its own (``chat {model}`` with ``looptrace.judge`` set) and are never charged to
-the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it never blocks or
-crashes the run.
+judge's tokens and cost go on a span of its own (``chat {model}`` with the ``JUDGE`` attribute of semconv.py set) and
+are never charged to the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict:
+it never blocks or crashes the run.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class ModelJudge:
         self.model = model
         self.timeout_s = timeout_s
         provider = tracer_provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer(sc.JUDGE_SCOPE_NAME)
+        self._tracer = provider.get_tracer(sc.JUDGE)
 
     def __call__(self, request: JudgeRequest) -> bool | None:
         params = {
