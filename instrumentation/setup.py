@@ -8,8 +8,9 @@ Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPOR
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
 when both are; the local trace file otherwise. Names combine: ``file,langfuse,otlp``.
 
-Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it
-with the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``export.GuardedExporter``:
+The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it
+with the standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, nothing lost to a crash
+but the spans still open). The network ones (``langfuse``, ``otlp``) are wrapped in ``export.GuardedExporter``:
 bounded, never raising, one warning per failure cause, undelivered spans saved to the spill file for
 ``looptrace traces push``. Metrics go over OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with
 ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
@@ -49,8 +50,9 @@ from .export import (
     network_metric_exporter,
 )
 from .logs import log
-from .otlp_file import OTLPJsonFileExporter, default_trace_file
+from .otlp_file import default_trace_file
 from .spill import SpillFile
+from .trace_writer import TraceFileProcessor
 
 __all__ = [
     "ConfigurationError",
@@ -264,10 +266,13 @@ def configure(
             telemetry._guards.append(guard)
             telemetry.spill_file = spill.path
             processor = _BoundedBatchSpanProcessor(guard)
+        elif name == "file":
+            telemetry.trace_file = Path(trace_file) if trace_file else default_trace_file()
+            # Each span is written as it ends: no queue to overflow, and a crash loses only the spans still open.
+            processor = TraceFileProcessor(telemetry.trace_file)
         else:
-            exporter = _local_exporter(name, trace_file, console_stream, telemetry)
-            # The console is for a human watching: spans appear as they end. The file is batched off-thread.
-            processor = SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
+            # The console is for a human watching: spans appear as they end.
+            processor = SimpleSpanProcessor(_local_exporter(name, trace_file, console_stream, telemetry))
         provider.add_span_processor(processor)
         telemetry._processors.append(processor)
     if "langfuse" in telemetry.exporters:
@@ -291,9 +296,6 @@ def configure(
 
 
 def _local_exporter(name: str, trace_file, console_stream, telemetry: Telemetry) -> SpanExporter:
-    if name == "file":
-        telemetry.trace_file = Path(trace_file) if trace_file else default_trace_file()
-        return OTLPJsonFileExporter(telemetry.trace_file)
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
