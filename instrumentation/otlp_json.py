@@ -324,8 +324,10 @@ def encode_traces_data(spans: Iterable[Any], extra: str = "") -> str:
             resource_head, scope_head, scope_tail, resource_tail = _envelope(resource, scope)
             blocks.append(scope_head + ",".join(encoded) + scope_tail)
         resource_parts.append(resource_head + ",".join(blocks) + resource_tail)
-    body = '"resourceSpans":[' + ",".join(resource_parts) + "]"
-    return "{" + (extra + "," if extra else "") + body + "}"
+    members = [extra] if extra else []
+    if resource_parts:  # the official encoder leaves an empty list out
+        members.append('"resourceSpans":[' + ",".join(resource_parts) + "]")
+    return "{" + ",".join(members) + "}"
 
 
 def encode_line(span: Any) -> bytes:

@@ -19,9 +19,17 @@ def _installed_version() -> str:
         return "0.0.0"
 
 
-# The instrumentation scope of every span and metric: looked up once, not per agent.
+# The instrumentation scope of every span and metric: looked up once, not per agent, and only when first used
+# (importlib.metadata is slow to import, and `looptrace detect` never needs the version).
 SCOPE_NAME = "looptrace"
-SCOPE_VERSION = _installed_version()
+
+
+def __getattr__(name: str) -> str:
+    if name == "SCOPE_VERSION":
+        version = _installed_version()
+        globals()["SCOPE_VERSION"] = version
+        return version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
