@@ -89,22 +89,27 @@ def max_line_bytes() -> int:
         return DEFAULT_MAX_LINE_BYTES
 
 
+SKIP = object()  # what a ``read_lines`` parser returns for a line not worth parsing
+
 # What a line can be wrong with: each becomes a BadLine, never a traceback.
 _LINE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
 
 def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
-               on_progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, Any]]:
+               on_progress: Callable[[int], None] | None = None,
+               parse: Callable[[bytes], Any] | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed JSON) for every non-blank line that parses; the others go to ``on_bad_line``.
 
     Memory is bounded by the longest line kept: an over-long line is read past in chunks and reported, never held.
+    ``parse`` replaces ``json.loads``: it may return ``SKIP`` for a line its caller can tell it has no use for
+    without parsing it, or anything else it makes of the bytes (raising ValueError for a bad line).
     """
     limit = max_line_bytes()
     try:
         handle = open(path, "rb")
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
-    loads = json.loads
+    loads = parse or json.loads
     with handle:
         readline = handle.readline
         number = read = 0
@@ -128,7 +133,8 @@ def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
                 if raw.strip() and on_bad_line is not None:
                     on_bad_line(BadLine(number, _describe(exc, raw)))
                 continue
-            yield number, data
+            if data is not SKIP:
+                yield number, data
         if on_progress is not None:
             on_progress(read)
 

@@ -143,15 +143,26 @@ def _key_value(key: str, value: Any) -> str:
     return _key_prefix(key) + _value(value) + "}"
 
 
+def _plain(attributes: Any) -> Mapping[str, Any]:
+    """The dict behind the SDK's attribute mappings, when it is there.
+
+    ``ReadableSpan.attributes`` is a read-only proxy over a ``BoundedAttributes``, a Python-level Mapping whose
+    iteration (with its lock) costs more than encoding the values. A finished span's attributes no longer change, so
+    the plain dict inside is read directly; anything else is iterated as the Mapping it is.
+    """
+    return getattr(attributes, "_dict", attributes)
+
+
 def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) -> str:
     """The inside of an attributes list: ``{"key":..,"value":..},...``."""
     if not attributes:
         return ""
+    plain = _plain(attributes)
     if repairs is None:
         prefix = _key_prefix
-        return ",".join([prefix(key) + _value(value) + "}" for key, value in attributes.items()])
+        return ",".join([prefix(key) + _value(value) + "}" for key, value in plain.items()])
     parts = []
-    for key, value in attributes.items():
+    for key, value in plain.items():
         clean_key = key if _valid_utf8(key) else _clean_text(key)
         encoded = _safe_value(value)
         if clean_key is not key or encoded != _try_value(value):
@@ -195,7 +206,9 @@ def _span(span: Any, repairs: _Repairs | None) -> str:
         parts += [',"startTimeUnixNano":"', str(span.start_time), '"']
     if span.end_time:
         parts += [',"endTimeUnixNano":"', str(span.end_time), '"']
-    attributes = span.attributes
+    attributes = getattr(span, "_attributes", None)  # the BoundedAttributes behind span.attributes' proxy
+    if attributes is None:
+        attributes = span.attributes
     if attributes:
         parts += [',"attributes":[', _attributes(attributes, repairs)]
         if repairs is not None and repairs.keys:

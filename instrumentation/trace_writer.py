@@ -2,9 +2,9 @@
 
 The file is local, so batching buys little and costs a lot when the process dies: with a write per ended span a
 kill -9 loses only the spans still open. Each line is written with one ``write`` on a descriptor opened in append
-mode, so concurrent processes interleave whole lines, and a line always starts on a fresh line: if the file ends in
-the middle of a line (a writer killed mid-write, a full disk), a newline is written first, so the torn line costs
-only itself.
+mode, so concurrent processes interleave whole lines, and the first line a writer appends starts on a fresh line: if
+the file ends in the middle of a line (a writer killed mid-write, a full disk), a newline is written first, so the
+torn line costs only itself.
 
 Trace files hold prompts and tool results: they are created readable by their owner only (0600), in a directory
 created 0700. A trace file is a convenience that must never take an agent down: a failed write costs a warning
@@ -47,9 +47,14 @@ def start_on_fresh_line(fd: int) -> None:
         os.write(fd, b"\n")
 
 
-def append_line(fd: int, line: bytes) -> None:
-    """Append one whole line; a short write (a full disk) is completed or raises, never left for the next line."""
-    start_on_fresh_line(fd)
+def append_line(fd: int, line: bytes, fresh: bool = True) -> None:
+    """Append one whole line; a short write (a full disk) is completed or raises, never left for the next line.
+
+    ``fresh=False`` skips looking for a torn last line (two system calls), for a writer that already did when it
+    opened the file and wrote only whole lines since.
+    """
+    if fresh:
+        start_on_fresh_line(fd)
     written = os.write(fd, line)
     while written < len(line):  # rare: a signal or a nearly full disk; the rest goes on the same line
         written += os.write(fd, line[written:])
@@ -65,6 +70,7 @@ class TraceFileWriter:
         self._lock = threading.Lock()
         self._warned = False
         self._closed = False
+        self._failed = False
 
     def write(self, line: bytes, spans: int = 1) -> bool:
         with self._lock:
@@ -72,11 +78,16 @@ class TraceFileWriter:
                 self.lost_spans += spans
                 return False
             try:
-                if self._fd is None:
+                opened = self._fd is None
+                if opened:
                     self._fd = open_private_append(self.path)
-                append_line(self._fd, line)
+                # A torn line is looked for when the file is opened (a crashed run before this one) and after a
+                # failed write of ours; a process killed mid-write while this one appends costs its line and ours.
+                append_line(self._fd, line, fresh=opened or self._failed)
+                self._failed = False
             except OSError as error:
                 self.lost_spans += spans
+                self._failed = True
                 self._warn_once(error)
                 return False
         return True

@@ -23,6 +23,7 @@ from typing import Any
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import (
+    SKIP,
     BadLine,
     SpanRecord,
     TraceFileError,
@@ -195,9 +196,10 @@ class LineReporter:
             sys.stderr.flush()
 
 
-def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None) -> Iterator[SpanRecord]:
+def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
+             parse: Any = None) -> Iterator[SpanRecord]:
     """Every span of the file, each line decoded once; a line that is JSON but not trace data is reported."""
-    for number, data in read_lines(path, report, report.progress):
+    for number, data in read_lines(path, report, report.progress, parse):
         try:
             decoded_resource: dict[str, Any] = {}
             last_resource: Any = None
@@ -234,7 +236,7 @@ def detect_command(args: argparse.Namespace) -> int:
     found = 0
     write = sys.stdout.write
     with LineReporter(path) as report:
-        for verdict in detect_spans(spans_of(path, report, DETECTION_KEYS)):
+        for verdict in detect_spans(spans_of(path, report, DETECTION_KEYS, _parse_for_detection)):
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
                 continue
@@ -251,6 +253,22 @@ def detect_command(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{plural(found, 'anomaly')} found in {path}", file=sys.stderr)
     return 1 if found else EXIT_OK
+
+
+def _parse_for_detection(raw: bytes) -> Any:
+    """json.loads, except for a line that cannot matter to detection, told from its bytes alone.
+
+    Detection reads model calls, tool calls and roots. A line naming neither an operation nor a tool, whose every
+    span has a parent (as many ``"parentSpanId"`` keys as ``"spanId"`` keys, none empty), holds none of them:
+    looptrace's turn spans, an application's own spans. Inside a JSON string a quote is escaped, so these keys with
+    their quotes can only be keys; the test errs only towards parsing.
+    """
+    if (b"gen_ai.operation.name" in raw or b"gen_ai.tool.name" in raw or b'"parentSpanId":""' in raw
+            or b'"parentSpanId": ""' in raw or raw.count(b'"parentSpanId"') != raw.count(b'"spanId"')):
+        return json.loads(raw)
+    if b'"resourceSpans"' not in raw:
+        return json.loads(raw)  # not trace data at all: parsed so that it is reported as such
+    return SKIP
 
 
 def plural(count: int, noun: str) -> str:
@@ -286,7 +304,32 @@ def show_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_Held = list[tuple[dict[str, Any], Any, Any]]  # a trace's spans, undecoded: (span, resource attributes, scope)
+_Held = list[Any]  # a trace's spans, undecoded: raw lines (bytes), or (span object, resource attributes, scope)
+
+
+def _peek(raw: bytes) -> tuple[str, int, bool] | None:
+    """(trace id, end time, is a root) of a line holding exactly one span, read from its bytes without parsing it;
+    None for any other line (several spans, links, an unusual spelling), which is then parsed.
+
+    looptrace writes one span per line: `traces show` parses only the lines of the trace it shows.
+    """
+    if raw.count(b'"spanId"') != 1:
+        return None
+    start = raw.find(b'"traceId":"')
+    if start < 0:
+        return None
+    start += 11
+    trace_id = raw[start:start + 32]
+    if len(trace_id) != 32 or raw[start + 32:start + 33] != b'"' or trace_id.strip(b"0123456789abcdefABCDEF"):
+        return None
+    end = 0
+    at = raw.find(b'"endTimeUnixNano":"')
+    if at >= 0:
+        at += 19
+        digits = raw[at:raw.find(b'"', at)]
+        end = int(digits) if digits.isdigit() else 0
+    root = (b'"parentSpanId"' not in raw or b'"parentSpanId":""' in raw or b'"name":"invoke_agent' in raw)
+    return trace_id.decode("ascii").lower(), end, root
 
 
 def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[SpanRecord] | None:
@@ -298,41 +341,51 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
     open_traces: OrderedDict[str, tuple[int, _Held]] = OrderedDict()  # trace id -> (latest end, spans)
     best: tuple[int, _Held] | None = None
     matches: set[str] = set()
-    for number, data in read_lines(path, report, report.progress):
+
+    def keep(trace_id: str, end: int, root: bool, item: Any) -> None:
+        nonlocal best
+        report.saw_span()
+        if prefix is not None:
+            if not trace_id.startswith(prefix):
+                return
+            matches.add(trace_id)
+            if len(matches) > 1:
+                raise UsageError(f"trace id prefix {prefix!r} matches more than one trace; give more digits")
+        held = open_traces.get(trace_id)
+        if held is None:
+            held = open_traces[trace_id] = (end, [])
+            if len(open_traces) > MAX_OPEN_TRACES:
+                open_traces.popitem(last=False)
+        elif end > held[0]:
+            held = open_traces[trace_id] = (end, held[1])
+        held[1].append(item)
+        if prefix is None and root:
+            if best is None or end >= best[0]:
+                best = (end, held[1])
+            del open_traces[trace_id]  # judged: a later span of it (an outer span) is not worth a new one
+
+    def parse(raw: bytes) -> Any:
+        peeked = _peek(raw)
+        if peeked is None:
+            return json.loads(raw)
+        keep(*peeked, raw)
+        return SKIP
+
+    for number, data in read_lines(path, report, report.progress, parse):
         try:
             for span, resource, scope in raw_spans(data):
                 trace_id = span["traceId"]
                 if type(trace_id) is not str:
                     raise ValueError("traceId is not a string")
-                trace_id = trace_id.lower()
-                report.saw_span()
-                if prefix is not None:
-                    if not trace_id.startswith(prefix):
-                        continue
-                    matches.add(trace_id)
-                    if len(matches) > 1:
-                        raise UsageError(f"trace id prefix {prefix!r} matches more than one trace; give more digits")
-                end = _end(span)
-                held = open_traces.get(trace_id)
-                if held is None:
-                    held = open_traces[trace_id] = (end, [])
-                    if len(open_traces) > MAX_OPEN_TRACES:
-                        open_traces.popitem(last=False)
-                elif end > held[0]:
-                    held = open_traces[trace_id] = (end, held[1])
-                held[1].append((span, resource, scope))
-                if prefix is None and _is_root(span):
-                    if best is None or end >= best[0]:
-                        best = (end, held[1])
-                    del open_traces[trace_id]  # judged: a later span of it (an outer span) is not worth a new one
+                keep(trace_id.lower(), _end(span), _is_root(span), (span, resource, scope))
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
             report(BadLine(number, _not_trace_data(exc)))
     if prefix is not None:
         chosen = open_traces.get(next(iter(matches))) if matches else None
-        return _decode(chosen[1]) if chosen else None
+        return _decode(chosen[1], report) if chosen else None
     if best is None and open_traces:
         best = max(open_traces.values(), key=lambda item: item[0])
-    return _decode(best[1]) if best else None
+    return _decode(best[1], report) if best else None
 
 
 def _end(span: dict[str, Any]) -> int:
@@ -342,17 +395,16 @@ def _end(span: dict[str, Any]) -> int:
         return 0
 
 
-def _decode(held: _Held) -> list[SpanRecord]:
+def _decode(held: _Held, report: LineReporter) -> list[SpanRecord]:
     records = []
-    cache: dict[int, dict[str, Any]] = {}
-    for span, resource, scope in held:
+    for item in held:
         try:
-            decoded = cache.get(id(resource))
-            if decoded is None:
-                decoded = cache[id(resource)] = decode_attributes(resource)
-            records.append(span_record(span, decoded, scope))
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
-            continue  # a span that cannot be shown costs itself; the rest of its trace still is
+            items = list(raw_spans(json.loads(item))) if isinstance(item, bytes) else [item]
+            for span, resource, scope in items:
+                records.append(span_record(span, decode_attributes(resource), scope))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            # A span that cannot be shown costs itself; the rest of its trace still is.
+            report(BadLine(0, f"a span of this trace is unreadable ({_not_trace_data(exc)})"))
     return records
 
 
