@@ -202,16 +202,37 @@ def command(*argv: str) -> list[str]:
     return [script, *argv] if os.path.exists(script) else [sys.executable, "-m", "looptrace.runtime.entry", *argv]
 
 
-def timed_process(argv: list[str]) -> tuple[float, int]:
-    """Wall time and peak resident memory (KB) of one process, start-up included."""
+TIME = "/usr/bin/time"  # GNU time: the child's own peak RSS (a forked child's counts the parent's pages too)
+
+
+def timed_process(argv: list[str], tmp: str) -> tuple[float, int]:
+    """Wall time and peak resident memory (KB; 0 when GNU time is missing) of one process, start-up included."""
+    report = os.path.join(tmp, "rss.txt")
+    measured = [TIME, "-f", "%M", "-o", report, *argv] if os.path.exists(TIME) else argv
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
+    process = subprocess.run(measured, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode not in (0, 1):  # detect exits 1 when it finds anomalies
         raise RuntimeError(f"{argv} exited {process.returncode}")
-    return elapsed, usage.ru_maxrss
+    try:
+        with open(report, encoding="ascii") as handle:
+            peak = int(handle.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        peak = 0
+    return elapsed, peak
+
+
+def compile_bytecode() -> None:
+    """Bytecode for looptrace's modules, as an installed package has it (pip compiles at install; an editable
+    install under PYTHONDONTWRITEBYTECODE would otherwise compile every module at every start)."""
+    import compileall
+
+    import looptrace
+    import looptrace.instrumentation
+    import looptrace.runtime
+
+    for package in (looptrace, looptrace.instrumentation, looptrace.runtime):
+        compileall.compile_dir(os.path.dirname(package.__file__), quiet=1, maxlevels=0)
 
 
 def reading(quick: bool, tmp: str) -> list[Row]:
@@ -221,6 +242,7 @@ def reading(quick: bool, tmp: str) -> list[Row]:
     runs = write_file(small, recording, SIZES_MB[0])
     big = os.path.join(tmp, "100mb.jsonl")
     repeat_file(small, big, SIZES_MB[1] // SIZES_MB[0])
+    compile_bytecode()
     rows = []
     memory: dict[str, dict[int, int]] = {"detect": {}, "show": {}, "json.loads": {}}
     for megabytes, path in zip(SIZES_MB, (small, big)):
@@ -234,7 +256,7 @@ def reading(quick: bool, tmp: str) -> list[Row]:
 
         def sample(name: str):
             def run() -> float:
-                elapsed, peak = timed_process(variants[name])
+                elapsed, peak = timed_process(variants[name], tmp)
                 rss[name] = max(rss.get(name, 0), peak)
                 return elapsed
 
@@ -253,6 +275,8 @@ def reading(quick: bool, tmp: str) -> list[Row]:
                             f"(json.loads alone {rss['json.loads'] / 1024:.0f} MB); {reps} interleaved samples"))
         memory["json.loads"][megabytes] = rss["json.loads"]
     for name in ("detect", "show"):
+        if not memory[name][SIZES_MB[0]]:
+            continue  # no GNU time to measure with
         growth = memory[name][SIZES_MB[1]] / memory[name][SIZES_MB[0]]
         rows.append(Row("6 trace file", f"peak memory of `{name}`, 100 MB file / 10 MB file", f"{growth:.2f}x",
                         "flat (<= 1.2x)", growth <= 1.2,
