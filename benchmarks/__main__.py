@@ -18,7 +18,8 @@ BENCHMARKS = {
     3: ("b3_detector", "detector: live cost, memory, `looptrace detect` vs json.loads"),
     4: ("b4_backend_trouble", "per-turn latency with the OTLP backend healthy, refusing, slow"),
     5: ("b5_many_agents", "200 concurrent arun calls vs one at a time, trace integrity"),
-    6: ("b6_trace_file", "trace file: default telemetry vs raw SDK spans; detect and show vs json.loads"),
+    6: ("b6_startup", "start-up CPU: import looptrace and looptrace --help vs import opentelemetry.sdk.trace"),
+    7: ("b7_trace_file", "trace file: default telemetry vs raw SDK spans; detect and show vs json.loads"),
 }
 
 

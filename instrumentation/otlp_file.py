@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TRACE_FILE_ENV = "LOOPTRACE_TRACE_FILE"
-DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
 MAX_LINE_BYTES_ENV = "LOOPTRACE_MAX_LINE_BYTES"
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 def default_trace_file() -> Path:
-    return Path(os.environ.get(TRACE_FILE_ENV) or DEFAULT_TRACE_FILE)
+    """``LOOPTRACE_TRACE_FILE``, else ``.looptrace/traces.jsonl``."""
+    from .settings import Settings
+
+    return Settings.from_env().trace_file
 
 
 def __getattr__(name: str) -> Any:
@@ -106,7 +107,7 @@ def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
     """
     limit = max_line_bytes()
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
     loads = parse or json.loads

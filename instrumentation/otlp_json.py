@@ -23,7 +23,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-REPAIRED_ATTRIBUTES = "looptrace.repaired_attributes"
+from .semconv import REPAIRED_ATTRIBUTES
+
+__all__ = ["REPAIRED_ATTRIBUTES", "encode_line", "encode_span", "encode_traces_data"]
 
 _string = json.encoder.encode_basestring  # the C escaper: '"' + escaped text + '"', non-ASCII kept as is
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

@@ -39,9 +39,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from .export import ConfigurationError, configured_backends, network_exporter
+from .exporters import network_exporter
 from .otlp_file import decode_attributes, decode_span_kind, decode_status_code, max_line_bytes
 from .otlp_json import encode_traces_data
+from .settings import DEFAULT_SPILL_FILE, ConfigurationError, Settings
 from .trace_writer import FILE_MODE, append_line, make_private_directory, open_private_append
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
@@ -49,14 +50,14 @@ try:  # advisory file locks keep concurrent runs and pushes from interleaving; W
 except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
 
-SPILL_FILE_ENV = "LOOPTRACE_SPILL_FILE"
-DEFAULT_SPILL_FILE = Path(".looptrace") / "spill.jsonl"
+__all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "default_spill_file", "push"]
+
 _SENDING = "sending "
 _NOT_SENT = "unsent "
 
 
 def default_spill_file() -> Path:
-    return Path(os.environ.get(SPILL_FILE_ENV) or DEFAULT_SPILL_FILE)
+    return Settings.from_env().spill_file
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class SpillFile:
             # A snapshot: lines appended later wait for the next push; a rewrite by a compaction replaces the file,
             # and this handle keeps reading the one it opened.
             try:
-                handle = open(self.path, "rb")
+                handle = open(self.path, "rb")  # noqa: SIM115 - read after the lock is released, closed below
             except FileNotFoundError:
                 return
             size = os.fstat(handle.fileno()).st_size
@@ -231,7 +232,7 @@ class SpillFile:
         bad: list[bytes] = []
         kept_ids: set[str] = set()
         try:
-            handle = open(self.path, "rb")
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
             return 0, kept_ids
         with handle:
@@ -421,11 +422,13 @@ class PushReport:
         if not (self.sent or self.failed or self.skipped or self.held or self.quarantined):
             return f"nothing to push: {self.path} holds no pending spans"
         parts = [f"sent {_spans(n)} to {b}" for b, n in sorted(self.sent.items())]
-        parts += [f"{_spans(n)} for {b} still pending (it failed; see the warning)" for b, n in sorted(self.failed.items())]
+        parts += [f"{_spans(n)} for {b} still pending (it failed; see the warning)"
+                  for b, n in sorted(self.failed.items())]
         parts += [f"{_spans(n)} for {b} left pending (not configured or not chosen with --to)"
                   for b, n in sorted(self.skipped.items())]
         parts += [f"{_spans(n)} for {b} held back: an earlier push was interrupted while sending them, so they may "
-                  f"already be there (send them anyway with --resend-interrupted)" for b, n in sorted(self.held.items())]
+                  f"already be there (send them anyway with --resend-interrupted)"
+                  for b, n in sorted(self.held.items())]
         if self.quarantined:
             lines = ", ".join(str(bad.line) for bad in self.quarantined[:5]) + (", ..." if len(self.quarantined) > 5
                                                                                 else "")
@@ -439,7 +442,8 @@ def _spans(n: int) -> str:
 
 
 def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[str, SpanExporter] | None = None, *,
-         to: Iterable[str] | None = None, resend_interrupted: bool = False) -> PushReport:
+         to: Iterable[str] | None = None, resend_interrupted: bool = False,
+         settings: Settings | None = None) -> PushReport:
     """Send what the spill file holds, never twice, and keep what still fails (see the module's guarantees).
 
     ``exporters`` maps backend names to exporters (tests pass their own); by default every backend the environment
@@ -450,7 +454,8 @@ def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[st
     spill = SpillFile(spill_path)
     own = exporters is None
     if exporters is None:
-        exporters = {name: network_exporter(name) for name in configured_backends()}
+        settings = settings or Settings.from_env()
+        exporters = {name: network_exporter(name, settings) for name in settings.configured_backends()}
     targets = set(to) if to else set(exporters)
     missing = targets - set(exporters)
     if missing:

@@ -29,7 +29,7 @@ DIRECTORY_MODE = 0o700
 
 
 def open_private_append(path: Path) -> int:
-    """A descriptor appending to ``path`` (readable too: a torn last line is looked for), created 0600 (parents 0700)."""
+    """A descriptor appending to ``path`` (readable too, to look for a torn last line), created 0600 (parents 0700)."""
     make_private_directory(path.parent)
     return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
 
@@ -78,12 +78,13 @@ class TraceFileWriter:
                 self.lost_spans += spans
                 return False
             try:
-                opened = self._fd is None
-                if opened:
-                    self._fd = open_private_append(self.path)
+                fd = self._fd
+                opened = fd is None
+                if fd is None:
+                    fd = self._fd = open_private_append(self.path)
                 # A torn line is looked for when the file is opened (a crashed run before this one) and after a
                 # failed write of ours; a process killed mid-write while this one appends costs its line and ours.
-                append_line(self._fd, line, fresh=opened or self._failed)
+                append_line(fd, line, fresh=opened or self._failed)
                 self._failed = False
             except OSError as error:
                 self.lost_spans += spans

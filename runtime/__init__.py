@@ -1,15 +1,15 @@
 """looptrace's agent runtime: the loop, its tools, its limits and what a run returns.
 
-Names load on first use, so that `looptrace detect` and `looptrace traces` (which import this package's CLI modules)
-start without loading the loop, the model client and the OpenTelemetry SDK.
+The names load on first use (like the top-level ``looptrace`` package), so importing one submodule, such as the CLI,
+does not import them all.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_WHERE = {
+_EXPORTS: dict[str, str] = {
     "Agent": "agent", "RunInterrupted": "agent",
     "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
     "ToolFinished": "events", "TurnStarted": "events",
@@ -20,11 +20,24 @@ _WHERE = {
     "Tool": "tools", "tool": "tools",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "Agent", "AnomalyDetected", "AnthropicModel", "Event", "Limits", "Model", "ModelResponded", "Price",
+    "RunFinished", "RunInterrupted", "RunResult", "RunStatus", "ScriptedModel", "Tool", "ToolFinished",
+    "TurnStarted", "Usage", "tool",
+]
+
+if TYPE_CHECKING:
+    from .agent import Agent, RunInterrupted
+    from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+    from .limits import Limits
+    from .models import AnthropicModel, Model, ScriptedModel
+    from .pricing import Price
+    from .result import RunResult, RunStatus, Usage
+    from .tools import Tool, tool
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
@@ -33,4 +46,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return __all__

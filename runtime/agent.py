@@ -9,6 +9,7 @@ never drift apart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -17,8 +18,9 @@ from typing import Any
 
 from looptrace.instrumentation.alerts import AlertContext, Alerts
 from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
+from looptrace.instrumentation.interface import AgentTracing, ChatTrace, NoTracing, RunTrace, ToolTrace, TurnTrace
 from looptrace.instrumentation.logs import log
-from looptrace.instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
+from looptrace.instrumentation.settings import Settings
 
 from . import policy as policies
 from . import tools as toolkit
@@ -68,6 +70,7 @@ class Agent:
         meter_provider: Any = None,
         capture_content: bool | None = None,
         telemetry: bool = True,
+        settings: Settings | None = None,
     ) -> None:
         self.model = model
         self.name = name
@@ -86,11 +89,11 @@ class Agent:
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
         self.policy = policies.AnomalyPolicy(on_anomaly)
-        self.alerts = alerts or Alerts()
+        settings = settings or Settings.from_env()
+        self.alerts = alerts or Alerts(webhook_url=settings.alert_webhook or "")
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
-        self._tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                                capture_content=capture_content, enabled=telemetry)
+        self._tracing = _tracing(settings, telemetry, tracer_provider, meter_provider, capture_content)
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._server_address: tuple[str | None, int | None] | None = None
 
@@ -213,7 +216,7 @@ class Agent:
         finally:
             turn.end(stop_reason=stop_reason)
 
-    def _act(self, run: _Run, turn: TurnSpan, index: int, content: list[Any],
+    def _act(self, run: _Run, turn: TurnTrace, index: int, content: list[Any],
              stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
         """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
         if stop_reason == "tool_use":
@@ -223,13 +226,13 @@ class Agent:
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
             stopped, _ = self._react(run, turn, run.detector.end_turn(index), []) if run.detector else (False, [])
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
-        status = STATUS_FOR_STOP_REASON.get(stop_reason)
-        if status is None:
+        status = STATUS_FOR_STOP_REASON.get(stop_reason) if stop_reason is not None else None
+        if status is None or stop_reason is None:
             run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
             return RunStatus.ERROR
         return self._check_finish(run, turn, index, stop_reason, status)
 
-    def _check_finish(self, run: _Run, turn: TurnSpan, index: int, stop_reason: str,
+    def _check_finish(self, run: _Run, turn: TurnTrace, index: int, stop_reason: str,
                       status: RunStatus) -> RunStatus | None:
         """The model says it is finished: the moment to look for errors it never dealt with."""
         if run.detector is None:
@@ -242,7 +245,7 @@ class Agent:
             return None  # one more turn, for the model to answer the nudge
         return status
 
-    def _tool_round(self, run: _Run, turn: TurnSpan, index: int,
+    def _tool_round(self, run: _Run, turn: TurnTrace, index: int,
                     content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
         """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
         whether the detector stops the run."""
@@ -257,7 +260,7 @@ class Agent:
                 call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
             raise outcome.exc
         results = [self._settle_call(run, index, call) for call in calls]
-        stopped, nudges = False, []
+        stopped, nudges = False, list[str]()
         if run.detector is not None:
             stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
@@ -266,7 +269,7 @@ class Agent:
         results.extend({"type": "text", "text": text} for text in nudges)
         return results, stopped
 
-    def _prepare_call(self, turn, block: dict[str, Any]) -> _Call:
+    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:
         name = block.get("name") or ""
         call_id = block.get("id") or ""
         arguments = block.get("input")
@@ -302,12 +305,12 @@ class Agent:
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result,
                                     call.is_error, call.outcome, call.duration_s))
-        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
         if call.is_error:
             block["is_error"] = True
         return block
 
-    def _react(self, run: _Run, turn: TurnSpan, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
+    def _react(self, run: _Run, turn: TurnTrace, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
         """Alert on each anomaly and apply the policy. Returns whether to stop and the nudges to send."""
         stop, nudges = False, []
         turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
@@ -410,7 +413,7 @@ class UnknownStopReason(Exception):
 class _Run:
     budget: Budget
     messages: list[dict[str, Any]]
-    span: RunSpan
+    span: RunTrace
     final_text: str = ""
     stop_reason: str | None = None
     error: BaseException | None = None
@@ -443,7 +446,7 @@ class _Call:
     name: str
     arguments: Any
     tool: toolkit.Tool | None
-    span: ToolSpan
+    span: ToolTrace
     kwargs: dict[str, Any] | None = None
     value: Any = None
     error: BaseException | None = None
@@ -458,6 +461,11 @@ class _Call:
     def runnable(self) -> bool:
         return self.error is None and self.tool is not None
 
+    def invocation(self) -> tuple[toolkit.Tool, dict[str, Any]]:
+        """The tool and its validated arguments, for a runnable call."""
+        assert self.tool is not None, "only runnable calls are invoked"
+        return self.tool, self.kwargs or {}
+
 
 class _Effect:
     def perform_sync(self, agent: Agent) -> Any:
@@ -470,7 +478,7 @@ class _Effect:
 @dataclass(slots=True)
 class _ModelCall(_Effect):
     params: dict[str, Any]
-    span: ChatSpan
+    span: ChatTrace
     timeout_s: float | None
 
     def perform_sync(self, agent: Agent) -> Any:
@@ -491,14 +499,15 @@ class _ToolRound(_Effect):
         for call in self.calls:
             if call.runnable:
                 with call.span.activate():
-                    _timed(call, lambda: toolkit.run_sync(call.tool, call.kwargs, self.budget.tool_timeout_s()))
+                    _timed(call, functools.partial(toolkit.run_sync, *call.invocation(),
+                                                   self.budget.tool_timeout_s()))
 
     async def perform_async(self, agent: Agent) -> None:
         async def one(call: _Call) -> None:
             started = time.perf_counter()
             with call.span.activate():
                 try:
-                    call.value = await toolkit.run_async(call.tool, call.kwargs, self.budget.tool_timeout_s())
+                    call.value = await toolkit.run_async(*call.invocation(), self.budget.tool_timeout_s())
                 except (KeyboardInterrupt, asyncio.CancelledError):
                     raise
                 except BaseException as exc:
@@ -522,6 +531,17 @@ def _timed(call: _Call, work: Callable[[], Any]) -> None:
 # --- small pure helpers -------------------------------------------------------------------------------------------
 
 
+def _tracing(settings: Settings, telemetry: bool, tracer_provider: Any, meter_provider: Any,
+             capture_content: bool | None) -> AgentTracing:
+    """The agent's telemetry: nothing at all when switched off (``telemetry=False``, ``OTEL_SDK_DISABLED=true``)."""
+    if not telemetry or settings.telemetry_disabled:
+        return NoTracing()
+    from looptrace.instrumentation.spans import Tracing  # the OpenTelemetry side loads only when something records
+
+    return Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider, capture_content=capture_content,
+                   settings=settings)
+
+
 def _as_model(client: Any) -> Model:
     if client is None:
         return AnthropicModel()
@@ -529,7 +549,8 @@ def _as_model(client: Any) -> Model:
         return client
     if hasattr(client, "messages"):  # an anthropic.Anthropic or AsyncAnthropic instance
         # The SDK decorates create(): only the function underneath says whether it is a coroutine.
-        is_async = inspect.iscoroutinefunction(inspect.unwrap(getattr(client.messages, "create", None)))
+        create = getattr(client.messages, "create", None)
+        is_async = create is not None and inspect.iscoroutinefunction(inspect.unwrap(create))
         return AnthropicModel(async_client=client) if is_async else AnthropicModel(client=client)
     raise TypeError(f"client must be an anthropic client or a Model, got {type(client).__name__}")
 

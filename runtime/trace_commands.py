@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import (
     SKIP,
     BadLine,
@@ -78,12 +77,14 @@ def add_trace_commands(commands: Any) -> None:
     traces = commands.add_parser("traces", help="read the local trace file")
     traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
     show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
-    show.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    show.add_argument("--file", type=Path,
+                      help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
     show.set_defaults(handler=show_command)
     listing = traces_commands.add_parser("list", help="one line per run in the file: when, status, turns, tokens, "
                                                       "cost, anomalies")
-    listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.add_argument("--file", type=Path,
+                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(handler=list_command)
     push = traces_commands.add_parser(
         "push", help="send spans a backend could not take earlier (from the spill file), never twice",
@@ -236,7 +237,7 @@ def detect_command(args: argparse.Namespace) -> int:
     found = 0
     write = sys.stdout.write
     with LineReporter(path) as report:
-        for verdict in detect_spans(spans_of(path, report, DETECTION_KEYS, _parse_for_detection)):
+        for verdict in detect_spans(spans_of(path, report, DETECTION_KEYS, detection_parser())):
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
                 continue
@@ -255,7 +256,7 @@ def detect_command(args: argparse.Namespace) -> int:
     return 1 if found else EXIT_OK
 
 
-def _parse_for_detection(raw: bytes) -> Any:
+def detection_parser() -> Any:
     """json.loads, except for a line that cannot matter to detection, told from its bytes alone.
 
     Detection reads model calls, tool calls and roots. A line naming neither an operation nor a tool, whose every
@@ -263,12 +264,18 @@ def _parse_for_detection(raw: bytes) -> Any:
     looptrace's turn spans, an application's own spans. Inside a JSON string a quote is escaped, so these keys with
     their quotes can only be keys; the test errs only towards parsing.
     """
-    if (b"gen_ai.operation.name" in raw or b"gen_ai.tool.name" in raw or b'"parentSpanId":""' in raw
-            or b'"parentSpanId": ""' in raw or raw.count(b'"parentSpanId"') != raw.count(b'"spanId"')):
-        return json.loads(raw)
-    if b'"resourceSpans"' not in raw:
-        return json.loads(raw)  # not trace data at all: parsed so that it is reported as such
-    return SKIP
+    from looptrace.instrumentation import semconv as sc
+
+    operation, tool = sc.GEN_AI_OPERATION_NAME.encode(), sc.GEN_AI_TOOL_NAME.encode()
+    loads = json.loads
+
+    def parse(raw: bytes) -> Any:
+        if (operation in raw or tool in raw or b'"parentSpanId":""' in raw or b'"parentSpanId": ""' in raw
+                or raw.count(b'"parentSpanId"') != raw.count(b'"spanId"') or b'"resourceSpans"' not in raw):
+            return loads(raw)  # (not trace data at all: parsed so that it is reported as such)
+        return SKIP
+
+    return parse
 
 
 def plural(count: int, noun: str) -> str:
@@ -412,6 +419,8 @@ def _decode(held: _Held, report: LineReporter) -> list[SpanRecord]:
 
 
 def list_command(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation import semconv as sc
+
     path = _path(args)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
                       sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT})
@@ -436,6 +445,8 @@ def list_command(args: argparse.Namespace) -> int:
 
 def run_line(root: SpanRecord) -> str:
     """One run at a glance: id, when, name, status, turns, tokens, cost, anomalies, duration."""
+    from looptrace.instrumentation import semconv as sc
+
     a = root.attributes
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.start_ns / 1e9)) if root.start_ns else "?"
     turns = a.get(sc.RUN_TURNS)
@@ -460,11 +471,15 @@ def _duration(seconds: float) -> str:
 
 
 def push_command(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.export import ConfigurationError
+    from looptrace.instrumentation.settings import ConfigurationError, Settings
     from looptrace.instrumentation.spill import PushInProgress, push
 
+    from .cli import _configure_logging
+
+    _configure_logging()  # the exporters' warnings, rendered as the rest of the CLI renders them
     try:
-        report = push(args.file, to=[args.to] if args.to else None, resend_interrupted=args.resend_interrupted)
+        report = push(args.file, to=[args.to] if args.to else None, resend_interrupted=args.resend_interrupted,
+                      settings=Settings.from_env())
     except (PushInProgress, ConfigurationError) as exc:
         raise UsageError(str(exc)) from None
     print(report.summary())

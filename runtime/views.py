@@ -92,8 +92,8 @@ def render_trace(spans: Iterable[SpanRecord]) -> str:
             child_prefix = child_prefix[:MAX_INDENT]
         children = by_parent.get(span.span_id, [])
         for name, _, attributes in span.events if branch else ():
-            if name.startswith("looptrace.anomaly") or name == "gen_ai.evaluation.result":
-                message = attributes.get("looptrace.anomaly.message") or attributes.get("message") or ""
+            if name.startswith(sc.ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
+                message = attributes.get(sc.ANOMALY_MESSAGE) or attributes.get(sc.EVENT_MESSAGE) or ""
                 lines.append(f"{child_prefix}{WARN_MARK} {name}: {short(message, 100)}")
         for position in range(len(children) - 1, -1, -1):
             stack.append((children[position], child_prefix, "└─ " if position == len(children) - 1 else "├─ "))

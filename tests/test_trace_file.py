@@ -51,7 +51,8 @@ def finished_spans(**resource: Any) -> list[Any]:
     other = provider.get_tracer("other-library")
     remote = trace.SpanContext(0x5AB, 0xC0FFEE, is_remote=True, trace_flags=trace.TraceFlags(1),
                                trace_state=trace.TraceState([("vendor", "x")]))
-    with tracer.start_as_current_span("invoke_agent a", context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+    outside = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    with tracer.start_as_current_span("invoke_agent a", context=outside,
                                       kind=SpanKind.SERVER, links=[Link(remote, {"why": "caller"})],
                                       attributes={"s": "é\n\"\\ \u2028 \U0001F600", "i": -7, "big": 2**63 - 1,
                                                   "f": 1.5, "b": False, "l": ["a", "b"], "li": [1, 2],
@@ -119,7 +120,7 @@ def root_span(trace_id: str = "ab" * 16, span_id: str = "cd" * 8, **attributes: 
                            *({"key": k, "value": v} for k, v in attributes.items())]}
 
 
-# --- issue 14, goal 1: the direct writer, exactly the file exporter's format ---------------------------------------------
+# --- issue 14, goal 1: the direct writer, exactly the file exporter's format ----------------------------------------
 
 
 def without_link_trace_state(data: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +166,7 @@ def test_the_resource_and_scope_are_encoded_once_not_per_span(tmp_path, monkeypa
     assert len(list(read_spans(tmp_path / "t.jsonl"))) == 12 and len(calls) == 2  # once per configure(), 6 spans each
 
 
-# --- issue 12, item 1: a bad value costs that value, never a span -------------------------------------------------------
+# --- issue 12, item 1: a bad value costs that value, never a span ---------------------------------------------------
 
 
 def test_a_lone_surrogate_in_a_tool_result_costs_only_that_value(tmp_path):
@@ -195,7 +196,7 @@ def test_values_json_cannot_carry_are_replaced_and_marked(bad, expected, tmp_pat
     assert record.attributes["good"] == 1 and record.attributes[otlp_json.REPAIRED_ATTRIBUTES] == ["bad"]
 
 
-# --- items 2 and 5: a torn line costs itself; every span is on disk when it ends -------------------------------------
+# --- items 2 and 5: a torn line costs itself; every span is on disk when it ends ------------------------------------
 
 
 def test_the_next_run_after_a_torn_last_line_starts_on_a_fresh_line(tmp_path, capsys):
@@ -239,7 +240,7 @@ def test_a_run_killed_mid_way_keeps_every_span_that_had_ended(tmp_path):
     assert [s.name for s in read_spans(path)] == ["turn 0", "turn 1", "turn 2"]
 
 
-# --- item 6: no queue to overflow, and losses are counted ------------------------------------------------------------
+# --- item 6: no queue to overflow, and losses are counted -----------------------------------------------------------
 
 
 def test_five_thousand_spans_ended_at_once_are_all_written(tmp_path):
@@ -262,7 +263,7 @@ def test_spans_that_cannot_be_written_are_counted_and_reported(tmp_path, capsys)
     assert "trace_file_spans_lost" in err and "spans=6" in err
 
 
-# --- item 16: private files --------------------------------------------------------------------------------------------
+# --- item 16: private files -----------------------------------------------------------------------------------------
 
 
 def test_trace_and_spill_files_are_readable_by_their_owner_only(tmp_path):
@@ -280,7 +281,7 @@ def test_trace_and_spill_files_are_readable_by_their_owner_only(tmp_path):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
 
 
-# --- items 2, 3, 4: the spill file ---------------------------------------------------------------------------------------
+# --- items 2, 3, 4: the spill file ----------------------------------------------------------------------------------
 
 
 class Recorder:
@@ -357,7 +358,7 @@ def test_kill_9_in_the_middle_of_a_push_never_sends_a_batch_twice(tmp_path, monk
     assert report.held == {"otlp": 3} and "--resend-interrupted" in report.summary()
 
 
-# --- item 11: malformed files never end in a traceback ---------------------------------------------------------------
+# --- item 11: malformed files never end in a traceback --------------------------------------------------------------
 
 
 DEEP = "[" * 100_000 + "]" * 100_000 + "\n"
@@ -395,7 +396,7 @@ def test_an_over_long_line_is_skipped_with_a_clear_message_without_being_held(tm
     monkeypatch.setenv("LOOPTRACE_MAX_LINE_BYTES", "100000")
     path = tmp_path / "t.jsonl"
     path.write_text(demo_file.read_text() + '{"resourceSpans":[' + " " * 5_000_000 + "]}\n" + demo_file.read_text())
-    code, out, err = cli(capsys, "detect", str(path))
+    code, _, err = cli(capsys, "detect", str(path))
     assert code == 1 and "longer than 100,000 bytes" in err and "LOOPTRACE_MAX_LINE_BYTES" in err
 
 
@@ -433,7 +434,7 @@ def test_pythonioencoding_cp1252_does_not_crash_the_cli(demo_file):
         assert process.returncode in (0, 1) and b"Traceback" not in process.stderr, argv
 
 
-# --- item 18: a file that is not a trace file ------------------------------------------------------------------------------
+# --- item 18: a file that is not a trace file -----------------------------------------------------------------------
 
 
 def test_detect_on_a_log_file_is_one_usage_error(tmp_path, capsys):
@@ -458,7 +459,7 @@ def test_many_bad_lines_in_a_trace_file_are_counted_not_listed(tmp_path, capsys,
     assert code == 1 and err.count("skipped: not JSON") == 5 and "995 more malformed lines skipped" in err
 
 
-# --- item 23: traces list ----------------------------------------------------------------------------------------------------
+# --- item 23: traces list -------------------------------------------------------------------------------------------
 
 
 def test_traces_list_shows_when_tokens_cost_and_anomalies_with_correct_plurals(tmp_path, capsys, demo_file):
@@ -476,7 +477,7 @@ def test_traces_list_shows_when_tokens_cost_and_anomalies_with_correct_plurals(t
     assert time.strftime("%Y-%m-%d", time.localtime(1_700_000_000)) in single
 
 
-# --- goal 3: one pass, only what is needed decoded ---------------------------------------------------------------------------
+# --- goal 3: one pass, only what is needed decoded ------------------------------------------------------------------
 
 
 def test_show_reads_the_file_once_and_parses_only_the_lines_of_the_trace_it_shows(demo_file, capsys, monkeypatch):
