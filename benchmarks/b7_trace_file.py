@@ -210,10 +210,11 @@ def timed_process(argv: list[str], tmp: str) -> tuple[float, int]:
     report = os.path.join(tmp, "rss.txt")
     measured = [TIME, "-f", "%M", "-o", report, *argv] if os.path.exists(TIME) else argv
     started = time.perf_counter()
-    process = subprocess.run(measured, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.run(measured, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - started
-    if process.returncode not in (0, 1):  # detect exits 1 when it finds anomalies
-        raise RuntimeError(f"{argv} exited {process.returncode}")
+    # detect exits 1 when it finds anomalies; a crash exits 1 too, and says so
+    if process.returncode not in (0, 1) or b"Traceback" in process.stderr:
+        raise RuntimeError(f"{argv} exited {process.returncode}: {process.stderr[-2000:].decode(errors='replace')}")
     try:
         with open(report, encoding="ascii") as handle:
             peak = int(handle.read().split()[-1])
