@@ -7,7 +7,6 @@ the run's totals a second time on top of its generations.
 """
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
@@ -28,10 +27,16 @@ SCOPE_NAME = "looptrace"
 
 def __getattr__(name: str) -> str:
     if name == "SCOPE_VERSION":
-        version = _installed_version()
-        globals()["SCOPE_VERSION"] = version
-        return version
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = _installed_version()
+    elif name in ("METRIC_TOKEN_USAGE", "METRIC_OPERATION_DURATION"):
+        from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
+
+        value = {"METRIC_TOKEN_USAGE": gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+                 "METRIC_OPERATION_DURATION": gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION}[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
@@ -122,8 +127,8 @@ LANGFUSE_SESSION_ID = "session.id"
 LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
-METRIC_TOKEN_USAGE = _gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE
-METRIC_OPERATION_DURATION = _gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION
+# METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module
+# imports the OpenTelemetry metrics API, which `looptrace detect` and `traces` have no use for); see __getattr__.
 METRIC_RUNS = "looptrace.runs"
 METRIC_TURNS = "looptrace.turns"
 METRIC_TOOL_CALLS = "looptrace.tool.calls"
