@@ -179,6 +179,16 @@ def _describe(exc: BaseException, raw: bytes) -> str:
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
 
 
+def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
+    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document, resource decoded."""
+    decoded_resource: dict[str, Any] = {}
+    last_resource: Any = None
+    for span, resource, scope in raw_spans(data):
+        if resource is not last_resource:
+            decoded_resource, last_resource = decode_attributes(resource), resource
+        yield span_record(span, decoded_resource, scope, keys)
+
+
 def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
     """(span object, resource attributes (undecoded), scope name) for each span of a parsed line."""
     if not isinstance(data, dict) or "resourceSpans" not in data:

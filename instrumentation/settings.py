@@ -59,6 +59,9 @@ VARIABLES: dict[str, str] = {
     "LOOPTRACE_CAPTURE_CONTENT": "false keeps content off spans (wins over the GenAI variable)",
     "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
     "LOOPTRACE_ALERT_WEBHOOK": "URL each new kind of anomaly is posted to",
+    "LOOPTRACE_WATCH_TOKEN": "bearer token `looptrace watch` requires of senders",
+    "LOOPTRACE_WATCH_USERNAME": "basic-auth user `looptrace watch` requires of senders",
+    "LOOPTRACE_WATCH_PASSWORD": "basic-auth password `looptrace watch` requires of senders",
     "LANGFUSE_PUBLIC_KEY": "Langfuse project key",
     "LANGFUSE_SECRET_KEY": "Langfuse project key",
     "LANGFUSE_BASE_URL": "Langfuse host",
@@ -337,6 +340,8 @@ class Settings:
     batch: BatchSettings = field(default_factory=BatchSettings)
     traceparent: str | None = None
     tracestate: str | None = None
+    watch_token: str | None = field(default=None, repr=False)  # what `looptrace watch` requires of senders
+    watch_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -368,6 +373,8 @@ class Settings:
             ),
             traceparent=env.get("TRACEPARENT"),
             tracestate=env.get("TRACESTATE"),
+            watch_token=env.get("LOOPTRACE_WATCH_TOKEN"),
+            watch_basic_auth=_watch_basic_auth(env),
         )
 
     def with_overrides(self, **changes: Any) -> Settings:
@@ -417,6 +424,13 @@ def _capture(env: _Env) -> bool:
     wins."""
     found = env.first("LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
     return True if found is None else found[1].lower() not in _OFF
+
+
+def _watch_basic_auth(env: _Env) -> tuple[str, str] | None:
+    username, password = env.get("LOOPTRACE_WATCH_USERNAME"), env.get("LOOPTRACE_WATCH_PASSWORD")
+    if (username is None) != (password is None):
+        raise ConfigurationError("set both LOOPTRACE_WATCH_USERNAME and LOOPTRACE_WATCH_PASSWORD, or neither")
+    return (username, password) if username is not None and password is not None else None
 
 
 def _positive(value: str | None) -> int | None:

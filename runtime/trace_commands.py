@@ -73,7 +73,7 @@ def add_trace_commands(commands: Any) -> None:
                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
     detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
-    detect.set_defaults(handler=detect_command)
+    detect.set_defaults(command_parser=detect, handler=detect_command)
 
     traces = commands.add_parser("traces", help="read the local trace file")
     traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
@@ -81,12 +81,12 @@ def add_trace_commands(commands: Any) -> None:
     show.add_argument("--file", type=Path,
                       help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
-    show.set_defaults(handler=show_command)
+    show.set_defaults(command_parser=show, handler=show_command)
     listing = traces_commands.add_parser("list", help="one line per run in the file: when, status, turns, tokens, "
                                                       "cost, anomalies")
     listing.add_argument("--file", type=Path,
                          help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    listing.set_defaults(handler=list_command)
+    listing.set_defaults(command_parser=listing, handler=list_command)
     push = traces_commands.add_parser(
         "push", help="send spans a backend could not take earlier (from the spill file), never twice",
         epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
@@ -100,7 +100,7 @@ def add_trace_commands(commands: Any) -> None:
     push.add_argument("--resend-interrupted", action="store_true",
                       help="also send batches an interrupted push may or may not have delivered (a second copy "
                            "may reach the backend)")
-    push.set_defaults(handler=push_command)
+    push.set_defaults(command_parser=push, handler=push_command)
 
 
 def quiet_garbage_collector() -> None:
@@ -112,20 +112,30 @@ def quiet_garbage_collector() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The trace commands alone: what `looptrace detect | traces ...` runs, without loading the agent runtime."""
-    parser = argparse.ArgumentParser(prog="looptrace")
+    """The trace commands alone: what `looptrace detect | traces ...` runs, without loading the agent runtime.
+
+    Same parser class, error lines and exit codes as the full CLI (``cli.main``), which offers the same commands.
+    """
+    from . import cli
+
+    parser = cli._Parser(prog="looptrace")
     add_trace_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    tolerate_any_terminal()
-    quiet_garbage_collector()
     try:
-        return args.handler(args)
-    except UsageError as exc:
-        print(f"looptrace: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BrokenPipeError:  # `looptrace traces show | head`: the reader has seen enough; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
-        return EXIT_OK
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        tolerate_any_terminal()
+        quiet_garbage_collector()
+        try:
+            code = args.handler(args)
+        except UsageError as exc:
+            print(f"looptrace: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        sys.stdout.flush()  # here, so that a closed pipe is noticed where it can be handled
+        return code
+    except BrokenPipeError:  # `looptrace traces show | head`: the reader has seen enough
+        cli._silence_stdout()
+        return cli.EXIT_CLOSED_PIPE
 
 
 # --- reading, with bad lines reported and progress shown --------------------------------------------------------------
@@ -267,20 +277,22 @@ def detect_command(args: argparse.Namespace) -> int:
 
 
 def detection_parser() -> Any:
-    """json.loads, except for a line that cannot matter to detection, told from its bytes alone.
+    """json.loads, except for a line of looptrace's own that cannot matter to detection, told from its bytes alone.
 
-    Detection reads model calls, tool calls and roots. A line naming neither an operation nor a tool, whose every
-    span has a parent (as many ``"parentSpanId"`` keys as ``"spanId"`` keys, none empty), holds none of them:
-    looptrace's turn spans, an application's own spans. Inside a JSON string a quote is escaped, so these keys with
-    their quotes can only be keys; the test errs only towards parsing.
+    Detection reads model calls, tool calls, roots and conversation ids. A line from looptrace's scope that names
+    neither an operation, a tool nor a conversation, and whose every span has a parent (as many ``"parentSpanId"`` as
+    ``"spanId"`` keys, none empty), holds none of them: looptrace's turn spans. Other producers' lines are always
+    parsed (their readers look at other keys). Inside a JSON string a quote is escaped, so these keys with their
+    quotes can only be keys; the test errs only towards parsing.
     """
     from looptrace.instrumentation import semconv as sc
 
-    operation, tool = sc.GEN_AI_OPERATION_NAME.encode(), sc.GEN_AI_TOOL_NAME.encode()
+    wanted = [name.encode() for name in (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_CONVERSATION_ID)]
+    ours = b'"scope":{"name":"' + sc.SCOPE_NAME.encode() + b'"'
     loads = json.loads
 
     def parse(raw: bytes) -> Any:
-        if (operation in raw or tool in raw or b'"parentSpanId":""' in raw or b'"parentSpanId": ""' in raw
+        if (ours not in raw or any(name in raw for name in wanted) or b'"parentSpanId":""' in raw
                 or raw.count(b'"parentSpanId"') != raw.count(b'"spanId"') or b'"resourceSpans"' not in raw):
             return loads(raw)  # (not trace data at all: parsed so that it is reported as such)
         return SKIP

@@ -1,4 +1,4 @@
-"""7. The local trace file: what writing it costs an agent, and what reading it back costs (issue 14, goals 1 and 3).
+"""9. The local trace file: what writing it costs an agent, and what reading it back costs (issue 14, goals 1 and 3).
 
 Goal 1, writing. One scripted run (``TURNS`` turns, a no-op tool per turn), interleaved samples of:
 
@@ -112,7 +112,7 @@ def writing(quick: bool, tmp: str) -> list[Row]:
         raw_provider.force_flush()  # the null export is paid inside the sample, as the file write is in "on"
         return clock() - started
 
-    say(f"  7: writing: {reps} x (off, on, raw), {runs_per_sample} runs of {TURNS} turns "
+    say(f"  9: writing: {reps} x (off, on, raw), {runs_per_sample} runs of {TURNS} turns "
         f"({recording.span_count} spans per run)")
     samples = interleave({"off": looptrace_sample("off"), "on": looptrace_sample("on"), "raw": raw_sample}, reps=reps)
     on_provider.shutdown()
@@ -124,12 +124,12 @@ def writing(quick: bool, tmp: str) -> list[Row]:
     ours, official = export_only(recording, 5 if quick else 30)
     spans_per_turn = recording.span_count / TURNS
     return [
-        Row("7 trace file", "default telemetry per turn (file export) / raw SDK spans per turn (null exporter)",
+        Row("9 trace file", "default telemetry per turn (file export) / raw SDK spans per turn (null exporter)",
             f"{ratio:.2f}x", f"<= {GOAL_WRITE:.1f}x", ratio <= GOAL_WRITE,
             f"ours {fmt_s(cost)}/turn (on - off, detector and content capture on), raw SDK {fmt_s(raw)}/turn "
             f"(same spans and attributes, BatchSpanProcessor + null exporter); {spans_per_turn:.2f} spans/turn; "
             f"{reps} interleaved samples of {runs_per_sample}x{TURNS} turns"),
-        Row("7 trace file", "context: export alone per span, our writer / the OTel OTLP/JSON encoder + json.dumps",
+        Row("9 trace file", "context: export alone per span, our writer / the OTel OTLP/JSON encoder + json.dumps",
             f"{ours / official:.2f}x", "", None,
             f"ours {fmt_s(ours)}/span (encode + one append write), OTel {fmt_s(official)}/span (encode_spans, "
             f"to_dict, json.dumps; no write)"),
@@ -263,13 +263,13 @@ def reading(quick: bool, tmp: str) -> list[Row]:
 
             return run
 
-        say(f"  7: reading: {reps} x (json.loads, detect, show) over {size:.0f} MB")
+        say(f"  9: reading: {reps} x (json.loads, detect, show) over {size:.0f} MB")
         samples = interleave({name: sample(argv, name) for name, argv in variants.items()}, reps=reps)
         baseline = median(samples["json.loads"])
         for name, goal in (("detect", GOAL_DETECT), ("show", GOAL_SHOW)):
             ratio = median(samples[name]) / baseline
             memory[name][megabytes] = rss[name]
-            rows.append(Row("7 trace file", f"`looptrace {'detect' if name == 'detect' else 'traces show'}` / "
+            rows.append(Row("9 trace file", f"`looptrace {'detect' if name == 'detect' else 'traces show'}` / "
                             f"json.loads, {megabytes} MB file, start-up included", f"{ratio:.2f}x", f"<= {goal}x",
                             ratio <= goal, f"{fmt_s(median(samples[name]))} vs {fmt_s(baseline)} for {size:.1f} MB "
                             f"({runs:,} runs of {TURNS} turns per 10 MB); peak RSS {rss[name] / 1024:.0f} MB "
@@ -279,7 +279,7 @@ def reading(quick: bool, tmp: str) -> list[Row]:
         if not memory[name][SIZES_MB[0]]:
             continue  # no GNU time to measure with
         growth = memory[name][SIZES_MB[1]] / memory[name][SIZES_MB[0]]
-        rows.append(Row("7 trace file", f"peak memory of `{name}`, 100 MB file / 10 MB file", f"{growth:.2f}x",
+        rows.append(Row("9 trace file", f"peak memory of `{name}`, 100 MB file / 10 MB file", f"{growth:.2f}x",
                         "flat (<= 1.2x)", growth <= 1.2,
                         f"{memory[name][SIZES_MB[0]] / 1024:.0f} MB -> {memory[name][SIZES_MB[1]] / 1024:.0f} MB"))
     return rows
