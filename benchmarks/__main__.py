@@ -21,8 +21,9 @@ BENCHMARKS = {
     6: ("b6_startup", "start-up CPU: import looptrace and looptrace --help vs import opentelemetry.sdk.trace"),
     7: ("detector_eval", "detector precision and recall on recorded trajectories (../shared/trajectories)"),
     8: ("b7_watch", "looptrace watch: spans/s, memory with 10,000 open runs, alert delay"),
+    9: ("b9_trace_file", "trace file: default telemetry vs raw SDK spans; detect and show vs json.loads"),
 }
-NAMES = {"detector-eval": 7, "watch": 8}
+NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9}
 
 
 def _benchmark_number(text: str) -> int:
