@@ -49,13 +49,13 @@ OI_FINISH_REASON = "llm.finish_reason"
 OI_INPUT_MESSAGES = "llm.input_messages."
 OI_OUTPUT_MESSAGES = "llm.output_messages."
 # OpenLLMetry's (opentelemetry-semantic-conventions-ai, before the GenAI message attributes).
-OLL_PROMPT = "gen_ai.prompt."
-OLL_COMPLETION = "gen_ai.completion."
+OLL_PROMPT = sc.OPENLLMETRY_PROMPT_PREFIX
+OLL_COMPLETION = sc.OPENLLMETRY_COMPLETION_PREFIX
 OLL_SESSION_ID = "traceloop.association.properties.session_id"
-LANGFUSE_SESSION_ID = "langfuse.session.id"
 
 SESSION_PREFIX = "session:"
-SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID, LANGFUSE_SESSION_ID)
+# OpenInference's session.id is also the attribute Langfuse reads a session from.
+SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID)
 # Every attribute any reader looks at, for readers of files that decode only what detection needs.
 FOREIGN_EXACT_KEYS = frozenset({
     sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_AGENT_NAME, OI_SPAN_KIND, OI_INPUT_VALUE, OI_OUTPUT_VALUE, OI_TOOL_NAME,

@@ -92,6 +92,10 @@ ANOMALY_TOOL = "looptrace.anomaly.tool"
 ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
 
+# OpenLLMetry's indexed prompt and completion attributes (before 0.56), which readers.py takes apart.
+OPENLLMETRY_PROMPT_PREFIX = "gen_ai.prompt."
+OPENLLMETRY_COMPLETION_PREFIX = "gen_ai.completion."
+
 # Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.
 GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
 EVENT_MESSAGE = "message"
