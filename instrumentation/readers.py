@@ -129,7 +129,8 @@ class ProducerReader:
         kind = attributes.get(OI_SPAN_KIND)
         if kind is not None:
             neutral = _from_openinference(span, str(kind).upper())
-        elif any(key.startswith(OLL_PROMPT) or key.startswith(OLL_COMPLETION) for key in attributes):
+        elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
+                key.startswith((OLL_PROMPT, OLL_COMPLETION)) for key in attributes):  # OpenLLMetry named no operation
             neutral = _from_openllmetry(span)
         else:
             neutral = _from_gen_ai(span)
