@@ -309,6 +309,8 @@ def _detect(args: argparse.Namespace) -> int:
             for anomaly in verdict.anomalies:
                 tool = f" {anomaly.tool}" if anomaly.tool else ""
                 print(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}")
+            for rule, why in verdict.rules_not_run.items():  # what the producer did not record is not guessed
+                print(f"  not checked: {rule}: {why}")
     if not args.json:
         print(f"{found} anomal{'y' if found == 1 else 'ies'} found in {path}", file=sys.stderr)
     return 1 if found else EXIT_OK
