@@ -58,6 +58,11 @@ class Tracing:
         self.capture_content = settings.capture_content if capture_content is None else capture_content
         self.max_chars = max_attribute_chars or settings.max_attribute_chars
 
+    @property
+    def tracer(self) -> trace.Tracer:
+        """The tracer of the current run's provider."""
+        return self._tracer
+
     def _select_providers(self) -> None:
         providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
         if providers != self._resolved:
@@ -138,7 +143,7 @@ class RunSpan:
     def start_turn(self, index: int) -> TurnSpan:
         if not self.recording:
             return TurnSpan(self, _NON_RECORDING)
-        span = self.tracing._tracer.start_span(
+        span = self.tracing.tracer.start_span(
             sc.turn_span_name(index),
             context=trace.set_span_in_context(self.span),
             kind=SpanKind.INTERNAL,
@@ -239,7 +244,7 @@ class TurnSpan:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             if omitted:
                 attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
-        span = tracing._tracer.start_span(
+        span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
         )
@@ -266,7 +271,7 @@ class TurnSpan:
             attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(arguments), tracing.max_chars)
         else:
             attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
-        span = tracing._tracer.start_span(
+        span = tracing.tracer.start_span(
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
@@ -417,7 +422,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: object = None
+        self.token: Any = None  # contextvars.Token of the attach
 
     def __enter__(self) -> None:
         if self.span.is_recording():
