@@ -1,9 +1,9 @@
-"""One variant of benchmark 6, in a process of its own: ``python -m benchmarks.peer_worker VARIANT``.
+"""One variant of benchmark 7, in a process of its own: ``python -m benchmarks.peer_worker VARIANT``.
 
 Every variant runs the same conversation through the real ``anthropic`` SDK against the benchmark's fake Messages API:
 3 model calls, 2 tool calls, then ``end_turn``. Instrumentations patch the SDK for the whole process, and some peers
 cannot even be installed side by side, so each variant gets its own process (the peers their own venvs); the parent
-(``b6_peers``) tells the workers in turn to take one sample, rotating the order.
+(``b7_peers``) tells the workers in turn to take one sample, rotating the order.
 
 Only the standard library and ``anthropic`` are imported at module level: the peers' venvs do not have looptrace, and
 each variant imports what it needs when it is set up.
@@ -135,7 +135,7 @@ class Instrumentor(ProviderVariant):
     def __init__(self, module: str, packages: tuple[str, ...]) -> None:
         self.packages = packages
         self.provider = _otlp_provider()
-        instrumentor = getattr(importlib.import_module(module), "AnthropicInstrumentor")
+        instrumentor = importlib.import_module(module).AnthropicInstrumentor
         instrumentor().instrument(tracer_provider=self.provider)
         self.client = make_client()
 
@@ -209,7 +209,7 @@ class Logfire(Variant):
         self.logfire.shutdown()
 
 
-def looptrace_agent(provider):
+def looptrace_agent(provider, **options: Any):
     """looptrace's Agent for the conversation: the tool the bare loop describes, the same client settings."""
     from looptrace.runtime import Agent, Limits
 
@@ -218,7 +218,7 @@ def looptrace_agent(provider):
     assert [scenario.lookup.definition()] == CONFIG["tools"]
     return Agent(CONFIG["model"], tools=[scenario.lookup], system=CONFIG["system"], name="bench",
                  limits=Limits(max_turns=50), max_tokens=CONFIG["max_tokens"], client=make_client(),
-                 tracer_provider=provider)
+                 tracer_provider=provider, **options)
 
 
 class Looptrace(ProviderVariant):
@@ -229,7 +229,7 @@ class Looptrace(ProviderVariant):
     def __init__(self, exporter: str) -> None:
         from looptrace import configure
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench6-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench7-")
         self.trace_file = os.path.join(self._tmp.name, "traces.jsonl")
         if exporter == "otlp":
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = SINK_URL
@@ -269,6 +269,20 @@ def _count_file(path: str, produce: Callable[[], Any]) -> dict[str, int | None]:
                         spans += 1
                         attributes += len(span.get("attributes", ()))
     return {"spans": spans, "attributes": attributes}
+
+
+class LooptraceOff(Variant):
+    """looptrace's Agent with telemetry and the detector off: the runtime's own cost (validation, limits, a thread
+    per sync tool call), which the file and OTLP rows include and the raw rows do not."""
+
+    packages = ("looptrace",)
+
+    def __init__(self) -> None:
+        self.agent = looptrace_agent(None, telemetry=False, detector=False)
+
+    def run_once(self) -> None:
+        result = self.agent.run(CONFIG["task"])
+        assert result.status.value == "done" and result.turns == CONFIG["calls"], (result.status, result.error)
 
 
 class RawSDK(ProviderVariant):
@@ -349,6 +363,7 @@ VARIANTS: dict[str, Callable[[], Variant]] = {
     "bare": Bare,
     "looptrace-file": lambda: Looptrace("file"),
     "looptrace-otlp": lambda: Looptrace("otlp"),
+    "looptrace-off": LooptraceOff,
     "raw-null": lambda: RawSDK("null"),
     "raw-otlp": lambda: RawSDK("otlp"),
     "openllmetry": openllmetry,
