@@ -9,7 +9,6 @@ incoming-webhook URL is enough to post to the channel), so only their host is ev
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.error
 import urllib.request
@@ -21,8 +20,6 @@ from urllib.parse import urlsplit
 
 from .logs import log
 
-
-WEBHOOK_ENV = "LOOPTRACE_ALERT_WEBHOOK"
 _MAX_REMEMBERED_POSTS = 10_000
 
 
@@ -47,7 +44,11 @@ class Alerts:
         callback: Callable[[Any, AlertContext], None] | None = None,
         log_warnings: bool = True,
     ) -> None:
-        self.webhook_url = webhook_url if webhook_url is not None else os.environ.get(WEBHOOK_ENV) or None
+        if webhook_url is None:
+            from .settings import Settings
+
+            webhook_url = Settings.from_env().alert_webhook
+        self.webhook_url = webhook_url or None
         if self.webhook_url and urlsplit(self.webhook_url).scheme not in ("http", "https"):
             # Said without the URL: the URL is the credential.
             raise ValueError("the alert webhook URL must start with http:// or https://")
@@ -103,6 +104,7 @@ class Alerts:
             return True
 
     def _post(self, payload: dict[str, Any]) -> None:
+        assert self.webhook_url is not None  # posts are only started when there is a URL
         request = urllib.request.Request(
             self.webhook_url, data=json.dumps(payload).encode(), method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "looptrace-alerts"},

@@ -1,37 +1,14 @@
-"""What of a conversation goes on a span: the capture switch, secret redaction, size caps and the GenAI message shape."""
+"""What of a conversation goes on a span: secret redaction, size caps and the GenAI message shape (the capture switch
+is `Settings.capture_content`)."""
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from typing import Any
 
-CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-LOOPTRACE_CAPTURE_ENV = "LOOPTRACE_CAPTURE_CONTENT"
-MAX_CHARS_ENV = "LOOPTRACE_MAX_ATTRIBUTE_CHARS"
-DEFAULT_MAX_CHARS = 32_000
 REDACTED = "[REDACTED]"
-
-_OFF = {"no_content", "false", "0", "no", "off", "none"}
-
-
-def capture_from_env() -> bool:
-    """Content is captured unless switched off: seeing a tool's arguments is the point of tracing an agent.
-
-    The GenAI conventions' variable takes NO_CONTENT (or false); LOOPTRACE_CAPTURE_CONTENT=false does the same and wins.
-    """
-    for name in (LOOPTRACE_CAPTURE_ENV, CAPTURE_ENV):
-        value = os.environ.get(name)
-        if value is not None and value.strip():
-            return value.strip().lower() not in _OFF
-    return True
-
-
-def max_chars_from_env() -> int:
-    value = os.environ.get(MAX_CHARS_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_CHARS
 
 
 def cap(text: str, limit: int) -> str:

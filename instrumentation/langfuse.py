@@ -43,19 +43,20 @@ from typing import Any
 import requests
 
 from . import semconv as sc
-from .export import Failure, LangfuseSettings, failure_from_exception, failure_from_status, safe_url
+from .failures import Failure, failure_from_exception, failure_from_status
 from .logs import log
+from .settings import LangfuseSettings, safe_url
 
-TRACE_NAME = "langfuse.trace.name"
-USER_ID = "user.id"
-SESSION_ID = "session.id"
-TRACE_TAGS = "langfuse.trace.tags"
-TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
-OBSERVATION_TYPE = "langfuse.observation.type"
+TRACE_NAME = sc.LANGFUSE_TRACE_NAME
+USER_ID = sc.LANGFUSE_USER_ID
+SESSION_ID = sc.LANGFUSE_SESSION_ID
+TRACE_TAGS = sc.LANGFUSE_TRACE_TAGS
+TRACE_METADATA_PREFIX = sc.LANGFUSE_TRACE_METADATA_PREFIX
+OBSERVATION_TYPE = sc.LANGFUSE_OBSERVATION_TYPE
 OBSERVATION_LEVEL = sc.LANGFUSE_OBSERVATION_LEVEL
 OBSERVATION_STATUS_MESSAGE = sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE
-OBSERVATION_USAGE_DETAILS = "langfuse.observation.usage_details"
-OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
+OBSERVATION_USAGE_DETAILS = sc.LANGFUSE_OBSERVATION_USAGE_DETAILS
+OBSERVATION_COST_DETAILS = sc.LANGFUSE_OBSERVATION_COST_DETAILS
 
 # looptrace's span kinds -> Langfuse observation types. A turn only groups its calls: a plain span.
 OBSERVATION_TYPES = {"agent": "agent", "turn": "span", "chat": "generation", "tool": "tool"}
@@ -64,7 +65,7 @@ MAX_PROPAGATED_CHARS = 200  # Langfuse drops longer trace-level values
 MAX_STATUS_MESSAGE_CHARS = 1024
 _METADATA_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
-ANOMALY_SCORE = "loop_anomaly"
+ANOMALY_SCORE = sc.LANGFUSE_ANOMALY_SCORE
 
 
 def trace_attributes(trace_name: str, *, session_id: str | None = None, user_id: str | None = None,

@@ -1,9 +1,9 @@
 """The local trace file: OTLP/JSON lines, written as spans finish and read back by `looptrace traces` and `detect`.
 
 The format is the OpenTelemetry file exporter's (one `TracesData` JSON object per line, hex ids, integer enums), so the
-Collector's `otlpjsonfile` receiver can ingest the file as it is. Encoding uses the OpenTelemetry project's own OTLP/JSON
-encoder; writing is ours, because a trace file is a convenience that must never take an agent down: a full disk or a
-read-only directory costs one warning and the spans of that batch, nothing more.
+Collector's `otlpjsonfile` receiver can ingest the file as it is. Encoding uses the OpenTelemetry project's own
+OTLP/JSON encoder; writing is ours, because a trace file is a convenience that must never take an agent down: a full
+disk or a read-only directory costs one warning and the spans of that batch, nothing more.
 
 Reading streams the file line by line, so a file of any size is read in constant memory, and a malformed line is
 reported (by number) and skipped rather than ending the read.
@@ -25,12 +25,12 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .logs import log
 
-TRACE_FILE_ENV = "LOOPTRACE_TRACE_FILE"
-DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
-
 
 def default_trace_file() -> Path:
-    return Path(os.environ.get(TRACE_FILE_ENV) or DEFAULT_TRACE_FILE)
+    """``LOOPTRACE_TRACE_FILE``, else ``.looptrace/traces.jsonl``."""
+    from .settings import Settings
+
+    return Settings.from_env().trace_file
 
 
 class OTLPJsonFileExporter(SpanExporter):
@@ -133,7 +133,7 @@ def read_spans(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
     ``keys`` limits the span attributes decoded to those (decoding is most of the cost of reading, after parsing).
     """
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
     with handle:
@@ -161,6 +161,11 @@ def _describe(exc: Exception, raw: bytes) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
+
+
+def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
+    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document."""
+    return _spans_of_line(data, keys)
 
 
 def _spans_of_line(data: Any, keys: frozenset[str] | None) -> Iterator[SpanRecord]:

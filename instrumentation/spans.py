@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -18,11 +18,13 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from . import semconv as sc
-from .content import MessageLog, cap, capture_from_env, genai_message, max_chars_from_env, redact, to_json
+from .content import MessageLog, cap, genai_message, redact, to_json
+from .detector import canonical_arguments, result_digest
+from .interface import ToolTrace
 from .langfuse import generation_attributes, observation_attributes, trace_attributes
 from .metrics import LoopMetrics
-from .detector import canonical_arguments, result_digest
-
+from .providers import providers_for_run
+from .settings import Settings
 
 # How each span shows in Langfuse (an agent, a grouping span, a generation, a tool), built once.
 _AS_AGENT = observation_attributes("agent")
@@ -32,7 +34,8 @@ _AS_TOOL = observation_attributes("tool")
 
 
 class Tracing:
-    """Span factory for an agent. Cheap to create; holds no per-run state."""
+    """Span factory for an agent (``interface.AgentTracing`` with OpenTelemetry). Cheap to create; holds no per-run
+    state. Where spans go is decided per run (``providers.providers_for_run``)."""
 
     def __init__(
         self,
@@ -42,20 +45,37 @@ class Tracing:
         max_attribute_chars: int | None = None,
         meter_provider: Any = None,
         enabled: bool = True,
+        settings: Settings | None = None,
     ) -> None:
+        settings = settings or Settings.from_env()
         self.enabled = enabled
-        self._provider = tracer_provider
-        self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=tracer_provider)
-        self.metrics = LoopMetrics(meter_provider) if enabled else None
-        self.capture_content = capture_from_env() if capture_content is None else capture_content
-        self.max_chars = max_attribute_chars or max_chars_from_env()
+        self.settings = settings
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._resolved: tuple[Any, Any] | None = None  # the providers of the latest run ...
+        self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
+        self.metrics: LoopMetrics | None = None
+        self.capture_content = settings.capture_content if capture_content is None else capture_content
+        self.max_chars = max_attribute_chars or settings.max_attribute_chars
+
+    @property
+    def tracer(self) -> trace.Tracer:
+        """The tracer of the current run's provider."""
+        return self._tracer
+
+    def _select_providers(self) -> None:
+        providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
+        if providers != self._resolved:
+            self._resolved = providers
+            self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
+            self.metrics = LoopMetrics(providers[1]) if self.enabled else None
 
     def flush(self, timeout_ms: int = 5_000) -> None:
         """Push out what the tracer provider buffers, if it buffers (the API's no-op provider has nothing to flush).
 
         Best effort: called on the way out of an interrupted run, where a failing exporter must not mask the interrupt.
         """
-        provider = self._provider or trace.get_tracer_provider()
+        provider = self._resolved[0] if self._resolved else trace.get_tracer_provider()
         flush = getattr(provider, "force_flush", None)
         if flush is not None:
             try:
@@ -80,6 +100,7 @@ class Tracing:
         trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
+        self._select_providers()
         # On every span of the run: Langfuse v4 reads trace-level attributes per observation.
         common = {sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_AGENT_NAME: agent, **trace_level}
         if session_id is not None:
@@ -101,7 +122,7 @@ class Tracing:
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("tracing", "span", "agent", "common", "recording", "messages")
+    __slots__ = ("agent", "common", "messages", "recording", "span", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any]) -> None:
         self.tracing = tracing
@@ -122,7 +143,7 @@ class RunSpan:
     def start_turn(self, index: int) -> TurnSpan:
         if not self.recording:
             return TurnSpan(self, _NON_RECORDING)
-        span = self.tracing._tracer.start_span(
+        span = self.tracing.tracer.start_span(
             sc.turn_span_name(index),
             context=trace.set_span_in_context(self.span),
             kind=SpanKind.INTERNAL,
@@ -161,7 +182,7 @@ class RunSpan:
 
 
 class TurnSpan:
-    __slots__ = ("run", "span", "recording", "flagged")
+    __slots__ = ("flagged", "recording", "run", "span")
 
     def __init__(self, run: RunSpan, span: Span) -> None:
         self.run = run
@@ -169,7 +190,7 @@ class TurnSpan:
         self.recording = span.is_recording()
         self.flagged: str | None = None
 
-    def anomaly(self, anomaly: Any, action: str, tool_spans: list[ToolSpan]) -> None:
+    def anomaly(self, anomaly: Any, action: str, tool_spans: Sequence[ToolTrace]) -> None:
         """Record an anomaly where it happened: an event on this turn and on each offending call, and the metric."""
         metrics = self.run.tracing.metrics
         if metrics is not None:
@@ -190,7 +211,8 @@ class TurnSpan:
         self.span.add_event(sc.ANOMALY_EVENT, event)
         self.flagged = f"{anomaly.type}: {anomaly.message}"
         for tool_span in tool_spans:
-            tool_span.flag(event, self.flagged)
+            if isinstance(tool_span, ToolSpan):
+                tool_span.flag(event, self.flagged)
 
     def nudged(self, text: str) -> None:
         if self.recording:
@@ -222,7 +244,7 @@ class TurnSpan:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             if omitted:
                 attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
-        span = tracing._tracer.start_span(
+        span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
         )
@@ -249,7 +271,7 @@ class TurnSpan:
             attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(arguments), tracing.max_chars)
         else:
             attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
-        span = tracing._tracer.start_span(
+        span = tracing.tracer.start_span(
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
@@ -270,7 +292,7 @@ class TurnSpan:
 
 
 class ChatSpan:
-    __slots__ = ("run", "span", "model", "server_address", "started")
+    __slots__ = ("model", "run", "server_address", "span", "started")
 
     def __init__(self, run: RunSpan, span: Span, model: str, server_address: str | None) -> None:
         self.run = run
@@ -335,7 +357,7 @@ class ChatSpan:
 
 
 class ToolSpan:
-    __slots__ = ("run", "span", "tool", "arguments", "flagged")
+    __slots__ = ("arguments", "flagged", "run", "span", "tool")
 
     def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any) -> None:
         self.run = run
@@ -360,7 +382,7 @@ class ToolSpan:
             metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
-        attributes = {
+        attributes: dict[str, Any] = {
             sc.TOOL_RESULT_DIGEST: result_digest(result),
             sc.TOOL_IS_ERROR: is_error,
             sc.TOOL_OUTCOME: outcome,
@@ -400,7 +422,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token = None
+        self.token: Any = None  # contextvars.Token of the attach
 
     def __enter__(self) -> None:
         if self.span.is_recording():

@@ -9,16 +9,19 @@ never drift apart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
+from dataclasses import replace as _replace
 from typing import Any
 
 from looptrace.instrumentation.alerts import AlertContext, Alerts
-from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
+from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors, ToolCall
+from looptrace.instrumentation.interface import AgentTracing, ChatTrace, NoTracing, RunTrace, ToolTrace, TurnTrace
 from looptrace.instrumentation.logs import log
-from looptrace.instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
+from looptrace.instrumentation.settings import Settings
 
 from . import policy as policies
 from . import tools as toolkit
@@ -68,6 +71,7 @@ class Agent:
         meter_provider: Any = None,
         capture_content: bool | None = None,
         telemetry: bool = True,
+        settings: Settings | None = None,
     ) -> None:
         self.model = model
         self.name = name
@@ -86,11 +90,19 @@ class Agent:
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
         self.policy = policies.AnomalyPolicy(on_anomaly)
-        self.alerts = alerts or Alerts()
+        settings = settings or Settings.from_env()
+        self.alerts = alerts or Alerts(webhook_url=settings.alert_webhook or "")
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
-        self._tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                                capture_content=capture_content, enabled=telemetry)
+        self._tracing = _tracing(settings, telemetry, tracer_provider, meter_provider, capture_content)
+        if self._detector_config is not None:  # anomaly messages leave the process: no content when capture is off
+            judge = self._detector_config.judge
+            if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
+                from .judge import ModelJudge
+                judge = ModelJudge(self.client, judge, tracer_provider=tracer_provider)
+            captured = settings.capture_content if capture_content is None else capture_content
+            self._detector_config = _replace(self._detector_config, capture_content=captured, judge=judge)
+        self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._server_address: tuple[str | None, int | None] | None = None
 
@@ -141,7 +153,9 @@ class Agent:
         run = _Run(
             budget=Budget(self.limits),
             messages=messages,
-            detector=LoopDetector(self._detector_config) if self._detector_config else None,
+            detector=None if self._detector_config is None else (
+                self._sessions.detector_for(labels.session_id) if labels.session_id
+                else LoopDetector(self._detector_config)),
             server=self._server(),
             span=self._tracing.start_run(
                 agent=self.name,
@@ -213,7 +227,7 @@ class Agent:
         finally:
             turn.end(stop_reason=stop_reason)
 
-    def _act(self, run: _Run, turn: TurnSpan, index: int, content: list[Any],
+    def _act(self, run: _Run, turn: TurnTrace, index: int, content: list[Any],
              stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
         """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
         if stop_reason == "tool_use":
@@ -223,13 +237,13 @@ class Agent:
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
             stopped, _ = self._react(run, turn, run.detector.end_turn(index), []) if run.detector else (False, [])
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
-        status = STATUS_FOR_STOP_REASON.get(stop_reason)
-        if status is None:
+        status = STATUS_FOR_STOP_REASON.get(stop_reason) if stop_reason is not None else None
+        if status is None or stop_reason is None:
             run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
             return RunStatus.ERROR
         return self._check_finish(run, turn, index, stop_reason, status)
 
-    def _check_finish(self, run: _Run, turn: TurnSpan, index: int, stop_reason: str,
+    def _check_finish(self, run: _Run, turn: TurnTrace, index: int, stop_reason: str,
                       status: RunStatus) -> RunStatus | None:
         """The model says it is finished: the moment to look for errors it never dealt with."""
         if run.detector is None:
@@ -242,7 +256,7 @@ class Agent:
             return None  # one more turn, for the model to answer the nudge
         return status
 
-    def _tool_round(self, run: _Run, turn: TurnSpan, index: int,
+    def _tool_round(self, run: _Run, turn: TurnTrace, index: int,
                     content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
         """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
         whether the detector stops the run."""
@@ -257,16 +271,17 @@ class Agent:
                 call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
             raise outcome.exc
         results = [self._settle_call(run, index, call) for call in calls]
-        stopped, nudges = False, []
+        stopped, nudges = False, list[str]()
         if run.detector is not None:
-            stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
+            # with what the model said beside its calls: the user sees it, and it may already report a failure
+            stopped, nudges = self._react(run, turn, run.detector.end_turn(index, run.final_text), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
                           error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
         results.extend({"type": "text", "text": text} for text in nudges)
         return results, stopped
 
-    def _prepare_call(self, turn, block: dict[str, Any]) -> _Call:
+    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:
         name = block.get("name") or ""
         call_id = block.get("id") or ""
         arguments = block.get("input")
@@ -302,12 +317,12 @@ class Agent:
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result,
                                     call.is_error, call.outcome, call.duration_s))
-        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
         if call.is_error:
             block["is_error"] = True
         return block
 
-    def _react(self, run: _Run, turn: TurnSpan, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
+    def _react(self, run: _Run, turn: TurnTrace, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
         """Alert on each anomaly and apply the policy. Returns whether to stop and the nudges to send."""
         stop, nudges = False, []
         turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
@@ -315,7 +330,9 @@ class Agent:
             action = self.policy.decide(anomaly, anomaly.streak in run.nudged)
             if action == policies.NUDGE and not turns_left:
                 action = policies.WARN  # a nudge the model will never read would only turn `done` into max_turns
-            run.anomalies.append(anomaly)
+            run.anomalies[anomaly.streak] = anomaly  # one entry per streak: its latest count and turn
+            if anomaly.is_update and action != policies.STOP:
+                continue  # the streak already alerted: updated, summarised in the result, not alerted again
             involved = set(anomaly.call_ids)
             turn.anomaly(anomaly, action, [c.span for c in calls if c.call_id in involved])
             self.alerts.send(anomaly, AlertContext(agent=self.name, trace_id=run.span.trace_id,
@@ -368,7 +385,7 @@ class Agent:
             cost_usd=run.budget.cost_usd,
             trace_id=run.span.trace_id,
             messages=run.messages,
-            anomalies=list(run.anomalies),
+            anomalies=list(run.anomalies.values()),
             error=error_text if status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED) else None,
             stop_reason=run.stop_reason,
         )
@@ -410,12 +427,12 @@ class UnknownStopReason(Exception):
 class _Run:
     budget: Budget
     messages: list[dict[str, Any]]
-    span: RunSpan
+    span: RunTrace
     final_text: str = ""
     stop_reason: str | None = None
     error: BaseException | None = None
     detector: LoopDetector | None = None
-    anomalies: list[Any] = field(default_factory=list)
+    anomalies: dict[str, Any] = field(default_factory=dict)  # streak key -> its latest firing
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
     server: tuple[str | None, int | None] = (None, None)
 
@@ -443,7 +460,7 @@ class _Call:
     name: str
     arguments: Any
     tool: toolkit.Tool | None
-    span: ToolSpan
+    span: ToolTrace
     kwargs: dict[str, Any] | None = None
     value: Any = None
     error: BaseException | None = None
@@ -458,6 +475,11 @@ class _Call:
     def runnable(self) -> bool:
         return self.error is None and self.tool is not None
 
+    def invocation(self) -> tuple[toolkit.Tool, dict[str, Any]]:
+        """The tool and its validated arguments, for a runnable call."""
+        assert self.tool is not None, "only runnable calls are invoked"
+        return self.tool, self.kwargs or {}
+
 
 class _Effect:
     def perform_sync(self, agent: Agent) -> Any:
@@ -470,7 +492,7 @@ class _Effect:
 @dataclass(slots=True)
 class _ModelCall(_Effect):
     params: dict[str, Any]
-    span: ChatSpan
+    span: ChatTrace
     timeout_s: float | None
 
     def perform_sync(self, agent: Agent) -> Any:
@@ -491,14 +513,15 @@ class _ToolRound(_Effect):
         for call in self.calls:
             if call.runnable:
                 with call.span.activate():
-                    _timed(call, lambda: toolkit.run_sync(call.tool, call.kwargs, self.budget.tool_timeout_s()))
+                    _timed(call, functools.partial(toolkit.run_sync, *call.invocation(),
+                                                   self.budget.tool_timeout_s()))
 
     async def perform_async(self, agent: Agent) -> None:
         async def one(call: _Call) -> None:
             started = time.perf_counter()
             with call.span.activate():
                 try:
-                    call.value = await toolkit.run_async(call.tool, call.kwargs, self.budget.tool_timeout_s())
+                    call.value = await toolkit.run_async(*call.invocation(), self.budget.tool_timeout_s())
                 except (KeyboardInterrupt, asyncio.CancelledError):
                     raise
                 except BaseException as exc:
@@ -522,6 +545,17 @@ def _timed(call: _Call, work: Callable[[], Any]) -> None:
 # --- small pure helpers -------------------------------------------------------------------------------------------
 
 
+def _tracing(settings: Settings, telemetry: bool, tracer_provider: Any, meter_provider: Any,
+             capture_content: bool | None) -> AgentTracing:
+    """The agent's telemetry: nothing at all when switched off (``telemetry=False``, ``OTEL_SDK_DISABLED=true``)."""
+    if not telemetry or settings.telemetry_disabled:
+        return NoTracing()
+    from looptrace.instrumentation.spans import Tracing  # the OpenTelemetry side loads only when something records
+
+    return Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider, capture_content=capture_content,
+                   settings=settings)
+
+
 def _as_model(client: Any) -> Model:
     if client is None:
         return AnthropicModel()
@@ -529,7 +563,8 @@ def _as_model(client: Any) -> Model:
         return client
     if hasattr(client, "messages"):  # an anthropic.Anthropic or AsyncAnthropic instance
         # The SDK decorates create(): only the function underneath says whether it is a coroutine.
-        is_async = inspect.iscoroutinefunction(inspect.unwrap(getattr(client.messages, "create", None)))
+        create = getattr(client.messages, "create", None)
+        is_async = create is not None and inspect.iscoroutinefunction(inspect.unwrap(create))
         return AnthropicModel(async_client=client) if is_async else AnthropicModel(client=client)
     raise TypeError(f"client must be an anthropic client or a Model, got {type(client).__name__}")
 

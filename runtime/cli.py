@@ -12,29 +12,25 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import structlog
-from opentelemetry import context as otel_context
+from looptrace import __version__
+from looptrace.instrumentation.logs import install_cli_rendering
+from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
 
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation import setup as telemetry_setup
-from looptrace.instrumentation import alerts as alerts_setup
-from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.langfuse import trace_attributes
-from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
-from looptrace.instrumentation.spill import PushInProgress, push
-from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
-
-from . import demo as demo_story
-from .agent import Agent, RunInterrupted
-from .limits import Limits
-from .models import AnthropicModel, ScriptedModel
 from .result import RunResult, RunStatus
-from .tools import Tool
-from .views import LiveView, render_trace
 
-DEFAULT_MODEL = "claude-sonnet-5-5"
+# Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
+# SDK, the exporters or the anthropic client. Each command imports what it uses.
+if TYPE_CHECKING:
+    from looptrace.instrumentation.alerts import Alerts
+    from looptrace.instrumentation.otlp_file import BadLine
+    from looptrace.instrumentation.setup import Telemetry
+
+    from .agent import Agent
+    from .tools import Tool
+
+DEMO_STORIES = ("equipment", "ignored-error", "runaway")  # demo.STORIES' names (a test keeps the two equal)
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
@@ -77,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"looptrace: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except telemetry_setup.ConfigurationError as exc:
+    except ConfigurationError as exc:
         print(f"looptrace: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # e.g. LOOPTRACE_PROMETHEUS_PORT already taken: the environment, not the model
@@ -93,11 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"looptrace {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="run an offline demo (no key, no network)",
                                epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("story", nargs="?", default="equipment", choices=sorted(demo_story.STORIES),
+    demo.add_argument("story", nargs="?", default="equipment", choices=DEMO_STORIES,
                       help="equipment (default): a failed reservation the model recovers from; runaway: a model "
                            "repeating itself, nudged then stopped; ignored-error: a failure the answer glosses over")
     _add_anomaly_flag(demo)
@@ -109,8 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
-    run.add_argument("--model", default=os.environ.get("LOOPTRACE_MODEL", DEFAULT_MODEL),
-                     help="model id (default: %(default)s, or LOOPTRACE_MODEL)")
+    run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL})")
     run.add_argument("--system", help="system prompt")
     run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
     run.add_argument("--max-tokens", type=_positive_int, default=4096, help="max_tokens per model call")
@@ -125,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--session-id", help="Langfuse session (and gen_ai.conversation.id) of the run's trace")
     run.add_argument("--user-id", help="Langfuse user of the run's trace")
     run.add_argument("--tag", action="append", default=[], metavar="TAG", help="a trace tag; repeat for more")
-    run.add_argument("--traceparent", default=os.environ.get("TRACEPARENT"),
+    run.add_argument("--traceparent",
                      help="W3C traceparent of a trace to join (default: TRACEPARENT), e.g. from a job scheduler")
     _add_anomaly_flag(run)
     _add_export_flags(run)
@@ -144,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
     detect.set_defaults(handler=_detect)
 
+    _add_watch_command(commands)
+
     traces = commands.add_parser("traces", help="read the local trace file")
     traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
     show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
@@ -151,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
     show.set_defaults(handler=_traces_show)
     listing = traces_commands.add_parser("list", help="one line per run in the file")
-    listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.add_argument("--file", type=Path,
+                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(handler=_traces_list)
     push = traces_commands.add_parser(
         "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
@@ -175,22 +174,33 @@ def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="LIST",
                         help="comma list of file, console, otlp, langfuse, none (default: LOOPTRACE_EXPORTER; else "
-                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, else file)")
+                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, "
+                             "else file)")
     parser.add_argument("--trace-file", type=Path,
-                        help="where the file exporter writes (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+                        help="where the file exporter writes "
+                             "(default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
 
 
 # --- commands -----------------------------------------------------------------------------------------------------
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation import setup as telemetry_setup
+
+    from . import demo as demo_story
+    from .agent import Agent
+    from .limits import Limits
+    from .models import ScriptedModel
+    from .views import LiveView
+
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
-    telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
+    settings = _settings(args)
+    telemetry = telemetry_setup.configure(settings)
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
-        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry),
+        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry, live_view=not args.json),
     )
     if not args.json:
         out.write(f"task: {task}\n(offline: {blurb})\n\n")
@@ -200,7 +210,9 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         out.write(f"\nfinal answer: {result.final_text or '(none)'}\n")
         for anomaly in result.anomalies:
-            out.write(f"flagged: {anomaly.type} at turn {anomaly.turn}: {anomaly.message}\n")
+            first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+            turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+            out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the ⚠ line above has the message
         out.write("\n")
         _show_written_trace(telemetry, result, out)
     _close(telemetry)
@@ -208,21 +220,35 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from opentelemetry import context as otel_context
+
+    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.instrumentation.langfuse import trace_attributes
+
+    from .agent import Agent
+    from .limits import Limits
+    from .models import AnthropicModel
+    from .views import LiveView
+
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
-        raise UsageError("ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a proxy or a local server)")
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
+                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
+    settings = _settings(args)
+    traceparent = args.traceparent or settings.traceparent
     try:
-        parent = telemetry_setup.context_from_traceparent(args.traceparent) if args.traceparent else None
+        parent = telemetry_setup.context_from_traceparent(traceparent, settings.tracestate) if traceparent else None
     except ValueError as exc:
         raise UsageError(f"--traceparent: {exc}") from None
-    telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
+    telemetry = telemetry_setup.configure(settings)
     try:
         agent = Agent(
-            args.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
+            args.model or settings.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr), **_telemetry_options(telemetry),
+            on_event=None if args.json else LiveView(sys.stderr),
+            **_telemetry_options(telemetry, live_view=not args.json),
         )
         labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
         trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
@@ -247,7 +273,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _traces_show(args: argparse.Namespace) -> int:
-    path = args.file or default_trace_file()
+    from looptrace.instrumentation.otlp_file import read_spans
+
+    from .views import render_trace
+
+    path = args.file or Settings.from_env().trace_file
     wanted = (args.trace_id or "").lower() or None
     with _BadLineReporter(path) as report:
         trace_id = wanted and _resolve_trace_id(path, wanted, report)
@@ -263,7 +293,10 @@ def _traces_show(args: argparse.Namespace) -> int:
 
 
 def _detect(args: argparse.Namespace) -> int:
-    path = args.file or default_trace_file()
+    from looptrace.instrumentation.otlp_file import read_spans
+    from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
+
+    path = args.file or Settings.from_env().trace_file
     found = 0
     with _BadLineReporter(path) as report:
         for verdict in detect_spans(read_spans(path, report, report.progress, keys=DETECTION_KEYS)):
@@ -284,8 +317,46 @@ def _detect(args: argparse.Namespace) -> int:
     return 1 if found else EXIT_OK
 
 
+def _add_watch_command(commands: Any) -> None:
+    watch = commands.add_parser(
+        "watch", help="receive any agent's traces over OTLP and alert on loops as they happen",
+        description="An OTLP receiver (HTTP /v1/traces, protobuf or JSON, and gRPC) for any app or collector. It "
+                    "rebuilds runs from looptrace's, OpenTelemetry GenAI, OpenLLMetry and OpenInference spans, runs "
+                    "the loop detector live and alerts: log line, LOOPTRACE_ALERT_WEBHOOK, Langfuse score (with "
+                    "LANGFUSE_* keys), looptrace_anomalies_total on GET /metrics. Senders must authenticate when "
+                    "LOOPTRACE_WATCH_TOKEN (bearer) or LOOPTRACE_WATCH_USERNAME/PASSWORD (basic) is set.",
+        epilog="exit codes:\n  0   stopped by SIGTERM or Ctrl-C after judging every open run\n"
+               "  2   bad flag, or a port already taken",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
+    watch.add_argument("--port", type=int, default=4318, help="OTLP/HTTP and /metrics port (default 4318)")
+    watch.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317; -1: no gRPC)")
+    watch.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="judge a run this long after its last span (default 300)")
+    watch.add_argument("--max-open-runs", type=int, default=10_000,
+                       help="runs assembled at once; the oldest is judged early beyond it (default 10000)")
+    watch.add_argument("--max-request-bytes", type=int, default=8 << 20, help="413 above this (default 8 MiB)")
+    watch.add_argument("--max-decompressed-bytes", type=int, default=64 << 20,
+                       help="413 when a body inflates beyond this (default 64 MiB)")
+    watch.set_defaults(handler=_watch)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation.watch import WatchSettings, serve
+
+    settings = WatchSettings.from_env(
+        host=args.host, port=args.port, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
+        max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
+    return serve(settings)
+
+
 def _traces_list(args: argparse.Namespace) -> int:
-    path = args.file or default_trace_file()
+    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.otlp_file import read_spans
+
+    path = args.file or Settings.from_env().trace_file
     with _BadLineReporter(path) as report:
         for span in read_spans(path, report):
             a = span.attributes
@@ -306,8 +377,10 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry,
+def _execute(agent: Agent, task: str, telemetry: Telemetry,
              labels: dict[str, Any] | None = None) -> RunResult:
+    from .agent import RunInterrupted
+
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return agent.run(task, **(labels or {}))
@@ -322,23 +395,34 @@ def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry,
         telemetry.flush()
 
 
-def _telemetry_options(telemetry: telemetry_setup.Telemetry) -> dict[str, Any]:
-    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
+def _telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[str, Any]:
+    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up.
+
+    With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time.
+    """
+    from looptrace.instrumentation.alerts import Alerts
+
     callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
     try:
-        alerts = Alerts(callback=callback)
+        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "",
+                        log_warnings=not live_view)
     except ValueError as exc:
-        raise UsageError(f"{alerts_setup.WEBHOOK_ENV}: {exc}") from None
+        raise UsageError(f"LOOPTRACE_ALERT_WEBHOOK: {exc}") from None
     _ALERTS.append(alerts)
     return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
-            "alerts": alerts}
+            "alerts": alerts, "settings": telemetry.settings}
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The environment's settings, with the command's flags over them."""
+    return Settings.from_env().with_overrides(exporters=args.exporter, trace_file=args.trace_file)
 
 
 _ALERTS: list[Alerts] = []  # the process's alert sinks, whose webhook posts _close waits for
 WEBHOOK_WAIT_S = 5.0
 
 
-def _close(telemetry: telemetry_setup.Telemetry) -> None:
+def _close(telemetry: Telemetry) -> None:
     """Deliver or spill everything, within a bound, and say where undelivered spans went."""
     for alerts in _ALERTS:
         alerts.wait(WEBHOOK_WAIT_S)  # posts run on daemon threads: without this an exit would cut them off
@@ -350,8 +434,10 @@ def _close(telemetry: telemetry_setup.Telemetry) -> None:
 
 
 def _traces_push(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation.spill import PushInProgress, push
+
     try:
-        report = push(args.file, to=[args.to] if args.to else None)
+        report = push(args.file, to=[args.to] if args.to else None, settings=Settings.from_env())
     except PushInProgress as exc:
         raise UsageError(str(exc)) from None
     print(report.summary())
@@ -360,6 +446,8 @@ def _traces_push(args: argparse.Namespace) -> int:
 
 def load_tools(path: Path) -> list[Tool]:
     """Every @tool in a Python file, in the order the file defines them."""
+    from .tools import Tool
+
     if not path.is_file():
         raise UsageError(f"tools file {path} does not exist")
     spec = importlib.util.spec_from_file_location(f"looptrace_tools_{path.stem}", path)
@@ -381,13 +469,17 @@ def _print_json(result: RunResult, out: TextIO) -> None:
     out.write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
 
 
-def _point_at_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:
+def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
     if telemetry.trace_file is not None:
         out.write(f"trace {result.trace_id} written to {telemetry.trace_file}; "
                   f"see it with: looptrace traces show --trace-id {result.trace_id[:12]}\n")
 
 
-def _show_written_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:
+def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+    from looptrace.instrumentation.otlp_file import TraceFileError, read_spans
+
+    from .views import render_trace
+
     if telemetry.trace_file is None:
         out.write("(no trace file: the file exporter is not among --exporter)\n")
         return
@@ -401,6 +493,9 @@ def _show_written_trace(telemetry: telemetry_setup.Telemetry, result: RunResult,
 
 
 def _latest_trace_id(path: Path, report) -> str | None:
+    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.otlp_file import read_spans
+
     latest = None
     latest_end = -1
     for span in read_spans(path, report, report.progress):
@@ -411,6 +506,8 @@ def _latest_trace_id(path: Path, report) -> str | None:
 
 
 def _resolve_trace_id(path: Path, prefix: str, report) -> str | None:
+    from looptrace.instrumentation.otlp_file import read_spans
+
     matches = {s.trace_id for s in read_spans(path, report, report.progress) if s.trace_id.startswith(prefix)}
     if len(matches) > 1:
         raise UsageError(f"trace id prefix {prefix!r} matches {len(matches)} traces; give more digits")
@@ -443,6 +540,8 @@ class _BadLineReporter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.shows_progress:
             sys.stderr.write("\r" + " " * 60 + "\r")
+        from looptrace.instrumentation.otlp_file import TraceFileError
+
         if isinstance(exc, TraceFileError):
             raise UsageError(str(exc)) from None
 
@@ -463,17 +562,26 @@ class _BadLineReporter:
 
 
 def _configure_logging() -> None:
-    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results.
+    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results. The
+    # library's records (the stdlib logger "looptrace") are rendered through it.
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+            structlog.dev.ConsoleRenderer(colors=use_color(sys.stderr)),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(30),  # WARNING and above
         # Looked up at each use, not bound once: whoever swaps sys.stderr later (a test harness) is still followed.
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
     )
+    install_cli_rendering()
+
+
+def use_color(stream: TextIO) -> bool:
+    """Colour only for a person at a terminal, and never when NO_COLOR is set to anything (no-color.org)."""
+    return not os.environ.get("NO_COLOR") and stream.isatty()
 
 
 def _positive_int(text: str) -> int:

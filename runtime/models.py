@@ -19,13 +19,21 @@ from urllib.parse import urlsplit
 class Model(Protocol):
     """What the loop needs from a model. Implement it to put any Messages-API-compatible backend behind an Agent."""
 
-    stream: bool
+    stream: bool  # whether calls stream (recorded on the chat span as gen_ai.request.stream)
 
-    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        """One Messages API call with ``params`` (model, max_tokens, system, tools, messages, ...), blocking.
+        Returns the response as a dict; raises as the API client would. ``timeout`` is the seconds the run has
+        left, or None for no limit."""
+        ...
 
-    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        """The same call, for asyncio."""
+        ...
 
-    def server(self) -> tuple[str | None, int | None]: ...
+    def server(self) -> tuple[str | None, int | None]:
+        """The host and port calls go to, for the spans' server.address and server.port (None when unknown)."""
+        ...
 
 
 class AnthropicModel:
@@ -82,6 +90,7 @@ class AnthropicModel:
                 if delay is None:
                     raise
                 time.sleep(delay)
+        raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         client = self.async_client()
@@ -96,6 +105,7 @@ class AnthropicModel:
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     def _send(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
