@@ -122,8 +122,10 @@ Cost and memory
 Per call: canonicalise and digest the call (linear in its own size). Per turn: work bounded by
 the calls in that turn (capped at `max_calls_per_turn`) plus a fixed (period x rounds) window of
 turn-signature digests. State: streaks of the last turn only, the 15-turn window, unresolved
-errors capped per tool and in tools, call ids capped per streak, the most recent
-`max_kept_anomalies` anomalies. A 10,000-turn run costs the same per call as a 10-turn one.
+errors capped per tool and in tools, call ids capped per streak, failing calls of the last
+`repeat_window` turns (capped), the last 32 texts the model wrote beside its calls, one entry per
+streak (at most `max_kept_anomalies`). A 10,000-turn run costs the same per call as a 10-turn one.
+The ignored_error checks read the final answer and those texts once, at the end of the run.
 
 The public methods never raise: a detector bug must not take down the agent it watches. An
 internal failure is counted in `internal_errors` and the call returns [].

@@ -90,6 +90,9 @@ ANOMALY_STREAK = "looptrace.anomaly.streak"
 ANOMALY_ACTION = "looptrace.anomaly.action"  # warn | nudge | stop
 ANOMALY_TOOL = "looptrace.anomaly.tool"
 ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
+JUDGE = "looptrace.judge"  # true on the span of a judge's model call (runtime/judge.py), apart from the run's budget
+JUDGE_COST_USD = "looptrace.judge.cost_usd"
+JUDGE_VERDICT = "looptrace.judge.verdict"  # "true" (ignored), "false" (not ignored) or "none"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
 
 # Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -33,34 +35,92 @@ def duration(seconds: float) -> str:
 
 
 class LiveView:
-    """Prints each turn of a run as it happens; pass an instance as ``Agent(on_event=...)``."""
+    """Prints each turn of a run as it happens; pass an instance as ``Agent(on_event=...)``.
 
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
+    At a terminal, a slow model call or tool round also gets a live line with the time it has taken so far, rewritten
+    in place and erased when the call ends; written to a file or a pipe, the view is the plain lines only. A reader
+    that goes away (a closed pipe) ends the view quietly; the run goes on.
+    """
+
+    def __init__(self, out: TextIO, *, tick_s: float = 0.25) -> None:
+        self.out: TextIO | None = out
+        self.tick_s = tick_s
+        self.interactive = _is_terminal(out)
+        self._lock = threading.Lock()  # the ticker thread and the run's thread share the line
+        self._waiting: tuple[str, float] | None = None  # what the run is waiting for, since when
+        self._line_shown = False
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def note(self, text: str) -> None:
+        """A line of the caller's own, e.g. what the run is about, written the same way as the view's."""
+        self._write(text + "\n")
 
     def __call__(self, event: Event) -> None:
-        write = self.out.write
         if isinstance(event, TurnStarted):
-            write(f"turn {event.turn}\n")
+            self._write(f"turn {event.turn}\n", waiting_for="waiting for the model")
         elif isinstance(event, ModelResponded):
             u = event.usage
-            write(f"  model   stop_reason={event.stop_reason}  in={u.input_tokens} out={u.output_tokens}"
-                  f" cache_read={u.cache_read_input_tokens} cache_write={u.cache_creation_input_tokens}"
-                  f"  {duration(event.duration_s)}\n")
+            lines = (f"  model   stop_reason={event.stop_reason}  in={u.input_tokens} out={u.output_tokens}"
+                     f" cache_read={u.cache_read_input_tokens} cache_write={u.cache_creation_input_tokens}"
+                     f"  {duration(event.duration_s)}\n")
             if event.text and event.stop_reason != "tool_use":
-                write(f"  says    {short(event.text, 100)}\n")
+                lines += f"  says    {short(event.text, 100)}\n"
+            names = [name for name, _ in event.tool_calls]
+            running = f"running {', '.join(names[:3])}{' …' if len(names) > 3 else ''}" if names else None
+            self._write(lines, waiting_for=running if event.stop_reason == "tool_use" else None)
         elif isinstance(event, ToolFinished):
             mark = ERROR_MARK if event.is_error else OK_MARK
-            write(f"  {mark} tool  {event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"
-                  f"  {duration(event.duration_s)}\n")
+            self._write(f"  {mark} tool  {event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"
+                        f"  {duration(event.duration_s)}\n")
         elif isinstance(event, AnomalyDetected):
             a = event.anomaly
-            write(f"  {WARN_MARK} {a.type} [{event.action}]  {a.message}\n")
+            self._write(f"  {WARN_MARK} {a.type} [{event.action}]  {a.message}\n")
         elif isinstance(event, RunFinished):
             r = event.result
             cost = "" if r.cost_usd is None else f"  ${r.cost_usd:.4f}"
-            write(f"{r.status.value}: {r.turns} turns, {r.usage.total_tokens:,} tokens{cost}\n")
-        self.out.flush()
+            self._write(f"{r.status.value}: {r.turns} turns, {r.usage.total_tokens:,} tokens{cost}\n")
+            self._stop.set()
+
+    # --- writing ------------------------------------------------------------------------------------------------
+
+    def _write(self, text: str, *, waiting_for: str | None = None) -> None:
+        """Permanent lines (erasing the live line first), then what the run now waits for, if anything."""
+        with self._lock:
+            self._waiting = (waiting_for, time.monotonic()) if waiting_for and self.interactive else None
+            self._emit(("\r\x1b[K" if self._line_shown else "") + text)
+            self._line_shown = False
+            start_ticker = self._waiting is not None and (self._ticker is None or not self._ticker.is_alive())
+            if start_ticker:  # one per run: it ends with the run (RunFinished) or with the reader
+                self._stop.clear()
+                self._ticker = threading.Thread(target=self._tick, name="looptrace-live-line", daemon=True)
+                self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            with self._lock:
+                if self._waiting is None or self.out is None:
+                    continue
+                label, since = self._waiting
+                self._emit(f"\r\x1b[K  … {label}  {time.monotonic() - since:.1f} s")
+                self._line_shown = True
+
+    def _emit(self, text: str) -> None:
+        if self.out is None:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # the reader went away, or the stream was closed: stop showing
+            self.out = None
+            self._stop.set()
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 # --- trace trees ----------------------------------------------------------------------------------------------------
