@@ -109,6 +109,10 @@ JUDGE_COST_USD = "looptrace.judge.cost_usd"
 JUDGE_VERDICT = "looptrace.judge.verdict"  # "true" (ignored), "false" (not ignored) or "none"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
 
+# OpenLLMetry's indexed prompt and completion attributes (before 0.56), which readers.py takes apart.
+OPENLLMETRY_PROMPT_PREFIX = "gen_ai.prompt."
+OPENLLMETRY_COMPLETION_PREFIX = "gen_ai.completion."
+
 # Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.
 GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
 EVENT_MESSAGE = "message"

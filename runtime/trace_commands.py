@@ -270,6 +270,8 @@ def detect_command(args: argparse.Namespace) -> int:
             for anomaly in verdict.anomalies:
                 tool = f" {anomaly.tool}" if anomaly.tool else ""
                 write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}\n")
+            for rule, why in verdict.rules_not_run.items():  # what the producer did not record is not guessed
+                write(f"  not checked: {rule}: {why}\n")
         report.finish(spans_required=True)
     if not args.json:
         print(f"{plural(found, 'anomaly')} found in {path}", file=sys.stderr)
