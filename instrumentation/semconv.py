@@ -49,6 +49,15 @@ GEN_AI_TOOL_TYPE = _gen_ai.GEN_AI_TOOL_TYPE
 GEN_AI_TOOL_DESCRIPTION = _gen_ai.GEN_AI_TOOL_DESCRIPTION
 GEN_AI_TOOL_CALL_ARGUMENTS = _gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS
 GEN_AI_TOOL_CALL_RESULT = _gen_ai.GEN_AI_TOOL_CALL_RESULT
+GEN_AI_REQUEST_TOP_P = _gen_ai.GEN_AI_REQUEST_TOP_P
+GEN_AI_REQUEST_TOP_K = _gen_ai.GEN_AI_REQUEST_TOP_K
+GEN_AI_REQUEST_STOP_SEQUENCES = _gen_ai.GEN_AI_REQUEST_STOP_SEQUENCES
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = _gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK  # seconds, streaming calls only
+# The conventions' verdict on an output: the event an anomaly is also recorded as (gen-ai-events, v1.41).
+EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = _gen_ai.GEN_AI_EVALUATION_NAME
+GEN_AI_EVALUATION_SCORE_LABEL = _gen_ai.GEN_AI_EVALUATION_SCORE_LABEL
+GEN_AI_EVALUATION_EXPLANATION = _gen_ai.GEN_AI_EVALUATION_EXPLANATION
 ERROR_TYPE = _error.ERROR_TYPE
 SERVER_ADDRESS = _server.SERVER_ADDRESS
 SERVER_PORT = _server.SERVER_PORT
@@ -58,6 +67,14 @@ OPERATION_CHAT = _gen_ai.GenAiOperationNameValues.CHAT.value
 OPERATION_EXECUTE_TOOL = _gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
 PROVIDER_ANTHROPIC = _gen_ai.GenAiProviderNameValues.ANTHROPIC.value
 TOOL_TYPE_FUNCTION = "function"  # the conventions' value for a client-side function tool (no enum constant yet)
+
+# --- OpenInference (Phoenix, Arize) -------------------------------------------------------------------------------
+# Phoenix derives most of its view from gen_ai.* itself; what it cannot derive is a kind for a span without
+# gen_ai.operation.name (our turns) and the run's own input and output. Names as in openinference-semantic-conventions.
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+INPUT_VALUE = "input.value"
+OUTPUT_VALUE = "output.value"
+SPAN_KIND_AGENT, SPAN_KIND_CHAIN, SPAN_KIND_LLM, SPAN_KIND_TOOL = "AGENT", "CHAIN", "LLM", "TOOL"
 
 # --- looptrace's own ------------------------------------------------------------------------------------------------
 RUN_STATUS = "looptrace.run.status"
@@ -101,8 +118,11 @@ def agent_span_name(agent: str) -> str:
     return f"{OPERATION_INVOKE_AGENT} {agent}"
 
 
-def turn_span_name(index: int) -> str:
-    return f"turn {index}"
+TURN_SPAN_NAME = "turn"  # one name for every turn: the index is an attribute, so span metrics get one series
+
+
+def turn_span_name(index: int | None = None) -> str:
+    return TURN_SPAN_NAME
 
 
 def chat_span_name(model: str) -> str:
@@ -114,7 +134,9 @@ def tool_span_name(tool: str) -> str:
 
 
 # Anthropic's stop_reason as a GenAI finish reason, the way the OpenTelemetry Anthropic instrumentation reports it.
-FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_call"}
+# A refusal is the conventions' well-known content_filter; pause_turn and newer reasons pass through as they are.
+FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_call",
+                  "refusal": "content_filter"}
 
 
 def finish_reason(stop_reason: str | None) -> str:

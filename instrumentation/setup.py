@@ -6,7 +6,7 @@ looptrace's spans simply join its pipeline).
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
-when both are; the local trace file otherwise. Names combine: ``file,langfuse,otlp``.
+when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
 
 Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it
 with the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``export.GuardedExporter``:
@@ -223,7 +223,9 @@ def choose_exporters(explicit: str | Iterable[str] | None = None) -> list[str]:
         names = parse_exporters(source)
         if names:
             return [] if names == ["none"] else [n for n in names if n != "none"]
-    return configured_backends() or ["file"]
+    # Picked from the environment: the local file stays on beside any backend, so every run can be looked at with
+    # `looptrace traces show` whatever else receives it. An explicit choice above is taken exactly.
+    return ["file", *configured_backends()]
 
 
 def _otel_traces_exporter() -> str | None:
@@ -271,10 +273,12 @@ def configure(
         provider.add_span_processor(processor)
         telemetry._processors.append(processor)
     if "langfuse" in telemetry.exporters:
-        from .langfuse import LangfuseScores
+        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
 
         settings = LangfuseSettings.from_env()
         telemetry.scores = LangfuseScores.from_settings(settings) if settings else None
+        if settings is not None:  # runs on this provider get a link to their trace in Langfuse's UI
+            register_trace_links(provider, TraceLinks(settings))
     telemetry.meter_provider = _meter_provider(telemetry, resource, disabled, prometheus_port)
     # The global providers can be set once per process; an application that already set one keeps it (and looptrace
     # spans still reach this provider through Agent(tracer_provider=...)).
@@ -335,7 +339,9 @@ def _resource(service_name: str | None) -> Resource:
     resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    return resource
+    from .langfuse import resource_attributes  # LANGFUSE_TRACING_ENVIRONMENT / LANGFUSE_RELEASE, once per batch
+
+    return resource.merge(Resource(resource_attributes()))
 
 
 # --- joining a caller's trace -------------------------------------------------------------------------------------

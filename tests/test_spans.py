@@ -25,7 +25,7 @@ def test_one_trace_per_run_with_the_documented_tree(spans):
     result = run_story(spans)
 
     assert len(spans.named("invoke_agent")) == 1
-    assert len(spans.named("turn ")) == 4
+    assert len(spans.named("turn")) == 4
     assert len(spans.named("chat ")) == 4
     assert len(spans.named("execute_tool ")) == 3
     assert {format(s.context.trace_id, "032x") for s in spans.all} == {result.trace_id}
@@ -61,7 +61,7 @@ def test_root_span_attributes(spans):
 
 def test_turn_spans_carry_the_raw_stop_reason(spans):
     run_story(spans)
-    turns = sorted(spans.named("turn "), key=lambda s: s.attributes[sc.TURN_INDEX])
+    turns = sorted(spans.named("turn"), key=lambda s: s.attributes[sc.TURN_INDEX])
     assert [t.attributes[sc.STOP_REASON] for t in turns] == ["tool_use"] * 3 + ["end_turn"]
     assert all(t.attributes[sc.GEN_AI_AGENT_NAME] == "booking" for t in turns)  # no span without a gen_ai.* key
 
