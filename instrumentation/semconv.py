@@ -97,7 +97,11 @@ TOOL_IS_ERROR = "looptrace.tool.is_error"
 TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
 
-ANOMALY_EVENT = "looptrace.anomaly"  # span event on the turn span and on each offending tool span
+# An anomaly is a span event on the turn span and on each offending tool span: the conventions' evaluation result
+# (gen_ai.evaluation.name/score.label/explanation) with the looptrace.anomaly.* attributes beside them. Traces
+# written before this was so name the event "looptrace.anomaly"; readers accept both.
+ANOMALY_EVENT = EVALUATION_RESULT_EVENT
+LEGACY_ANOMALY_EVENT = "looptrace.anomaly"
 ANOMALY_TYPE = "looptrace.anomaly.type"
 ANOMALY_MESSAGE = "looptrace.anomaly.message"
 ANOMALY_COUNT = "looptrace.anomaly.count"
