@@ -121,5 +121,7 @@ def _describe(span: SpanRecord) -> str:
         error = f"  ERROR {a.get(sc.ERROR_TYPE, '')}".rstrip() if span.is_error else ""
         return f"{mark}{span.name}{call}{outcome}  {took}{error}"
     if sc.TURN_INDEX in a:
-        return f"{mark}{span.name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
+        # Turn spans share one name; the index is an attribute (traces written before that name it "turn 3").
+        name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
+        return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
