@@ -9,7 +9,6 @@ incoming-webhook URL is enough to post to the channel), so only their host is ev
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.error
 import urllib.request
@@ -47,7 +46,11 @@ class Alerts:
         callback: Callable[[Any, AlertContext], None] | None = None,
         log_warnings: bool = True,
     ) -> None:
-        self.webhook_url = webhook_url if webhook_url is not None else os.environ.get(WEBHOOK_ENV) or None
+        if webhook_url is None:
+            from .settings import Settings
+
+            webhook_url = Settings.from_env().alert_webhook
+        self.webhook_url = webhook_url or None
         if self.webhook_url and urlsplit(self.webhook_url).scheme not in ("http", "https"):
             # Said without the URL: the URL is the credential.
             raise ValueError("the alert webhook URL must start with http:// or https://")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import functools
 import json
-import os
 import re
 from typing import Any
 
@@ -33,38 +32,30 @@ class CaptureMode(enum.Enum):
         return self in (CaptureMode.EVENT_ONLY, CaptureMode.SPAN_AND_EVENT)
 
 
-# The boolean spellings older GenAI instrumentations accept: "true" captured content, "false" did not.
-_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", "none"}
-
-
 def capture_mode(value: str | None) -> CaptureMode | None:
-    """One setting's capture mode. None when unset. An unknown value means NO_CONTENT, with a warning, as in the
-    OpenTelemetry GenAI utilities: a typo must not start recording what someone meant to keep off the record."""
-    text = (value or "").strip()
-    if not text:
-        return None
-    if text.upper() in CaptureMode.__members__:
-        return CaptureMode[text.upper()]
-    if text.lower() in _TRUE:
-        return CaptureMode.SPAN_ONLY
-    if text.lower() in _FALSE:
-        return CaptureMode.NO_CONTENT
-    from .logs import log
+    """One setting's capture mode (settings.capture_mode_name), None when unset. An unknown value means NO_CONTENT,
+    with a warning, as in the OpenTelemetry GenAI utilities: a typo must not start recording what someone meant to keep
+    off the record."""
+    from .settings import capture_mode_known, capture_mode_name
 
-    log.warning("capture_setting_unknown", value=text, assumed="NO_CONTENT",
-                expected=", ".join([*CaptureMode.__members__, "true", "false"]))
-    return CaptureMode.NO_CONTENT
+    name = capture_mode_name(value)
+    if name is None:
+        return None
+    if not capture_mode_known(value or ""):
+        from .logs import log
+
+        log.warning("capture_setting_unknown", value=(value or "")[:40], assumed="NO_CONTENT",
+                    expected=", ".join([*CaptureMode.__members__, "true", "false"]))
+    return CaptureMode[name]
 
 
 def capture_mode_from_env() -> CaptureMode:
     """Content is captured on spans unless switched off: seeing a tool's arguments is the point of tracing an agent
     (the Langfuse SDK and OpenLLMetry capture by default too). LOOPTRACE_CAPTURE_CONTENT wins over the conventions'
     OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; both take the modes above or true/false."""
-    for name in (LOOPTRACE_CAPTURE_ENV, CAPTURE_ENV):
-        mode = capture_mode(os.environ.get(name))
-        if mode is not None:
-            return mode
-    return CaptureMode.SPAN_ONLY
+    from .settings import Settings
+
+    return capture_mode(Settings.from_env().capture_setting) or CaptureMode.SPAN_ONLY
 
 
 def capture_from_env() -> bool:
@@ -73,8 +64,9 @@ def capture_from_env() -> bool:
 
 
 def max_chars_from_env() -> int:
-    value = os.environ.get(MAX_CHARS_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_CHARS
+    from .settings import Settings
+
+    return Settings.from_env().max_attribute_chars
 
 
 def cap(text: str, limit: int) -> str:

@@ -58,7 +58,8 @@ from typing import Any
 import requests
 
 from . import semconv as sc
-from .export import Failure, LangfuseSettings, failure_from_exception, failure_from_status, safe_url
+from .failures import Failure, failure_from_exception, failure_from_status
+from .settings import LangfuseSettings, safe_url
 from .logs import log
 
 TRACE_NAME = "langfuse.trace.name"
@@ -69,7 +70,6 @@ TRACE_OUTPUT = "langfuse.trace.output"
 AS_ROOT = "langfuse.internal.as_root"
 ENVIRONMENT = "langfuse.environment"
 RELEASE = "langfuse.release"
-ENVIRONMENT_ENV, RELEASE_ENV = "LANGFUSE_TRACING_ENVIRONMENT", "LANGFUSE_RELEASE"
 TRACE_TAGS = "langfuse.trace.tags"
 TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
 OBSERVATION_TYPE = "langfuse.observation.type"
@@ -141,41 +141,31 @@ def root_attributes(*, joins_outer_trace: bool, trace_input: str | None) -> dict
     return attributes
 
 
-def resource_attributes(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``langfuse.environment`` and ``langfuse.release`` from LANGFUSE_TRACING_ENVIRONMENT and LANGFUSE_RELEASE, for
-    the tracer provider's resource (Langfuse reads both from the resource as well as from a span)."""
-    env = os.environ if environ is None else environ
+def resource_attributes(settings: LangfuseSettings | None) -> dict[str, str]:
+    """``langfuse.environment`` and ``langfuse.release`` from LANGFUSE_TRACING_ENVIRONMENT and LANGFUSE_RELEASE (read
+    into the settings as the Langfuse SDK reads them), for the tracer provider's resource: Langfuse reads both from
+    the resource as well as from a span, so they are sent once per batch instead of on every span."""
     attributes = {}
-    environment = _valid_environment(env.get(ENVIRONMENT_ENV, ""))
+    environment = _valid_environment(settings.environment or "") if settings is not None else None
     if environment:
         attributes[ENVIRONMENT] = environment
-    release = env.get(RELEASE_ENV, "").strip()
-    if release:
-        attributes[RELEASE] = release
+    if settings is not None and settings.release:
+        attributes[RELEASE] = settings.release
     return attributes
 
 
-def run_environment(environ: Mapping[str, str] | None = None) -> str | None:
+def run_environment(settings: LangfuseSettings | None, resource: Mapping[str, Any] | None) -> str | None:
     """The environment Langfuse files a run's observations under, as ``extractEnvironment`` picks it: the one the
     Langfuse variables set, else the resource's ``deployment.environment.name`` or ``deployment.environment``
     (OTEL_RESOURCE_ATTRIBUTES). None means Langfuse's "default"."""
-    env = os.environ if environ is None else environ
-    chosen = resource_attributes(env).get(ENVIRONMENT)
+    chosen = resource_attributes(settings).get(ENVIRONMENT)
     if chosen:
         return chosen
-    from opentelemetry.sdk.resources import OTELResourceDetector
-
-    detected = OTELResourceDetector().detect().attributes if environ is None else _parse_resource(env)
-    for key in ("deployment.environment.name", "deployment.environment"):
-        value = _valid_environment(str(detected.get(key, "")))
+    for key in (ENVIRONMENT, "deployment.environment.name", "deployment.environment"):
+        value = _valid_environment(str((resource or {}).get(key, "")))
         if value:
             return value
     return None
-
-
-def _parse_resource(env: Mapping[str, str]) -> dict[str, str]:
-    pairs = (item.split("=", 1) for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if "=" in item)
-    return {key.strip(): value.strip() for key, value in pairs}
 
 
 def _valid_environment(value: str) -> str | None:
@@ -266,10 +256,19 @@ class LangfuseScores:
         self.sent = 0
 
     @classmethod
-    def from_settings(cls, settings: LangfuseSettings, *, timeout_s: float | None = None) -> LangfuseScores:
+    def from_settings(cls, settings: LangfuseSettings, *, timeout_s: float | None = None,
+                      resource: Any = None) -> LangfuseScores:
+        """Scores for the project of ``settings``, filed in the environment of the runs' observations: ``resource``
+        is the tracer provider's (its attributes are read); without it, the one the environment describes."""
+        if resource is None:
+            from .settings import Settings
+
+            attributes: Mapping[str, Any] = Settings.from_env().resource_attributes
+        else:
+            attributes = getattr(resource, "attributes", resource)
         return cls(settings.base_url, settings.public_key, settings.secret_key,
                    timeout_s=timeout_s if timeout_s is not None else min(settings.timeout_s, 5.0),
-                   environment=run_environment())
+                   environment=run_environment(settings, attributes))
 
     @classmethod
     def from_env(cls) -> LangfuseScores | None:

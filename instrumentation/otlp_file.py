@@ -30,7 +30,10 @@ DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
 
 
 def default_trace_file() -> Path:
-    return Path(os.environ.get(TRACE_FILE_ENV) or DEFAULT_TRACE_FILE)
+    """``LOOPTRACE_TRACE_FILE``, else ``.looptrace/traces.jsonl``."""
+    from .settings import Settings
+
+    return Settings.from_env().trace_file
 
 
 class OTLPJsonFileExporter(SpanExporter):

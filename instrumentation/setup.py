@@ -1,7 +1,15 @@
-"""configure(): the OpenTelemetry SDK for applications and the CLI, from arguments and the standard variables.
+"""configure(): looptrace's exporters, on a provider of its own or on the application's, from one Settings.
 
-Libraries use the OpenTelemetry API only; an application calls this once (or sets up the SDK itself, in which case
-looptrace's spans simply join its pipeline).
+Libraries use the OpenTelemetry API only, and looptrace never replaces what an application set up:
+
+* ``configure()`` with no global provider set: a provider of looptrace's own, made global (``set_global=True``).
+* ``configure(tracer_provider=app_provider)``: looptrace's processors (file, Langfuse, OTLP, spill) are added to the
+  application's SDK provider; its resource, sampler and exporters stay as they are.
+* ``configure()`` when the application already set a global SDK provider: that provider stays, and a warning (once)
+  says how to add looptrace's exporters to it; the returned provider is looptrace's own, used only where passed.
+* No ``configure()`` at all: an ``Agent`` joins the application's global provider when there is one, and otherwise
+  writes through ``default_telemetry()``, a provider of looptrace's own built from the same settings as the CLI and
+  never installed globally.
 
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
@@ -9,7 +17,7 @@ Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPOR
 when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
 
 Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it
-with the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``export.GuardedExporter``:
+with the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``:
 bounded, never raising, one warning per failure cause, undelivered spans saved to the spill file for
 ``looptrace traces push``. Metrics go over OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with
 ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
@@ -25,8 +33,9 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -34,38 +43,30 @@ from typing import IO, Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .export import (
-    ConfigurationError,
-    GuardedExporter,
-    GuardedMetricExporter,
-    LangfuseSettings,
-    configured_backends,
-    network_exporter,
-    network_metric_exporter,
-)
+from .delivery import GuardedExporter, GuardedMetricExporter
+from .exporters import network_exporter, network_metric_exporter
 from .logs import log
-from .otlp_file import OTLPJsonFileExporter, default_trace_file
+from .otlp_file import OTLPJsonFileExporter
+from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
 from .spill import SpillFile
 
 __all__ = [
     "ConfigurationError",
+    "Settings",
     "Telemetry",
     "choose_exporters",
     "configure",
     "context_from_traceparent",
+    "default_telemetry",
     "parse_exporters",
 ]
 
-EXPORTER_ENV = "LOOPTRACE_EXPORTER"
-PROMETHEUS_PORT_ENV = "LOOPTRACE_PROMETHEUS_PORT"
-TRACEPARENT_ENV, TRACESTATE_ENV = "TRACEPARENT", "TRACESTATE"
-KNOWN_EXPORTERS = ("file", "console", "otlp", "langfuse", "none")
-NETWORK_EXPORTERS = ("langfuse", "otlp")
 DEFAULT_SERVICE_NAME = "looptrace"
 FLUSH_TIMEOUT_MS = 5_000
 NETWORK_QUEUE_SPANS = 16_384
@@ -75,18 +76,22 @@ NETWORK_QUEUE_SPANS = 16_384
 class Telemetry:
     """What configure() set up. Keep it to flush or shut down; the CLI does both on the way out.
 
-    ``scores`` sends Langfuse scores (the anomaly score) when the langfuse exporter is on, and is None otherwise.
+    ``owns_provider`` is False when looptrace's processors were added to the application's provider: flush and shutdown
+    then touch looptrace's processors only, never the application's. ``scores`` sends Langfuse scores (the anomaly
+    score) when the langfuse exporter is on, and is None otherwise.
     """
 
     tracer_provider: TracerProvider
     exporters: list[str]
+    settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
     meter_provider: MeterProvider | None = None
     spill_file: Path | None = None
     scores: Any = None  # langfuse.LangfuseScores | None
-    _processors: list = field(default_factory=list)
-    _guards: list[GuardedExporter] = field(default_factory=list)
-    _metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
+    owns_provider: bool = True
+    processors: list[SpanProcessor] = field(default_factory=list)
+    guards: list[GuardedExporter] = field(default_factory=list)
+    metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
     _stopped: bool = False
 
     def flush(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> bool:
@@ -96,7 +101,10 @@ class Telemetry:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         spilled_before = self.spilled_spans
         with self._deadline(deadline):
-            flushed = _succeeded(self.tracer_provider.force_flush, timeout_ms)
+            if self.owns_provider:
+                flushed = _succeeded(self.tracer_provider.force_flush, timeout_ms)
+            else:
+                flushed = all([_succeeded(p.force_flush, _remaining_ms(deadline)) for p in self.processors])
             if self.meter_provider is not None:
                 flushed = _succeeded(self.meter_provider.force_flush, _remaining_ms(deadline)) and flushed
         if self.scores is not None:
@@ -116,24 +124,28 @@ class Telemetry:
         with self._deadline(deadline):
             if self.meter_provider is not None:
                 _quietly(self.meter_provider.shutdown, timeout_millis=_remaining_ms(deadline))
-            for processor in self._processors:
+            for processor in self.processors:
                 _quietly(processor.force_flush, _remaining_ms(deadline))
-        for guard in self._guards:
+        for guard in self.guards:
             guard.set_deadline(time.monotonic())  # the queues are drained; nothing may wait any more
-        _quietly(self.tracer_provider.shutdown)
+        if self.owns_provider:
+            _quietly(self.tracer_provider.shutdown)
+        else:  # the application's provider stays up; only what looptrace added to it stops
+            for processor in self.processors:
+                _quietly(processor.shutdown)
         if self.scores is not None:
             self.scores.close(_remaining_ms(deadline) / 1000)
-        if self.spill_file is not None and self._guards:
+        if self.spill_file is not None and self.guards:
             _quietly(SpillFile(self.spill_file).compact)  # drops batches an export delivered after all
 
     @property
     def spilled_spans(self) -> int:
         """Spans of this process's runs that sit undelivered in the spill file."""
-        return sum(guard.spilled_spans for guard in self._guards)
+        return sum(guard.spilled_spans for guard in self.guards)
 
     def spill_notice(self) -> str | None:
         """The line the CLI prints when spans could not be delivered, or None when all were."""
-        counts = [(guard.name, guard.spilled_spans) for guard in self._guards if guard.spilled_spans]
+        counts = [(guard.name, guard.spilled_spans) for guard in self.guards if guard.spilled_spans]
         if not counts:
             return None
         each = ", ".join(f"{count} for {name}" for name, count in counts)
@@ -142,7 +154,7 @@ class Telemetry:
 
     @contextlib.contextmanager
     def _deadline(self, deadline: float) -> Iterator[None]:
-        guards = [*self._guards, *self._metric_guards]
+        guards: list[GuardedExporter | GuardedMetricExporter] = [*self.guards, *self.metric_guards]
         for guard in guards:
             guard.set_deadline(deadline)
         try:
@@ -156,14 +168,14 @@ def _remaining_ms(deadline: float) -> int:
     return max(int((deadline - time.monotonic()) * 1000), 0)
 
 
-def _succeeded(call, *args) -> bool:
+def _succeeded(call: Callable[..., Any], *args: Any) -> bool:
     try:
         return bool(call(*args))
     except Exception:  # noqa: BLE001 - the SDK's MeterProvider raises when its deadline has passed: not our caller's problem
         return False
 
 
-def _quietly(call, *args, **kwargs) -> None:
+def _quietly(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     try:
         call(*args, **kwargs)
     except Exception:  # noqa: BLE001 - shutting down must not fail on a backend; the guards already reported it
@@ -179,12 +191,12 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
     on Ctrl-C, TracerProvider.force_flush) gets the bound.
     """
 
-    def __init__(self, guard: GuardedExporter) -> None:
+    def __init__(self, guard: GuardedExporter, settings: Settings) -> None:
         # A network backend can stall a batch for its whole timeout; the SDK's 2,048-span queue then overflows within
         # a second of a busy process and drops spans before they could be spilled. A larger queue (a few tens of MB
         # at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
-        explicit = os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE")
-        super().__init__(guard, max_queue_size=None if explicit else NETWORK_QUEUE_SPANS)
+        arguments = {"max_queue_size": NETWORK_QUEUE_SPANS, **settings.batch.arguments()}
+        super().__init__(guard, **arguments)
         self.guard = guard
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -202,41 +214,14 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
         super().shutdown()
 
 
-def parse_exporters(value: str | Iterable[str] | None) -> list[str]:
-    """A comma list (or a list) of exporter names, validated, duplicates removed, order kept."""
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else list(value)
-    names: list[str] = []
-    for item in (i.strip().lower() for i in items):
-        if not item:
-            continue
-        if item not in KNOWN_EXPORTERS:
-            raise ConfigurationError(f"unknown exporter {item!r}; choose from {', '.join(KNOWN_EXPORTERS)}")
-        if item not in names:
-            names.append(item)
-    return names
-
-
-def choose_exporters(explicit: str | Iterable[str] | None = None) -> list[str]:
-    for source in (explicit, os.environ.get(EXPORTER_ENV), _otel_traces_exporter()):
-        names = parse_exporters(source)
-        if names:
-            return [] if names == ["none"] else [n for n in names if n != "none"]
-    # Picked from the environment: the local file stays on beside any backend, so every run can be looked at with
-    # `looptrace traces show` whatever else receives it. An explicit choice above is taken exactly.
-    return ["file", *configured_backends()]
-
-
-def _otel_traces_exporter() -> str | None:
-    value = os.environ.get("OTEL_TRACES_EXPORTER")
-    # Only the names that mean the same here; anything else (zipkin, ...) is for other distributions to interpret.
-    if value and all(v.strip().lower() in ("otlp", "console", "none") for v in value.split(",")):
-        return value
-    return None
+def choose_exporters(explicit: str | Iterable[str] | None = None, settings: Settings | None = None) -> list[str]:
+    """The exporters a run uses: ``explicit`` (a comma list or a list), else what the settings choose."""
+    settings = (settings or Settings.from_env()).with_overrides(exporters=explicit)
+    return settings.chosen_exporters()
 
 
 def configure(
+    settings: Settings | None = None,
     *,
     exporters: str | Iterable[str] | None = None,
     trace_file: str | os.PathLike[str] | None = None,
@@ -245,109 +230,176 @@ def configure(
     set_global: bool = True,
     spill_file: str | os.PathLike[str] | None = None,
     prometheus_port: int | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> Telemetry:
-    """Set up tracing (and metrics) for an application. Returns the handle to flush and shut it down.
+    """Set up looptrace's exporters (and metrics) for an application. Returns the handle to flush and shut them down.
 
-    ``set_global=False`` leaves the global providers alone; pass ``telemetry.tracer_provider`` (and
-    ``telemetry.meter_provider``) to the Agent instead (what tests and embedding applications with their own SDK
-    set-up want). ``spill_file`` defaults to ``LOOPTRACE_SPILL_FILE`` or ``.looptrace/spill.jsonl``.
+    Args:
+        settings: the configuration; ``Settings.from_env()`` when omitted. The keyword arguments below override
+            its fields.
+        exporters: comma list or list of ``file``, ``console``, ``otlp``, ``langfuse``, ``none``.
+        trace_file: where the file exporter writes.
+        service_name: the resource's ``service.name`` (a provider of looptrace's own only).
+        console_stream: where the console exporter prints (standard error by default).
+        set_global: make looptrace's own provider the global one, if no application set one before. Never replaces
+            a global provider that is already set.
+        spill_file: where undelivered spans wait for ``looptrace traces push``.
+        prometheus_port: serve metrics for Prometheus on this port.
+        tracer_provider: the application's SDK TracerProvider: looptrace's processors are added to it (nothing of the
+            application's is replaced), and runs of an Agent given no provider join it through the global API or
+            by passing it.
+
     A bounded ``shutdown()`` also runs at interpreter exit if the application does not call it.
     """
-    names = choose_exporters(exporters)
-    disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-    resource = _resource(service_name)
-    # Not the SDK's own exit hook: it joins the export thread for up to 30 s and drops what is left.
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    telemetry = Telemetry(tracer_provider=provider, exporters=[] if disabled else names)
-    spill = SpillFile(spill_file)  # the path only; nothing is written unless a backend fails
-    for name in telemetry.exporters:
-        if name in NETWORK_EXPORTERS:
-            guard = network_exporter(name, spill=spill)
-            telemetry._guards.append(guard)
-            telemetry.spill_file = spill.path
-            processor = _BoundedBatchSpanProcessor(guard)
-        else:
-            exporter = _local_exporter(name, trace_file, console_stream, telemetry)
-            # The console is for a human watching: spans appear as they end. The file is batched off-thread.
-            processor = SimpleSpanProcessor(exporter) if name == "console" else BatchSpanProcessor(exporter)
-        provider.add_span_processor(processor)
-        telemetry._processors.append(processor)
-    if "langfuse" in telemetry.exporters:
-        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
-
-        settings = LangfuseSettings.from_env()
-        telemetry.scores = LangfuseScores.from_settings(settings) if settings else None
-        if settings is not None:  # runs on this provider get a link to their trace in Langfuse's UI
-            register_trace_links(provider, TraceLinks(settings))
-    telemetry.meter_provider = _meter_provider(telemetry, resource, disabled, prometheus_port)
-    # The global providers can be set once per process; an application that already set one keeps it (and looptrace
-    # spans still reach this provider through Agent(tracer_provider=...)).
-    if set_global and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        trace.set_tracer_provider(provider)
-    if set_global:
-        from opentelemetry import metrics
-        from opentelemetry.metrics import _internal as metrics_internal
-
-        if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider):
-            metrics.set_meter_provider(telemetry.meter_provider)
+    settings = (settings or Settings.from_env()).with_overrides(
+        exporters=exporters, trace_file=trace_file, spill_file=spill_file, prometheus_port=prometheus_port,
+        service_name=service_name)
+    if tracer_provider is not None:
+        if not isinstance(tracer_provider, TracerProvider):
+            raise ConfigurationError(f"tracer_provider must be an OpenTelemetry SDK TracerProvider, got "
+                                     f"{type(tracer_provider).__name__}")
+        telemetry = _build(settings, console_stream, tracer_provider)
+    else:
+        telemetry = _build(settings, console_stream, None)
+        if set_global:
+            _install_globally(telemetry)
     atexit.register(telemetry.shutdown)
     return telemetry
 
 
-def _local_exporter(name: str, trace_file, console_stream, telemetry: Telemetry) -> SpanExporter:
+_default_lock = threading.Lock()
+_defaults: dict[tuple[Any, ...], Telemetry] = {}
+
+
+def default_telemetry(settings: Settings | None = None) -> Telemetry:
+    """looptrace's embedded default: what an Agent writes through when neither it nor the application configured
+    anything. One per distinct configuration, made on first use, never installed globally, shut down at exit.
+    Serves no Prometheus port (only configure() opens one: two defaults could not share it)."""
+    settings = settings or Settings.from_env()
+    key = (tuple(settings.chosen_exporters()), settings.trace_file, settings.spill_file, settings.service_name,
+           repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
+           settings.otlp.endpoint, settings.otlp.protocol)
+    with _default_lock:
+        telemetry = _defaults.get(key)
+        if telemetry is None:
+            import dataclasses
+
+            telemetry = _build(dataclasses.replace(settings, prometheus_port=None), None, None)
+            atexit.register(telemetry.shutdown)
+            _defaults[key] = telemetry
+        return telemetry
+
+
+def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
+    names = settings.chosen_exporters()
+    if app_provider is None:
+        resource = _resource(settings)
+        # Not the SDK's own exit hook: it joins the export thread for up to 30 s and drops what is left.
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    else:
+        provider, resource = app_provider, app_provider.resource
+    telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings,
+                          owns_provider=app_provider is None)
+    spill = SpillFile(settings.spill_file)  # the path only; nothing is written unless a backend fails
+    processors: list[SpanProcessor] = []
+    try:
+        for name in names:
+            processors.append(_processor(name, settings, spill, console_stream, telemetry))
+    except BaseException:
+        for processor in processors:
+            _quietly(processor.shutdown)
+        raise
+    for processor in processors:
+        provider.add_span_processor(processor)
+    telemetry.processors = processors
+    if "langfuse" in names and settings.langfuse is not None:
+        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
+
+        telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
+        # Runs on this provider get a link to their trace in Langfuse's UI (RunResult.trace_url).
+        register_trace_links(provider, TraceLinks(settings.langfuse))
+    telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
+    return telemetry
+
+
+def _processor(name: str, settings: Settings, spill: SpillFile, console_stream: IO[str] | None,
+               telemetry: Telemetry) -> SpanProcessor:
+    if name in NETWORK_EXPORTERS:
+        guard = network_exporter(name, settings, spill=spill)
+        telemetry.guards.append(guard)
+        telemetry.spill_file = spill.path
+        return _BoundedBatchSpanProcessor(guard, settings)
     if name == "file":
-        telemetry.trace_file = Path(trace_file) if trace_file else default_trace_file()
-        return OTLPJsonFileExporter(telemetry.trace_file)
+        telemetry.trace_file = settings.trace_file
+        return BatchSpanProcessor(OTLPJsonFileExporter(settings.trace_file), **settings.batch.arguments())
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter(out=console_stream or sys.stderr)
+        # The console is for a human watching: spans appear as they end.
+        exporter: SpanExporter = ConsoleSpanExporter(out=console_stream or sys.stderr)
+        return SimpleSpanProcessor(exporter)
     raise ConfigurationError(f"unknown exporter {name!r}")
 
 
-def _meter_provider(telemetry: Telemetry, resource: Resource, disabled: bool,
-                    prometheus_port: int | None) -> MeterProvider:
-    readers = []
-    if not disabled:
-        metrics_off = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none"
-        if "otlp" in telemetry.exporters and not metrics_off:
-            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+_warned_global = False
 
-            guard = network_metric_exporter()
-            telemetry._metric_guards.append(guard)
-            readers.append(PeriodicExportingMetricReader(guard))
-        port = prometheus_port if prometheus_port is not None else _port_from_env()
-        if port is not None:
-            from .metrics import prometheus_reader
 
-            readers.append(prometheus_reader(port))
+def _install_globally(telemetry: Telemetry) -> None:
+    """Make looptrace's providers the global ones, unless the application set its own: that one stays, and a warning
+    (once per process) says how to add looptrace's exporters to it."""
+    global _warned_global
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(telemetry.tracer_provider)
+    elif not _warned_global:
+        _warned_global = True
+        log.warning("global_tracer_provider_kept",
+                    problem="the application already set a global TracerProvider; looptrace does not replace it, so "
+                            "its exporters are not on it and runs go to the application's exporters",
+                    hint="pass configure(tracer_provider=<the application's provider>) to add looptrace's exporters "
+                         "to it, or configure(set_global=False) to keep looptrace's provider to yourself")
+    from opentelemetry import metrics
+    from opentelemetry.metrics import _internal as metrics_internal
+
+    if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider) \
+            and telemetry.meter_provider is not None:
+        metrics.set_meter_provider(telemetry.meter_provider)
+
+
+def _meter_provider(telemetry: Telemetry, resource: Resource, settings: Settings) -> MeterProvider:
+    readers: list[MetricReader] = []
+    if "otlp" in telemetry.exporters and not settings.otlp_metrics_disabled:
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        guard = network_metric_exporter(settings)
+        telemetry.metric_guards.append(guard)
+        readers.append(PeriodicExportingMetricReader(guard))
+    if settings.prometheus_port is not None and not settings.telemetry_disabled:
+        from .metrics import prometheus_reader
+
+        readers.append(prometheus_reader(settings.prometheus_port))
     return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
 
 
-def _port_from_env() -> int | None:
-    value = os.environ.get(PROMETHEUS_PORT_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise ConfigurationError(f"{PROMETHEUS_PORT_ENV}={value!r} is not a port number")
-    return int(value)
+def _resource(settings: Settings) -> Resource:
+    # Resource.create() adds the SDK's telemetry.sdk.* attributes; the service name and attributes come from the
+    # settings (OTEL_SERVICE_NAME wins over a service.name in OTEL_RESOURCE_ATTRIBUTES, as the specification says),
+    # and "looptrace" replaces the SDK's "unknown_service" when nothing names the service.
+    attributes: dict[str, Any] = dict(settings.resource_attributes)
+    if settings.service_name:
+        attributes[SERVICE_NAME] = settings.service_name
+    attributes.setdefault(SERVICE_NAME, DEFAULT_SERVICE_NAME)
+    if settings.langfuse is not None:  # LANGFUSE_TRACING_ENVIRONMENT / LANGFUSE_RELEASE: once per batch, not per span
+        from .langfuse import resource_attributes
 
-
-def _resource(service_name: str | None) -> Resource:
-    # Resource.create() reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; an explicit name wins over both, and
-    # "looptrace" replaces the SDK's "unknown_service" when nothing names the service.
-    resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    from .langfuse import resource_attributes  # LANGFUSE_TRACING_ENVIRONMENT / LANGFUSE_RELEASE, once per batch
-
-    return resource.merge(Resource(resource_attributes()))
+        attributes.update(resource_attributes(settings.langfuse))
+    return Resource.create(attributes)
 
 
 # --- joining a caller's trace -------------------------------------------------------------------------------------
 
 
-def context_from_traceparent(traceparent: str | None = None, tracestate: str | None = None) -> Context | None:
+def context_from_traceparent(traceparent: str | None = None, tracestate: str | None = None, *,
+                             settings: Settings | None = None) -> Context | None:
     """The context a W3C ``traceparent`` header hands over, for a run to join that trace as a child.
 
     With no argument, reads ``TRACEPARENT`` (and ``TRACESTATE``), which is how job schedulers and CI systems pass a
@@ -356,18 +408,20 @@ def context_from_traceparent(traceparent: str | None = None, tracestate: str | N
     The CLI runs the agent under it: ``token = opentelemetry.context.attach(ctx)`` ... ``detach(token)``.
     """
     from_environment = traceparent is None
-    value = (os.environ.get(TRACEPARENT_ENV) if from_environment else traceparent) or ""
+    if from_environment:
+        settings = settings or Settings.from_env()
+        traceparent, tracestate = settings.traceparent, tracestate or settings.tracestate
+    value = traceparent or ""
     if not value.strip():
         return None
     carrier = {"traceparent": value.strip()}
-    state = os.environ.get(TRACESTATE_ENV) if from_environment and tracestate is None else tracestate
-    if state:
-        carrier["tracestate"] = state
+    if tracestate:
+        carrier["tracestate"] = tracestate
     context = TraceContextTextMapPropagator().extract(carrier, context=Context())
     if trace.get_current_span(context).get_span_context().is_valid:
         return context
     problem = f"not a W3C traceparent: {value.strip()[:80]!r} (expected 00-<32 hex>-<16 hex>-<2 hex>)"
     if not from_environment:
         raise ValueError(problem)
-    log.warning("traceparent_ignored", variable=TRACEPARENT_ENV, problem=problem)
+    log.warning("traceparent_ignored", variable="TRACEPARENT", problem=problem)
     return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -19,11 +19,14 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 
 from . import langfuse
 from . import semconv as sc
-from .content import (CaptureMode, MessageLog, cap, capture_mode_from_env, genai_message, genai_tool_definition,
-                      last_user_text, max_chars_from_env, redact, to_json)
+from .content import (CaptureMode, MessageLog, cap, capture_mode, genai_message, genai_tool_definition,
+                      last_user_text, redact, to_json)
 from .detector import canonical_arguments, result_digest
+from .interface import ToolTrace
 from .langfuse import generation_attributes, trace_attributes
 from .metrics import LoopMetrics
+from .providers import providers_for_run
+from .settings import Settings
 
 # Each span's OpenInference kind, which Phoenix shows and Langfuse also takes as the observation type (agent, chain,
 # generation, tool): one attribute serves both, so no Langfuse-only type attribute is sent.
@@ -36,7 +39,8 @@ CONTENT_EVENT = "gen_ai.client.inference.operation.details"
 
 
 class Tracing:
-    """Span factory for an agent. Cheap to create; holds no per-run state."""
+    """Span factory for an agent (``interface.AgentTracing`` with OpenTelemetry). Cheap to create; holds no per-run
+    state. Where spans go is decided per run (``providers.providers_for_run``)."""
 
     def __init__(
         self,
@@ -46,22 +50,34 @@ class Tracing:
         max_attribute_chars: int | None = None,
         meter_provider: Any = None,
         enabled: bool = True,
+        settings: Settings | None = None,
     ) -> None:
+        settings = settings or Settings.from_env()
         self.enabled = enabled
-        self._provider = tracer_provider
-        self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=tracer_provider)
-        self.metrics = LoopMetrics(meter_provider) if enabled else None
-        self.capture = _capture_mode(capture_content)
+        self.settings = settings
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._resolved: tuple[Any, Any] | None = None  # the providers of the latest run ...
+        self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
+        self.metrics: LoopMetrics | None = None
+        self.capture = _capture_mode(settings.capture_setting if capture_content is None else capture_content)
         self.capture_content = self.capture.on_spans  # content attributes on spans
         self.capture_events = self.capture.in_events  # content on each chat span's content event
-        self.max_chars = max_attribute_chars or max_chars_from_env()
+        self.max_chars = max_attribute_chars or settings.max_attribute_chars
+
+    def _select_providers(self) -> None:
+        providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
+        if providers != self._resolved:
+            self._resolved = providers
+            self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
+            self.metrics = LoopMetrics(providers[1]) if self.enabled else None
 
     def flush(self, timeout_ms: int = 5_000) -> None:
         """Push out what the tracer provider buffers, if it buffers (the API's no-op provider has nothing to flush).
 
         Best effort: called on the way out of an interrupted run, where a failing exporter must not mask the interrupt.
         """
-        provider = self._provider or trace.get_tracer_provider()
+        provider = self._resolved[0] if self._resolved else trace.get_tracer_provider()
         flush = getattr(provider, "force_flush", None)
         if flush is not None:
             try:
@@ -71,7 +87,7 @@ class Tracing:
 
     def trace_url(self, trace_id: str) -> str | None:
         """The trace's link in Langfuse's UI when this provider sends to Langfuse (see setup.configure)."""
-        links = langfuse.trace_links_for(self._provider or trace.get_tracer_provider())
+        links = langfuse.trace_links_for(self._resolved[0] if self._resolved else trace.get_tracer_provider())
         return links.url(trace_id) if links is not None else None
 
     def start_run(
@@ -92,6 +108,7 @@ class Tracing:
         trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
+        self._select_providers()
         # On every span of the run: Langfuse's v4 ingestion reads trace name, user, session, tags and metadata per
         # observation. The session goes once, as gen_ai.conversation.id, which Langfuse and Phoenix both read.
         common = {sc.GEN_AI_AGENT_NAME: agent, **trace_level}
@@ -123,13 +140,12 @@ class Tracing:
 
 
 def _capture_mode(setting: bool | str | CaptureMode | None) -> CaptureMode:
-    if setting is None:
-        return capture_mode_from_env()
+    """An Agent's capture_content argument, or the settings' capture variable when None: SPAN_ONLY unless set."""
     if isinstance(setting, CaptureMode):
         return setting
     if isinstance(setting, bool):
         return CaptureMode.SPAN_ONLY if setting else CaptureMode.NO_CONTENT
-    return CaptureMode[setting.strip().upper()]
+    return capture_mode(setting) or CaptureMode.SPAN_ONLY
 
 
 def _joins_outer_trace() -> bool:
@@ -229,7 +245,7 @@ class TurnSpan:
         self.recording = span.is_recording()
         self.flagged: str | None = None
 
-    def anomaly(self, anomaly: Any, action: str, tool_spans: list[ToolSpan]) -> None:
+    def anomaly(self, anomaly: Any, action: str, tool_spans: Sequence[ToolTrace]) -> None:
         """Record an anomaly where it happened: an event on this turn and on each offending call, and the metric."""
         metrics = self.run.tracing.metrics
         if metrics is not None:
@@ -254,7 +270,8 @@ class TurnSpan:
         self.span.add_event(sc.ANOMALY_EVENT, event)
         self.flagged = f"{anomaly.type}: {anomaly.message}"
         for tool_span in tool_spans:
-            tool_span.flag(event, self.flagged)
+            if isinstance(tool_span, ToolSpan):
+                tool_span.flag(event, self.flagged)
 
     def nudged(self, text: str) -> None:
         if self.recording:

@@ -31,8 +31,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from .export import ConfigurationError, configured_backends, network_exporter
+from .exporters import network_exporter
 from .otlp_file import decode_attributes, decode_span_kind, decode_status_code
+from .settings import DEFAULT_SPILL_FILE, ConfigurationError, Settings
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
     import fcntl
@@ -40,11 +41,11 @@ except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
 
 SPILL_FILE_ENV = "LOOPTRACE_SPILL_FILE"
-DEFAULT_SPILL_FILE = Path(".looptrace") / "spill.jsonl"
+__all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "default_spill_file", "push"]
 
 
 def default_spill_file() -> Path:
-    return Path(os.environ.get(SPILL_FILE_ENV) or DEFAULT_SPILL_FILE)
+    return Settings.from_env().spill_file
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ class PushReport:
 
 
 def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[str, SpanExporter] | None = None, *,
-         to: Iterable[str] | None = None) -> PushReport:
+         to: Iterable[str] | None = None, settings: Settings | None = None) -> PushReport:
     """Send what the spill file holds, exactly once, and keep what still fails.
 
     ``exporters`` maps backend names to exporters (tests pass their own); by default every backend the environment
@@ -292,7 +293,8 @@ def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[st
     spill = SpillFile(spill_path)
     own = exporters is None
     if exporters is None:
-        exporters = {name: network_exporter(name) for name in configured_backends()}
+        settings = settings or Settings.from_env()
+        exporters = {name: network_exporter(name, settings) for name in settings.configured_backends()}
     targets = set(to) if to else set(exporters)
     missing = targets - set(exporters)
     if missing:

@@ -18,7 +18,8 @@ from typing import Any
 from looptrace.instrumentation.alerts import AlertContext, Alerts
 from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
 from looptrace.instrumentation.logs import log
-from looptrace.instrumentation.spans import ChatSpan, RunSpan, ToolSpan, TurnSpan, Tracing
+from looptrace.instrumentation.interface import AgentTracing, ChatTrace, NoTracing, RunTrace, ToolTrace, TurnTrace
+from looptrace.instrumentation.settings import Settings
 
 from . import policy as policies
 from . import tools as toolkit
@@ -68,6 +69,7 @@ class Agent:
         meter_provider: Any = None,
         capture_content: bool | None = None,
         telemetry: bool = True,
+        settings: Settings | None = None,
     ) -> None:
         self.model = model
         self.name = name
@@ -86,11 +88,11 @@ class Agent:
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
         self.policy = policies.AnomalyPolicy(on_anomaly)
-        self.alerts = alerts or Alerts()
+        settings = settings or Settings.from_env()
+        self.alerts = alerts or Alerts(webhook_url=settings.alert_webhook or "")
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
-        self._tracing = Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider,
-                                capture_content=capture_content, enabled=telemetry)
+        self._tracing = _tracing(settings, telemetry, tracer_provider, meter_provider, capture_content)
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._server_address: tuple[str | None, int | None] | None = None
 
@@ -213,7 +215,7 @@ class Agent:
         finally:
             turn.end(stop_reason=stop_reason)
 
-    def _act(self, run: _Run, turn: TurnSpan, index: int, content: list[Any],
+    def _act(self, run: _Run, turn: TurnTrace, index: int, content: list[Any],
              stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
         """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
         if stop_reason == "tool_use":
@@ -229,7 +231,7 @@ class Agent:
             return RunStatus.ERROR
         return self._check_finish(run, turn, index, stop_reason, status)
 
-    def _check_finish(self, run: _Run, turn: TurnSpan, index: int, stop_reason: str,
+    def _check_finish(self, run: _Run, turn: TurnTrace, index: int, stop_reason: str,
                       status: RunStatus) -> RunStatus | None:
         """The model says it is finished: the moment to look for errors it never dealt with."""
         if run.detector is None:
@@ -242,7 +244,7 @@ class Agent:
             return None  # one more turn, for the model to answer the nudge
         return status
 
-    def _tool_round(self, run: _Run, turn: TurnSpan, index: int,
+    def _tool_round(self, run: _Run, turn: TurnTrace, index: int,
                     content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
         """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
         whether the detector stops the run."""
@@ -266,7 +268,7 @@ class Agent:
         results.extend({"type": "text", "text": text} for text in nudges)
         return results, stopped
 
-    def _prepare_call(self, turn, block: dict[str, Any]) -> _Call:
+    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:
         name = block.get("name") or ""
         call_id = block.get("id") or ""
         arguments = block.get("input")
@@ -307,7 +309,7 @@ class Agent:
             block["is_error"] = True
         return block
 
-    def _react(self, run: _Run, turn: TurnSpan, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
+    def _react(self, run: _Run, turn: TurnTrace, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
         """Alert on each anomaly and apply the policy. Returns whether to stop and the nudges to send."""
         stop, nudges = False, []
         turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
@@ -411,7 +413,7 @@ class UnknownStopReason(Exception):
 class _Run:
     budget: Budget
     messages: list[dict[str, Any]]
-    span: RunSpan
+    span: RunTrace
     final_text: str = ""
     stop_reason: str | None = None
     error: BaseException | None = None
@@ -444,7 +446,7 @@ class _Call:
     name: str
     arguments: Any
     tool: toolkit.Tool | None
-    span: ToolSpan
+    span: ToolTrace
     kwargs: dict[str, Any] | None = None
     value: Any = None
     error: BaseException | None = None
@@ -471,7 +473,7 @@ class _Effect:
 @dataclass(slots=True)
 class _ModelCall(_Effect):
     params: dict[str, Any]
-    span: ChatSpan
+    span: ChatTrace
     timeout_s: float | None
 
     def perform_sync(self, agent: Agent) -> Any:
@@ -521,6 +523,17 @@ def _timed(call: _Call, work: Callable[[], Any]) -> None:
 
 
 # --- small pure helpers -------------------------------------------------------------------------------------------
+
+
+def _tracing(settings: Settings, telemetry: bool, tracer_provider: Any, meter_provider: Any,
+             capture_content: bool | None) -> AgentTracing:
+    """The agent's telemetry: nothing at all when switched off (``telemetry=False``, ``OTEL_SDK_DISABLED=true``)."""
+    if not telemetry or settings.telemetry_disabled:
+        return NoTracing()
+    from looptrace.instrumentation.spans import Tracing  # the OpenTelemetry side loads only when something records
+
+    return Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider, capture_content=capture_content,
+                   settings=settings)
 
 
 def _as_model(client: Any) -> Model:

@@ -19,10 +19,10 @@ from opentelemetry import context as otel_context
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation import setup as telemetry_setup
-from looptrace.instrumentation import alerts as alerts_setup
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.langfuse import trace_attributes
-from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, default_trace_file, read_spans
+from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, read_spans
+from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
 from looptrace.instrumentation.spill import PushInProgress, push
 from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
 
@@ -34,7 +34,6 @@ from .result import RunResult, RunStatus
 from .tools import Tool
 from .views import LiveView, render_trace
 
-DEFAULT_MODEL = "claude-sonnet-5-5"
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"looptrace: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except telemetry_setup.ConfigurationError as exc:
+    except ConfigurationError as exc:
         print(f"looptrace: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # e.g. LOOPTRACE_PROMETHEUS_PORT already taken: the environment, not the model
@@ -109,8 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
-    run.add_argument("--model", default=os.environ.get("LOOPTRACE_MODEL", DEFAULT_MODEL),
-                     help="model id (default: %(default)s, or LOOPTRACE_MODEL)")
+    run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL})")
     run.add_argument("--system", help="system prompt")
     run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
     run.add_argument("--max-tokens", type=_positive_int, default=4096, help="max_tokens per model call")
@@ -125,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--session-id", help="Langfuse session (and gen_ai.conversation.id) of the run's trace")
     run.add_argument("--user-id", help="Langfuse user of the run's trace")
     run.add_argument("--tag", action="append", default=[], metavar="TAG", help="a trace tag; repeat for more")
-    run.add_argument("--traceparent", default=os.environ.get("TRACEPARENT"),
+    run.add_argument("--traceparent",
                      help="W3C traceparent of a trace to join (default: TRACEPARENT), e.g. from a job scheduler")
     _add_anomaly_flag(run)
     _add_export_flags(run)
@@ -187,7 +185,8 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
 def _demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
-    telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
+    settings = _settings(args)
+    telemetry = telemetry_setup.configure(settings)
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
@@ -212,14 +211,16 @@ def _run(args: argparse.Namespace) -> int:
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         raise UsageError("ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
+    settings = _settings(args)
+    traceparent = args.traceparent or settings.traceparent
     try:
-        parent = telemetry_setup.context_from_traceparent(args.traceparent) if args.traceparent else None
+        parent = telemetry_setup.context_from_traceparent(traceparent, settings.tracestate) if traceparent else None
     except ValueError as exc:
         raise UsageError(f"--traceparent: {exc}") from None
-    telemetry = telemetry_setup.configure(exporters=args.exporter, trace_file=args.trace_file)
+    telemetry = telemetry_setup.configure(settings)
     try:
         agent = Agent(
-            args.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
+            args.model or settings.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
@@ -248,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _traces_show(args: argparse.Namespace) -> int:
-    path = args.file or default_trace_file()
+    path = args.file or Settings.from_env().trace_file
     wanted = (args.trace_id or "").lower() or None
     with _BadLineReporter(path) as report:
         trace_id = wanted and _resolve_trace_id(path, wanted, report)
@@ -264,7 +265,7 @@ def _traces_show(args: argparse.Namespace) -> int:
 
 
 def _detect(args: argparse.Namespace) -> int:
-    path = args.file or default_trace_file()
+    path = args.file or Settings.from_env().trace_file
     found = 0
     with _BadLineReporter(path) as report:
         for verdict in detect_spans(read_spans(path, report, report.progress, keys=DETECTION_KEYS)):
@@ -286,7 +287,7 @@ def _detect(args: argparse.Namespace) -> int:
 
 
 def _traces_list(args: argparse.Namespace) -> int:
-    path = args.file or default_trace_file()
+    path = args.file or Settings.from_env().trace_file
     with _BadLineReporter(path) as report:
         for span in read_spans(path, report):
             a = span.attributes
@@ -327,12 +328,17 @@ def _telemetry_options(telemetry: telemetry_setup.Telemetry) -> dict[str, Any]:
     """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
     callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
     try:
-        alerts = Alerts(callback=callback)
+        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "")
     except ValueError as exc:
-        raise UsageError(f"{alerts_setup.WEBHOOK_ENV}: {exc}") from None
+        raise UsageError(f"LOOPTRACE_ALERT_WEBHOOK: {exc}") from None
     _ALERTS.append(alerts)
     return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
-            "alerts": alerts}
+            "alerts": alerts, "settings": telemetry.settings}
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The environment's settings, with the command's flags over them."""
+    return Settings.from_env().with_overrides(exporters=args.exporter, trace_file=args.trace_file)
 
 
 _ALERTS: list[Alerts] = []  # the process's alert sinks, whose webhook posts _close waits for
@@ -352,7 +358,7 @@ def _close(telemetry: telemetry_setup.Telemetry) -> None:
 
 def _traces_push(args: argparse.Namespace) -> int:
     try:
-        report = push(args.file, to=[args.to] if args.to else None)
+        report = push(args.file, to=[args.to] if args.to else None, settings=Settings.from_env())
     except PushInProgress as exc:
         raise UsageError(str(exc)) from None
     print(report.summary())

@@ -27,9 +27,11 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from structlog.testing import capture_logs
 
 from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, langfuse_view, unused_port
-from looptrace.instrumentation import export, langfuse
+from looptrace.instrumentation import delivery, langfuse
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.export import ConfigurationError, GuardedExporter, LangfuseSettings, OtlpSettings, network_exporter
+from looptrace.instrumentation.delivery import GuardedExporter
+from looptrace.instrumentation.exporters import network_exporter
+from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings
 from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.spill import PushInProgress, SpillFile, push
@@ -53,7 +55,7 @@ def _isolated(monkeypatch, tmp_path):
     for name in ISOLATED_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # default trace and spill files land in the test's directory
-    monkeypatch.setattr(export, "RETRY_AFTER_FAILURE_S", 10.0)
+    monkeypatch.setattr(delivery, "RETRY_AFTER_FAILURE_S", 10.0)
 
 
 @pytest.fixture
@@ -164,8 +166,8 @@ def test_otlp_settings_follow_the_specification():
     ({"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"}, "brotli"),
 ])
 def test_otlp_settings_that_cannot_work_say_why(env, message):
-    with pytest.raises(ConfigurationError, match=message):
-        OtlpSettings.from_env("traces", env)
+    with pytest.raises(ConfigurationError, match=message):  # said when the OTLP exporter is built, not before
+        OtlpSettings.from_env("traces", env).check()
 
 
 def test_langfuse_settings_from_the_sdk_variables():
@@ -513,7 +515,7 @@ def test_401_names_the_keys_and_never_prints_them(monkeypatch, spill):
 
 
 def test_a_success_resets_the_warnings(monkeypatch, spill):
-    monkeypatch.setattr(export, "RETRY_AFTER_FAILURE_S", 0.0)
+    monkeypatch.setattr(delivery, "RETRY_AFTER_FAILURE_S", 0.0)
     with OTLPReceiver() as rx:
         use_collector(monkeypatch, rx.url)
         exporter = network_exporter("otlp", spill=spill)

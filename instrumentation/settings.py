@@ -1,0 +1,458 @@
+"""Every environment variable looptrace reads, read here, once, into one typed object.
+
+``Settings.from_env()`` is the only place that looks at ``LOOPTRACE_*``, ``LANGFUSE_*`` and ``OTEL_*`` (plus the W3C
+``TRACEPARENT``/``TRACESTATE`` a scheduler hands over). ``configure()``, ``Agent`` and the CLI take a ``Settings``; a
+flag or an argument overrides one field with ``dataclasses.replace`` (see ``Settings.with_overrides``). The README's
+configuration table lists exactly the variables named in ``VARIABLES`` (a test compares them).
+
+Pure standard library, so that reading the configuration never loads the OpenTelemetry SDK.
+
+A setting that cannot work is kept as a ``problem`` rather than raised here: an OTLP protocol the Python exporters do
+not speak matters only when the OTLP exporter is built, and a library must not refuse to start over a variable meant
+for another program. The factories raise ``ConfigurationError`` with the problem when they need the setting.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+__all__ = [
+    "ConfigurationError", "LangfuseSettings", "OtlpSettings", "Settings", "VARIABLES", "parse_exporters",
+]
+
+DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEOUT (10000 ms)
+DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
+DEFAULT_SPILL_FILE = Path(".looptrace") / "spill.jsonl"
+DEFAULT_MAX_ATTRIBUTE_CHARS = 32_000
+DEFAULT_MODEL = "claude-sonnet-5-5"
+LANGFUSE_DEFAULT_BASE_URL = "https://cloud.langfuse.com"
+LANGFUSE_TRACES_PATH = "/api/public/otel/v1/traces"
+
+HTTP_PROTOBUF, GRPC = "http/protobuf", "grpc"
+KNOWN_EXPORTERS = ("file", "console", "otlp", "langfuse", "none")
+NETWORK_EXPORTERS = ("langfuse", "otlp")
+_SIGNAL_PATHS = {"traces": "v1/traces", "metrics": "v1/metrics"}
+_DEFAULT_ENDPOINTS = {HTTP_PROTOBUF: "http://localhost:4318", GRPC: "http://localhost:4317"}
+# Content capture: the OpenTelemetry GenAI utilities' modes, and the true/false of older GenAI instrumentations.
+CAPTURE_MODES = ("NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT")
+_CAPTURE_TRUE, _CAPTURE_FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", "none"}
+
+# What each variable does; the README's configuration table names the same set. "[TRACES_|METRICS_]" stands for the
+# three spellings the specification defines (generic, per traces, per metrics).
+VARIABLES: dict[str, str] = {
+    "LOOPTRACE_EXPORTER": "exporters: file, console, otlp, langfuse, none",
+    "LOOPTRACE_TRACE_FILE": "the file exporter's path",
+    "LOOPTRACE_SPILL_FILE": "where undelivered spans wait for `looptrace traces push`",
+    "LOOPTRACE_PROMETHEUS_PORT": "serve metrics at /metrics on this port",
+    "LOOPTRACE_MODEL": "`looptrace run`'s default model",
+    "LOOPTRACE_CAPTURE_CONTENT": "the GenAI variable's values; wins over it",
+    "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
+    "LOOPTRACE_ALERT_WEBHOOK": "URL each new kind of anomaly is posted to",
+    "LANGFUSE_PUBLIC_KEY": "Langfuse project key",
+    "LANGFUSE_SECRET_KEY": "Langfuse project key",
+    "LANGFUSE_BASE_URL": "Langfuse host",
+    "LANGFUSE_HOST": "Langfuse host (older name)",
+    "LANGFUSE_TIMEOUT": "Langfuse export timeout, seconds",
+    "LANGFUSE_TRACING_ENVIRONMENT": "Langfuse environment of traces and scores",
+    "LANGFUSE_RELEASE": "Langfuse release of traces",
+    "OTEL_SDK_DISABLED": "true switches telemetry off",
+    "OTEL_TRACES_EXPORTER": "otlp, console or none",
+    "OTEL_METRICS_EXPORTER": "none keeps metrics off OTLP",
+    "OTEL_SERVICE_NAME": "service.name of the resource",
+    "OTEL_RESOURCE_ATTRIBUTES": "the resource's attributes",
+    "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]ENDPOINT": "OTLP endpoint",
+    "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]PROTOCOL": "http/protobuf or grpc",
+    "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]HEADERS": "key=value pairs, comma separated",
+    "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]TIMEOUT": "milliseconds",
+    "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]COMPRESSION": "gzip, deflate or none",
+    "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]INSECURE": "gRPC without TLS",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY (default), EVENT_ONLY, SPAN_AND_EVENT, NO_CONTENT",
+    "OTEL_BSP_SCHEDULE_DELAY": "batch span processor delay, ms",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "batch span processor queue",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "batch span processor batch size",
+    "OTEL_BSP_EXPORT_TIMEOUT": "batch span processor export timeout, ms",
+    "TRACEPARENT": "W3C trace context to join",
+    "TRACESTATE": "W3C trace state to join",
+}
+
+
+def expand(name: str) -> list[str]:
+    """``OTEL_X_[TRACES_|METRICS_]Y`` -> the three names it stands for; any other name -> itself."""
+    match = re.fullmatch(r"(.*)\[([^\]]*)\](.*)", name)
+    if not match:
+        return [name]
+    head, options, tail = match.groups()
+    return [head + tail] + [head + option + tail for option in options.split("|")]
+
+
+class ConfigurationError(ValueError):
+    """A setting that cannot work, with what to do about it (never with a secret's value)."""
+
+
+def safe_url(url: str) -> str:
+    """The URL without user info, query or fragment: what may appear in a warning."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable endpoint>"
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", "")) if parts.scheme else url.split("?", 1)[0]
+
+
+# --- reading ---------------------------------------------------------------------------------------------------------
+
+
+class _Env:
+    """The environment as settings read it: stripped values, empty meaning unset."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def get(self, name: str) -> str | None:
+        value = self._environ.get(name)
+        if value is None:
+            return None
+        value = value.strip()
+        return value or None
+
+    def first(self, *names: str) -> tuple[str, str] | None:
+        """The first of ``names`` that is set, with its value."""
+        for name in names:
+            value = self.get(name)
+            if value is not None:
+                return name, value
+        return None
+
+
+def parse_headers(value: str) -> tuple[dict[str, str], int]:
+    """``key=value`` pairs separated by commas (values may be URL-encoded), as the OTLP exporter specification writes
+    them. Returns the headers and how many entries were malformed (dropped). Never logs: the value may be a secret."""
+    headers: dict[str, str] = {}
+    malformed = 0
+    for entry in value.split(","):
+        if not entry.strip():
+            continue
+        name, equals, content = entry.partition("=")
+        name = unquote(name).strip().lower()
+        if not equals or not name or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9a-z-]+", name):
+            malformed += 1
+            continue
+        headers[name] = unquote(content).strip()
+    return headers, malformed
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    """Where and how one signal goes over OTLP, from the standard ``OTEL_EXPORTER_OTLP_*`` variables.
+
+    ``problem`` says why these settings cannot work (an unsupported protocol, a malformed timeout or header list);
+    the exporter factories raise it as a ``ConfigurationError``.
+    """
+
+    signal: str = "traces"
+    endpoint: str = "http://localhost:4318/v1/traces"
+    protocol: str = HTTP_PROTOBUF
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold credentials: never printed
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    compression: str = "none"  # none | gzip | deflate
+    insecure: bool | None = None  # gRPC only; None lets the exporter decide from the URL scheme
+    endpoint_configured: bool = False  # an endpoint variable is set (what makes `otlp` a configured backend)
+    problem: str | None = None
+
+    @classmethod
+    def from_env(cls, signal: str = "traces", environ: Mapping[str, str] | None = None) -> OtlpSettings:
+        env = _Env(os.environ if environ is None else environ)
+        specific = f"OTEL_EXPORTER_OTLP_{signal.upper()}_"
+        problems: list[str] = []
+
+        def setting(name: str) -> tuple[str, str] | None:
+            return env.first(specific + name, "OTEL_EXPORTER_OTLP_" + name)
+
+        protocol = (setting("PROTOCOL") or ("", HTTP_PROTOBUF))[1].lower()
+        if protocol not in (HTTP_PROTOBUF, GRPC):
+            hint = " (the OpenTelemetry Python exporters have no http/json)" if protocol == "http/json" else ""
+            problems.append(f"OTLP protocol {protocol!r} is not supported{hint}; use http/protobuf or grpc")
+            protocol = HTTP_PROTOBUF
+        own_endpoint = env.get(specific + "ENDPOINT")
+        generic = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if own_endpoint:
+            endpoint = own_endpoint
+        else:
+            base = (generic or _DEFAULT_ENDPOINTS[protocol]).rstrip("/")
+            # The specification appends the signal path to the generic endpoint for HTTP only; gRPC has no paths.
+            endpoint = f"{base}/{_SIGNAL_PATHS[signal]}" if protocol == HTTP_PROTOBUF else base
+        compression = (setting("COMPRESSION") or ("", "none"))[1].lower()
+        if compression not in ("none", "gzip", "deflate"):
+            problems.append(f"OTLP compression {compression!r} is not supported; use gzip, deflate or none")
+            compression = "none"
+        headers: dict[str, str] = {}
+        found = setting("HEADERS")
+        if found is not None:
+            variable, raw = found
+            headers, malformed = parse_headers(raw)
+            if malformed:
+                # The value is not repeated: a header list usually carries a token.
+                problems.append(f"{variable} is malformed ({malformed} entr{'y' if malformed == 1 else 'ies'} not "
+                                f"key=value): write it as key=value pairs separated by commas, with spaces "
+                                f"URL-encoded, e.g. Authorization=Bearer%20<token>")
+        timeout_s = DEFAULT_TIMEOUT_S
+        found = setting("TIMEOUT")
+        if found is not None:
+            try:
+                timeout_s = _milliseconds_as_seconds(*found)
+            except ConfigurationError as error:
+                problems.append(str(error))
+        insecure = setting("INSECURE")
+        return cls(signal=signal, endpoint=endpoint, protocol=protocol, headers=headers, timeout_s=timeout_s,
+                   compression=compression, insecure=None if insecure is None else insecure[1].lower() == "true",
+                   endpoint_configured=bool(own_endpoint or generic), problem="; ".join(problems) or None)
+
+    def check(self) -> OtlpSettings:
+        """These settings, or ConfigurationError when they cannot work."""
+        if self.problem:
+            raise ConfigurationError(self.problem)
+        return self
+
+
+def _milliseconds_as_seconds(name: str, milliseconds: str) -> float:
+    try:
+        value = float(milliseconds) / 1000
+    except ValueError:
+        raise ConfigurationError(f"{name}={milliseconds!r} is not a number of milliseconds") from None
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be positive (milliseconds), got {milliseconds!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LangfuseSettings:
+    """A Langfuse project's OTLP endpoint and keys, from ``LANGFUSE_*`` (the variables Langfuse's own SDKs read)."""
+
+    public_key: str = field(repr=False)
+    secret_key: str = field(repr=False)
+    base_url: str = LANGFUSE_DEFAULT_BASE_URL
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    environment: str | None = None  # LANGFUSE_TRACING_ENVIRONMENT: where traces and scores are filed
+    release: str | None = None  # LANGFUSE_RELEASE
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LangfuseSettings | None:
+        """None unless both keys are set. ``LANGFUSE_BASE_URL`` wins over the older ``LANGFUSE_HOST``;
+        ``LANGFUSE_TIMEOUT`` is in seconds, as in the Langfuse SDK."""
+        env = _Env(os.environ if environ is None else environ)
+        public, secret = env.get("LANGFUSE_PUBLIC_KEY"), env.get("LANGFUSE_SECRET_KEY")
+        base = env.get("LANGFUSE_BASE_URL") or env.get("LANGFUSE_HOST") or LANGFUSE_DEFAULT_BASE_URL
+        timeout = env.get("LANGFUSE_TIMEOUT")
+        environment, release = env.get("LANGFUSE_TRACING_ENVIRONMENT"), env.get("LANGFUSE_RELEASE")
+        if not (public and secret):
+            return None
+        try:
+            timeout_s = float(timeout) if timeout else DEFAULT_TIMEOUT_S
+        except ValueError:
+            raise ConfigurationError(f"LANGFUSE_TIMEOUT={timeout!r} is not a number of seconds") from None
+        return cls(public_key=public, secret_key=secret, base_url=base.rstrip("/"), timeout_s=timeout_s,
+                   environment=environment, release=release)
+
+    @property
+    def traces_url(self) -> str:
+        return self.base_url + LANGFUSE_TRACES_PATH
+
+    def authorization(self) -> str:
+        """The Basic authorization header value of the project's key pair."""
+        token = base64.b64encode(f"{self.public_key}:{self.secret_key}".encode()).decode("ascii")
+        return f"Basic {token}"
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """The batch span processor's ``OTEL_BSP_*`` settings; None leaves the SDK's default."""
+
+    schedule_delay_ms: int | None = None
+    max_queue_size: int | None = None
+    max_export_batch_size: int | None = None
+    export_timeout_ms: int | None = None
+
+    def arguments(self) -> dict[str, int]:
+        """Keyword arguments for BatchSpanProcessor: only what was set."""
+        given = {"schedule_delay_millis": self.schedule_delay_ms, "max_queue_size": self.max_queue_size,
+                 "max_export_batch_size": self.max_export_batch_size, "export_timeout_millis": self.export_timeout_ms}
+        return {name: value for name, value in given.items() if value is not None}
+
+
+def parse_exporters(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """A comma list (or a list) of exporter names, validated, duplicates removed, order kept."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names: list[str] = []
+    for item in (i.strip().lower() for i in items):
+        if not item:
+            continue
+        if item not in KNOWN_EXPORTERS:
+            raise ConfigurationError(f"unknown exporter {item!r}; choose from {', '.join(KNOWN_EXPORTERS)}")
+        if item not in names:
+            names.append(item)
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """looptrace's whole configuration. ``Settings.from_env()`` reads it; ``Settings()`` is the defaults alone.
+
+    ``exporters`` is an explicit choice (``LOOPTRACE_EXPORTER``, else ``OTEL_TRACES_EXPORTER``) or None, in which
+    case ``chosen_exporters()`` picks the trace file and the configured backends beside it.
+    """
+
+    exporters: tuple[str, ...] | None = None
+    trace_file: Path = DEFAULT_TRACE_FILE
+    spill_file: Path = DEFAULT_SPILL_FILE
+    prometheus_port: int | None = None
+    model: str = DEFAULT_MODEL
+    capture_content: bool = True  # content attributes on spans (capture_setting's mode is SPAN_ONLY or SPAN_AND_EVENT)
+    capture_setting: str | None = None  # the capture variable's value as set (None: unset, capture on spans)
+    max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
+    alert_webhook: str | None = field(default=None, repr=False)  # the URL is the credential
+    telemetry_disabled: bool = False
+    otlp_metrics_disabled: bool = False
+    service_name: str | None = None
+    resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    langfuse: LangfuseSettings | None = None
+    otlp: OtlpSettings = field(default_factory=OtlpSettings)
+    otlp_metrics: OtlpSettings = field(default_factory=lambda: OtlpSettings(signal="metrics",
+                                                                            endpoint="http://localhost:4318/v1/metrics"))
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Everything from the environment (``os.environ`` unless given). Raises ConfigurationError for a value that
+        is wrong wherever it is used (an unknown exporter name, a port that is not a port)."""
+        source = os.environ if environ is None else environ
+        env = _Env(source)
+        return cls(
+            exporters=_explicit_exporters(env),
+            trace_file=Path(env.get("LOOPTRACE_TRACE_FILE") or DEFAULT_TRACE_FILE),
+            spill_file=Path(env.get("LOOPTRACE_SPILL_FILE") or DEFAULT_SPILL_FILE),
+            prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
+            model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
+            capture_content=capture_mode_name(_capture(env)) in (None, "SPAN_ONLY", "SPAN_AND_EVENT"),
+            capture_setting=_capture(env),
+            max_attribute_chars=_positive(env.get("LOOPTRACE_MAX_ATTRIBUTE_CHARS")) or DEFAULT_MAX_ATTRIBUTE_CHARS,
+            alert_webhook=env.get("LOOPTRACE_ALERT_WEBHOOK"),
+            telemetry_disabled=(env.get("OTEL_SDK_DISABLED") or "").lower() == "true",
+            otlp_metrics_disabled=(env.get("OTEL_METRICS_EXPORTER") or "").lower() == "none",
+            service_name=env.get("OTEL_SERVICE_NAME"),
+            resource_attributes=_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES")),
+            langfuse=LangfuseSettings.from_env(source),
+            otlp=OtlpSettings.from_env("traces", source),
+            otlp_metrics=OtlpSettings.from_env("metrics", source),
+            batch=BatchSettings(
+                schedule_delay_ms=_positive(env.get("OTEL_BSP_SCHEDULE_DELAY")),
+                max_queue_size=_positive(env.get("OTEL_BSP_MAX_QUEUE_SIZE")),
+                max_export_batch_size=_positive(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")),
+                export_timeout_ms=_positive(env.get("OTEL_BSP_EXPORT_TIMEOUT")),
+            ),
+            traceparent=env.get("TRACEPARENT"),
+            tracestate=env.get("TRACESTATE"),
+        )
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with the given fields replaced; None means "keep this one" (how unset flags read)."""
+        given = {name: value for name, value in changes.items() if value is not None}
+        if "exporters" in given:
+            given["exporters"] = parse_exporters(given["exporters"]) or None
+        for name in ("trace_file", "spill_file"):
+            if name in given:
+                given[name] = Path(given[name])
+        return dataclasses.replace(self, **given)
+
+    def configured_backends(self) -> list[str]:
+        """The network backends the settings set up: ``langfuse`` when both keys are set, ``otlp`` when an OTLP
+        traces endpoint is."""
+        names = []
+        if self.langfuse is not None:
+            names.append("langfuse")
+        if self.otlp.endpoint_configured:
+            names.append("otlp")
+        return names
+
+    def chosen_exporters(self) -> list[str]:
+        """The exporters a run uses: the explicit choice, taken exactly, else the trace file and beside it the
+        configured backends (so every run can be read locally with ``looptrace traces show``). Empty when telemetry
+        is disabled or ``none`` was chosen."""
+        if self.telemetry_disabled:
+            return []
+        if self.exporters:
+            return [name for name in self.exporters if name != "none"]
+        return ["file", *self.configured_backends()]
+
+
+def _explicit_exporters(env: _Env) -> tuple[str, ...] | None:
+    names = parse_exporters(env.get("LOOPTRACE_EXPORTER"))
+    if names:
+        return names
+    value = env.get("OTEL_TRACES_EXPORTER")
+    # Only the names that mean the same here; anything else (zipkin, ...) is for other distributions to interpret.
+    if value and all(v.strip().lower() in ("otlp", "console", "none") for v in value.split(",")):
+        return parse_exporters(value)
+    return None
+
+
+def _capture(env: _Env) -> str | None:
+    """The capture setting as given: LOOPTRACE_CAPTURE_CONTENT wins over the GenAI conventions' variable."""
+    found = env.first("LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
+    return None if found is None else found[1]
+
+
+def capture_mode_name(value: str | None) -> str | None:
+    """A capture setting as one of CAPTURE_MODES, or None when unset (content.capture_mode adds the warning for an
+    unknown value). The modes are the GenAI utilities' (any case); true/false are the older instrumentations'
+    spellings of SPAN_ONLY/NO_CONTENT; anything else is NO_CONTENT, as the utilities treat an unknown value."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    if text.upper() in CAPTURE_MODES:
+        return text.upper()
+    if text.lower() in _CAPTURE_TRUE:
+        return "SPAN_ONLY"
+    return "NO_CONTENT"
+
+
+def capture_mode_known(value: str) -> bool:
+    text = value.strip()
+    return text.upper() in CAPTURE_MODES or text.lower() in _CAPTURE_TRUE | _CAPTURE_FALSE
+
+
+def _positive(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
+
+
+def _port(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigurationError(f"LOOPTRACE_PROMETHEUS_PORT={value!r} is not a port number")
+    return int(value)
+
+
+def _resource_attributes(value: str | None) -> dict[str, str]:
+    """``key=value,key=value`` with URL-encoded values, as the specification writes OTEL_RESOURCE_ATTRIBUTES."""
+    attributes: dict[str, str] = {}
+    for entry in (value or "").split(","):
+        name, equals, content = entry.partition("=")
+        if equals and name.strip():
+            attributes[unquote(name.strip())] = unquote(content.strip())
+    return attributes
