@@ -378,3 +378,14 @@ def test_no_link_when_the_project_cannot_be_looked_up(langfuse, tmp_path, monkey
     result = run_into_langfuse(tmp_path, [{"content": []}], tools=[])
     assert result.trace_url is None and result.to_dict()["trace_url"] is None
     assert langfuse.project_lookups == ([401] if failure == "wrong keys" else [])
+
+
+def test_an_environment_langfuse_would_refuse_is_left_out_with_a_warning(langfuse, tmp_path, monkeypatch):
+    from structlog.testing import capture_logs
+
+    monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "Production!")  # Langfuse: lower-case, digits, - and _ only
+    with capture_logs() as logs:
+        run_into_langfuse(tmp_path, runaway_script()[:5])
+    assert {langfuse_view(s).environment for s in langfuse.wait_for_spans(13)} == {"default"}
+    assert langfuse.scores and all("environment" not in score for score in langfuse.scores)
+    assert any(entry["event"] == "langfuse_environment_ignored" for entry in logs)
