@@ -18,6 +18,7 @@ BENCHMARKS = {
     3: ("b3_detector", "detector: live cost, memory, `looptrace detect` vs json.loads"),
     4: ("b4_backend_trouble", "per-turn latency with the OTLP backend healthy, refusing, slow"),
     5: ("b5_many_agents", "200 concurrent arun calls vs one at a time, trace integrity"),
+    6: ("b6_startup", "start-up CPU: import looptrace and looptrace --help vs import opentelemetry.sdk.trace"),
 }
 
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run, not figures to quote")
     parser.add_argument("--only", type=int, nargs="+", choices=sorted(BENCHMARKS), metavar="N",
-                        help="run only these benchmarks (1-5)")
+                        help=f"run only these benchmarks (1-{max(BENCHMARKS)})")
     args = parser.parse_args(argv)
     # Exporters that cannot reach their backend (benchmark 4 does that on purpose) log every failure; the table is
     # what matters here.

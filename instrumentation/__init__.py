@@ -6,7 +6,7 @@ that only makes spans through the API never imports the SDK's exporters).
 
 from typing import Any
 
-__all__ = ["configure", "Telemetry"]
+__all__ = ["Telemetry", "configure"]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,6 @@ from urllib.parse import urlsplit
 
 from .logs import log
 
-
-WEBHOOK_ENV = "LOOPTRACE_ALERT_WEBHOOK"
 _MAX_REMEMBERED_POSTS = 10_000
 
 
@@ -106,6 +104,7 @@ class Alerts:
             return True
 
     def _post(self, payload: dict[str, Any]) -> None:
+        assert self.webhook_url is not None  # posts are only started when there is a URL
         request = urllib.request.Request(
             self.webhook_url, data=json.dumps(payload).encode(), method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "looptrace-alerts"},

@@ -1,4 +1,5 @@
-"""What of a conversation goes on a span: the capture switch, secret redaction, size caps and the GenAI message shape."""
+"""What of a conversation goes on a span: secret redaction, size caps and the GenAI message shape (the capture switch
+is `Settings.capture_content`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ import json
 import re
 from typing import Any
 
-CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-LOOPTRACE_CAPTURE_ENV = "LOOPTRACE_CAPTURE_CONTENT"
-MAX_CHARS_ENV = "LOOPTRACE_MAX_ATTRIBUTE_CHARS"
-DEFAULT_MAX_CHARS = 32_000
 REDACTED = "[REDACTED]"
 
 
@@ -57,16 +54,6 @@ def capture_mode_from_env() -> CaptureMode:
 
     return capture_mode(Settings.from_env().capture_setting) or CaptureMode.SPAN_ONLY
 
-
-def capture_from_env() -> bool:
-    """Whether content goes on spans (kept for callers that only ask that)."""
-    return capture_mode_from_env().on_spans
-
-
-def max_chars_from_env() -> int:
-    from .settings import Settings
-
-    return Settings.from_env().max_attribute_chars
 
 
 def cap(text: str, limit: int) -> str:

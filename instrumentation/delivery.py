@@ -34,8 +34,16 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .failures import (CAUSE_TEXT, FAILED, TIMEOUT, Failure, OutcomeProbe, hint, install_log_filter,
-                       listen_on_this_thread)
+from .failures import (
+    CAUSE_TEXT,
+    FAILED,
+    TIMEOUT,
+    Failure,
+    OutcomeProbe,
+    hint,
+    install_log_filter,
+    listen_on_this_thread,
+)
 from .logs import log
 from .settings import DEFAULT_TIMEOUT_S, safe_url
 
@@ -275,7 +283,7 @@ class GuardedExporter(SpanExporter):
             else:
                 with self._spill_lock:
                     self._spilled[batch] = len(spans)
-        if batch is not None:
+        if batch is not None and self.spill is not None:
             self._delivery.warn_once(failure, spans_saved_to=str(self.spill.path))
         else:
             self._delivery.warn_once(failure)

@@ -128,6 +128,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CYCLE",
+    "FAILING_TOOL",
+    "IGNORED_ERROR",
+    "REPEATED_CALL",
     "Anomaly",
     "DetectorConfig",
     "LoopDetector",
@@ -135,10 +139,6 @@ __all__ = [
     "acknowledges_failure",
     "canonical_arguments",
     "result_digest",
-    "REPEATED_CALL",
-    "CYCLE",
-    "IGNORED_ERROR",
-    "FAILING_TOOL",
 ]
 
 REPEATED_CALL = "repeated_call"
@@ -550,7 +550,7 @@ class LoopDetector:
         self._track_error(observed, turn)
         return fired
 
-    def _end_turn(self, turn: int) -> list[Anomaly]:
+    def _end_turn(self, turn: Any) -> list[Anomaly]:
         fallback = self._pending_turn if self._pending else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
         if turn == self._last_closed_turn and (not self._pending or self._pending_turn != turn):

@@ -60,7 +60,7 @@ class TurnTrace(Protocol):
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolTrace: ...
 
     def anomaly(self, anomaly: Any, action: str, tool_calls: Sequence[ToolTrace]) -> None:
-        """The detector flagged ``anomaly`` in this turn, involving ``tool_calls``; ``action`` is what the policy did."""
+        """The detector flagged ``anomaly`` in this turn, involving ``tool_calls``; ``action`` is the policy's."""
         ...
 
     def nudged(self, text: str) -> None:

@@ -59,24 +59,24 @@ import requests
 
 from . import semconv as sc
 from .failures import Failure, failure_from_exception, failure_from_status
-from .settings import LangfuseSettings, safe_url
 from .logs import log
+from .settings import LangfuseSettings, safe_url
 
-TRACE_NAME = "langfuse.trace.name"
-USER_ID = "user.id"
-SESSION_ID = "session.id"  # not sent: Langfuse reads gen_ai.conversation.id as the session
-TRACE_INPUT = "langfuse.trace.input"
-TRACE_OUTPUT = "langfuse.trace.output"
-AS_ROOT = "langfuse.internal.as_root"
-ENVIRONMENT = "langfuse.environment"
-RELEASE = "langfuse.release"
-TRACE_TAGS = "langfuse.trace.tags"
-TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
-OBSERVATION_TYPE = "langfuse.observation.type"
+TRACE_NAME = sc.LANGFUSE_TRACE_NAME
+USER_ID = sc.LANGFUSE_USER_ID
+SESSION_ID = sc.LANGFUSE_SESSION_ID  # not sent: Langfuse reads gen_ai.conversation.id as the session
+TRACE_INPUT = sc.LANGFUSE_TRACE_INPUT
+TRACE_OUTPUT = sc.LANGFUSE_TRACE_OUTPUT
+AS_ROOT = sc.LANGFUSE_AS_ROOT
+ENVIRONMENT = sc.LANGFUSE_ENVIRONMENT
+RELEASE = sc.LANGFUSE_RELEASE
+TRACE_TAGS = sc.LANGFUSE_TRACE_TAGS
+TRACE_METADATA_PREFIX = sc.LANGFUSE_TRACE_METADATA_PREFIX
+OBSERVATION_TYPE = sc.LANGFUSE_OBSERVATION_TYPE
 OBSERVATION_LEVEL = sc.LANGFUSE_OBSERVATION_LEVEL
 OBSERVATION_STATUS_MESSAGE = sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE
-OBSERVATION_USAGE_DETAILS = "langfuse.observation.usage_details"
-OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
+OBSERVATION_USAGE_DETAILS = sc.LANGFUSE_OBSERVATION_USAGE_DETAILS
+OBSERVATION_COST_DETAILS = sc.LANGFUSE_OBSERVATION_COST_DETAILS
 
 # looptrace's span kinds -> Langfuse observation types. A turn only groups its calls: a plain span.
 OBSERVATION_TYPES = {"agent": "agent", "turn": "span", "chat": "generation", "tool": "tool"}
@@ -86,7 +86,7 @@ MAX_STATUS_MESSAGE_CHARS = 1024
 _METADATA_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 _ENVIRONMENT = re.compile(r"^(?!langfuse)[a-z0-9_-]{1,40}$")  # what the scores API and the SDK accept
 
-ANOMALY_SCORE = "loop_anomaly"
+ANOMALY_SCORE = sc.LANGFUSE_ANOMALY_SCORE
 
 
 def trace_attributes(trace_name: str, *, session_id: str | None = None, user_id: str | None = None,

@@ -1,35 +1,69 @@
-"""looptrace's log lines: structlog as the application configured it, or standard error when nobody did.
+"""looptrace's warnings: records of the standard ``logging`` logger ``looptrace``, so an application routes or
+silences them as it does any library's (``logging.getLogger("looptrace").setLevel(logging.ERROR)``).
 
-structlog's unconfigured default prints to standard output, which is where a program's own results go (`looptrace run
---json`, a script piping an agent's answer): a library's warning must never land there.
+Each record's message is the event name (``export_failed``) followed by its fields as ``key=value``; the fields are
+also on the record as ``record.looptrace`` (a dict) for structured handlers. With no logging configured at all, Python
+prints WARNING and above to standard error (its "last resort" handler), never to standard output, where a program's
+results go. The CLI renders these records with structlog (``install_cli_rendering``).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
-import structlog
+LOGGER_NAME = "looptrace"
+logger = logging.getLogger(LOGGER_NAME)
 
-_FALLBACK_PROCESSORS = [
-    structlog.processors.add_log_level,
-    structlog.processors.TimeStamper(fmt="iso"),
-    structlog.dev.ConsoleRenderer(colors=False),
-]
+
+def _format(event: str, fields: dict[str, Any]) -> str:
+    return " ".join([event, *(f"{key}={value!r}" for key, value in fields.items())])
 
 
 class _Log:
-    """``log.warning("event", key=value)``, resolved at each call so configuring structlog later still takes effect."""
+    """``log.warning("event", key=value)``: one record of the ``looptrace`` logger, fields kept on the record."""
 
-    def __getattr__(self, level: str):
-        def emit(event: str, **fields: Any) -> None:
-            if structlog.is_configured():
-                logger = structlog.get_logger("looptrace")
-            else:
-                logger = structlog.wrap_logger(structlog.PrintLogger(sys.stderr), processors=_FALLBACK_PROCESSORS)
-            getattr(logger, level)(event, **fields)
+    def _emit(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", _format(event, fields), extra={"looptrace": {"event": event, **fields}},
+                       stacklevel=3)
 
-        return emit
+    def debug(self, event: str, **fields: Any) -> None:
+        self._emit(logging.DEBUG, event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._emit(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._emit(logging.WARNING, event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, event, fields)
 
 
 log = _Log()
+
+
+class _StructlogHandler(logging.Handler):
+    """Hands looptrace's records to structlog, for the CLI's rendering (colours at a terminal, unless NO_COLOR)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import structlog
+
+        if not structlog.is_configured():  # the CLI's configuration was reset (an in-process caller): plain stderr
+            sys.stderr.write(self.format(record) + "\n")
+            return
+        fields = dict(getattr(record, "looptrace", None) or {"event": record.getMessage()})
+        event = fields.pop("event")
+        try:
+            getattr(structlog.get_logger(LOGGER_NAME), record.levelname.lower())(event, **fields)
+        except Exception:  # noqa: BLE001 - a log line must never take a command down
+            self.handleError(record)
+
+
+def install_cli_rendering() -> None:
+    """Route the ``looptrace`` logger's records through structlog (the CLI owns its process, so it may)."""
+    if not any(isinstance(handler, _StructlogHandler) for handler in logger.handlers):
+        logger.addHandler(_StructlogHandler())
+    logger.propagate = False  # rendered once, by structlog, not again by a root handler

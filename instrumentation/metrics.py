@@ -29,12 +29,10 @@ from collections.abc import Sequence
 
 from opentelemetry import metrics
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
 from . import semconv as sc
-
 
 # Bucket boundaries the GenAI semantic conventions specify for their two client histograms.
 TOKEN_USAGE_BUCKETS: Sequence[float] = (
@@ -67,40 +65,40 @@ class LoopMetrics:
         # The semconv helpers (create_gen_ai_client_*) take no bucket advice, so the names and units come from the
         # same module but the instruments are created here with the conventions' boundaries.
         self._token_usage = meter.create_histogram(
-            _gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+            sc.METRIC_TOKEN_USAGE,
             unit="{token}",
             description="Number of input and output tokens used.",
             explicit_bucket_boundaries_advisory=TOKEN_USAGE_BUCKETS,
         )
         self._operation_duration = meter.create_histogram(
-            _gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION,
+            sc.METRIC_OPERATION_DURATION,
             unit="s",
             description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=OPERATION_DURATION_BUCKETS,
         )
         self._runs = meter.create_counter(
-            "looptrace.runs", unit="{run}", description="Agent runs, by agent and by how they ended."
+            sc.METRIC_RUNS, unit="{run}", description="Agent runs, by agent and by how they ended."
         )
         self._turns = meter.create_histogram(
-            "looptrace.turns",
+            sc.METRIC_TURNS,
             unit="{turn}",
             description="Loop iterations (model calls) per run.",
             explicit_bucket_boundaries_advisory=TURN_BUCKETS,
         )
         self._tool_calls = meter.create_counter(
-            "looptrace.tool.calls", unit="{call}", description="Tool calls, by tool and outcome."
+            sc.METRIC_TOOL_CALLS, unit="{call}", description="Tool calls, by tool and outcome."
         )
         self._tool_duration = meter.create_histogram(
-            "looptrace.tool.duration",
+            sc.METRIC_TOOL_DURATION,
             unit="s",
             description="Wall-clock time of one tool call, including a timeout.",
             explicit_bucket_boundaries_advisory=TOOL_DURATION_BUCKETS,
         )
         self._anomalies = meter.create_counter(
-            "looptrace.anomalies", unit="{anomaly}", description="Loop anomalies the detector reported."
+            sc.METRIC_ANOMALIES, unit="{anomaly}", description="Loop anomalies the detector reported."
         )
         self._cost = meter.create_counter(
-            "looptrace.cost", unit="usd", description="Estimated spend on model calls, in US dollars."
+            sc.METRIC_COST, unit="usd", description="Estimated spend on model calls, in US dollars."
         )
 
     def record_chat(
@@ -155,7 +153,7 @@ class LoopMetrics:
         self._runs.add(1, {_gen_ai.GEN_AI_AGENT_NAME: agent, sc.RUN_STATUS: status})
         self._turns.record(turns, {_gen_ai.GEN_AI_AGENT_NAME: agent})
 
-    def record_anomaly(self, *, agent: str, type: str, tool: str | None) -> None:  # noqa: A002 - the interface's name
+    def record_anomaly(self, *, agent: str, type: str, tool: str | None) -> None:
         """One anomaly from the detector; `tool` is None for anomalies that concern the run rather than one tool."""
         attributes = {_gen_ai.GEN_AI_AGENT_NAME: agent, ANOMALY_TYPE: type}
         if tool:

@@ -1,9 +1,9 @@
 """The local trace file: OTLP/JSON lines, written as spans finish and read back by `looptrace traces` and `detect`.
 
 The format is the OpenTelemetry file exporter's (one `TracesData` JSON object per line, hex ids, integer enums), so the
-Collector's `otlpjsonfile` receiver can ingest the file as it is. Encoding uses the OpenTelemetry project's own OTLP/JSON
-encoder; writing is ours, because a trace file is a convenience that must never take an agent down: a full disk or a
-read-only directory costs one warning and the spans of that batch, nothing more.
+Collector's `otlpjsonfile` receiver can ingest the file as it is. Encoding uses the OpenTelemetry project's own
+OTLP/JSON encoder; writing is ours, because a trace file is a convenience that must never take an agent down: a full
+disk or a read-only directory costs one warning and the spans of that batch, nothing more.
 
 Reading streams the file line by line, so a file of any size is read in constant memory, and a malformed line is
 reported (by number) and skipped rather than ending the read.
@@ -24,9 +24,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .logs import log
-
-TRACE_FILE_ENV = "LOOPTRACE_TRACE_FILE"
-DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
 
 
 def default_trace_file() -> Path:
@@ -136,7 +133,7 @@ def read_spans(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
     ``keys`` limits the span attributes decoded to those (decoding is most of the cost of reading, after parsing).
     """
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
     with handle:

@@ -1,4 +1,4 @@
-"""Every attribute and span name looptrace emits, in one place.
+"""Every attribute, event, span and metric name looptrace emits, in one place.
 
 GenAI names come from opentelemetry-semantic-conventions (its incubating module is where the gen_ai.* constants live
 until they are declared stable); the looptrace.* names are ours. Run totals use looptrace.usage.* rather than
@@ -7,8 +7,10 @@ the run's totals a second time on top of its generations.
 """
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
+
 
 def _installed_version() -> str:
     try:
@@ -53,6 +55,9 @@ GEN_AI_REQUEST_TOP_P = _gen_ai.GEN_AI_REQUEST_TOP_P
 GEN_AI_REQUEST_TOP_K = _gen_ai.GEN_AI_REQUEST_TOP_K
 GEN_AI_REQUEST_STOP_SEQUENCES = _gen_ai.GEN_AI_REQUEST_STOP_SEQUENCES
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = _gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK  # seconds, streaming calls only
+# With content capture EVENT_ONLY or SPAN_AND_EVENT, a chat call's content goes on this event (the GenAI utilities'
+# name for it), as JSON text in the same attributes the span would carry.
+CONTENT_EVENT = "gen_ai.client.inference.operation.details"
 # The conventions' verdict on an output: the event an anomaly is also recorded as (gen-ai-events, v1.41).
 EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
 GEN_AI_EVALUATION_NAME = _gen_ai.GEN_AI_EVALUATION_NAME
@@ -111,9 +116,39 @@ ANOMALY_TOOL = "looptrace.anomaly.tool"
 ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
 
+# Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.
+GEN_AI_EVALUATION_RESULT_EVENT = EVALUATION_RESULT_EVENT
+EVENT_MESSAGE = "message"
+
+# --- Langfuse's OpenTelemetry attributes (what its OTLP ingestion maps onto traces and observations) ------------------
 # Langfuse shows an observation's level and status message; WARNING makes an anomaly visible where it happened.
 LANGFUSE_OBSERVATION_LEVEL = "langfuse.observation.level"
 LANGFUSE_OBSERVATION_STATUS_MESSAGE = "langfuse.observation.status_message"
+LANGFUSE_OBSERVATION_TYPE = "langfuse.observation.type"
+LANGFUSE_OBSERVATION_USAGE_DETAILS = "langfuse.observation.usage_details"
+LANGFUSE_OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
+LANGFUSE_TRACE_NAME = "langfuse.trace.name"
+LANGFUSE_TRACE_TAGS = "langfuse.trace.tags"
+LANGFUSE_TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
+LANGFUSE_ENVIRONMENT = "langfuse.environment"
+LANGFUSE_RELEASE = "langfuse.release"
+LANGFUSE_USER_ID = "user.id"
+LANGFUSE_SESSION_ID = "session.id"  # not sent: Langfuse reads gen_ai.conversation.id as the session too
+# A run that joins someone else's trace is still its trace's root in Langfuse, with the trace's input and output.
+LANGFUSE_AS_ROOT = "langfuse.internal.as_root"
+LANGFUSE_TRACE_INPUT = "langfuse.trace.input"
+LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
+LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace
+
+# --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
+METRIC_TOKEN_USAGE = _gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE
+METRIC_OPERATION_DURATION = _gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION
+METRIC_RUNS = "looptrace.runs"
+METRIC_TURNS = "looptrace.turns"
+METRIC_TOOL_CALLS = "looptrace.tool.calls"
+METRIC_TOOL_DURATION = "looptrace.tool.duration"
+METRIC_ANOMALIES = "looptrace.anomalies"
+METRIC_COST = "looptrace.cost"
 
 # --- span names ---------------------------------------------------------------------------------------------------
 

@@ -25,7 +25,12 @@ from typing import Any
 from urllib.parse import unquote
 
 __all__ = [
-    "ConfigurationError", "LangfuseSettings", "OtlpSettings", "Settings", "VARIABLES", "parse_exporters",
+    "VARIABLES",
+    "ConfigurationError",
+    "LangfuseSettings",
+    "OtlpSettings",
+    "Settings",
+    "parse_exporters",
 ]
 
 DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEOUT (10000 ms)
@@ -284,7 +289,7 @@ class BatchSettings:
     max_export_batch_size: int | None = None
     export_timeout_ms: int | None = None
 
-    def arguments(self) -> dict[str, int]:
+    def arguments(self) -> dict[str, Any]:
         """Keyword arguments for BatchSpanProcessor: only what was set."""
         given = {"schedule_delay_millis": self.schedule_delay_ms, "max_queue_size": self.max_queue_size,
                  "max_export_batch_size": self.max_export_batch_size, "export_timeout_millis": self.export_timeout_ms}

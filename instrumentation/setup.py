@@ -16,11 +16,11 @@ Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPOR
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
 when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
 
-Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it
-with the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``:
-bounded, never raising, one warning per failure cause, undelivered spans saved to the spill file for
-``looptrace traces push``. Metrics go over OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with
-``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
+Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with
+the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``:
+bounded, never raising, one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces
+push``. Metrics go over OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or
+``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
 about 0.1 s, whatever the backends do (default 5 s). Past the deadline, spans still queued go to the spill file rather
@@ -199,7 +199,8 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
         super().__init__(guard, **arguments)
         self.guard = guard
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+    def force_flush(self, timeout_millis: int | None = 30_000) -> bool:
+        timeout_millis = 30_000 if timeout_millis is None else timeout_millis
         previous = self.guard.deadline
         mine = time.monotonic() + max(timeout_millis, 0) / 1000
         self.guard.set_deadline(mine if previous is None else min(previous, mine))

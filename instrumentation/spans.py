@@ -34,8 +34,7 @@ _AS_AGENT = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_AGENT}
 _AS_TURN = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_CHAIN}
 _AS_GENERATION = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_LLM}
 _AS_TOOL = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_TOOL}
-# The event that carries a chat call's content when content goes to events (the GenAI utilities' name for it).
-CONTENT_EVENT = "gen_ai.client.inference.operation.details"
+CONTENT_EVENT = sc.CONTENT_EVENT
 
 
 class Tracing:
@@ -164,7 +163,7 @@ def _joins_outer_trace() -> bool:
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("tracing", "span", "agent", "common", "recording", "messages", "content", "joins", "finish_reason")
+    __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "span", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
                  content: dict[str, str] | None = None, joins: bool = False) -> None:
@@ -237,7 +236,7 @@ class RunSpan:
 
 
 class TurnSpan:
-    __slots__ = ("run", "span", "recording", "flagged")
+    __slots__ = ("flagged", "recording", "run", "span")
 
     def __init__(self, run: RunSpan, span: Span) -> None:
         self.run = run
@@ -363,7 +362,7 @@ _REQUEST_PARAMETERS = (("temperature", sc.GEN_AI_REQUEST_TEMPERATURE), ("top_p",
 
 
 class ChatSpan:
-    __slots__ = ("run", "span", "model", "server_address", "server_port", "started", "history")
+    __slots__ = ("history", "model", "run", "server_address", "server_port", "span", "started")
 
     def __init__(self, run: RunSpan, span: Span, model: str, server_address: str | None,
                  server_port: int | None = None, history: str | None = None) -> None:
@@ -452,7 +451,7 @@ def record_time_to_first_chunk(seconds: float) -> None:
 
 
 class ToolSpan:
-    __slots__ = ("run", "span", "tool", "arguments", "flagged")
+    __slots__ = ("arguments", "flagged", "run", "span", "tool")
 
     def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any) -> None:
         self.run = run
@@ -477,7 +476,7 @@ class ToolSpan:
             metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
-        attributes = {
+        attributes: dict[str, Any] = {
             sc.TOOL_RESULT_DIGEST: result_digest(result),
             sc.TOOL_IS_ERROR: is_error,
             sc.TOOL_OUTCOME: outcome,
@@ -517,7 +516,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token = None
+        self.token: object = None
 
     def __enter__(self) -> None:
         if self.span.is_recording():

@@ -40,7 +40,6 @@ try:  # advisory file locks keep concurrent runs and pushes from interleaving; W
 except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
 
-SPILL_FILE_ENV = "LOOPTRACE_SPILL_FILE"
 __all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "default_spill_file", "push"]
 
 
@@ -276,7 +275,8 @@ class PushReport:
         if not (self.sent or self.failed or self.skipped):
             return f"nothing to push: {self.path} holds no pending spans"
         parts = [f"sent {n} spans to {b}" for b, n in sorted(self.sent.items())]
-        parts += [f"{n} spans for {b} still pending (it failed; see the warning)" for b, n in sorted(self.failed.items())]
+        parts += [f"{n} spans for {b} still pending (it failed; see the warning)"
+                  for b, n in sorted(self.failed.items())]
         parts += [f"{n} spans for {b} left pending (not configured or not chosen with --to)"
                   for b, n in sorted(self.skipped.items())]
         return "; ".join(parts)

@@ -229,6 +229,8 @@ class DetectorSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.get_span_context()
+        if context is None:  # only a span the SDK never started has none
+            return
         live = _LiveSpan(
             trace_id=format(context.trace_id, "032x"),
             span_id=format(context.span_id, "016x"),

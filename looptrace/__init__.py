@@ -40,19 +40,48 @@ _EXPORTS: dict[str, str] = {
     "DetectorConfig": "looptrace.instrumentation.detector",
     "LoopDetector": "looptrace.instrumentation.detector",
     "ToolCall": "looptrace.instrumentation.detector",
+    "Settings": "looptrace.instrumentation.settings",
     "Telemetry": "looptrace.instrumentation.setup",
     "configure": "looptrace.instrumentation.setup",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [
+    "Agent",
+    "Alerts",
+    "Anomaly",
+    "AnomalyDetected",
+    "AnthropicModel",
+    "DetectorConfig",
+    "Event",
+    "Limits",
+    "LoopDetector",
+    "Model",
+    "ModelResponded",
+    "Price",
+    "RunFinished",
+    "RunInterrupted",
+    "RunResult",
+    "RunStatus",
+    "ScriptedModel",
+    "Settings",
+    "Telemetry",
+    "Tool",
+    "ToolCall",
+    "ToolFinished",
+    "TurnStarted",
+    "Usage",
+    "__version__",
+    "configure",
+    "tool",
+]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily through __getattr__
     from looptrace.instrumentation.alerts import Alerts
     from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, ToolCall
+    from looptrace.instrumentation.settings import Settings
     from looptrace.instrumentation.setup import Telemetry, configure
     from looptrace.runtime.agent import Agent, RunInterrupted
-    from looptrace.runtime.events import (AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished,
-                                          TurnStarted)
+    from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
     from looptrace.runtime.pricing import Price

@@ -1,15 +1,49 @@
-"""looptrace's agent runtime: the loop, its tools, its limits and what a run returns."""
+"""looptrace's agent runtime: the loop, its tools, its limits and what a run returns.
 
-from .agent import Agent, RunInterrupted
-from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
-from .limits import Limits
-from .models import AnthropicModel, Model, ScriptedModel
-from .pricing import Price
-from .result import RunResult, RunStatus, Usage
-from .tools import Tool, tool
+The names load on first use (like the top-level ``looptrace`` package), so importing one submodule, such as the CLI,
+does not import them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "Agent": "agent", "RunInterrupted": "agent",
+    "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
+    "ToolFinished": "events", "TurnStarted": "events",
+    "Limits": "limits",
+    "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models",
+    "Price": "pricing",
+    "RunResult": "result", "RunStatus": "result", "Usage": "result",
+    "Tool": "tools", "tool": "tools",
+}
 
 __all__ = [
     "Agent", "AnomalyDetected", "AnthropicModel", "Event", "Limits", "Model", "ModelResponded", "Price",
     "RunFinished", "RunInterrupted", "RunResult", "RunStatus", "ScriptedModel", "Tool", "ToolFinished",
     "TurnStarted", "Usage", "tool",
 ]
+
+if TYPE_CHECKING:
+    from .agent import Agent, RunInterrupted
+    from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+    from .limits import Limits
+    from .models import AnthropicModel, Model, ScriptedModel
+    from .pricing import Price
+    from .result import RunResult, RunStatus, Usage
+    from .tools import Tool, tool
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

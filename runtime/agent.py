@@ -9,6 +9,7 @@ never drift apart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -17,8 +18,8 @@ from typing import Any
 
 from looptrace.instrumentation.alerts import AlertContext, Alerts
 from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
-from looptrace.instrumentation.logs import log
 from looptrace.instrumentation.interface import AgentTracing, ChatTrace, NoTracing, RunTrace, ToolTrace, TurnTrace
+from looptrace.instrumentation.logs import log
 from looptrace.instrumentation.settings import Settings
 
 from . import policy as policies
@@ -225,8 +226,8 @@ class Agent:
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
             stopped, _ = self._react(run, turn, run.detector.end_turn(index), []) if run.detector else (False, [])
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
-        status = STATUS_FOR_STOP_REASON.get(stop_reason)
-        if status is None:
+        status = STATUS_FOR_STOP_REASON.get(stop_reason) if stop_reason is not None else None
+        if status is None or stop_reason is None:
             run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
             return RunStatus.ERROR
         return self._check_finish(run, turn, index, stop_reason, status)
@@ -259,7 +260,7 @@ class Agent:
                 call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
             raise outcome.exc
         results = [self._settle_call(run, index, call) for call in calls]
-        stopped, nudges = False, []
+        stopped, nudges = False, list[str]()
         if run.detector is not None:
             stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
@@ -304,7 +305,7 @@ class Agent:
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result,
                                     call.is_error, call.outcome, call.duration_s))
-        block = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
         if call.is_error:
             block["is_error"] = True
         return block
@@ -461,6 +462,11 @@ class _Call:
     def runnable(self) -> bool:
         return self.error is None and self.tool is not None
 
+    def invocation(self) -> tuple[toolkit.Tool, dict[str, Any]]:
+        """The tool and its validated arguments, for a runnable call."""
+        assert self.tool is not None, "only runnable calls are invoked"
+        return self.tool, self.kwargs or {}
+
 
 class _Effect:
     def perform_sync(self, agent: Agent) -> Any:
@@ -494,14 +500,15 @@ class _ToolRound(_Effect):
         for call in self.calls:
             if call.runnable:
                 with call.span.activate():
-                    _timed(call, lambda: toolkit.run_sync(call.tool, call.kwargs, self.budget.tool_timeout_s()))
+                    _timed(call, functools.partial(toolkit.run_sync, *call.invocation(),
+                                                   self.budget.tool_timeout_s()))
 
     async def perform_async(self, agent: Agent) -> None:
         async def one(call: _Call) -> None:
             started = time.perf_counter()
             with call.span.activate():
                 try:
-                    call.value = await toolkit.run_async(call.tool, call.kwargs, self.budget.tool_timeout_s())
+                    call.value = await toolkit.run_async(*call.invocation(), self.budget.tool_timeout_s())
                 except (KeyboardInterrupt, asyncio.CancelledError):
                     raise
                 except BaseException as exc:
@@ -543,7 +550,8 @@ def _as_model(client: Any) -> Model:
         return client
     if hasattr(client, "messages"):  # an anthropic.Anthropic or AsyncAnthropic instance
         # The SDK decorates create(): only the function underneath says whether it is a coroutine.
-        is_async = inspect.iscoroutinefunction(inspect.unwrap(getattr(client.messages, "create", None)))
+        create = getattr(client.messages, "create", None)
+        is_async = create is not None and inspect.iscoroutinefunction(inspect.unwrap(create))
         return AnthropicModel(async_client=client) if is_async else AnthropicModel(client=client)
     raise TypeError(f"client must be an anthropic client or a Model, got {type(client).__name__}")
 

@@ -12,28 +12,25 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import structlog
-from opentelemetry import context as otel_context
-
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation import setup as telemetry_setup
-from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.langfuse import trace_attributes
-from looptrace.instrumentation.otlp_file import BadLine, TraceFileError, read_spans
+from looptrace import __version__
+from looptrace.instrumentation.logs import install_cli_rendering
 from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
-from looptrace.instrumentation.spill import PushInProgress, push
-from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
 
-from . import demo as demo_story
-from .agent import Agent, RunInterrupted
-from .limits import Limits
-from .models import AnthropicModel, ScriptedModel
 from .result import RunResult, RunStatus
-from .tools import Tool
-from .views import LiveView, render_trace
 
+# Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
+# SDK, the exporters or the anthropic client. Each command imports what it uses.
+if TYPE_CHECKING:
+    from looptrace.instrumentation.alerts import Alerts
+    from looptrace.instrumentation.otlp_file import BadLine
+    from looptrace.instrumentation.setup import Telemetry
+
+    from .agent import Agent
+    from .tools import Tool
+
+DEMO_STORIES = ("equipment", "ignored-error", "runaway")  # demo.STORIES' names (a test keeps the two equal)
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
@@ -92,11 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"looptrace {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="run an offline demo (no key, no network)",
                                epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("story", nargs="?", default="equipment", choices=sorted(demo_story.STORIES),
+    demo.add_argument("story", nargs="?", default="equipment", choices=DEMO_STORIES,
                       help="equipment (default): a failed reservation the model recovers from; runaway: a model "
                            "repeating itself, nudged then stopped; ignored-error: a failure the answer glosses over")
     _add_anomaly_flag(demo)
@@ -149,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
     show.set_defaults(handler=_traces_show)
     listing = traces_commands.add_parser("list", help="one line per run in the file")
-    listing.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.add_argument("--file", type=Path,
+                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(handler=_traces_list)
     push = traces_commands.add_parser(
         "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
@@ -172,17 +171,26 @@ def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="LIST",
-                        help="comma list of file, console, otlp, langfuse, none, taken exactly (default: LOOPTRACE_EXPORTER; "
-                             "else file, plus langfuse when LANGFUSE_* keys are set and otlp when "
+                        help="comma list of file, console, otlp, langfuse, none, taken exactly (default: "
+                             "LOOPTRACE_EXPORTER; else file, plus langfuse when LANGFUSE_* keys are set and otlp when "
                              "OTEL_EXPORTER_OTLP_ENDPOINT is)")
     parser.add_argument("--trace-file", type=Path,
-                        help="where the file exporter writes (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+                        help="where the file exporter writes "
+                             "(default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
 
 
 # --- commands -----------------------------------------------------------------------------------------------------
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation import setup as telemetry_setup
+
+    from . import demo as demo_story
+    from .agent import Agent
+    from .limits import Limits
+    from .models import ScriptedModel
+    from .views import LiveView
+
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
     settings = _settings(args)
@@ -208,8 +216,19 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from opentelemetry import context as otel_context
+
+    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.instrumentation.langfuse import trace_attributes
+
+    from .agent import Agent
+    from .limits import Limits
+    from .models import AnthropicModel
+    from .views import LiveView
+
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
-        raise UsageError("ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a proxy or a local server)")
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
+                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
     settings = _settings(args)
     traceparent = args.traceparent or settings.traceparent
@@ -249,6 +268,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _traces_show(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation.otlp_file import read_spans
+
+    from .views import render_trace
+
     path = args.file or Settings.from_env().trace_file
     wanted = (args.trace_id or "").lower() or None
     with _BadLineReporter(path) as report:
@@ -265,6 +288,9 @@ def _traces_show(args: argparse.Namespace) -> int:
 
 
 def _detect(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation.otlp_file import read_spans
+    from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
+
     path = args.file or Settings.from_env().trace_file
     found = 0
     with _BadLineReporter(path) as report:
@@ -287,6 +313,9 @@ def _detect(args: argparse.Namespace) -> int:
 
 
 def _traces_list(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.otlp_file import read_spans
+
     path = args.file or Settings.from_env().trace_file
     with _BadLineReporter(path) as report:
         for span in read_spans(path, report):
@@ -308,8 +337,10 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry,
+def _execute(agent: Agent, task: str, telemetry: Telemetry,
              labels: dict[str, Any] | None = None) -> RunResult:
+    from .agent import RunInterrupted
+
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return agent.run(task, **(labels or {}))
@@ -324,8 +355,10 @@ def _execute(agent: Agent, task: str, telemetry: telemetry_setup.Telemetry,
         telemetry.flush()
 
 
-def _telemetry_options(telemetry: telemetry_setup.Telemetry) -> dict[str, Any]:
+def _telemetry_options(telemetry: Telemetry) -> dict[str, Any]:
     """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
+    from looptrace.instrumentation.alerts import Alerts
+
     callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
     try:
         alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "")
@@ -345,7 +378,7 @@ _ALERTS: list[Alerts] = []  # the process's alert sinks, whose webhook posts _cl
 WEBHOOK_WAIT_S = 5.0
 
 
-def _close(telemetry: telemetry_setup.Telemetry) -> None:
+def _close(telemetry: Telemetry) -> None:
     """Deliver or spill everything, within a bound, and say where undelivered spans went."""
     for alerts in _ALERTS:
         alerts.wait(WEBHOOK_WAIT_S)  # posts run on daemon threads: without this an exit would cut them off
@@ -357,6 +390,8 @@ def _close(telemetry: telemetry_setup.Telemetry) -> None:
 
 
 def _traces_push(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation.spill import PushInProgress, push
+
     try:
         report = push(args.file, to=[args.to] if args.to else None, settings=Settings.from_env())
     except PushInProgress as exc:
@@ -367,6 +402,8 @@ def _traces_push(args: argparse.Namespace) -> int:
 
 def load_tools(path: Path) -> list[Tool]:
     """Every @tool in a Python file, in the order the file defines them."""
+    from .tools import Tool
+
     if not path.is_file():
         raise UsageError(f"tools file {path} does not exist")
     spec = importlib.util.spec_from_file_location(f"looptrace_tools_{path.stem}", path)
@@ -388,7 +425,7 @@ def _print_json(result: RunResult, out: TextIO) -> None:
     out.write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
 
 
-def _point_at_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:
+def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
     """The end of every run: its trace id, where to look at it locally, and its link in Langfuse when there is one."""
     where = (f" written to {telemetry.trace_file}; see it with: looptrace traces show --trace-id {result.trace_id[:12]}"
              if telemetry.trace_file is not None else "")
@@ -397,7 +434,11 @@ def _point_at_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out
         out.write(f"trace in Langfuse: {result.trace_url}\n")
 
 
-def _show_written_trace(telemetry: telemetry_setup.Telemetry, result: RunResult, out: TextIO) -> None:
+def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+    from looptrace.instrumentation.otlp_file import TraceFileError, read_spans
+
+    from .views import render_trace
+
     if telemetry.trace_file is None:
         out.write("(no trace file: the file exporter is not among --exporter)\n")
         return
@@ -413,6 +454,9 @@ def _show_written_trace(telemetry: telemetry_setup.Telemetry, result: RunResult,
 
 
 def _latest_trace_id(path: Path, report) -> str | None:
+    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.otlp_file import read_spans
+
     latest = None
     latest_end = -1
     for span in read_spans(path, report, report.progress):
@@ -423,6 +467,8 @@ def _latest_trace_id(path: Path, report) -> str | None:
 
 
 def _resolve_trace_id(path: Path, prefix: str, report) -> str | None:
+    from looptrace.instrumentation.otlp_file import read_spans
+
     matches = {s.trace_id for s in read_spans(path, report, report.progress) if s.trace_id.startswith(prefix)}
     if len(matches) > 1:
         raise UsageError(f"trace id prefix {prefix!r} matches {len(matches)} traces; give more digits")
@@ -455,6 +501,8 @@ class _BadLineReporter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.shows_progress:
             sys.stderr.write("\r" + " " * 60 + "\r")
+        from looptrace.instrumentation.otlp_file import TraceFileError
+
         if isinstance(exc, TraceFileError):
             raise UsageError(str(exc)) from None
 
@@ -475,17 +523,26 @@ class _BadLineReporter:
 
 
 def _configure_logging() -> None:
-    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results.
+    # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results. The
+    # library's records (the stdlib logger "looptrace") are rendered through it.
+    import structlog
+
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+            structlog.dev.ConsoleRenderer(colors=use_color(sys.stderr)),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(30),  # WARNING and above
         # Looked up at each use, not bound once: whoever swaps sys.stderr later (a test harness) is still followed.
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
     )
+    install_cli_rendering()
+
+
+def use_color(stream: TextIO) -> bool:
+    """Colour only for a person at a terminal, and never when NO_COLOR is set to anything (no-color.org)."""
+    return not os.environ.get("NO_COLOR") and stream.isatty()
 
 
 def _positive_int(text: str) -> int:

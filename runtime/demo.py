@@ -22,7 +22,7 @@ class Inventory:
     """A tiny in-memory stock so each demo run starts from the same shelf."""
 
     def __init__(self) -> None:
-        self.items = {
+        self.items: dict[str, dict[str, Any]] = {
             "EQ-001": {"name": "Projector A", "stock": 0},
             "EQ-002": {"name": "Projector B", "stock": 2},
             "EQ-010": {"name": "Whiteboard", "stock": 5},

@@ -84,6 +84,7 @@ class AnthropicModel:
                 if delay is None:
                     raise
                 time.sleep(delay)
+        raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         client = self.async_client()
@@ -98,6 +99,7 @@ class AnthropicModel:
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     def _send(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:

@@ -1,9 +1,9 @@
 """USD per million tokens, per model, cache reads and writes included.
 
-Figures are Anthropic's published list prices (platform.claude.com pricing page, checked 2026-11). A model id matches the
-longest key that it starts with, so dated ids ("claude-sonnet-4-5-20250929") and aliases share one row. Pass your own
-table to `Agent(prices=...)` for negotiated rates or models released after this file. Claude Haiku 5.5 is left out on
-purpose: its price depends on each request's prompt length (two tiers around 100k tokens), which a flat row would
+Figures are Anthropic's published list prices (platform.claude.com pricing page, checked 2026-11). A model id matches
+the longest key that it starts with, so dated ids ("claude-sonnet-4-5-20250929") and aliases share one row. Pass your
+own table to `Agent(prices=...)` for negotiated rates or models released after this file. Claude Haiku 5.5 is left out
+on purpose: its price depends on each request's prompt length (two tiers around 100k tokens), which a flat row would
 misstate; give it a row of your own for the tier you use.
 """
 

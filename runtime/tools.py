@@ -166,7 +166,7 @@ async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) ->
 
 
 class _Outcome:
-    __slots__ = ("done", "value", "error")
+    __slots__ = ("done", "error", "value")
 
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -224,7 +224,8 @@ def _refuse_when_out_of_time(t: Tool, timeout_s: float | None) -> None:
 
 
 def _timeout_message(t: Tool, timeout_s: float | None) -> str:
-    return f"{t.name} did not finish within {timeout_s:g} s and was abandoned; try simpler arguments or another approach"
+    return (f"{t.name} did not finish within {timeout_s:g} s and was abandoned; "
+            "try simpler arguments or another approach")
 
 
 # --- results ----------------------------------------------------------------------------------------------------

@@ -89,8 +89,8 @@ def _render_children(parent: SpanRecord, by_parent, prefix: str, lines: list[str
         last = position == len(children) - 1
         lines.append(f"{prefix}{'└─ ' if last else '├─ '}{_describe(child)}")
         for name, _, attributes in child.events:
-            if name.startswith("looptrace.anomaly") or name == "gen_ai.evaluation.result":
-                message = attributes.get("looptrace.anomaly.message") or attributes.get("message") or ""
+            if name.startswith(sc.LEGACY_ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
+                message = attributes.get(sc.ANOMALY_MESSAGE) or attributes.get(sc.EVENT_MESSAGE) or ""
                 lines.append(f"{prefix}{'   ' if last else '│  '}{WARN_MARK} {name}: {short(message, 100)}")
         _render_children(child, by_parent, prefix + ("   " if last else "│  "), lines)
 

@@ -267,9 +267,9 @@ def test_the_anomaly_counter_metric():
 
 
 def test_a_warning_log_line_with_trace_and_span_ids():
-    import structlog
+    from looptrace.testing import capture_logs
 
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         result = Agent(MODEL, tools=scenario_tools(), client=ScriptedModel([turn_of(A)] * 3 + [final("ok")]),
                        on_anomaly="warn").run("task")
     [line] = [entry for entry in logs if entry["event"] == "loop_anomaly"]

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
+from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, langfuse_view, unused_port
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_json
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as encode_proto
@@ -24,17 +25,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-from structlog.testing import capture_logs
 
-from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, langfuse_view, unused_port
 from looptrace.instrumentation import delivery, langfuse
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
-from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings
 from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings
 from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.spill import PushInProgress, SpillFile, push
+from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"
 LANGFUSE_PREFIX = "/api/public/otel"
@@ -317,7 +317,7 @@ class ScoreReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 time.sleep(receiver.delay_s)
                 receiver.headers.append({k.lower(): v for k, v in self.headers.items()})

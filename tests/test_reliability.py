@@ -232,11 +232,11 @@ def test_an_unwritable_trace_file_costs_one_warning_and_the_run_goes_on(tmp_path
 def test_the_trace_file_survives_a_full_disk_with_one_warning(tmp_path):
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full on this system")
-    import structlog
+    from looptrace.testing import capture_logs
 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(OTLPJsonFileExporter("/dev/full")))
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         for _ in range(2):
             result = Agent(MODEL, client=ScriptedModel([answer()]), tracer_provider=provider).run("x")
             assert result.status is RunStatus.DONE
@@ -397,7 +397,7 @@ def test_a_nudge_is_not_sent_when_no_turn_is_left_to_read_it():
 
 
 def test_secrets_in_arguments_never_reach_anomaly_messages_spans_or_webhooks(spans):
-    import structlog
+    from looptrace.testing import capture_logs
 
     @tool
     def login(user: str, password: str) -> str:
@@ -406,7 +406,7 @@ def test_secrets_in_arguments_never_reach_anomaly_messages_spans_or_webhooks(spa
 
     sent = []
     script = [tool_use("login", {"user": "ana", "password": "hunter2"}, f"t{n}") for n in range(3)] + [answer("no")]
-    with structlog.testing.capture_logs() as logs:
+    with capture_logs() as logs:
         result = Agent(MODEL, tools=[login], client=ScriptedModel(script), on_anomaly="warn",
                        tracer_provider=spans.provider, alerts=Alerts(callback=lambda a, c: sent.append(a))).run("go")
     assert [a.type for a in result.anomalies] == ["repeated_call"]

@@ -7,18 +7,18 @@ import time
 import urllib.request
 
 import pytest
+from fakes.otlp_receiver import Delay, OTLPReceiver, unused_port
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from structlog.testing import capture_logs
 
-from fakes.otlp_receiver import Delay, OTLPReceiver, unused_port
 from looptrace.instrumentation.metrics import LoopMetrics
 from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
 from looptrace.instrumentation.spill import SpillFile
+from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-setup", "sk-lf-setup"
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

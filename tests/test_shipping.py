@@ -381,7 +381,7 @@ def test_no_link_when_the_project_cannot_be_looked_up(langfuse, tmp_path, monkey
 
 
 def test_an_environment_langfuse_would_refuse_is_left_out_with_a_warning(langfuse, tmp_path, monkeypatch):
-    from structlog.testing import capture_logs
+    from looptrace.testing import capture_logs
 
     monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "Production!")  # Langfuse: lower-case, digits, - and _ only
     with capture_logs() as logs:

@@ -1,0 +1,66 @@
+"""Fast to start: `import looptrace` and `looptrace --help` load none of the heavy dependencies (the mechanism; the
+CPU figures are in `python -m benchmarks --only 6`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from looptrace.runtime import demo
+from looptrace.runtime.cli import DEMO_STORIES
+
+HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "requests", "anthropic", "pydantic", "grpc", "structlog")
+
+
+def modules_loaded_by(code: str) -> list[str]:
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def heavy(modules: list[str]) -> list[str]:
+    return sorted({m.split(".")[0] if not m.startswith("opentelemetry") else ".".join(m.split(".")[:2])
+                   for m in modules if m.startswith(HEAVY)})
+
+
+def test_import_looptrace_and_the_help_load_nothing_heavy():
+    assert heavy(modules_loaded_by("import looptrace")) == []
+    help_code = ("import contextlib, io\nfrom looptrace.runtime.cli import main\n"
+                 "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                 "    main(['--help'])")
+    assert heavy(modules_loaded_by(help_code)) == []
+
+
+def test_an_agent_import_loads_the_api_only_when_it_runs():
+    assert [m for m in heavy(modules_loaded_by("from looptrace import Agent")) if m.startswith("opentelemetry")] == []
+
+
+def test_the_clis_story_names_are_the_demos():
+    assert DEMO_STORIES == tuple(sorted(demo.STORIES))
+
+
+def test_version(capsys):
+    import pytest
+
+    from looptrace import __version__
+    from looptrace.runtime.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"looptrace {__version__}"
+
+
+class _Terminal:
+    def isatty(self) -> bool:
+        return True
+
+
+def test_no_color_turns_colour_off_at_a_terminal(monkeypatch):
+    from looptrace.runtime.cli import use_color
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert use_color(_Terminal())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color(_Terminal())

@@ -1,0 +1,84 @@
+"""The structure a newcomer relies on: names in one place, the detector free of OpenTelemetry, one narrow interface
+between the loop and telemetry."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from looptrace import Agent, ScriptedModel, tool
+from looptrace.instrumentation import interface
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = [*(ROOT / "instrumentation").glob("*.py"), *(ROOT / "runtime").glob("*.py")]
+
+
+def test_every_emitted_name_is_defined_in_semconv():
+    name = re.compile(r"""["']((?:looptrace|langfuse|gen_ai)\.[a-z_]+(?:\.[a-z_]+)*\.?)["']""")
+    found = {path.name: name.findall(path.read_text(encoding="utf-8"))
+             for path in PRODUCT if path.name != "semconv.py"}
+    assert {file: names for file, names in found.items() if names} == {}
+
+
+def test_the_detector_works_where_opentelemetry_is_not_installed():
+    code = textwrap.dedent("""
+        import sys
+
+        class NoOpenTelemetry:
+            def find_spec(self, name, path=None, target=None):
+                if name == "opentelemetry" or name.startswith("opentelemetry."):
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+                return None
+
+        sys.meta_path.insert(0, NoOpenTelemetry())
+        from looptrace.instrumentation.detector import LoopDetector, ToolCall
+        from looptrace import LoopDetector as Same
+
+        detector = LoopDetector()
+        found = []
+        for turn in range(1, 6):
+            detector.observe(ToolCall(turn=turn, tool="search", arguments={"q": "x"}, call_id=f"c{turn}",
+                                      is_error=False, result="same"))
+            found += detector.end_turn(turn)
+        print(Same is LoopDetector, sorted({a.type for a in found}))
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    first, loaded = done.stdout.splitlines()
+    assert first == "True ['repeated_call']" and loaded == "[]"
+
+
+def test_agent_py_talks_to_telemetry_only_through_the_interface():
+    source = (ROOT / "runtime" / "agent.py").read_text(encoding="utf-8")
+    imported = set(re.findall(r"from looptrace\.instrumentation\.(\w+) import", source))
+    assert "spans" not in imported or "import Tracing" in source  # spans only as the implementation behind it
+    assert re.findall(r"\b\w+\._(?!_)\w+", _without_self(source)) == []  # no private attribute of another object
+
+
+def _without_self(source: str) -> str:
+    return re.sub(r"\b(self|cls|run|call|agent)\._\w+", "", re.sub(r'""".*?"""|#.*', "", source, flags=re.S))
+
+
+def test_telemetry_off_is_the_no_op_implementation_and_still_redacts_arguments(spans):
+    seen = []
+
+    @tool
+    def login(user: str, password: str) -> str:
+        """Logs in."""
+        return "ok"
+
+    agent = Agent("claude-sonnet-5-5", tools=[login], telemetry=False, tracer_provider=spans.provider,
+                  on_event=seen.append, client=ScriptedModel([
+                      {"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t1", "name": "login",
+                                                               "input": {"user": "ana", "password": "hunter2"}}]},
+                      {"stop_reason": "end_turn", "content": [{"type": "text", "text": "in"}]}]))
+    result = agent.run("log in")
+    assert result.status.value == "done" and result.trace_id == "0" * 32
+    assert spans.all == []
+    tool_events = [e for e in seen if type(e).__name__ == "ToolFinished"]
+    assert "hunter2" not in repr(tool_events) and "ana" in repr(tool_events)
+    assert isinstance(agent._tracing, interface.NoTracing)
