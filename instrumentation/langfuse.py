@@ -29,8 +29,8 @@ in langfuse/langfuse; SDK: langfuse 5.x, langfuse/_client/attributes.py and prop
   Langfuse sums every usage type whose name contains "input" into the input total, so ``input`` is Anthropic's own
   ``input_tokens`` (cache excluded) and the cache reads and writes are their own types: ``input_cache_read``,
   ``input_cache_creation_5m`` and ``input_cache_creation_1h``, the keys its Anthropic price tables
-  (worker/src/constants/default-model-prices.json) price at 0.1x, 1.25x and 2x the input rate. Only generations get usage: the root carries
-  the run totals under ``looptrace.usage.*``, which Langfuse does not read as usage.
+  (worker/src/constants/default-model-prices.json) price at 0.1x, 1.25x and 2x the input rate. Only generations
+  get usage: the root carries the run totals under ``looptrace.usage.*``, which Langfuse does not read as usage.
 * Cost: ``langfuse.observation.cost_details`` (JSON, ``{"total": usd}``) is taken as given instead of inferred.
 * Input and output (``extractInputAndOutput``): ``input.value``/``output.value`` (OpenInference) come before
   ``gen_ai.input.messages``/``gen_ai.output.messages`` and, for tools, ``gen_ai.tool.call.arguments``/``result``,

@@ -117,7 +117,7 @@ class LoopMetrics:
     ) -> None:
         """One Messages API call. `input_tokens` already includes cache reads and cache writes (the conventions'
         Anthropic rule). A failed call records its duration with `error.type` and no token usage: the API sent none."""
-        attributes = {
+        attributes: dict[str, str | int] = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
             sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
             _gen_ai.GEN_AI_REQUEST_MODEL: request_model,

@@ -11,16 +11,27 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from . import langfuse
 from . import semconv as sc
-from .content import (CaptureMode, MessageLog, cap, capture_mode, genai_message, genai_tool_definition,
-                      last_user_text, redact, to_json)
+from .content import (
+    CaptureMode,
+    MessageLog,
+    cap,
+    capture_mode,
+    genai_message,
+    genai_tool_definition,
+    last_user_text,
+    redact,
+    to_json,
+)
 from .detector import canonical_arguments, result_digest
 from .interface import ToolTrace
 from .langfuse import generation_attributes, trace_attributes
@@ -113,8 +124,9 @@ class Tracing:
         common = {sc.GEN_AI_AGENT_NAME: agent, **trace_level}
         if session_id is not None:
             common[sc.GEN_AI_CONVERSATION_ID] = langfuse.session_id_of(session_id)
-        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
-                      sc.GEN_AI_REQUEST_MODEL: model, **common, **_AS_AGENT}
+        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT,
+                      sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_REQUEST_MODEL: model, **common,
+                      **_AS_AGENT}
         task_text = task if isinstance(task, str) else last_user_text(task)
         joins = _joins_outer_trace()
         run_content: dict[str, str] = {}
@@ -418,8 +430,8 @@ class ChatSpan:
             if tracing.capture_content:
                 attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
             if tracing.capture_events:
-                self.span.add_event(CONTENT_EVENT, {**({sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}),
-                                                    sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
+                event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
+                self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
         self.span.set_attributes(attributes)
         self.span.end()
 
@@ -516,7 +528,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: object = None
+        self.token: Token[Context] | None = None
 
     def __enter__(self) -> None:
         if self.span.is_recording():
