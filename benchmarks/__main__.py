@@ -19,14 +19,25 @@ BENCHMARKS = {
     4: ("b4_backend_trouble", "per-turn latency with the OTLP backend healthy, refusing, slow"),
     5: ("b5_many_agents", "200 concurrent arun calls vs one at a time, trace integrity"),
     6: ("b6_startup", "start-up CPU: import looptrace and looptrace --help vs import opentelemetry.sdk.trace"),
+    7: ("detector_eval", "detector precision and recall on recorded trajectories (../shared/trajectories)"),
+    8: ("b7_watch", "looptrace watch: spans/s, memory with 10,000 open runs, alert delay"),
 }
+NAMES = {"detector-eval": 7, "watch": 8}
+
+
+def _benchmark_number(text: str) -> int:
+    number = NAMES.get(text) or (int(text) if text.isdigit() else None)
+    if number not in BENCHMARKS:
+        raise argparse.ArgumentTypeError(
+            f"unknown benchmark {text!r}; choose from 1-{max(BENCHMARKS)} or {', '.join(NAMES)}")
+    return number
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke run, not figures to quote")
-    parser.add_argument("--only", type=int, nargs="+", choices=sorted(BENCHMARKS), metavar="N",
-                        help=f"run only these benchmarks (1-{max(BENCHMARKS)})")
+    parser.add_argument("--only", type=_benchmark_number, nargs="+", metavar="N",
+                        help=f"run only these benchmarks (1-{max(BENCHMARKS)}, or by name: {', '.join(NAMES)})")
     args = parser.parse_args(argv)
     # Exporters that cannot reach their backend (benchmark 4 does that on purpose) log every failure; the table is
     # what matters here.

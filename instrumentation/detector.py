@@ -27,14 +27,37 @@ Identity of a call
 (10 == 10.0, -0.0 == 0) but strings stay strings ("10" != 10) and bools stay bools
 (True != 1); tool_use ids are not part of it. A top-level `str` argument is parsed as JSON
 text if it parses (so a trace reader may pass the stored attribute verbatim), otherwise the
-raw text is the identity. Nested strings are never parsed.
+text is the identity. Nested strings are never parsed.
 
-The outcome of a call is its result digest (`result_digest`, blake2b-64 over the UTF-8 text,
-"" for None) for a success, or the single flag "error" for a failure: error
-*texts* are ignored, because a failing call that fails with a new message each time (a
-timestamp, a request id) is still not making progress. When neither result nor digest is
-known (another framework's spans without content), results count as unchanged by default, so
-the detector degrades to "same call again" like its peers (`assume_unknown_results_unchanged`).
+Normalisation, and why it is safe (`normal_text`, `NONCE_KEYS`, `result_digest`):
+- every string and key is put in Unicode NFC: canonically equivalent text ("é" as one code
+  point or as e + combining accent) is the same text by Unicode's own definition;
+- a one-line string has runs of whitespace collapsed and its ends stripped (ids, queries and
+  command lines do not change meaning with doubled or trailing spaces); a multi-line string
+  (code, file contents, where indentation matters) only loses trailing whitespace at line ends
+  and at its end;
+- arguments named request_id, x-request-id, client_request_id, idempotency_key, nonce,
+  correlation_id, trace_id, timestamp or ts (any case, "_" and "-" ignored) are left out: they are
+  fresh on every call by design. Merging two calls that differ only there matters only when their
+  outcomes are also identical, and then they are the same call made twice;
+- a result's digest ignores the same whitespace, and UUIDs, date-times with a time of day and hex
+  ids of 24+ digits inside it (a request id, a "fetched at" stamp). Dates, numbers and short ids
+  are data and stay; results over 200,000 characters are digested as they are.
+
+The outcome of a call is its result digest for a success, or the single flag "error" for a
+failure: error *texts* are ignored, because a failing call that fails with a new message each
+time is still not making progress. When neither result nor digest is known (another framework's
+spans without content), results count as unchanged by default (`assume_unknown_results_unchanged`).
+
+Runs and sessions
+-----------------
+A detector serves one run; `begin_run()` starts the next run of the same conversation
+(`SessionDetectors` hands out one detector per session id, at most `max_sessions`, forgetting a
+session idle for `ttl_s`). Consecutive-turn streaks and cycles end at a run boundary (a user
+message came between); the memory of failing calls within `repeat_window` turns carries over.
+`anomalies` holds one entry per streak: a streak fires again on every further turn (so a policy
+can nudge at 3 and stop at 4), but each later firing carries the `first_turn` of the streak
+(`Anomaly.is_update`) and replaces the entry, so callers alert once and report the latest count.
 
 Rules (thresholds are `DetectorConfig` fields)
 ----------------------------------------------
@@ -42,58 +65,57 @@ repeated_call   The same canonical call in `repeat_threshold` (3) consecutive tu
                 progress: every turn's outcome equals the previous one (same digest), or is an
                 error each time (texts may differ). Calls are counted once per turn, so the same
                 call three times inside ONE turn is not a loop. The streak ends at the first
-                turn without the call or with a changed outcome (a changed outcome starts a new
-                streak at 1): polling a job whose status moves on is not a loop.
-                Parallel batches: calls whose streaks started in the same turn and fire together
-                are one anomaly (tool/arguments None when they differ, the calls listed in the
-                message), so the same batch of parallel calls three turns running fires once, at
-                turn 3, and keeps its key if only some of its calls go on. The order of parallel
-                calls never matters. A streak keeps firing on every further turn (count 4, 5,
-                ...) with the same `streak` key, so a policy can nudge at 3 and stop at 4.
+                turn without the call or with a changed outcome: polling a job whose status
+                moves on is not a loop. Parallel batches: calls whose streaks started in the same
+                turn and fire together are one anomaly, so the same batch of parallel calls three
+                turns running fires once. The order of parallel calls never matters.
+                Also with other calls between: the same canonical call *failing* `repeat_threshold`
+                times within the last `repeat_window` (10) turns, across the runs of a session
+                (book, think, book, think, book; or the same failing lookup after each user
+                message). Successful repeats with other calls between are not counted: re-checking
+                after an action, or after the user did something, is how troubleshooting looks.
 cycle           The sequence of turn signatures (the multiset of canonical call + outcome of
-                every call in the turn: order-free, duplicates counted)
-                repeats with a period of `cycle_min_period`..`cycle_max_period` (2..5) for
-                `cycle_repeats` (3) rounds: A B A B A B fires at the 6th turn, A B C x3 at the
-                9th. Only primitive periods count (A A A A A A is period 1: repeated_call's job;
-                period 4 that is really period 2 is reported as 2). Turns without tool calls
-                never take part. Once found, the cycle keeps firing at every further full round
-                (count 4, 5, ...) and ends at the first turn that breaks the period.
-                Overlaps, on purpose: a call present in every turn of a cycle is also a
-                repeated_call, and failing_tool may fire before a cycle of failures is
-                complete; each is its own streak.
-ignored_error   At `end_run` with a stop reason in `ignored_error_stop_reasons` ("end_turn" and
-                its normalised GenAI form "stop"): some tool error was never resolved by a
-                success of the same tool (any arguments) observed after it, and the final text
-                does not acknowledge a failure (`acknowledges_failure`). "After" is observation
-                order: a parallel success observed before the failure in the same turn does not
-                resolve it. Fires once per run; `count` is every unresolved error, the message
-                quotes the 5 most recent. Other stop reasons (max_tokens, refusal, limits) are
-                already failures with their own status, so they do not fire.
+                every call in the turn) repeats with a period of `cycle_min_period`..
+                `cycle_max_period` (2..5) for `cycle_repeats` (3) rounds: A B A B A B fires at the
+                6th turn, A B C x3 at the 9th. Only primitive periods count. Turns without tool
+                calls never take part. Once found, the cycle keeps firing at every further full
+                round and ends at the first turn that breaks the period.
+ignored_error   At `end_run` with a stop reason in `ignored_error_stop_reasons` ("end_turn", "stop").
+                1. Unresolved, per target: a tool error stands until a later success of the same
+                   tool on the same target: the identical call, or the same operation with a
+                   minority of its arguments corrected (more than half of the failed call's targets
+                   unchanged). Targets (`call_targets`) are the top-level string arguments that read
+                   as one token: ids, paths, codes, emails. A success of the tool on something else
+                   (another file, another command) resolves nothing.
+                2. Not dealt with: nothing the model said after the failure (the final answer, or
+                   text beside later tool calls) deals with it, and no later call of another tool
+                   (a hand-off, a ticket) names it. Dealing with it (`answer_addresses`) is judged
+                   on structure, in any language: asking the user something (a question mark of
+                   any script: it hands the decision back instead of presenting work as done),
+                   naming what the failed call acted on (one of its targets), or quoting the error
+                   (two words in a row of it, a token of it with a digit, or three characters in a
+                   row for scripts written without spaces). No list of words.
+                3. Evidence: the rule alone fires only for a failure the model knew about and left
+                   behind: the same call failed again after a retry and the model then went on to
+                   other calls. On the recorded trajectories, an answer written right after a
+                   single failure was a report of it in every case but one, so for every other
+                   unresolved, undealt-with failure the verdict is the judge's.
+                With a `judge` configured, a firing of the rule is confirmed by it (only a clear
+                "not ignored" silences it; a judge that raises or answers nonsense leaves the rule's
+                verdict), and the cases of 3. it leaves open are decided by it (only a clear
+                "ignored" fires). Other stop reasons (max_tokens, refusal, limits) are already
+                failures with their own status, so they do not fire.
 failing_tool    One tool fails on every call in `failing_tool_threshold` (5) consecutive turns
-                *with varying arguments* (0 disables). This is deliberately not an
-                "error_retry" rule: identical failing retries right after an error are already
-                repeated_call (outcome "error" each time). failing_tool catches what no other
-                rule does: the model rephrasing calls to a tool that is itself broken (expired
-                credentials, a service down). It stays quiet in a turn where repeated_call
-                already covers all of that tool's calls, or while a cycle is active.
+                *with varying arguments* (0 disables): the model rephrasing calls to a tool that
+                is itself broken, or guessing ids that do not exist. It stays quiet in a turn where
+                repeated_call already covers all of that tool's calls, or while a cycle is active.
 
-Acknowledgement check (`acknowledges_failure`)
-----------------------------------------------
-The final text is NFKC-normalised (full-width digits become ASCII) and case-folded; obvious
-negated mentions are removed first ("no errors", "without errors", "error-free", "did not
-fail", "never failed", エラーなく, エラーはありません, エラーは発生しませんでした, 失敗なし ...),
-then any failure phrase counts: English "fail/failed/failure", "unsuccessful", "couldn't/could
-not", "can't/cannot", "unable", "not able to", "did not work/succeed", "not possible",
-"impossible", "error(s)", "unavailable", "out of stock", "sold out", "unfortunately", "went
-wrong", "denied/rejected/refused"; Japanese 失敗, できません/できなかった/できず, エラー,
-在庫が0/在庫切れ/在庫がありません, 不可能, 見つかりません, 残念ながら, 問題が発生, うまくいきません,
-未完了, 中断. All lists live in `FAILURE_PHRASES` and `NEGATED_FAILURE_PHRASES` below.
-Known limits: any failure wording acknowledges every unresolved error (no per-tool
-attribution); unrelated uses count ("error handling", "you cannot cancel it",
-キャンセルはできません), which can hide an ignored error; negations beyond the listed phrases ("not
-a single error", エラーは見当たりません) count as acknowledgement; apologies alone ("sorry",
-申し訳ありません) do not; other languages are not covered; only the first and last
-20,000 characters of a huge final text are read.
+Content (`capture_content`)
+---------------------------
+With `capture_content=False` (the agent sets it from LOOPTRACE_CAPTURE_CONTENT / the GenAI
+capture setting) anomalies carry no arguments and their messages name tools, turns and counts
+only: no argument, no error text, no answer ever leaves the process inside an anomaly, a nudge,
+a webhook payload, a score or a log line.
 
 Cost and memory
 ---------------
@@ -118,13 +140,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import re
+import threading
+import time
 import unicodedata
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -134,10 +159,14 @@ __all__ = [
     "REPEATED_CALL",
     "Anomaly",
     "DetectorConfig",
+    "JudgeRequest",
     "LoopDetector",
+    "SessionDetectors",
     "ToolCall",
-    "acknowledges_failure",
+    "answer_addresses",
+    "call_targets",
     "canonical_arguments",
+    "normal_text",
     "result_digest",
 ]
 
@@ -173,6 +202,12 @@ class Anomaly:
     count: int  # repetitions, cycle rounds, failing turns or unresolved errors
     message: str  # what happened and what to try
     streak: str  # same for every firing of one streak or pattern
+    first_turn: int | None = None  # the turn where this streak first fired; `turn` is its latest firing
+
+    @property
+    def is_update(self) -> bool:
+        """A later firing of a streak that already alerted: update it, do not alert again."""
+        return self.first_turn is not None and self.first_turn != self.turn
 
     def to_dict(self) -> dict:
         return {
@@ -184,6 +219,7 @@ class Anomaly:
             "count": self.count,
             "message": self.message,
             "streak": self.streak,
+            "first_turn": self.first_turn if self.first_turn is not None else self.turn,
         }
 
 
@@ -201,7 +237,12 @@ class DetectorConfig:
     max_errors_per_tool: int = 5  # ... and this many errors each (the most recent)
     max_call_ids: int = 20  # call ids kept per streak and reported per anomaly
     max_argument_chars: int = 500  # canonical arguments longer than this are cut in anomalies
-    max_kept_anomalies: int = 1000  # `LoopDetector.anomalies` keeps the most recent ones
+    max_kept_anomalies: int = 1000  # `LoopDetector.anomalies` keeps the most recent streaks
+    repeat_window: int = 10  # turns in which 3 identical failing calls are a repeated_call, other calls between
+    capture_content: bool = True  # False: messages name tools and counts only, never arguments or error text
+    # Confirms an ignored_error before it is reported: a callable taking a JudgeRequest and returning True (ignored),
+    # False (not ignored) or None (no opinion). A str is a model name the agent turns into such a callable.
+    judge: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
@@ -212,7 +253,7 @@ class DetectorConfig:
         _require(self.cycle_repeats >= 2, "cycle_repeats must be at least 2")
         _require(self.failing_tool_threshold >= 0, "failing_tool_threshold must be >= 0 (0 = off)")
         for name in ("max_calls_per_turn", "max_tools_with_errors", "max_errors_per_tool",
-                     "max_call_ids", "max_argument_chars", "max_kept_anomalies"):
+                     "max_call_ids", "max_argument_chars", "max_kept_anomalies", "repeat_window"):
             _require(getattr(self, name) >= 1, f"{name} must be at least 1")
 
 
@@ -243,7 +284,7 @@ def _canonical_text(text: str) -> str:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        return text  # not JSON: the raw text is the only identity it has
+        return normal_text(text)  # not JSON: the text is the only identity it has
     try:
         return _compact_json(_normalise(value, 0))
     except Exception:
@@ -253,14 +294,16 @@ def _canonical_text(text: str) -> str:
 def _normalise(value: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         return "<too deep>"
-    if value is None or isinstance(value, (bool, str)):  # bool before int: True is not 1
+    if value is None or isinstance(value, bool):  # bool before int: True is not 1
         return value
+    if isinstance(value, str):
+        return normal_text(value)
     if isinstance(value, int):
         return value if value.bit_length() <= _MAX_INT_BITS else f"<int {value:x}>"
     if isinstance(value, float):
         return int(value) if math.isfinite(value) and value.is_integer() else value
     if isinstance(value, Mapping):
-        return {_key_text(k, depth): _normalise(v, depth + 1) for k, v in value.items()}
+        return {_key_text(k, depth): _normalise(v, depth + 1) for k, v in value.items() if not _is_nonce_key(k)}
     if isinstance(value, (list, tuple)):
         return [_normalise(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
@@ -272,7 +315,43 @@ def _normalise(value: Any, depth: int) -> Any:
 
 def _key_text(key: Any, depth: int) -> str:
     # JSON keys are strings; a non-string key gets its canonical text so 1 and 1.0 agree.
-    return key if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
+    return unicodedata.normalize("NFC", key) if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
+
+
+# Argument names that carry a per-call nonce, compared case-insensitively without "_" and "-". A value under such a
+# name is fresh on every call by design, so it says nothing about what the call does.
+NONCE_KEYS = frozenset({"requestid", "xrequestid", "clientrequestid", "idempotencykey", "nonce", "correlationid",
+                        "traceid", "timestamp", "ts"})
+
+
+def _is_nonce_key(key: Any) -> bool:
+    return isinstance(key, str) and key.casefold().replace("_", "").replace("-", "") in NONCE_KEYS
+
+
+def normal_text(text: str) -> str:
+    """A string as the detector compares it: Unicode NFC, and whitespace that cannot change its meaning dropped.
+
+    One-line strings (ids, queries, command lines) have runs of whitespace collapsed and their ends stripped;
+    multi-line strings (code, file contents, where indentation matters) only lose trailing whitespace at line ends
+    and at the end.
+    """
+    try:
+        text = unicodedata.normalize("NFC", text)
+    except (TypeError, ValueError):
+        return text
+    if "\n" not in text and "\r" not in text:
+        return " ".join(text.split())
+    return "\n".join(line.rstrip() for line in text.splitlines()).rstrip()
+
+
+# Per-call nonces in tool results: UUIDs, date-times with a time of day, and long hex ids (request ids, trace ids).
+# Dates alone, numbers and short ids are data and stay.
+_RESULT_NONCES = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+    r"|\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\b[0-9a-fA-F]{24,}\b"
+)
+_MAX_NORMALISED_RESULT = 200_000  # longer results are digested as they are
 
 
 def _compact_json(value: Any) -> str:
@@ -282,6 +361,9 @@ def _compact_json(value: Any) -> str:
 def result_digest(text: str | None) -> str:
     """Short stable digest of a tool result's text: blake2b, 8 bytes, hex; "" for None.
 
+    The text is normalised first (`normal_text`, then UUIDs, date-times and long hex ids replaced by one marker), so
+    two results that differ only in a per-call nonce or in trailing whitespace are the same outcome.
+
     The span layer records this same function's value on every execute_tool span, so live and
     offline detection compare equal values.
     """
@@ -289,6 +371,8 @@ def result_digest(text: str | None) -> str:
         return ""
     if not isinstance(text, str):
         text = _safe_text(text)
+    if len(text) <= _MAX_NORMALISED_RESULT:
+        text = _RESULT_NONCES.sub("\x00", normal_text(text))
     return _digest(text, size=8)
 
 
@@ -308,73 +392,130 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
-# --------------------------------------------------------------------------- acknowledgement
+# --------------------------------------------------------------------------- ignored_error: targets and answers
 
-# Regular expressions over NFKC-normalised, case-folded text with curly apostrophes made straight.
-FAILURE_PHRASES: dict[str, tuple[str, ...]] = {
-    "en": (
-        r"\bfail(?:s|ed|ing|ures?)?\b",
-        r"\bunsuccessful(?:ly)?\b",
-        r"\bcould(?:n't| not)\b",
-        r"\bcan(?:'t|not| not)\b",
-        r"\bunable\b",
-        r"(?:\bnot|n't) able to\b",
-        r"\b(?:did|does|do)(?:n't| not) (?:work|succeed|go through|complete)\b",
-        r"\bwas(?:n't| not) (?:possible|successful|completed?)\b",
-        r"\bnot possible\b",
-        r"\bimpossible\b",
-        r"\berror(?:s|ed)?\b",
-        r"\b(?:unavailable|not available|out of stock|sold out)\b",
-        r"\bunfortunately\b",
-        r"\bwent wrong\b",
-        r"\b(?:denied|rejected|refused)\b",
-    ),
-    "ja": (
-        r"失敗",
-        r"(?:でき|出来)(?:ません|なかった|ず)",
-        r"エラー",
-        r"在庫(?:が|は)?\s*(?:0|ゼロ|切れ|なし|無し|がありません|ありません)",
-        r"不可能",
-        r"見つかりません|見つからなかった",
-        r"残念ながら",
-        r"問題が(?:発生|ありました)",
-        r"うまく(?:いきません|いかなかった|行きません|行かなかった)",
-        r"未完了",
-        r"中断",
-    ),
-}
-
-# Mentions of failure words that say the opposite; removed before looking for FAILURE_PHRASES.
-NEGATED_FAILURE_PHRASES: dict[str, tuple[str, ...]] = {
-    "en": (
-        r"\b(?:no|zero|0|without(?: any)?|free of|never (?:had|hit|saw)(?: any)?) (?:errors?|failures?)\b",
-        r"\berror[- ]?free\b",
-        r"\b(?:did|does|do|will|would)(?:n't| not) fail\b",
-        r"\bnever fail(?:s|ed)?\b",
-        r"\bwithout fail(?:ing|ure)?\b",
-    ),
-    "ja": (
-        r"(?:エラー|失敗)(?:は|も)?(?:一切|特に)?"
-        r"(?:なく|なし|無く|無し|ありません(?:でした)?|ございません(?:でした)?"
-        r"|(?:発生|出)(?:せず|しませんでした|ませんでした|していません|しておりません))",
-        r"(?:エラー|失敗)(?:は|が)?\s*0\s*件",
-    ),
-}
-
-_FAILURE_RE = re.compile("|".join(p for ps in FAILURE_PHRASES.values() for p in ps))
-_NEGATED_RE = re.compile("|".join(p for ps in NEGATED_FAILURE_PHRASES.values() for p in ps))
-_ACK_SCAN_CHARS = 20_000  # of each end of the final text: an admission is near the start or end
+_MAX_TARGET_CHARS = 200
+_MIN_MENTION_CHARS = 3  # shorter values ("a", "EU") turn up in any text by chance
+# Question marks of the scripts we know: Latin, full-width (CJK), Spanish opening, Arabic. Punctuation, not words.
+_QUESTION_MARKS = ("?", "\uff1f", "\u00bf", "\u061f")
 
 
-def acknowledges_failure(text: str | None) -> bool:
-    """True when `text` says that some work failed or could not be done (English, Japanese)."""
-    if not isinstance(text, str) or not text:
+def call_targets(arguments: Any) -> frozenset[str]:
+    """What a call acted on: its top-level string arguments that read as one token (ids, paths, codes, emails).
+
+    Free text (a message, a query with spaces, code) is not a target; neither are nested values.
+    """
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return frozenset()
+    if not isinstance(arguments, Mapping):
+        return frozenset()
+    targets = set()
+    for key, value in arguments.items():
+        if isinstance(value, str) and not _is_nonce_key(key):
+            value = normal_text(value)
+            if value and len(value) <= _MAX_TARGET_CHARS and not any(c.isspace() for c in value):
+                targets.add(value)
+    return frozenset(targets)
+
+
+def _resolves(error: _UnresolvedError, success_key: str, success_targets: frozenset[str]) -> bool:
+    """A later success resolves an error when it is the same call, or the same operation retried on the same target
+    with a minority of its arguments corrected: more than half of the failed call's targets are unchanged."""
+    if error.key == success_key:
+        return True
+    return bool(error.targets) and 2 * len(error.targets & success_targets) > len(error.targets)
+
+
+def answer_addresses(text: str | None, targets: frozenset[str], error_text: str = "") -> bool:
+    """Whether a final answer deals with a failed call, judged on structure rather than wording.
+
+    It does when it asks the user something (hands the decision back instead of presenting the work as done), when
+    it names what the failed call acted on (one of its targets), or when it repeats the error itself: two words in a
+    row of the error message, or a token of it that carries a digit (an id, an amount, a flight number). Nothing
+    here is a list of words: the answer is compared with the failed call and its error, in whatever language both
+    are written.
+    """
+    if not text:
         return False
-    if len(text) > 2 * _ACK_SCAN_CHARS:
-        text = text[:_ACK_SCAN_CHARS] + "\n" + text[-_ACK_SCAN_CHARS:]
-    normal = unicodedata.normalize("NFKC", text).casefold()
-    normal = normal.replace("\u2019", "'").replace("\u2018", "'").replace("\u02bc", "'")
-    return _FAILURE_RE.search(_NEGATED_RE.sub(" ", normal)) is not None
+    if len(text) > 2 * _ANSWER_SCAN_CHARS:
+        text = text[:_ANSWER_SCAN_CHARS] + "\n" + text[-_ANSWER_SCAN_CHARS:]
+    if any(mark in text for mark in _QUESTION_MARKS):
+        return True
+    folded = _fold(text)
+    if any(len(t) >= _MIN_MENTION_CHARS and _fold(t) in folded for t in targets):
+        return True
+    return bool(error_text) and not _echo_units(_fold(error_text)).isdisjoint(_echo_units(folded))
+
+
+def _names_or_quotes(folded: str, error: _UnresolvedError) -> bool:
+    """Whether folded text names one of a failed call's targets or quotes its error."""
+    if any(len(t) >= _MIN_MENTION_CHARS and _fold(t) in folded for t in error.targets):
+        return True
+    return bool(error.error_text) and not _echo_units(_fold(error.error_text)).isdisjoint(_echo_units(folded))
+
+
+def _strings_in(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every string in a JSON-like value (arguments given as JSON text are parsed), to a bounded depth."""
+    if depth > 8:
+        return
+    if isinstance(value, str):
+        if depth == 0 and value[:1] in "{[":
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                yield value
+                return
+            yield from _strings_in(value, depth + 1)
+            return
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings_in(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings_in(item, depth + 1)
+
+
+def _fold(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _echo_units(folded: str) -> set[str]:
+    """Pieces of text distinctive enough that sharing one means quoting: word pairs, tokens with a digit, and for
+    scripts written without spaces (CJK) runs of three characters."""
+    words = _WORD.findall(folded)
+    units = {f"{a} {b}" for a, b in itertools.pairwise(words)}
+    for word in words:
+        if len(word) >= 3 and any(c.isdigit() for c in word):
+            units.add(word)
+        if len(word) >= 3 and any(_is_unspaced_script(c) for c in word):
+            units.update(word[i:i + 3] for i in range(len(word) - 2))
+    return units
+
+
+def _is_unspaced_script(char: str) -> bool:
+    return "\u3040" <= char <= "\u30ff" or "\u3400" <= char <= "\u9fff" or "\uac00" <= char <= "\ud7af"
+
+
+_ANSWER_SCAN_CHARS = 20_000  # of each end of a huge final answer
+_MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeRequest:
+    """What a judge is shown: the rule's finding, the failed call and the final answer."""
+
+    anomaly: Anomaly
+    tool: str
+    arguments: str  # canonical arguments of the most recent ignored error
+    error_text: str  # its start
+    final_text: str
 
 
 # --------------------------------------------------------------------------- internal state
@@ -394,6 +535,7 @@ class _Observed:
     is_error: bool
     call_id: str | None
     error_text: str  # start of the error text, for the ignored_error message
+    raw_arguments: Any = None  # as given, for the targets of a failed call (parsed only when needed)
 
 
 @dataclass(slots=True)
@@ -451,12 +593,30 @@ class _CycleRun:
     streak: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _UnresolvedError:
     turn: int
     call_id: str | None
     arguments: str
     error_text: str
+    key: str  # tool + canonical arguments
+    targets: frozenset[str]  # identifier-like argument values: what the call acted on
+    failures: int = 1  # times this same call failed in the run without a success between
+    moved_on: bool = False  # another call in a later turn: the model saw the failure and went on with other work
+    reported: bool = False  # a later successful call named its target or quoted its error (a ticket, a hand-off)
+    first_turn: int = 0  # where this call first failed: anything the model said after that may report it
+
+
+@dataclass(slots=True)
+class _FailureRun:
+    """One canonical call's recent failures (turn sequence numbers), for repeats with other calls between."""
+
+    tool: str
+    arguments: str
+    seqs: deque[int]
+    turns: deque[int]
+    call_ids: deque[str]
+    streak: str | None = None
 
 
 @dataclass(slots=True)
@@ -478,7 +638,10 @@ class LoopDetector:
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
-        self._anomalies: deque[Anomaly] = deque(maxlen=self.config.max_kept_anomalies)
+        self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
+        self._failures: dict[str, _FailureRun] = {}  # kept across the runs of a session
+        self.judge_failures = 0
+        self.judge_silenced = 0
         self._pending: list[_Observed] = []
         self._pending_overflow = 0
         self._pending_turn: int | None = None
@@ -492,19 +655,42 @@ class LoopDetector:
         self._cycle: _CycleRun | None = None
         self._unresolved: dict[str, _ToolErrors] = {}
         self._run_ended = False
+        self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
 
     # ---- public API: thin guards around the real work
 
     @property
     def anomalies(self) -> list[Anomaly]:
-        """Everything reported so far (the most recent `max_kept_anomalies`)."""
-        return list(self._anomalies)
+        """This run's anomalies, one per streak with its latest count and turn (`first_turn` says where it began)."""
+        return list(self._streaks.values())
+
+    def begin_run(self) -> None:
+        """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.
+
+        Consecutive-turn streaks and cycles do not cross a run boundary (a user message came between); identical
+        failing calls within `repeat_window` turns do, so a call that keeps failing across the user turns of one
+        conversation is still a repeated_call.
+        """
+        self._guarded(self._begin_run)
+
+    def _begin_run(self) -> list[Anomaly]:
+        self._pending, self._pending_overflow, self._pending_turn = [], 0, None
+        self._last_closed_turn = None
+        self._call_streaks, self._failing_tools = {}, {}
+        self._window.clear()
+        self._cycle = None
+        self._unresolved = {}
+        self._streaks = {}
+        self._said.clear()
+        self._run_ended = False
+        return []
 
     def observe(self, call: ToolCall) -> list[Anomaly]:
         return self._guarded(self._observe, call)
 
-    def end_turn(self, turn: int) -> list[Anomaly]:
-        return self._guarded(self._end_turn, turn)
+    def end_turn(self, turn: int, text: str | None = None) -> list[Anomaly]:
+        """Close a turn. `text` is what the model said in it alongside its tool calls (the user sees it too)."""
+        return self._guarded(self._end_turn, turn, text)
 
     def end_run(self, stop_reason: str | None, final_text: str | None, turn: int) -> list[Anomaly]:
         return self._guarded(self._end_run, stop_reason, final_text, turn)
@@ -520,7 +706,8 @@ class LoopDetector:
             "window": len(self._window),
             "unresolved_error_tools": len(self._unresolved),
             "unresolved_errors": sum(len(e.recent) for e in self._unresolved.values()),
-            "anomalies": len(self._anomalies),
+            "anomalies": len(self._streaks),
+            "failure_runs": len(self._failures),
         }
 
     def _guarded(self, action, *args) -> list[Anomaly]:
@@ -530,9 +717,19 @@ class LoopDetector:
             self.internal_errors += 1
             self.last_internal_error = _shorten(_safe_text(exc), 300)
             return []
-        self._anomalies.extend(fired)
+        fired = [self._remember(anomaly) for anomaly in fired]
         self.anomalies_reported += len(fired)
         return fired
+
+    def _remember(self, anomaly: Anomaly) -> Anomaly:
+        """Keep one entry per streak; a later firing carries the turn where the streak first fired."""
+        known = self._streaks.pop(anomaly.streak, None)
+        first = known.first_turn if known is not None and known.first_turn is not None else anomaly.turn
+        anomaly = replace(anomaly, first_turn=first)
+        self._streaks[anomaly.streak] = anomaly
+        if len(self._streaks) > self.config.max_kept_anomalies:
+            del self._streaks[next(iter(self._streaks))]
+        return anomaly
 
     # ---- feeding
 
@@ -547,12 +744,17 @@ class LoopDetector:
             self._pending.append(observed)
         else:
             self._pending_overflow += 1
+        if self._unresolved:
+            self._note_later_call(observed, turn)
         self._track_error(observed, turn)
         return fired
 
-    def _end_turn(self, turn: Any) -> list[Anomaly]:
-        fallback = self._pending_turn if self._pending else self._current_turn_guess()
+    def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
+        pending = self._pending_turn if self._pending else None
+        fallback = pending if pending is not None else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
+        if isinstance(text, str) and text.strip():
+            self._said.append((turn, _shorten(text, 2 * _ANSWER_SCAN_CHARS)))
         if turn == self._last_closed_turn and (not self._pending or self._pending_turn != turn):
             return []  # a repeated or late end_turn for a turn already closed
         return self._close_turn(turn)
@@ -566,9 +768,51 @@ class LoopDetector:
         reason = stop_reason.strip().lower() if isinstance(stop_reason, str) else None
         ending_reasons = {r.lower() for r in self.config.ignored_error_stop_reasons}
         if reason in ending_reasons and self._unresolved:
-            if not acknowledges_failure(final_text if isinstance(final_text, str) else None):
-                fired.append(self._ignored_error_anomaly(turn, reason))
+            text = final_text if isinstance(final_text, str) else None
+            ignored = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent
+                       if not e.reported and not self._addressed(e, text)]
+            # The rule's own verdict needs a failure the model knew about and then left behind: it retried the call,
+            # saw it fail again, and went on to other calls. Any other unaddressed failure (above all a single one
+            # seen just before the answer, which the answer is most likely about) is for a judge to decide.
+            persistent = [(tool, e) for tool, e in ignored if e.failures > 1 and e.moved_on]
+            if persistent:
+                anomaly = self._ignored_error_anomaly(turn, reason, ignored)
+                if self._judge_says(anomaly, ignored, text) is not False:
+                    fired.append(anomaly)
+            elif ignored:
+                anomaly = self._ignored_error_anomaly(turn, reason, ignored)
+                if self._judge_says(anomaly, ignored, text) is True:
+                    fired.append(anomaly)
         return fired
+
+    def _addressed(self, error: _UnresolvedError, final_text: str | None) -> bool:
+        """Whether anything the model said after seeing the failure (the final answer, or text beside later tool
+        calls) deals with it."""
+        if answer_addresses(final_text, error.targets, error.error_text):
+            return True
+        return any(turn > error.first_turn and answer_addresses(said, error.targets, error.error_text)
+                   for turn, said in self._said)
+
+    def _judge_says(self, anomaly: Anomaly, ignored: list, text: str | None) -> bool | None:
+        """The configured judge's verdict: True ignored, False not ignored, None no judge or no usable answer.
+
+        A judge that raises counts as no answer, so the rule's own verdict stands.
+        """
+        judge = self.config.judge
+        if not callable(judge):
+            return None
+        tool, error = ignored[-1]
+        request = JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments, error_text=error.error_text,
+                               final_text=text or "")
+        try:
+            verdict = judge(request)
+        except Exception as exc:
+            self.judge_failures += 1
+            self.last_internal_error = _shorten(f"judge: {type(exc).__name__}: {_safe_text(exc)}", 300)
+            return None
+        if verdict is False:
+            self.judge_silenced += 1
+        return verdict if isinstance(verdict, bool) else None
 
     def _current_turn_guess(self) -> int:
         if self._pending_turn is not None:
@@ -589,7 +833,8 @@ class LoopDetector:
             outcome=_ERROR_OUTCOME if is_error else self._success_outcome(call),
             is_error=is_error,
             call_id=None if call_id is None else _shorten(_safe_text(call_id), 200),
-            error_text=_shorten(_safe_text(result), 200) if is_error and result is not None else "",
+            error_text=_shorten(_safe_text(result), 500) if is_error and result is not None else "",
+            raw_arguments=getattr(call, "arguments", None),
         )
 
     def _success_outcome(self, call: Any) -> str:
@@ -605,8 +850,16 @@ class LoopDetector:
 
     def _track_error(self, observed: _Observed, turn: int) -> None:
         if not observed.is_error:
-            # any later success of the tool resolves its earlier errors
-            self._unresolved.pop(observed.tool, None)
+            if self._unresolved:
+                self._note_later_success(observed, turn)
+            errors = self._unresolved.get(observed.tool)
+            if errors is not None:  # a later success resolves the errors of the same call on the same target
+                targets = call_targets(observed.raw_arguments)
+                kept = [e for e in errors.recent if not _resolves(e, observed.key, targets)]
+                errors.total -= len(errors.recent) - len(kept)
+                errors.recent = deque(kept, maxlen=self.config.max_errors_per_tool)
+                if not kept:
+                    del self._unresolved[observed.tool]
             return
         errors = self._unresolved.get(observed.tool)
         if errors is None:
@@ -614,9 +867,33 @@ class LoopDetector:
                 del self._unresolved[next(iter(self._unresolved))]  # forget the oldest tool
             errors = _ToolErrors(deque(maxlen=self.config.max_errors_per_tool))
             self._unresolved[observed.tool] = errors
+        same = next((e for e in errors.recent if e.key == observed.key), None)
+        if same is not None:  # the same call failing again: one error, failed more than once
+            errors.recent.remove(same)
+            errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
+                                                  observed.key, same.targets, same.failures + 1,
+                                                  moved_on=same.moved_on, first_turn=same.first_turn))
+            return
         errors.total += 1
-        errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments,
-                                              observed.error_text))
+        errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
+                                              observed.key, call_targets(observed.raw_arguments), first_turn=turn))
+
+    def _note_later_call(self, observed: _Observed, turn: int) -> None:
+        for errors in self._unresolved.values():
+            for error in errors.recent:
+                if turn > error.turn and observed.key != error.key:
+                    error.moved_on = True
+
+    def _note_later_success(self, observed: _Observed, turn: int) -> None:
+        """A success of another tool after an error may report the failure: a hand-off or a ticket that names what
+        failed or quotes its error. (Another call of the same tool naming a shared value is a retry, not a report.)"""
+        text = None
+        for errors in self._unresolved.values():
+            for error in errors.recent:
+                if not error.reported and errors is not self._unresolved.get(observed.tool):
+                    if text is None:
+                        text = _fold(" ".join(_strings_in(observed.raw_arguments)))[:_ANSWER_SCAN_CHARS]
+                    error.reported = _names_or_quotes(text, error)
 
     # ---- closing a turn: every per-turn rule runs here
 
@@ -629,8 +906,60 @@ class LoopDetector:
         calls = _group_by_call(observed)
         cycle_fired = self._update_cycle(self._signature(turn, observed, calls, overflow))
         repeated_fired, repeating_keys = self._update_repeated_calls(turn, calls)
+        repeated_fired += self._update_failure_runs(turn, calls, repeating_keys)
         failing_fired = self._update_failing_tools(turn, calls, repeating_keys)
         return repeated_fired + cycle_fired + failing_fired
+
+    # ---- repeated_call with other calls between: the same call failing again and again
+
+    def _update_failure_runs(self, turn: int, calls: dict[str, _TurnCall], repeating_keys: set[str]) -> list[Anomaly]:
+        cfg = self.config
+        oldest = self._turn_seq - cfg.repeat_window + 1
+        fired: list[Anomaly] = []
+        for key, call in calls.items():
+            if call.outcomes != {_ERROR_OUTCOME}:
+                self._failures.pop(key, None)  # it worked (or did something else): no longer failing
+                continue
+            run = self._failures.pop(key, None) or _FailureRun(
+                call.tool, call.arguments, deque(), deque(), deque(maxlen=cfg.max_call_ids))
+            self._failures[key] = run  # most recently failing last
+            run.seqs.append(self._turn_seq)
+            run.turns.append(turn)
+            run.call_ids.extend(call.call_ids)
+            while run.seqs and run.seqs[0] < oldest:
+                run.seqs.popleft()
+                run.turns.popleft()
+            if len(run.seqs) < cfg.repeat_threshold:
+                if len(run.seqs) == 1:
+                    run.streak = None  # the earlier failures left the window: a new streak
+                continue
+            if key in repeating_keys:  # consecutive turns: the streak rule reports it; remember its key
+                run.streak = next((s.streak for s in self._call_streaks.values() if s.key == key), run.streak)
+                continue
+            if run.streak is None:
+                run.streak = f"repeated_call:{call.tool}:{key[:10]}@t{run.turns[0]}"
+            fired.append(self._failure_run_anomaly(turn, run))
+        for stale in [k for k, r in self._failures.items() if r.seqs[-1] < oldest]:
+            del self._failures[stale]
+        while len(self._failures) > cfg.max_tools_with_errors * cfg.max_errors_per_tool:
+            del self._failures[next(iter(self._failures))]
+        return fired
+
+    def _failure_run_anomaly(self, turn: int, run: _FailureRun) -> Anomaly:
+        count = len(run.seqs)
+        what = self._describe_call(run.tool, run.arguments)
+        return Anomaly(
+            type=REPEATED_CALL, turn=turn, tool=run.tool,
+            arguments=run.arguments if self.config.capture_content else None,
+            call_ids=tuple(run.call_ids)[-self.config.max_call_ids:], count=count,
+            message=(f"{what} failed {count} times in the last {self.config.repeat_window} turns (turns "
+                     f"{', '.join(str(t) for t in run.turns)}), with other calls between; retrying unchanged will "
+                     "not help: fix the arguments, use another tool, or tell the user what is failing."),
+            streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
+        )
+
+    def _describe_call(self, tool: str, arguments: str) -> str:
+        return f"{tool}({arguments})" if self.config.capture_content else f"a call to {tool}"
 
     # ---- repeated_call
 
@@ -660,9 +989,10 @@ class LoopDetector:
         tools = {s.tool for s in group}
         failing = all(s.outcome == (_ERROR_OUTCOME,) for s in group)
         if len(group) == 1:
-            what = f"{_call_text(group[0])} {'failed' if failing else 'returned the same result'}"
+            what = (f"{self._describe_call(group[0].tool, group[0].arguments)} "
+                    f"{'failed' if failing else 'returned the same result'}")
         else:
-            listed = ", ".join(_call_text(s) for s in group)
+            listed = ", ".join(self._describe_call(s.tool, s.arguments) for s in group)
             what = (f"The same batch of {len(group)} parallel calls ({listed}) "
                     f"{'failed' if failing else 'returned the same results'}")
         advice = ("retrying unchanged will not help: fix the arguments, use another tool, "
@@ -673,7 +1003,7 @@ class LoopDetector:
             type=REPEATED_CALL,
             turn=turn,
             tool=tools.pop() if len(tools) == 1 else None,
-            arguments=group[0].arguments if len(group) == 1 else None,
+            arguments=group[0].arguments if len(group) == 1 and self.config.capture_content else None,
             call_ids=_recent_ids([s.call_ids for s in group], self.config.max_call_ids),
             count=count,
             message=f"{what} {count} turns running; {advice}",
@@ -690,7 +1020,7 @@ class LoopDetector:
         items = sorted(f"{o.key}={o.outcome}" for o in observed)
         items.append(f"+{overflow}")
         description = ", ".join(
-            f"{c.tool}({c.arguments}){' failed' if _ERROR_OUTCOME in c.outcomes else ''}"
+            f"{self._describe_call(c.tool, c.arguments)}{' failed' if _ERROR_OUTCOME in c.outcomes else ''}"
             for c in calls.values()
         )
         return _TurnSignature(
@@ -801,26 +1131,28 @@ class LoopDetector:
 
     # ---- ignored_error
 
-    def _ignored_error_anomaly(self, turn: int, stop_reason: str) -> Anomaly:
-        errors = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent]
-        total = sum(kept.total for kept in self._unresolved.values())
-        tools = {tool for tool, _ in errors}
-        listed = "; ".join(
-            f"{tool}({e.arguments}) at turn {e.turn}" + (f": {e.error_text!r}" if e.error_text else "")
-            for tool, e in errors[-5:]
-        )
-        last_tool, last_error = errors[-1]
+    def _ignored_error_anomaly(self, turn: int, stop_reason: str, ignored: list) -> Anomaly:
+        total = len(ignored) + sum(kept.total - len(kept.recent) for kept in self._unresolved.values())
+        tools = {tool for tool, _ in ignored}
+        content = self.config.capture_content
+        if content:
+            listed = "; ".join(
+                f"{tool}({e.arguments}) at turn {e.turn}" + (f": {e.error_text!r}" if e.error_text else "")
+                for tool, e in ignored[-5:])
+        else:
+            listed = "; ".join(f"{tool} at turn {e.turn}" for tool, e in ignored[-5:])
+        last_tool, last_error = ignored[-1]
         return Anomaly(
             type=IGNORED_ERROR,
             turn=turn,
             tool=last_tool if len(tools) == 1 else None,
-            arguments=last_error.arguments if total == 1 else None,
-            call_ids=tuple(e.call_id for _, e in errors if e.call_id is not None)[-self.config.max_call_ids:],
+            arguments=last_error.arguments if total == 1 and content else None,
+            call_ids=tuple(e.call_id for _, e in ignored if e.call_id is not None)[-self.config.max_call_ids:],
             count=total,
-            message=(f"The run ended ({stop_reason}) with {total} tool error(s) never resolved "
-                     f"by a later success and not acknowledged in the final answer "
-                     f"({'the most recent: ' if total > len(errors[-5:]) else ''}{listed}). Tell "
-                     "the user what failed, or retry until it succeeds before finishing."),
+            message=(f"The run ended ({stop_reason}) with {total} tool error(s) never resolved by a later success "
+                     f"on the same target, and a final answer that neither names what failed nor asks the user "
+                     f"({'the most recent: ' if total > len(ignored[-5:]) else ''}{listed}). Tell the user what "
+                     "failed, or retry until it succeeds before finishing."),
             streak=f"ignored_error@t{turn}",
         )
 
@@ -872,10 +1204,6 @@ def _repeated_streak_key(group: list[_CallStreak]) -> str:
     return f"repeated_call:batch:{members}@t{group[0].start_turn}"
 
 
-def _call_text(streak: _CallStreak) -> str:
-    return f"{streak.tool}({streak.arguments})"
-
-
 def _recent_ids(id_groups: list, limit: int) -> tuple[str, ...]:
     """The most recent ids of each group, a fair share each, at most `limit` in all."""
     share = max(1, limit // max(len(id_groups), 1))
@@ -890,3 +1218,39 @@ def _is_primitive(block: list[str]) -> bool:
         size % d == 0 and all(block[i] == block[i % d] for i in range(size))
         for d in range(1, size)
     )
+
+
+class SessionDetectors:
+    """Detector memory shared by the runs of one session (a conversation), bounded and evicted by age.
+
+    ``detector_for(session_id)`` returns the session's detector, ready for a new run (`LoopDetector.begin_run`), so a
+    call that keeps failing across the user turns of a conversation is caught. At most `max_sessions` are kept; a
+    session idle for `ttl_s` seconds is forgotten, and the least recently used goes first when full. Runs of one
+    session are expected one at a time (a conversation); concurrent runs of one session share a lock-protected
+    lookup but then feed the same detector.
+    """
+
+    def __init__(self, config: DetectorConfig | None = None, *, max_sessions: int = 1000, ttl_s: float = 3600.0,
+                 clock: Any = None) -> None:
+        self.config = config
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self._clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._sessions: dict[str, tuple[float, LoopDetector]] = {}
+
+    def detector_for(self, session_id: str) -> LoopDetector:
+        now = self._clock()
+        with self._lock:
+            for stale in [k for k, (seen, _) in self._sessions.items() if now - seen > self.ttl_s]:
+                del self._sessions[stale]
+            entry = self._sessions.pop(session_id, None)
+            detector = entry[1] if entry is not None else LoopDetector(self.config)
+            self._sessions[session_id] = (now, detector)  # most recently used last
+            while len(self._sessions) > self.max_sessions:
+                del self._sessions[next(iter(self._sessions))]
+        detector.begin_run()
+        return detector
+
+    def __len__(self) -> int:
+        return len(self._sessions)

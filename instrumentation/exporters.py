@@ -138,8 +138,7 @@ class ProbingSession(requests.Session):
         self._probe = probe
         self._only_headers = dict(only_headers) if only_headers is not None else None
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any,  # type: ignore[override]
-                **kwargs: Any) -> requests.Response:  # requests' own signature, with its many keywords passed on
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         if self._only_headers is not None:
             given = kwargs.get("headers") or {}
             kept = {k: v for k, v in given.items() if k.lower() in self._CONTENT_HEADERS}

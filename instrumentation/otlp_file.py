@@ -163,6 +163,11 @@ def _describe(exc: Exception, raw: bytes) -> str:
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
 
 
+def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
+    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document."""
+    return _spans_of_line(data, keys)
+
+
 def _spans_of_line(data: Any, keys: frozenset[str] | None) -> Iterator[SpanRecord]:
     if not isinstance(data, dict) or "resourceSpans" not in data:
         raise ValueError("no resourceSpans")

@@ -61,6 +61,9 @@ VARIABLES: dict[str, str] = {
     "LOOPTRACE_CAPTURE_CONTENT": "the GenAI variable's values; wins over it",
     "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
     "LOOPTRACE_ALERT_WEBHOOK": "URL each new kind of anomaly is posted to",
+    "LOOPTRACE_WATCH_TOKEN": "bearer token `looptrace watch` requires of senders",
+    "LOOPTRACE_WATCH_USERNAME": "basic-auth user `looptrace watch` requires of senders",
+    "LOOPTRACE_WATCH_PASSWORD": "basic-auth password `looptrace watch` requires of senders",
     "LANGFUSE_PUBLIC_KEY": "Langfuse project key",
     "LANGFUSE_SECRET_KEY": "Langfuse project key",
     "LANGFUSE_BASE_URL": "Langfuse host",
@@ -340,6 +343,8 @@ class Settings:
     batch: BatchSettings = field(default_factory=BatchSettings)
     traceparent: str | None = None
     tracestate: str | None = None
+    watch_token: str | None = field(default=None, repr=False)  # what `looptrace watch` requires of senders
+    watch_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -372,6 +377,8 @@ class Settings:
             ),
             traceparent=env.get("TRACEPARENT"),
             tracestate=env.get("TRACESTATE"),
+            watch_token=env.get("LOOPTRACE_WATCH_TOKEN"),
+            watch_basic_auth=_watch_basic_auth(env),
         )
 
     def with_overrides(self, **changes: Any) -> Settings:
@@ -439,6 +446,13 @@ def capture_mode_name(value: str | None) -> str | None:
 def capture_mode_known(value: str) -> bool:
     text = value.strip()
     return text.upper() in CAPTURE_MODES or text.lower() in _CAPTURE_TRUE | _CAPTURE_FALSE
+
+
+def _watch_basic_auth(env: _Env) -> tuple[str, str] | None:
+    username, password = env.get("LOOPTRACE_WATCH_USERNAME"), env.get("LOOPTRACE_WATCH_PASSWORD")
+    if (username is None) != (password is None):
+        raise ConfigurationError("set both LOOPTRACE_WATCH_USERNAME and LOOPTRACE_WATCH_PASSWORD, or neither")
+    return (username, password) if username is not None and password is not None else None
 
 
 def _positive(value: str | None) -> int | None:

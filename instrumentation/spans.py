@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from . import langfuse
@@ -74,6 +72,11 @@ class Tracing:
         self.capture_content = self.capture.on_spans  # content attributes on spans
         self.capture_events = self.capture.in_events  # content on each chat span's content event
         self.max_chars = max_attribute_chars or settings.max_attribute_chars
+
+    @property
+    def tracer(self) -> trace.Tracer:
+        """The tracer of the current run's provider."""
+        return self._tracer
 
     def _select_providers(self) -> None:
         providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
@@ -205,7 +208,7 @@ class RunSpan:
     def start_turn(self, index: int) -> TurnSpan:
         if not self.recording:
             return TurnSpan(self, _NON_RECORDING)
-        span = self.tracing._tracer.start_span(
+        span = self.tracing.tracer.start_span(
             sc.TURN_SPAN_NAME,
             context=trace.set_span_in_context(self.span),
             kind=SpanKind.INTERNAL,
@@ -321,7 +324,7 @@ class TurnSpan:
         if tracing.capture_content:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             attributes.update(self.run.content)
-        span = tracing._tracer.start_span(
+        span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
         )
@@ -349,7 +352,7 @@ class TurnSpan:
             attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(arguments), tracing.max_chars)
         else:
             attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
-        span = tracing._tracer.start_span(
+        span = tracing.tracer.start_span(
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
@@ -528,7 +531,7 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: Token[Context] | None = None
+        self.token: Any = None  # contextvars.Token of the attach
 
     def __enter__(self) -> None:
         if self.span.is_recording():

@@ -14,10 +14,11 @@ import inspect
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
+from dataclasses import replace as _replace
 from typing import Any
 
 from looptrace.instrumentation.alerts import AlertContext, Alerts
-from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, ToolCall
+from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors, ToolCall
 from looptrace.instrumentation.interface import AgentTracing, ChatTrace, NoTracing, RunTrace, ToolTrace, TurnTrace
 from looptrace.instrumentation.logs import log
 from looptrace.instrumentation.settings import Settings
@@ -94,6 +95,14 @@ class Agent:
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
         self._tracing = _tracing(settings, telemetry, tracer_provider, meter_provider, capture_content)
+        if self._detector_config is not None:  # anomaly messages leave the process: no content when capture is off
+            judge = self._detector_config.judge
+            if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
+                from .judge import ModelJudge
+                judge = ModelJudge(self.client, judge, tracer_provider=tracer_provider)
+            captured = settings.capture_content if capture_content is None else capture_content
+            self._detector_config = _replace(self._detector_config, capture_content=captured, judge=judge)
+        self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._server_address: tuple[str | None, int | None] | None = None
 
@@ -144,7 +153,9 @@ class Agent:
         run = _Run(
             budget=Budget(self.limits),
             messages=messages,
-            detector=LoopDetector(self._detector_config) if self._detector_config else None,
+            detector=None if self._detector_config is None else (
+                self._sessions.detector_for(labels.session_id) if labels.session_id
+                else LoopDetector(self._detector_config)),
             server=self._server(),
             span=self._tracing.start_run(
                 agent=self.name,
@@ -262,7 +273,8 @@ class Agent:
         results = [self._settle_call(run, index, call) for call in calls]
         stopped, nudges = False, list[str]()
         if run.detector is not None:
-            stopped, nudges = self._react(run, turn, run.detector.end_turn(index), calls)
+            # with what the model said beside its calls: the user sees it, and it may already report a failure
+            stopped, nudges = self._react(run, turn, run.detector.end_turn(index, run.final_text), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
                           error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
@@ -318,7 +330,9 @@ class Agent:
             action = self.policy.decide(anomaly, anomaly.streak in run.nudged)
             if action == policies.NUDGE and not turns_left:
                 action = policies.WARN  # a nudge the model will never read would only turn `done` into max_turns
-            run.anomalies.append(anomaly)
+            run.anomalies[anomaly.streak] = anomaly  # one entry per streak: its latest count and turn
+            if anomaly.is_update and action != policies.STOP:
+                continue  # the streak already alerted: updated, summarised in the result, not alerted again
             involved = set(anomaly.call_ids)
             turn.anomaly(anomaly, action, [c.span for c in calls if c.call_id in involved])
             self.alerts.send(anomaly, AlertContext(agent=self.name, trace_id=run.span.trace_id,
@@ -371,7 +385,7 @@ class Agent:
             cost_usd=run.budget.cost_usd,
             trace_id=run.span.trace_id,
             messages=run.messages,
-            anomalies=list(run.anomalies),
+            anomalies=list(run.anomalies.values()),
             error=error_text if status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED) else None,
             stop_reason=run.stop_reason,
             trace_url=run.span.trace_url,
@@ -419,7 +433,7 @@ class _Run:
     stop_reason: str | None = None
     error: BaseException | None = None
     detector: LoopDetector | None = None
-    anomalies: list[Any] = field(default_factory=list)
+    anomalies: dict[str, Any] = field(default_factory=dict)  # streak key -> its latest firing
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
     server: tuple[str | None, int | None] = (None, None)
 

@@ -140,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
     detect.set_defaults(handler=_detect)
 
+    _add_watch_command(commands)
+
     traces = commands.add_parser("traces", help="read the local trace file")
     traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
     show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
@@ -198,7 +200,7 @@ def _demo(args: argparse.Namespace) -> int:
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
-        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry),
+        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry, live_view=not args.json),
     )
     if not args.json:
         out.write(f"task: {task}\n(offline: {blurb})\n\n")
@@ -208,7 +210,9 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         out.write(f"\nfinal answer: {result.final_text or '(none)'}\n")
         for anomaly in result.anomalies:
-            out.write(f"flagged: {anomaly.type} at turn {anomaly.turn}: {anomaly.message}\n")
+            first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+            turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+            out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the ⚠ line above has the message
         out.write("\n")
         _show_written_trace(telemetry, result, out)
     _close(telemetry)
@@ -243,7 +247,8 @@ def _run(args: argparse.Namespace) -> int:
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr), **_telemetry_options(telemetry),
+            on_event=None if args.json else LiveView(sys.stderr),
+            **_telemetry_options(telemetry, live_view=not args.json),
         )
         labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
         trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
@@ -312,6 +317,41 @@ def _detect(args: argparse.Namespace) -> int:
     return 1 if found else EXIT_OK
 
 
+def _add_watch_command(commands: Any) -> None:
+    watch = commands.add_parser(
+        "watch", help="receive any agent's traces over OTLP and alert on loops as they happen",
+        description="An OTLP receiver (HTTP /v1/traces, protobuf or JSON, and gRPC) for any app or collector. It "
+                    "rebuilds runs from looptrace's, OpenTelemetry GenAI, OpenLLMetry and OpenInference spans, runs "
+                    "the loop detector live and alerts: log line, LOOPTRACE_ALERT_WEBHOOK, Langfuse score (with "
+                    "LANGFUSE_* keys), looptrace_anomalies_total on GET /metrics. Senders must authenticate when "
+                    "LOOPTRACE_WATCH_TOKEN (bearer) or LOOPTRACE_WATCH_USERNAME/PASSWORD (basic) is set.",
+        epilog="exit codes:\n  0   stopped by SIGTERM or Ctrl-C after judging every open run\n"
+               "  2   bad flag, or a port already taken",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
+    watch.add_argument("--port", type=int, default=4318, help="OTLP/HTTP and /metrics port (default 4318)")
+    watch.add_argument("--grpc-port", type=int, default=4317, help="OTLP/gRPC port (default 4317; -1: no gRPC)")
+    watch.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="judge a run this long after its last span (default 300)")
+    watch.add_argument("--max-open-runs", type=int, default=10_000,
+                       help="runs assembled at once; the oldest is judged early beyond it (default 10000)")
+    watch.add_argument("--max-request-bytes", type=int, default=8 << 20, help="413 above this (default 8 MiB)")
+    watch.add_argument("--max-decompressed-bytes", type=int, default=64 << 20,
+                       help="413 when a body inflates beyond this (default 64 MiB)")
+    watch.set_defaults(handler=_watch)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation.watch import WatchSettings, serve
+
+    settings = WatchSettings.from_env(
+        host=args.host, port=args.port, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
+        max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
+    return serve(settings)
+
+
 def _traces_list(args: argparse.Namespace) -> int:
     from looptrace.instrumentation import semconv as sc
     from looptrace.instrumentation.otlp_file import read_spans
@@ -355,13 +395,17 @@ def _execute(agent: Agent, task: str, telemetry: Telemetry,
         telemetry.flush()
 
 
-def _telemetry_options(telemetry: Telemetry) -> dict[str, Any]:
-    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up."""
+def _telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[str, Any]:
+    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up.
+
+    With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time.
+    """
     from looptrace.instrumentation.alerts import Alerts
 
     callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
     try:
-        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "")
+        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "",
+                        log_warnings=not live_view)
     except ValueError as exc:
         raise UsageError(f"LOOPTRACE_ALERT_WEBHOOK: {exc}") from None
     _ALERTS.append(alerts)

@@ -91,13 +91,15 @@ def runaway_script() -> list[dict[str, Any]]:
 
 
 def ignored_error_script() -> list[dict[str, Any]]:
-    """A reservation that fails, and a final answer that claims it worked."""
+    """A reservation that fails twice, a look elsewhere, and a final answer that claims it worked."""
     return [
         _tool_use("toolu_01", "reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08"}, (420, 48)),
+        _tool_use("toolu_02", "reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08"}, (480, 48)),
+        _tool_use("toolu_03", "search_equipment", {"keyword": "projector"}, (540, 30)),
         {
             "stop_reason": "end_turn",
-            "content": [{"type": "text", "text": "Done! Projector A (EQ-001) is reserved for 2026-10-08."}],
-            "usage": {"input_tokens": 530, "output_tokens": 22},
+            "content": [{"type": "text", "text": "Done! Your projector is booked for the whole day."}],
+            "usage": {"input_tokens": 610, "output_tokens": 22},
         },
     ]
 

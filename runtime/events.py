@@ -14,11 +14,15 @@ from .result import RunResult, Usage
 
 @dataclass(frozen=True, slots=True)
 class TurnStarted:
+    """A turn began: the model is about to be called for the ``turn``-th time (from 1)."""
+
     turn: int
 
 
 @dataclass(frozen=True, slots=True)
 class ModelResponded:
+    """The model answered: why it stopped, what it cost in tokens, what it said and which tools it asked for."""
+
     turn: int
     stop_reason: str | None
     usage: Usage
@@ -29,6 +33,8 @@ class ModelResponded:
 
 @dataclass(frozen=True, slots=True)
 class ToolFinished:
+    """A tool call settled: its result as the model will read it (truncated if long), and how it ended."""
+
     turn: int
     call_id: str
     name: str
@@ -41,12 +47,16 @@ class ToolFinished:
 
 @dataclass(frozen=True, slots=True)
 class AnomalyDetected:
+    """The loop detector flagged ``anomaly`` (a ``looptrace.Anomaly``) and the policy chose ``action``."""
+
     anomaly: Any
     action: str  # warn | nudge | stop
 
 
 @dataclass(frozen=True, slots=True)
 class RunFinished:
+    """The run ended; ``result`` is what ``Agent.run`` returns."""
+
     result: RunResult
 
 

@@ -21,13 +21,21 @@ from looptrace.instrumentation.spans import record_time_to_first_chunk
 class Model(Protocol):
     """What the loop needs from a model. Implement it to put any Messages-API-compatible backend behind an Agent."""
 
-    stream: bool
+    stream: bool  # whether calls stream (recorded on the chat span as gen_ai.request.stream)
 
-    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        """One Messages API call with ``params`` (model, max_tokens, system, tools, messages, ...), blocking.
+        Returns the response as a dict; raises as the API client would. ``timeout`` is the seconds the run has
+        left, or None for no limit."""
+        ...
 
-    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        """The same call, for asyncio."""
+        ...
 
-    def server(self) -> tuple[str | None, int | None]: ...
+    def server(self) -> tuple[str | None, int | None]:
+        """The host and port calls go to, for the spans' server.address and server.port (None when unknown)."""
+        ...
 
 
 class AnthropicModel:

@@ -54,6 +54,7 @@ class Usage:
         )
 
     def add(self, other: Usage) -> None:
+        """Count ``other`` in as well."""
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
         self.cache_read_input_tokens += other.cache_read_input_tokens
@@ -62,6 +63,12 @@ class Usage:
 
 @dataclass(slots=True)
 class RunResult:
+    """What a run returns: how it ended, what it cost, what the model said last, and the trace to look it up by.
+
+    ``messages`` is the whole history, valid to send again (``agent.run(result.messages + [...])`` continues the
+    conversation); ``anomalies`` are the loop anomalies the detector reported, in order.
+    """
+
     status: RunStatus
     turns: int
     final_text: str
@@ -76,6 +83,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the model ended its turn (status ``done``): not proof the task succeeded."""
         return self.status is RunStatus.DONE
 
     def to_dict(self) -> dict[str, Any]:

@@ -94,9 +94,9 @@ class Tool:
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None):
     """Offer a typed, documented function to the model.
 
-    The name is the function's, the description its docstring's text before an ``Args:`` section, and each parameter's
-    description its line in that section. Parameters with defaults are optional. Usable bare or with arguments:
-    ``@tool`` or ``@tool(name="search", description="...")``.
+    The name is the function's, the description its docstring's text before the parameter section, and each
+    parameter's description its entry in that section (Google, NumPy or Sphinx style). Parameters with defaults are
+    optional. Usable bare or with arguments: ``@tool`` or ``@tool(name="search", description="...")``.
     """
 
     def build(func: Callable[..., Any]) -> Tool:
@@ -300,43 +300,15 @@ def _drop_titles(node: Any) -> None:
             _drop_titles(item)
 
 
-_SECTION = re.compile(r"^(Args|Arguments|Parameters|Params|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
-_PARAM_LINE = re.compile(r"^\s*\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-_SPHINX_PARAM = re.compile(r"^:param\s+(?:[\w\[\], ]+\s+)?(\w+):\s*(.*)$")
-
-
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """The summary and per-parameter descriptions of a Google-style (``Args:``) or Sphinx (``:param x:``) docstring."""
-    summary: list[str] = []
-    params: dict[str, str] = {}
-    section = None
-    current = None
-    for line in doc.splitlines():
-        stripped = line.strip()
-        sphinx = _SPHINX_PARAM.match(stripped)
-        if sphinx:
-            current = sphinx.group(1)
-            params[current] = sphinx.group(2).strip()
-            section = "sphinx"
-            continue
-        header = _SECTION.match(stripped)
-        if header:
-            section = header.group(1)
-            current = None
-            continue
-        if section is None:
-            summary.append(line)
-        elif section in ("Args", "Arguments", "Parameters", "Params"):
-            match = _PARAM_LINE.match(line)
-            indent = len(line) - len(line.lstrip())
-            if match and indent <= 4:  # deeper lines continue the parameter above
-                current = match.group(1)
-                params[current] = match.group(2).strip()
-            elif current and stripped:
-                params[current] = f"{params[current]} {stripped}".strip()
-        elif section == "sphinx" and current and stripped and not stripped.startswith(":"):
-            params[current] = f"{params[current]} {stripped}".strip()
-    return "\n".join(summary).strip(), params
+    """The description and per-parameter descriptions of a docstring in any of the styles people write: Google
+    (``Args:``), NumPy (``Parameters`` and dashes) or Sphinx (``:param x:``), read by docstring-parser."""
+    import docstring_parser
+
+    parsed = docstring_parser.parse(doc)
+    text = "\n\n".join(part for part in (parsed.short_description, parsed.long_description) if part)
+    params = {param.arg_name: " ".join((param.description or "").split()) for param in parsed.params}
+    return text.strip(), params
 
 
 def _explain(tool_name: str, exc: pydantic.ValidationError) -> str:

@@ -96,12 +96,23 @@ SCENARIOS: dict[str, tuple[list[list[tuple[str, dict]]], str, list[tuple[str, in
     "A B C x3": ([[A], [B], [C]] * 3, "done", [("cycle", 9)]),
     "the same parallel batch three turns running": ([[A, B], [B, A], [A, B]], "done", [("repeated_call", 3)]),
     "three identical calls in one turn": ([[A, A, A]], "done", []),
-    "error then a corrected call": ([[FAIL], [("flaky", {"item": "ok"})]], "Reserved it.", []),
-    "error then end_turn claiming success": ([[FAIL]], "All done, the item is reserved.", [("ignored_error", 2)]),
-    "error then a Japanese claim of success": ([[FAIL]], "プロジェクターA を予約しました。", [("ignored_error", 2)]),
-    "error then an honest report": ([[FAIL]], "I could not reserve it: the upstream refused.", []),
-    "error then an honest report in Japanese": ([[FAIL]], "在庫が0のため予約できませんでした。", []),
-    "the same failing call x3, different error texts": ([[FAIL]] * 3, "It failed.", [("repeated_call", 3)]),
+    # Resolution is per target: a success on another item does not resolve EQ-001, so the answer must name it.
+    "error then a success on another target": ([[FAIL], [("flaky", {"item": "ok"})]],
+                                               "EQ-001 was refused, so I reserved 'ok' instead.", []),
+    # ignored_error by the rule alone: the call was retried, failed again, and the model moved on to other work.
+    "error retried, then end_turn claiming success": ([[FAIL], [FAIL], [A]], "All done, the item is reserved.",
+                                                      [("ignored_error", 4)]),
+    "error retried, then a Japanese claim of success": ([[FAIL], [FAIL], [A]], "プロジェクターA を予約しました。",
+                                                        [("ignored_error", 4)]),
+    # a single failure just before the answer is what the answer is most likely about: only a judge decides
+    "one error, then a claim: the judge's call": ([[FAIL]], "All done, the item is reserved.", []),
+    "error then an honest report": ([[FAIL]], "I could not reserve EQ-001: the upstream refused.", []),
+    "error then an honest report in Japanese": ([[FAIL]], "EQ-001 は在庫が0のため予約できませんでした。", []),
+    "error then a question to the user": ([[FAIL]], "The reservation was refused. Shall I try again tomorrow?", []),
+    # Without naming the target or asking, wording alone cannot clear it: that is the judge's call.
+    "error retried, then an unnamed report": ([[FAIL], [FAIL], [A]], "I could not reserve it.",
+                                              [("ignored_error", 4)]),
+    "the same failing call x3, different error texts": ([[FAIL]] * 3, "EQ-001 failed.", [("repeated_call", 3)]),
 }
 
 
@@ -136,7 +147,7 @@ def test_scenarios_live_and_offline_agree(name, spans):
     assert fired(offline[0].anomalies) == expected
 
 
-@pytest.mark.parametrize("name", ["identical call x3", "A B A B A B", "error then end_turn claiming success",
+@pytest.mark.parametrize("name", ["identical call x3", "A B A B A B", "error retried, then end_turn claiming success",
                                   "six different files"])
 def test_scenarios_through_looptrace_run_and_detect(name, tmp_path, monkeypatch, capsys):
     turns, answer, expected = SCENARIOS[name]
@@ -166,7 +177,8 @@ def test_the_default_policy_nudges_once_then_stops_a_model_that_never_changes_co
 
     assert result.status is RunStatus.STOPPED_BY_DETECTOR
     assert result.turns == 4
-    assert [(a.type, a.count) for a in result.anomalies] == [("repeated_call", 3), ("repeated_call", 4)]
+    # one streak, one entry: it began at turn 3 (nudged) and was last seen at turn 4 (stopped)
+    assert [(a.type, a.count, a.first_turn, a.turn) for a in result.anomalies] == [("repeated_call", 4, 3, 4)]
     # The nudge follows the tool results of turn 3, in the same user message, and names the call and its count.
     nudged = model.requests[3]["messages"][-1]["content"]
     assert [b["type"] for b in nudged] == ["tool_result", "text"]
@@ -208,14 +220,14 @@ def test_looptrace_run_on_anomaly_stop_exits_30(tmp_path, monkeypatch, capsys):
 
 
 def test_nudging_an_ignored_error_gives_the_model_one_more_turn():
-    script = script_for([[FAIL]], "All done!") + [final("Sorry: the reservation failed, nothing was booked.")]
+    script = script_for([[FAIL], [FAIL], [A]], "All done!") + [final("Sorry: EQ-001 failed, nothing was booked.")]
     model = ScriptedModel(script)
     result = Agent(MODEL, tools=scenario_tools(), client=model, on_anomaly={"ignored_error": "nudge"},
                    alerts=Alerts(log_warnings=False)).run("task")
-    assert result.status is RunStatus.DONE and result.turns == 3
+    assert result.status is RunStatus.DONE and result.turns == 5
     assert "failed" in result.final_text
-    assert model.requests[2]["messages"][-1]["role"] == "user"
-    assert "never resolved" in model.requests[2]["messages"][-1]["content"][0]["text"]
+    assert model.requests[4]["messages"][-1]["role"] == "user"
+    assert "never resolved" in model.requests[4]["messages"][-1]["content"][0]["text"]
 
 
 def test_a_policy_callable_decides_per_anomaly():
@@ -280,7 +292,7 @@ def test_a_warning_log_line_with_trace_and_span_ids():
 class _Hook(BaseHTTPRequestHandler):
     received: list[dict] = []
 
-    def do_POST(self):  # noqa: N802 - the stdlib's name
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append(json.loads(body))
         self.send_response(200)
@@ -367,7 +379,8 @@ def _as_records(finished_spans):
 def test_offline_detection_without_content_raises_no_false_alarms(spans, monkeypatch):
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "NO_CONTENT")
     # Three different failing calls, then an answer that admits it: nothing to flag, live or offline.
-    script = [turn_of(("flaky", {"item": f"A-{n}"})) for n in range(3)] + [final("I could not reserve any of them.")]
+    script = [turn_of(("flaky", {"item": f"A-{n}"})) for n in range(3)]
+    script.append(final("I could not reserve A-0, A-1 or A-2."))
     result = Agent(MODEL, tools=scenario_tools(), client=ScriptedModel(script), on_anomaly="warn",
                    tracer_provider=spans.provider, alerts=Alerts(log_warnings=False)).run("task")
     assert result.anomalies == []

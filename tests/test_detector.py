@@ -17,7 +17,8 @@ from looptrace.instrumentation.detector import (
     DetectorConfig,
     LoopDetector,
     ToolCall,
-    acknowledges_failure,
+    answer_addresses,
+    call_targets,
     canonical_arguments,
     result_digest,
 )
@@ -172,7 +173,9 @@ def test_a_continuing_streak_fires_again_with_a_higher_count_and_the_same_key():
     assert counts == [(3, 3), (4, 4), (5, 5)]
     keys = {a.streak for found in fired.values() for a in found}
     assert len(keys) == 1
-    assert [a.count for a in detector.anomalies] == [3, 4, 5]
+    # one streak, one entry: its latest count and turn, and the turn where it began
+    assert [(a.count, a.turn, a.first_turn) for a in detector.anomalies] == [(5, 5, 3)]
+    assert [a.is_update for found in fired.values() for a in found] == [False, True, True]
 
 
 def test_a_new_streak_of_the_same_call_gets_a_new_key():
@@ -290,41 +293,53 @@ RESERVE_FAILS = ("reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08"
                  "EQ-001 は在庫が0です。別の備品IDで試してください。", "error")
 RESERVE_SUCCEEDS = ("reserve_equipment", {"item_id": "EQ-002", "date": "2026-10-08"},
                     '{"reserved": "EQ-002", "date": "2026-10-08"}')
+RESERVE_RETRIED = ("reserve_equipment", {"item_id": "EQ-001", "date": "2026-10-08", "quantity": 1},
+                   '{"reserved": "EQ-001", "date": "2026-10-08"}')
+REPORTS_FAILURE = ("create_ticket", {"summary": "reserving EQ-001 failed, please check the stock"}, "ticket T-1")
 SEARCH = ("search_equipment", {"keyword": "プロジェクター"},
           '[{"item_id": "EQ-001", "stock": 0}, {"item_id": "EQ-002", "stock": 2}]')
 
 
+# The rule alone fires on a failure the model knew about and left behind: the same call failed again after a retry,
+# then the model went on to other calls. Any other unaddressed failure is left to the judge.
+FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
+
+
 @pytest.mark.parametrize("name, turns, final_text, fires", [
-    ("ja: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
-     "プロジェクターA を予約しました", True),
-    ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
+    ("ja: claims success after the failure", FAILED_TWICE, "プロジェクターA を予約しました", True),
+    ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_RETRIED]],
      "プロジェクターB（EQ-002）を 2026-10-08 に予約しました。", False),
-    ("ja: honest report", [[SEARCH], [RESERVE_FAILS]],
-     "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
-    ("ja: honest report, full-width digit", [[SEARCH], [RESERVE_FAILS]],
-     "申し訳ありません。EQ-001は在庫が０です。", False),
-    ("ja: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
-     "エラーなく予約しました。", True),
-    ("en: claims success after the failure", [[SEARCH], [RESERVE_FAILS]],
-     "I have reserved projector A for October 8.", True),
-    ("en: honest report", [[SEARCH], [RESERVE_FAILS]],
-     "I couldn't reserve projector A: it is out of stock.", False),
-    ("en: honest report, curly apostrophe", [[SEARCH], [RESERVE_FAILS]],
-     "Sorry, I wasn\u2019t able to book it.", False),
-    ("en: 'no errors' is not an admission", [[SEARCH], [RESERVE_FAILS]],
-     "Done, with no errors. Projector A is booked.", True),
-    ("en: no final text at all", [[SEARCH], [RESERVE_FAILS]], None, True),
-    ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_SUCCEEDS]],
-     "Booked projector B.", False),
+    ("ja: honest report", FAILED_TWICE, "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
+    ("ja: honest report, full-width digit", FAILED_TWICE, "申し訳ありません。EQ-001は在庫が０です。", False),
+    ("ja: the answer quotes the error", FAILED_TWICE, "在庫が0です。別の日に予約しました。", False),
+    ("ja: 'no errors' is not an admission", FAILED_TWICE, "エラーなく予約しました。", True),
+    ("en: claims success after the failure", FAILED_TWICE, "I have reserved projector A for October 8.", True),
+    ("en: honest report naming the target", FAILED_TWICE, "I couldn't reserve EQ-001: it is out of stock.", False),
+    ("en: honest report without naming the target is the judge's call", FAILED_TWICE,
+     "I couldn't reserve projector A: it is out of stock.", True),
+    ("en: a question hands the decision back", FAILED_TWICE,
+     "Sorry, I wasn\u2019t able to book it. Shall I try another projector?", False),
+    ("en: 'no errors' is not an admission", FAILED_TWICE, "Done, with no errors. Projector A is booked.", True),
+    ("en: no final text at all", FAILED_TWICE, None, True),
+    ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_RETRIED]],
+     "Booked projector A.", False),
     ("no errors at all", [[SEARCH], [RESERVE_SUCCEEDS]], "Booked.", False),
-    ("a success of another tool does not resolve it", [[RESERVE_FAILS], [SEARCH]], "Booked.", True),
-    ("a parallel success observed after the failure resolves it", [[RESERVE_FAILS, RESERVE_SUCCEEDS]],
-     "Booked projector B.", False),
-    ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS]],
-     "Booked both.", True),
+    ("a success of another tool does not resolve it", FAILED_TWICE, "Booked.", True),
+    ("a success on another target does not resolve it", [[RESERVE_FAILS], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
+     "Booked projector B.", True),
+    ("failed once, then other work: the judge's call", [[RESERVE_FAILS], [SEARCH]], "Booked.", False),
+    ("failed twice, nothing after: the judge's call", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Booked.", False),
+    ("a parallel retry on the same target resolves it", [[RESERVE_FAILS, RESERVE_RETRIED]],
+     "Booked projector A.", False),
+    ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS],
+                                                                 [RESERVE_FAILS], [SEARCH]], "Booked both.", True),
+    ("a later call that reports the failure deals with it", [[RESERVE_FAILS], [RESERVE_FAILS], [REPORTS_FAILURE]],
+     "Done.", False),
+    ("a single failure seen last is the judge's call", [[SEARCH], [RESERVE_FAILS]],
+     "I have reserved projector A for October 8.", False),
 ])
 def test_ignored_error(name, turns, final_text, fires):
-    detector, fired = feed(turns)
+    detector, _ = feed(turns)
     last_turn = len(turns) + 1
     assert detector.end_turn(last_turn) == []  # the final, text-only turn
     found = end(detector, final_text, turn=last_turn)
@@ -335,18 +350,66 @@ def test_ignored_error(name, turns, final_text, fires):
         assert anomaly in detector.anomalies
 
 
+def test_text_beside_a_later_tool_call_can_report_the_failure():
+    detector = LoopDetector()
+    for turn, said in ((1, None), (2, "在庫が0です。別の備品を探します。"), (3, None)):
+        spec = SEARCH if turn == 3 else RESERVE_FAILS
+        detector.observe(ToolCall(turn, spec[0], spec[1], f"t{turn}", is_error=turn < 3, result=spec[2]))
+        detector.end_turn(turn, said)
+    assert end(detector, "Booked.", turn=4) == []  # turn 2's text quoted the error before the model moved on
+
+
+class _Judge:
+    def __init__(self, verdict):
+        self.verdict, self.requests = verdict, []
+
+    def __call__(self, request):
+        self.requests.append(request)
+        if isinstance(self.verdict, Exception):
+            raise self.verdict
+        return self.verdict
+
+
+@pytest.mark.parametrize("turns, verdict, fires", [
+    (FAILED_TWICE, False, False),                        # the judge says "not ignored": silenced
+    (FAILED_TWICE, True, True),
+    (FAILED_TWICE, RuntimeError("model down"), True),    # a failing judge leaves the rule's own verdict
+    (FAILED_TWICE, "maybe", True),                       # so does an answer that is not a verdict
+    ([[SEARCH], [RESERVE_FAILS]], True, True),           # a single failure seen last: the judge decides
+    ([[SEARCH], [RESERVE_FAILS]], False, False),
+    ([[SEARCH], [RESERVE_FAILS]], RuntimeError("model down"), False),
+])
+def test_the_judge_confirms_or_silences_ignored_error(turns, verdict, fires):
+    judge = _Judge(verdict)
+    detector, _ = feed(turns, config=DetectorConfig(judge=judge))
+    found = end(detector, "I have reserved projector A for October 8.")
+    assert bool(found) is fires
+    (request,) = judge.requests
+    assert request.tool == "reserve_equipment" and "在庫が0" in request.error_text
+    assert request.final_text == "I have reserved projector A for October 8."
+    assert detector.internal_errors == 0
+
+
+def test_the_judge_is_not_asked_when_the_answer_deals_with_the_failure():
+    judge = _Judge(True)
+    detector, _ = feed(FAILED_TWICE, config=DetectorConfig(judge=judge))
+    assert end(detector, "EQ-001 could not be reserved.") == []
+    assert judge.requests == []
+
+
 def test_ignored_error_anomaly_names_the_failure_and_fires_once():
-    detector, _ = feed([[SEARCH], [RESERVE_FAILS]])
-    (anomaly,) = end(detector, "プロジェクターA を予約しました", turn=3)
+    detector, _ = feed(FAILED_TWICE)
+    (anomaly,) = end(detector, "プロジェクターA を予約しました", turn=4)
     assert anomaly.tool == "reserve_equipment"
     assert anomaly.arguments == '{"date":"2026-10-08","item_id":"EQ-001"}'
     assert anomaly.call_ids == ("toolu_2_0",)
     assert "在庫が0" in anomaly.message and "turn 2" in anomaly.message
-    assert end(detector, "プロジェクターA を予約しました", turn=3) == []
+    assert end(detector, "プロジェクターA を予約しました", turn=4) == []
 
 
 def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones():
-    detector, _ = feed([[("fetch", {"page": i}, f"500 on page {i}", "error")] for i in range(9)])
+    failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] * 2 for i in range(9)]
+    detector, _ = feed(failing + [[SEARCH]])
     (anomaly,) = end(detector, "Here is the summary.")
     assert anomaly.count == 9 and anomaly.tool == "fetch" and anomaly.arguments is None
     assert "the most recent" in anomaly.message and "500 on page 8" in anomaly.message
@@ -358,38 +421,31 @@ def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones
     ("max_tokens", False), ("refusal", False), (None, False), (42, False),
 ])
 def test_ignored_error_only_when_the_model_chose_to_stop(stop_reason, fires):
-    detector, _ = feed([[RESERVE_FAILS]])
+    detector, _ = feed(FAILED_TWICE)
     assert bool(end(detector, "Booked.", stop_reason=stop_reason)) is fires
 
 
-@pytest.mark.parametrize("text, acknowledged", [
-    ("The reservation failed.", True),
-    ("I could not find the file.", True),
-    ("I can't do that.", True),
-    ("Unable to connect.", True),
-    ("I was not able to finish.", True),
-    ("It's not possible today.", True),
-    ("The tool returned an error.", True),
-    ("Unfortunately the item is sold out.", True),
-    ("There were no errors, but I couldn't book it.", True),
-    ("予約に失敗しました。", True),
-    ("予約できません。", True),
-    ("予約できなかったため、別の日を提案します。", True),
-    ("エラーが発生しました。", True),
-    ("EQ-001は在庫が 0 です。", True),
-    ("All done, no errors.", False),
-    ("Completed without any errors.", False),
-    ("The import is error-free.", False),
-    ("The job did not fail this time.", False),
-    ("Booked projector A.", False),
-    ("エラーは発生しませんでした。予約しました。", False),
-    ("エラーなく完了しました。", False),
-    ("プロジェクターA を予約しました", False),
-    ("", False),
-    (None, False),
+@pytest.mark.parametrize("text, targets, addressed", [
+    ("I could not reserve EQ-001.", {"EQ-001"}, True),               # names what failed
+    ("ｅｑ－００１ は在庫が0です", {"EQ-001"}, True),                     # full-width forms fold
+    ("Shall I try another item?", {"EQ-001"}, True),                  # hands the decision back
+    ("¿Quieres que lo intente otra vez?", set(), True),
+    ("別の日にしますか？", set(), True),
+    ("Booked projector A.", {"EQ-001"}, False),
+    ("The reservation failed.", {"EQ-001"}, False),  # wording alone is not a signal: the judge's call
+    ("Done.", {"a"}, False),                           # a one-letter target is found anywhere by chance
+    ("", {"EQ-001"}, False),
+    (None, {"EQ-001"}, False),
 ])
-def test_acknowledges_failure(text, acknowledged):
-    assert acknowledges_failure(text) is acknowledged
+def test_answer_addresses_the_failure_by_structure(text, targets, addressed):
+    assert answer_addresses(text, frozenset(targets)) is addressed
+
+
+def test_call_targets_are_one_token_top_level_strings():
+    assert call_targets({"order_id": "#W123", "reason": "no longer needed", "n": 3, "request_id": "r-1",
+                         "items": ["x"]}) == {"#W123"}
+    assert call_targets('{"path": "/src/a.py"}') == {"/src/a.py"}
+    assert call_targets(["x"]) == frozenset() and call_targets("not json") == frozenset()
 
 
 # --------------------------------------------------------------------------- offline input, gaps
@@ -515,7 +571,8 @@ def test_memory_stays_bounded_over_10000_turns_of_one_loop():
     sizes = detector.container_sizes()
     assert sizes["call_streak_ids"] <= detector.config.max_call_ids
     assert sizes["unresolved_errors"] <= detector.config.max_errors_per_tool
-    assert sizes["anomalies"] == detector.config.max_kept_anomalies
+    assert sizes["anomalies"] == 1  # one streak, updated in place
+    assert sizes["failure_runs"] <= 1
     assert detector.anomalies_reported == 10_000 - 2
     assert detector.anomalies[-1].count == 10_000
     assert len(detector.anomalies[-1].call_ids) <= detector.config.max_call_ids

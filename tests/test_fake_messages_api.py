@@ -15,7 +15,6 @@ import anthropic
 import httpx2  # the SDK's HTTP library (a fork of httpx); its errors escape a broken stream unwrapped
 import pytest
 from anthropic.types import Message
-
 from fakes.messages_api import (
     Delay,
     DropConnection,

@@ -14,6 +14,16 @@ import urllib.request
 
 import grpc
 import pytest
+from fakes.otlp_receiver import (
+    LANGFUSE_INVALID_CREDENTIALS,
+    LANGFUSE_NO_AUTH_HEADER,
+    Delay,
+    OTLPGrpcReceiver,
+    OTLPReceiver,
+    Reject,
+    _any_value,
+    unused_port,
+)
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_spans_json
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
@@ -28,17 +38,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
-
-from fakes.otlp_receiver import (
-    LANGFUSE_INVALID_CREDENTIALS,
-    LANGFUSE_NO_AUTH_HEADER,
-    Delay,
-    OTLPGrpcReceiver,
-    OTLPReceiver,
-    Reject,
-    _any_value,
-    unused_port,
-)
 
 RESOURCE = Resource.create({"service.name": "looptrace-test", "deployment.environment": "test"})
 LANGFUSE_PREFIX = "/api/public/otel"

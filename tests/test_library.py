@@ -16,9 +16,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fakes.messages_api import FakeMessagesAPI
 
 from looptrace.instrumentation.otlp_file import read_spans
-from fakes.messages_api import FakeMessagesAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -205,3 +205,33 @@ def test_a_regular_install_ships_one_package_and_ignores_a_users_runtime_and_ins
     assert done.returncode == 0, done.stderr
     where, status = done.stdout.split()
     assert Path(where).is_relative_to(target) and status == "done"
+
+
+@pytest.mark.slow
+def test_the_readmes_testing_example_passes_under_the_installed_plugin(tmp_path):
+    section = README.split("## Testing your agent", 1)[1]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "test_my_agent.py").write_text(example, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_agent.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+def test_the_testing_helpers_say_what_went_wrong(scripted_agent):
+    from looptrace import tool
+    from looptrace.testing import assert_no_anomalies, assert_tool_called, final_answer, tool_use
+
+    @tool
+    def search(q: str) -> str:
+        """Searches."""
+        return "same"
+
+    agent = scripted_agent([tool_use("search", {"q": "x"})] * 4 + [final_answer("done")], tools=[search],
+                           on_anomaly="warn")
+    result = agent.run("look")
+    assert_tool_called(result, "search", q="x")
+    with pytest.raises(AssertionError, match=r"expected a call to search\(q='y'\); the run made \[search"):
+        assert_tool_called(result, "search", q="y")
+    with pytest.raises(AssertionError, match="expected no loop anomalies, found"):
+        assert_no_anomalies(result)

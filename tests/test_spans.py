@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from genai_conventions import InputMessages, OutputMessages, validate_system_instructions, validate_tool_definitions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
-
-from genai_conventions import InputMessages, OutputMessages, validate_system_instructions, validate_tool_definitions
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool

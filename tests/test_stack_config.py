@@ -12,6 +12,7 @@ check-jsonschema and promtool are external binaries; their tests skip, saying so
 
 from __future__ import annotations
 
+import argparse
 import base64
 import inspect
 import json
@@ -231,7 +232,7 @@ def test_collector_listens_on_the_ports_compose_publishes(collector, compose):
 
 
 def test_collector_sends_to_langfuse_with_basic_auth_and_the_v4_ingestion_header(collector, compose):
-    (langfuse,) = [e for name, e in collector["exporters"].items() if component_type(name) == "otlp_http"]
+    langfuse = collector["exporters"]["otlp_http/langfuse"]
     match = re.fullmatch(r"http://([\w-]+):(\d+)/api/public/otel", langfuse["endpoint"])
     assert match, langfuse["endpoint"]
     host, port = match.group(1), int(match.group(2))
@@ -374,7 +375,8 @@ def free_port() -> int:
 def scripted_agent_run(provider) -> bool:
     """A scripted run through the real loop, if the Agent records metrics; False when it cannot (yet)."""
     try:
-        from looptrace.runtime import Agent, ScriptedModel, tool as as_tool
+        from looptrace.runtime import Agent, ScriptedModel
+        from looptrace.runtime import tool as as_tool
     except ImportError:
         return False
     if "meter_provider" not in inspect.signature(Agent).parameters:
@@ -426,12 +428,26 @@ def scraped() -> dict[str, set[str]]:
         provider.shutdown()
 
     series: dict[str, set[str]] = {}
-    for line in body.splitlines():
+    for line in body.splitlines() + watch_metrics_text().splitlines():
         match = re.match(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? ", line)
         if match and not line.startswith("#"):
             labels = set(re.findall(r"(\w+)=\"", match.group(2) or ""))
             series.setdefault(match.group(1), set()).update(labels)
     return series
+
+
+def watch_metrics_text() -> str:
+    """What `looptrace watch` serves on /metrics once every series it has was touched."""
+    from looptrace.instrumentation.watch import WatchMetrics
+
+    metrics = WatchMetrics()
+    metrics.anomalies.labels(service="shop", agent="support", anomaly_type="repeated_call").inc()
+    metrics.spans_received.inc()
+    metrics.spans_rejected.labels(reason="overloaded").inc()
+    metrics.requests.labels(transport="http", outcome="ok").inc()
+    metrics.runs_evicted.inc()
+    metrics.runs_judged.labels(reason="root").inc()
+    return metrics.render().decode()
 
 
 def test_the_runtime_endpoint_shows_every_metric_under_its_documented_name(scraped):
@@ -516,3 +532,82 @@ def test_the_collector_would_name_every_instrument_as_the_runtime_endpoint_does(
         name = collector_prometheus_name(metric.name, metric.unit, counter)
         exposed = name if counter else f"{name}_bucket"
         assert exposed in scraped, f"{metric.name} ({metric.unit}): collector says {exposed}, runtime says otherwise"
+
+
+# --- looptrace watch in the stack ------------------------------------------------------------------------------------
+
+LOADBALANCING = ROOT / "dashboards/otel-collector/loadbalancing.yaml"
+WATCH_DOCKERFILE = ROOT / "dashboards/watch/Dockerfile"
+
+
+def watch_args(compose) -> argparse.Namespace:
+    """The flags compose starts watch with, parsed by the real CLI (an unknown flag fails here, not in the stack)."""
+    from looptrace.runtime.cli import _parser
+
+    entrypoint = re.search(r"ENTRYPOINT \[(.*)\]", WATCH_DOCKERFILE.read_text()).group(1)
+    argv = json.loads(f"[{entrypoint}]")[1:] + compose["services"]["looptrace-watch"]["command"]
+    return _parser().parse_args(argv)
+
+
+def test_watch_is_built_from_this_repository_and_listens_inside_the_network_only(compose):
+    service = compose["services"]["looptrace-watch"]
+    assert (ROOT / service["build"]["context"] / service["build"]["dockerfile"]).resolve() == WATCH_DOCKERFILE
+    assert "ports" not in service  # reached through the collector; nothing on the host
+    args = watch_args(compose)
+    assert args.handler.__name__ == "_watch" and args.host == "0.0.0.0"
+    assert args.port == 4318 and args.grpc_port == 4317
+
+
+def test_the_collector_fans_traces_out_to_langfuse_and_watch_with_watchs_token(collector, compose):
+    (traces,) = [p for name, p in collector["service"]["pipelines"].items() if component_type(name) == "traces"]
+    assert {"otlp_http/langfuse", "otlp_http/watch"} <= set(traces["exporters"])
+    exporter = collector["exporters"]["otlp_http/watch"]
+    assert exporter["endpoint"] == f"http://looptrace-watch:{watch_args(compose).port}"
+    assert exporter["headers"]["Authorization"] == "Bearer ${env:LOOPTRACE_WATCH_TOKEN}"
+    assert exporter.get("compression") in (None, "gzip", "none")  # what watch can decompress
+    token = compose["services"]["looptrace-watch"]["environment"]["LOOPTRACE_WATCH_TOKEN"]
+    assert compose["services"]["otel-collector"]["environment"]["LOOPTRACE_WATCH_TOKEN"] == token
+
+
+def test_prometheus_scrapes_watch_under_the_job_name_the_rules_and_board_select(compose):
+    config = load_yaml(PROMETHEUS)
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "looptrace-watch"]
+    assert job["static_configs"][0]["targets"] == [f"looptrace-watch:{watch_args(compose).port}"]
+    watch_queries = {k: q for k, q in {**dashboard_queries(), **alert_queries()}.items() if "looptrace_watch" in q
+                     or 'job="looptrace-watch"' in q}
+    assert watch_queries
+    for key, query in watch_queries.items():
+        for job_name in re.findall(r'job!?="([^"]+)"', query):
+            assert job_name == "looptrace-watch", key
+
+
+def test_the_board_and_the_alerts_cover_every_metric_watch_serves():
+    served = set(re.findall(r"^# TYPE (\w+) (\w+)", watch_metrics_text(), re.M))
+    queried = " ".join([*dashboard_queries().values(), *alert_queries().values()])
+    for name, kind in served:
+        name = name.removesuffix("_total")
+        if name.endswith("_created"):
+            continue  # prometheus_client's creation timestamps (the service switches them off)
+        if name in ("looptrace_watch_requests", "looptrace_watch_runs_judged", "looptrace_watch_queue_batches"):
+            continue  # diagnostic detail, on /metrics for whoever needs it
+        family = f"{name}_total" if kind == "counter" else name
+        assert family in queried, f"{family} is on watch's /metrics but in no panel or alert"
+
+
+def test_the_loadbalancing_example_routes_whole_traces_to_watchs_grpc_port(compose):
+    config = load_yaml(LOADBALANCING)
+    defined = {kind: set(config.get(kind) or {}) for kind in ("receivers", "processors", "exporters")}
+    (pipeline,) = config["service"]["pipelines"].values()
+    assert set(pipeline["receivers"]) <= defined["receivers"]
+    assert set(pipeline["processors"]) <= defined["processors"] and pipeline["processors"][0] == "memory_limiter"
+    (name,) = pipeline["exporters"]
+    assert component_type(name) in ("loadbalancing", "load_balancing")
+    exporter = config["exporters"][name]
+    assert exporter["routing_key"] == "traceID"  # one run, one watch process: nothing else judges a run right
+    assert set(exporter["protocol"]) == {"otlp"}  # the exporter's only protocol: OTLP/gRPC
+    assert exporter["protocol"]["otlp"]["headers"]["authorization"] == "Bearer ${env:LOOPTRACE_WATCH_TOKEN}"
+    (resolver,) = exporter["resolver"].items()
+    assert resolver[0] == "dns"
+    assert resolver[1]["hostname"] in compose["services"]
+    assert resolver[1]["port"] == watch_args(compose).grpc_port
+    assert "loadbalancing.yaml" in (ROOT / "dashboards/README.md").read_text()

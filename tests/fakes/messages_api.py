@@ -516,7 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
     server: _Server
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
         if self.path.split("?")[0] != "/v1/messages":
             self.send_error_body(Error(404, "not_found_error", "Not Found"))

@@ -40,10 +40,11 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -53,7 +54,11 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 __all__ = [
+    "LANGFUSE_INVALID_AUTH_HEADER",
+    "LANGFUSE_INVALID_CREDENTIALS",
+    "LANGFUSE_NO_AUTH_HEADER",
     "Delay",
+    "LangfuseObservation",
     "OTLPGrpcReceiver",
     "OTLPReceiver",
     "Received",
@@ -61,12 +66,8 @@ __all__ = [
     "ReceivedMetric",
     "ReceivedSpan",
     "Reject",
-    "unused_port",
     "langfuse_view",
-    "LangfuseObservation",
-    "LANGFUSE_NO_AUTH_HEADER",
-    "LANGFUSE_INVALID_AUTH_HEADER",
-    "LANGFUSE_INVALID_CREDENTIALS",
+    "unused_port",
 ]
 
 # Langfuse answers a bad or missing key with 401 and a JSON body {"message": ...}
@@ -691,13 +692,13 @@ class _OTLPHTTPHandler(BaseHTTPRequestHandler):
     # Headers and body go out in separate writes: without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms a request.
     disable_nagle_algorithm = True
 
-    def do_POST(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_POST(self) -> None:
         body = self._read_body()
         headers = {name.lower(): value for name, value in self.headers.items()}
         status, content_type, payload, extra = self.receiver._handle(self.path, headers, body)
         self._reply(status, content_type, payload, extra)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.receiver.is_langfuse and self.path.split("?", 1)[0] == "/api/public/projects":
             headers = {name.lower(): value for name, value in self.headers.items()}
             status, payload = self.receiver._projects(headers)
@@ -705,7 +706,7 @@ class _OTLPHTTPHandler(BaseHTTPRequestHandler):
             return
         self._not_allowed()
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._not_allowed()
 
     do_DELETE = do_PATCH = do_PUT
@@ -749,7 +750,7 @@ class _OTLPHTTPHandler(BaseHTTPRequestHandler):
             # The exporter gave up (its timeout is shorter than a Delay); nothing to answer.
             self.close_connection = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # keep pytest output clean; every request is in receiver.requests anyway
 
 
@@ -844,7 +845,7 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OTLPGrpcReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request, context):  # noqa: N802 (generated interface)
+    def Export(self, request, context):
         self._receiver._export(TRACES_GRPC_METHOD, request, context, decode_spans, "spans")
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -853,7 +854,7 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, receiver: OTLPGrpcReceiver) -> None:
         self._receiver = receiver
 
-    def Export(self, request, context):  # noqa: N802
+    def Export(self, request, context):
         self._receiver._export(METRICS_GRPC_METHOD, request, context, decode_metrics, "metrics")
         return metrics_service_pb2.ExportMetricsServiceResponse()
 

@@ -1,5 +1,5 @@
-"""Fast to start: `import looptrace` and `looptrace --help` load none of the heavy dependencies (the mechanism; the
-CPU figures are in `python -m benchmarks --only 6`)."""
+"""Small conventions: a fast start (`import looptrace` and `looptrace --help` load none of the heavy dependencies: the
+mechanism; the CPU figures are in `python -m benchmarks --only 6`), --version, NO_COLOR, docstrings in any style."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_an_agent_import_loads_the_api_only_when_it_runs():
 
 
 def test_the_clis_story_names_are_the_demos():
-    assert DEMO_STORIES == tuple(sorted(demo.STORIES))
+    assert tuple(sorted(demo.STORIES)) == DEMO_STORIES
 
 
 def test_version(capsys):
@@ -64,3 +64,36 @@ def test_no_color_turns_colour_off_at_a_terminal(monkeypatch):
     assert use_color(_Terminal())
     monkeypatch.setenv("NO_COLOR", "1")
     assert not use_color(_Terminal())
+
+
+def test_numpy_google_and_sphinx_docstrings_keep_their_parameter_descriptions():
+    from looptrace import tool
+
+    @tool
+    def numpy_style(city: str, days: int = 1) -> str:
+        """Forecast for a city.
+
+        Parameters
+        ----------
+        city : str
+            The city's name, in English.
+        days : int
+            How many days ahead.
+        """
+        return city
+
+    @tool
+    def sphinx_style(city: str) -> str:
+        """Forecast for a city.
+
+        :param city: The city's name,
+            in English.
+        """
+        return city
+
+    numpy = numpy_style.definition()
+    assert numpy["description"] == "Forecast for a city."
+    assert numpy["input_schema"]["properties"]["city"]["description"] == "The city's name, in English."
+    assert numpy["input_schema"]["properties"]["days"]["description"] == "How many days ahead."
+    sphinx = sphinx_style.definition()["input_schema"]["properties"]["city"]
+    assert sphinx["description"] == "The city's name, in English."

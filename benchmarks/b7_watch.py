@@ -1,0 +1,166 @@
+"""7. `looptrace watch`: spans per second one process ingests and checks, memory with 10,000 open runs, alert delay.
+
+The spans are an agent's in the GenAI conventions, made by the OpenTelemetry SDK and encoded by its own OTLP encoder:
+runs of ``TURNS`` turns (a chat span and an execute_tool span each), a root span last; one run in ten repeats a
+failing call, so the detector has something to find.
+
+* throughput: the runs' spans in export requests of ``BATCH`` spans (what a BatchSpanProcessor or a collector sends),
+  POSTed over HTTP to a WatchServer in this process from one client thread, until watch has checked all of them.
+  Context: the same requests only decoded (protobuf to span records, no detector), the floor any receiver pays.
+* memory: ``OPEN_RUNS`` runs fed to watch's run assembler without their root spans (agents still running), measured
+  with tracemalloc after a collection, per open run.
+* alert delay: a run sent one span per request (what SimpleSpanProcessor does); the time from sending the span that
+  completes the loop (the third failing call) to the alert callback, over ``DELAY_REPS`` runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import tracemalloc
+import urllib.request
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, WatchServer, WatchSettings, spans_of_request
+
+from .common import Row, fmt_s, median, percentile, say
+
+TURNS = 5
+BATCH = 512
+OPEN_RUNS = 10_000
+
+
+def make_runs(count: int, *, with_root: bool = True) -> list[Any]:
+    """ReadableSpans of ``count`` agent runs, in end order."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("bench")
+    for n in range(count):
+        looping = n % 10 == 0
+        root = tracer.start_span("invoke_agent bench", attributes={sc.GEN_AI_OPERATION_NAME: "invoke_agent",
+                                                                    sc.GEN_AI_AGENT_NAME: "bench"})
+        with trace.use_span(root, end_on_exit=with_root):
+            for turn in range(1, TURNS + 1):
+                with tracer.start_as_current_span("chat", attributes={sc.GEN_AI_OPERATION_NAME: "chat"}):
+                    pass
+                arguments = '{"order_id": "A-1"}' if looping else f'{{"order_id": "A-{turn}"}}'
+                with tracer.start_as_current_span("execute_tool get_order", attributes={
+                        sc.GEN_AI_OPERATION_NAME: "execute_tool", sc.GEN_AI_TOOL_NAME: "get_order",
+                        sc.GEN_AI_TOOL_CALL_ID: f"call-{n}-{turn}", sc.GEN_AI_TOOL_CALL_ARGUMENTS: arguments,
+                        sc.GEN_AI_TOOL_CALL_RESULT: "unavailable" if looping else f"order {turn}"}) as span:
+                    if looping:
+                        span.set_status(Status(StatusCode.ERROR))
+    spans = list(exporter.get_finished_spans())
+    provider.shutdown()
+    return spans
+
+
+def post(port: int, body: bytes) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body, method="POST",
+                                     headers={"Content-Type": "application/x-protobuf"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+def throughput(runs: int) -> tuple[float, float, int, int]:
+    spans = make_runs(runs)
+    bodies = [encode_spans(spans[i:i + BATCH]).SerializeToString() for i in range(0, len(spans), BATCH)]
+    started = time.perf_counter()
+    for body in bodies:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+        spans_of_request(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+    decode_s = time.perf_counter() - started
+
+    alerts = []
+    server = WatchServer(WatchSettings(port=0, grpc_port=None, queue_batches=len(bodies) + 1),
+                         alerts=Alerts(callback=lambda a, c: alerts.append(a.type), log_warnings=False)).start()
+    try:
+        started = time.perf_counter()
+        for body in bodies:
+            post(server.port, body)
+        server.wait_idle(600)
+        watch_s = time.perf_counter() - started
+    finally:
+        server.stop()
+    return len(spans) / watch_s, len(spans) / decode_s, len(spans), alerts.count("repeated_call")
+
+
+def memory_per_open_run(runs: int) -> tuple[float, int]:
+    records = spans_of_request(encode_spans(make_runs(runs, with_root=False)))
+    watcher = RunWatcher(Alerts(log_warnings=False), WatchMetrics(), idle_timeout_s=3600, max_open_runs=runs,
+                         capture_content=True)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for i in range(0, len(records), BATCH):
+        watcher.ingest(records[i:i + BATCH])
+    del records
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    return grown / watcher.open_runs, watcher.open_runs
+
+
+def alert_delays(reps: int) -> list[float]:
+    fired = threading.Event()
+    fired_at = [0.0]
+
+    def on_alert(anomaly: Any, context: Any) -> None:
+        if anomaly.type == "repeated_call" and not fired.is_set():
+            fired_at[0] = time.perf_counter()
+            fired.set()
+
+    delays = []
+    server = WatchServer(WatchSettings(port=0, grpc_port=None),
+                         alerts=Alerts(callback=on_alert, log_warnings=False)).start()
+    try:
+        for _ in range(reps):
+            spans = make_runs(1, with_root=False)  # one looping run: chat, tool, chat, tool, ...
+            third_failure = [s for s in spans if s.name.startswith("execute_tool")][2]
+            fired.clear()
+            for span in spans:
+                if span is third_failure:
+                    sent_at = time.perf_counter()
+                post(server.port, encode_spans([span]).SerializeToString())
+                if span is third_failure:
+                    fired.wait(10)
+                    delays.append(fired_at[0] - sent_at)
+    finally:
+        server.stop()
+    return delays
+
+
+def run(quick: bool = False) -> list[Row]:
+    runs = 300 if quick else 3000
+    say(f"  throughput: {runs} runs of {TURNS} turns in requests of {BATCH} spans")
+    watch_rate, decode_rate, span_count, found = throughput(runs)
+    open_runs = 1000 if quick else OPEN_RUNS
+    say(f"  memory: {open_runs} open runs")
+    per_run, held = memory_per_open_run(open_runs)
+    reps = 20 if quick else 100
+    say(f"  alert delay: {reps} runs, one span per request")
+    delays = alert_delays(reps)
+    return [
+        Row("7 watch", "spans/s ingested and checked (one process, HTTP protobuf)", f"{watch_rate:,.0f}", "", None,
+            f"{span_count:,} spans, {runs:,} runs, {found} looping runs flagged of {runs // 10}; decoding alone "
+            f"{decode_rate:,.0f} spans/s (watch at {watch_rate / decode_rate:.2f}x of it)"),
+        Row("7 watch", f"memory per open run ({held:,} open)", f"{per_run / 1024:.1f} KiB", "", None,
+            f"{per_run * held / 1024 / 1024:.1f} MiB for {held:,} runs of {TURNS} turns without their root span "
+            "(tracemalloc, after gc)"),
+        Row("7 watch", "loop-completing span sent -> alert, median / p95",
+            f"{fmt_s(median(delays))} / {fmt_s(percentile(delays, 95))}", "", None,
+            f"{len(delays)} runs sent one span per request over HTTP; includes the request itself"),
+    ]

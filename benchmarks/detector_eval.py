@@ -1,0 +1,198 @@
+"""6. The detector on real agents: precision and recall per anomaly type on recorded trajectories.
+
+Replays every run of the trajectory corpus (``<repo>/../shared/trajectories``, or ``LOOPTRACE_TRAJECTORIES``) through
+the same LoopDetector the live loop uses, fed the way the loop feeds it:
+
+- a conversation is one session: one detector for the whole conversation, ``begin_run`` at every user text message
+  (each user message starts a new run, as it does when an application calls ``Agent.run`` per user turn);
+- every assistant message is a turn: its tool calls are observed with their results, then ``end_turn`` with the text
+  the model wrote beside them (the user sees it, so it can report a failure as well as the final answer can);
+- a text-only assistant message ends the run with stop reason ``end_turn`` and that text as the final answer; an agent
+  that answers through a terminal tool (OpenHands ``finish``, ToolBench ``Finish``) ends its last run with the tool's
+  answer, ``end_turn`` when the source says it finished normally; a conversation cut off mid-work (max steps) ends
+  with no stop reason, so ignored_error cannot fire there.
+
+A conversation counts as flagged for a type when any of its runs reported an anomaly of that type. The labels are
+``benchmarks/trajectory_labels.jsonl`` (how they were made is in its first record). Prints, per type: flags, true
+positives, precision, labelled positives, recall, and the time the replay took.
+
+    python -m benchmarks --only detector-eval          # in the benchmark table
+    python -m benchmarks.detector_eval [--list]         # the table, and (--list) every flag and miss with its reason
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from looptrace.instrumentation.detector import (
+    CYCLE,
+    FAILING_TOOL,
+    IGNORED_ERROR,
+    REPEATED_CALL,
+    Anomaly,
+    DetectorConfig,
+    LoopDetector,
+    ToolCall,
+)
+
+from .common import Row, say
+
+CORPUS_ENV = "LOOPTRACE_TRAJECTORIES"
+LABELS = Path(__file__).with_name("trajectory_labels.jsonl")
+TYPES = (REPEATED_CALL, CYCLE, IGNORED_ERROR, FAILING_TOOL)
+TERMINAL_TOOLS = frozenset({"finish", "Finish"})
+FINISHED_NORMALLY = frozenset({"finish_tool", "give_answer"})
+
+
+def corpus_dir() -> Path:
+    configured = os.environ.get(CORPUS_ENV)
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "trajectories"
+
+
+def load_runs(directory: Path) -> Iterator[dict[str, Any]]:
+    for path in sorted(directory.glob("*.jsonl")):
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def load_labels(path: Path = LABELS) -> dict[str, set[str]]:
+    """{anomaly type: run ids labelled positive}."""
+    positives: dict[str, set[str]] = defaultdict(set)
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if "run" in record:
+                positives[record["type"]].add(record["run"])
+    return positives
+
+
+def replay(run: dict[str, Any], config: DetectorConfig | None = None) -> list[Anomaly]:
+    """Every anomaly the detector reports for one conversation, run by run, one entry per streak."""
+    detector = LoopDetector(config)
+    results = {block["tool_use_id"]: block for message in run["messages"] if message["role"] == "user"
+               for block in message["content"] if block.get("type") == "tool_result"}
+    found: list[Anomaly] = []
+    turn = 0
+    in_run = False
+    for message in run["messages"]:
+        blocks = message["content"]
+        if message["role"] == "user":
+            if any(b.get("type") == "text" for b in blocks) and in_run:
+                found += _end(detector, None, None, turn)  # a user message mid-work: the run is cut off there
+                in_run, turn = False, 0
+            continue
+        if not in_run:
+            detector.begin_run()
+            in_run = True
+        turn += 1
+        calls = [b for b in blocks if b.get("type") == "tool_use" and b.get("name") not in TERMINAL_TOOLS]
+        for block in calls:
+            result = results.get(block["id"], {})
+            detector.observe(ToolCall(turn=turn, tool=block["name"], arguments=block.get("input"),
+                                      call_id=block["id"], is_error=bool(result.get("is_error")),
+                                      result=result.get("content")))
+        if calls:
+            said = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            detector.end_turn(turn, said or None)
+            continue
+        terminal = [b for b in blocks if b.get("type") == "tool_use"]
+        if terminal:  # the agent answered through its terminal tool
+            reason = "end_turn" if run["meta"].get("end_reason") in FINISHED_NORMALLY else None
+            found += _end(detector, reason, run.get("final_answer"), turn)
+        else:
+            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            found += _end(detector, "end_turn", text, turn)
+        in_run, turn = False, 0
+    if in_run:  # the conversation stopped mid-work: max steps, an error, a log that ends
+        found += _end(detector, None, None, turn)
+    return found
+
+
+def _end(detector: LoopDetector, reason: str | None, text: str | None, turn: int) -> list[Anomaly]:
+    detector.end_run(reason, text, turn)
+    return detector.anomalies
+
+
+def evaluate(directory: Path, config: DetectorConfig | None = None) -> dict[str, Any]:
+    positives = load_labels()
+    flagged: dict[str, dict[str, list[Anomaly]]] = defaultdict(dict)
+    started = time.perf_counter()
+    runs = calls = 0
+    for run in load_runs(directory):
+        runs += 1
+        calls += sum(1 for m in run["messages"] for b in m["content"] if b.get("type") == "tool_use")
+        for anomaly in replay(run, config):
+            flagged[anomaly.type].setdefault(run["id"], []).append(anomaly)
+    elapsed = time.perf_counter() - started
+    table = {}
+    for kind in TYPES:
+        flags, labelled = set(flagged[kind]), positives.get(kind, set())
+        table[kind] = {"flags": len(flags), "true": len(flags & labelled), "labelled": len(labelled),
+                       "false_alarms": sorted(flags - labelled), "misses": sorted(labelled - flags)}
+    return {"runs": runs, "calls": calls, "elapsed_s": elapsed, "table": table, "flagged": flagged}
+
+
+def _ratio(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "n/a"
+
+
+def run(quick: bool = False) -> list[Row]:
+    directory = corpus_dir()
+    if not directory.is_dir():
+        say(f"detector-eval skipped: no trajectory corpus at {directory} (set {CORPUS_ENV} to point at one)")
+        return [Row("6 detector-eval", "skipped", "no corpus", context=str(directory))]
+    result = evaluate(directory)
+    rows = []
+    for kind, line in result["table"].items():
+        precision, recall = _ratio(line["true"], line["flags"]), _ratio(line["true"], line["labelled"])
+        met = None if not line["flags"] and not line["labelled"] else (
+            (not line["flags"] or line["true"] / line["flags"] >= 0.9)
+            and (kind not in (REPEATED_CALL, IGNORED_ERROR) or not line["labelled"]
+                 or line["true"] / line["labelled"] >= 0.8))
+        rows.append(Row("6 detector-eval", f"{kind}: precision / recall", f"{precision} / {recall}",
+                        "P>=90%, R>=80%", met,
+                        f"{line['flags']} flags, {line['true']} true, {line['labelled']} labelled"))
+    rows.append(Row("6 detector-eval", "replay time", f"{result['elapsed_s']:.2f} s",
+                    context=f"{result['runs']} runs, {result['calls']} tool calls"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.detector_eval", description=__doc__.split("\n")[0])
+    parser.add_argument("--list", action="store_true", help="list every false alarm and miss")
+    args = parser.parse_args(argv)
+    directory = corpus_dir()
+    if not directory.is_dir():
+        print(f"skipped: no trajectory corpus at {directory} (set {CORPUS_ENV})")
+        return 0
+    result = evaluate(directory)
+    print(f"{result['runs']} runs, {result['calls']} tool calls, replayed in {result['elapsed_s']:.2f} s\n")
+    print("| type | flags | true positives | precision | labelled positives | recall |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for kind, line in result["table"].items():
+        print(f"| `{kind}` | {line['flags']} | {line['true']} | {_ratio(line['true'], line['flags'])} | "
+              f"{line['labelled']} | {_ratio(line['true'], line['labelled'])} |")
+    if args.list:
+        for kind, line in result["table"].items():
+            for run_id in line["false_alarms"]:
+                first = result["flagged"][kind][run_id][0]
+                print(f"false alarm {kind} {run_id} turn {first.turn}: {first.message[:300]}")
+            for run_id in line["misses"]:
+                print(f"miss {kind} {run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

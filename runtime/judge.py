@@ -1,0 +1,97 @@
+"""A model as the detector's judge: confirms an ignored_error before it is reported.
+
+``Agent(detector=DetectorConfig(judge="claude-haiku-4-5"))`` asks that model, through the agent's own client, whether
+the final answer ignored the failed call. The prompt is short and the answer structured (a forced tool call); the
+judge's tokens and cost go on a span of its own (``chat {model}`` with ``looptrace.judge`` set) and are never charged to
+the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it never blocks or
+crashes the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.detector import JudgeRequest
+
+from .pricing import DEFAULT_PRICES, cost_usd, price_for
+from .result import Usage
+
+JUDGE_TIMEOUT_S = 20.0
+JUDGE_MAX_TOKENS = 200
+_VERDICT_TOOL = {
+    "name": "verdict",
+    "description": "Record whether the final answer ignored the failed tool call.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "ignored": {"type": "boolean",
+                        "description": "true if the answer presents the failed work as done or states a result the "
+                                       "error contradicts; false if it reports the failure, a limitation, or asks "
+                                       "the user how to proceed"},
+            "reason": {"type": "string", "description": "one short sentence"},
+        },
+        "required": ["ignored"],
+    },
+}
+_PROMPT = ("An agent's tool call failed and was never retried successfully. Did its final answer to the user ignore "
+           "that failure?\n\nFailed call: {tool}({arguments})\nError: {error}\n\nFinal answer:\n{answer}")
+
+
+class ModelJudge:
+    """Callable judge over a `Model` (the agent's client): True = ignored, False = not ignored, None = no opinion."""
+
+    def __init__(self, client: Any, model: str, *, tracer_provider: Any = None,
+                 timeout_s: float = JUDGE_TIMEOUT_S) -> None:
+        self.client = client
+        self.model = model
+        self.timeout_s = timeout_s
+        provider = tracer_provider or trace.get_tracer_provider()
+        self._tracer = provider.get_tracer("looptrace.judge")
+
+    def __call__(self, request: JudgeRequest) -> bool | None:
+        params = {
+            "model": self.model, "max_tokens": JUDGE_MAX_TOKENS, "tools": [_VERDICT_TOOL],
+            "tool_choice": {"type": "tool", "name": "verdict"},
+            "messages": [{"role": "user", "content": _PROMPT.format(
+                tool=request.tool, arguments=request.arguments[:1000], error=request.error_text[:1000],
+                answer=request.final_text[:4000])}],
+        }
+        with self._tracer.start_as_current_span(f"{sc.OPERATION_CHAT} {self.model}") as span:
+            span.set_attribute(sc.GEN_AI_OPERATION_NAME, sc.OPERATION_CHAT)
+            span.set_attribute(sc.GEN_AI_PROVIDER_NAME, "anthropic")
+            span.set_attribute(sc.GEN_AI_REQUEST_MODEL, self.model)
+            span.set_attribute("looptrace.judge", True)
+            response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
+            usage = _usage(response)
+            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens + usage.cache_read_input_tokens
+                               + usage.cache_creation_input_tokens)
+            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+            price = price_for(self.model, DEFAULT_PRICES)
+            if price is not None:
+                span.set_attribute("looptrace.judge.cost_usd", cost_usd(usage, price))
+            verdict = _verdict(response)
+            span.set_attribute("looptrace.judge.verdict", "none" if verdict is None else str(verdict).lower())
+            return verdict
+
+
+def _usage(response: dict[str, Any]) -> Usage:
+    raw = response.get("usage") or {}
+
+    def number(key: str) -> int:  # a count that is not an int (garbage, None) counts as 0
+        value = raw.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return Usage(input_tokens=number("input_tokens"), output_tokens=number("output_tokens"),
+                 cache_read_input_tokens=number("cache_read_input_tokens"),
+                 cache_creation_input_tokens=number("cache_creation_input_tokens"))
+
+
+def _verdict(response: dict[str, Any]) -> bool | None:
+    for block in response.get("content") or ():
+        if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == "verdict":
+            ignored = (block.get("input") or {}).get("ignored")
+            return ignored if isinstance(ignored, bool) else None
+    return None

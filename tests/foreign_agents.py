@@ -1,0 +1,289 @@
+"""Scripted agents instrumented by OTHER producers' real packages, for the reader and watch tests.
+
+Run as a script, one producer per process (instrumentations patch the anthropic SDK globally, and two of them must
+never patch the same process):
+
+    python tests/foreign_agents.py --producer openllmetry --scenario repeat_failing --file out.jsonl
+    python tests/foreign_agents.py --producer openinference --scenario clean --otlp http://127.0.0.1:4318/v1/traces
+
+The agent talks to the local fake Messages API (tests/fakes/messages_api.py) through the real anthropic SDK, and the
+producer's own instrumentation makes the spans. Spans go to a local OTLP/JSON file (looptrace's file exporter, the
+Collector's file format) and/or to an OTLP/HTTP endpoint through the SDK's real exporter.
+
+Producers:
+  semconv        OpenTelemetry's GenAI utilities (opentelemetry-util-genai): invoke_agent, chat spans with
+                 gen_ai.input.messages / gen_ai.output.messages, execute_tool spans
+  semconv-chat   the same without execute_tool spans: tool calls only as message parts
+  openllmetry    traceloop's opentelemetry-instrumentation-anthropic: gen_ai.prompt.N.* / gen_ai.completion.N.*
+  openinference  openinference-instrumentation-anthropic (LLM spans) and OpenInference TOOL spans
+  pydantic-ai    pydantic-ai's own instrumentation (instrument=True) with its Anthropic model
+
+Scenarios:
+  repeat_failing  the model calls get_order(A-1) four times; it fails every time; the answer admits it
+  ignored_error   refund(A-1) fails once; the answer claims the refund went through
+  clean           get_order(A-1) succeeds; the answer reports it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PRODUCERS = ("semconv", "semconv-chat", "openllmetry", "openinference", "pydantic-ai")
+SCENARIOS = ("repeat_failing", "ignored_error", "clean")
+MODEL = "claude-sonnet-4-6"
+SESSION_ID = "session-under-watch"
+
+
+class ToolFailed(Exception):
+    """What a tool raises when its backend says no."""
+
+
+def get_order(order_id: str) -> str:
+    """Look up an order."""
+    if SCENARIO == "repeat_failing":
+        raise ToolFailed(f"order service unavailable for {order_id}")
+    return json.dumps({"order_id": order_id, "status": "shipped"})
+
+
+def refund(order_id: str) -> str:
+    """Refund an order."""
+    raise ToolFailed(f"refund rejected for {order_id}: payment provider timeout")
+
+
+TOOLS = {"get_order": get_order, "refund": refund}
+TOOL_SCHEMAS = [
+    {"name": name, "description": function.__doc__,
+     "input_schema": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}
+    for name, function in TOOLS.items()
+]
+SCENARIO = "clean"
+
+
+def model_script(scenario: str) -> list[dict[str, Any]]:
+    """What the fake Messages API answers, turn by turn."""
+    def call(tool: str, n: int) -> dict[str, Any]:
+        return {"stop_reason": "tool_use", "content": [
+            {"type": "tool_use", "id": f"toolu_{tool}_{n}", "name": tool, "input": {"order_id": "A-1"}}]}
+    if scenario == "repeat_failing":
+        return [call("get_order", n) for n in range(1, 5)] + [
+            {"content": "I could not look up order A-1: the order service failed every time."}]
+    if scenario == "ignored_error":
+        return [call("refund", 1), {"content": "Done! Your refund for order A-1 has been processed."}]
+    return [call("get_order", 1), {"content": "Order A-1 has shipped."}]
+
+
+# --- the agent loop, plain anthropic SDK -------------------------------------------------------------------------
+
+def run_plain_loop(client: Any, on_chat: Any = None, on_tool: Any = None) -> str:
+    """The agent loop every SDK user writes. ``on_chat``/``on_tool`` wrap each call when the producer needs the app's
+    help to make spans (OpenTelemetry's GenAI utilities, OpenInference TOOL spans)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What happened to order A-1? Refund it if needed."}]
+    for _ in range(10):
+        request = {"model": MODEL, "max_tokens": 512, "tools": TOOL_SCHEMAS, "messages": messages}
+        response = on_chat(client, request) if on_chat else client.messages.create(**request)
+        messages.append({"role": "assistant", "content": [block.model_dump(exclude_none=True)
+                                                           for block in response.content]})
+        if response.stop_reason != "tool_use":
+            return "".join(block.text for block in response.content if block.type == "text")
+        results = []
+        for block in response.content:
+            if block.type != "tool_use":
+                continue
+            run_tool = on_tool or _run_tool
+            text, is_error = run_tool(block.name, dict(block.input), block.id)
+            results.append({"type": "tool_result", "tool_use_id": block.id, "content": text, "is_error": is_error})
+        messages.append({"role": "user", "content": results})
+    return ""
+
+
+def _run_tool(name: str, arguments: dict[str, Any], call_id: str) -> tuple[str, bool]:
+    try:
+        return TOOLS[name](**arguments), False
+    except ToolFailed as exc:
+        return f"Error: {exc}", True
+
+
+# --- producers ---------------------------------------------------------------------------------------------------
+
+def produce_semconv(client: Any, provider: Any, with_tool_spans: bool) -> None:
+    from opentelemetry.util.genai.handler import TelemetryHandler
+    from opentelemetry.util.genai.types import (
+        InputMessage,
+        OutputMessage,
+        Text,
+        ToolCallRequestPart,
+        ToolCallResponsePart,
+    )
+
+    handler = TelemetryHandler(tracer_provider=provider)
+
+    def parts_of(content: Any) -> list[Any]:
+        if isinstance(content, str):
+            return [Text(content=content)]
+        parts: list[Any] = []
+        for block in content:
+            kind = block["type"]
+            if kind == "text":
+                parts.append(Text(content=block["text"]))
+            elif kind == "tool_use":
+                parts.append(ToolCallRequestPart(name=block["name"], id=block["id"], arguments=block["input"]))
+            elif kind == "tool_result":
+                parts.append(ToolCallResponsePart(id=block["tool_use_id"], response=block["content"]))
+        return parts
+
+    def on_chat(client: Any, request: dict[str, Any]) -> Any:
+        with handler.inference("anthropic", request_model=MODEL) as invocation:
+            invocation.input_messages = [InputMessage(role=m["role"], parts=parts_of(m["content"]))
+                                         for m in request["messages"]]
+            response = client.messages.create(**request)
+            invocation.output_messages = [OutputMessage(
+                role="assistant", parts=parts_of([b.model_dump() for b in response.content]),
+                finish_reason="tool_call" if response.stop_reason == "tool_use" else "stop")]
+            invocation.finish_reasons = ["tool_call" if response.stop_reason == "tool_use" else "stop"]
+            invocation.response_id = response.id
+            return response
+
+    def on_tool(name: str, arguments: dict[str, Any], call_id: str) -> tuple[str, bool]:
+        invocation = handler.tool(name)
+        invocation.tool_call_id = call_id
+        invocation.arguments = arguments
+        try:
+            result = TOOLS[name](**arguments)
+        except ToolFailed as exc:
+            invocation.fail(exc)
+            return f"Error: {exc}", True
+        invocation.tool_result = result
+        invocation.stop()
+        return result, False
+
+    with handler.invoke_local_agent(agent_name="support-agent", request_model=MODEL,
+                                    conversation_id=SESSION_ID):
+        run_plain_loop(client, on_chat, on_tool if with_tool_spans else None)
+
+
+def produce_openllmetry(client_factory: Any, provider: Any) -> None:
+    from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor
+
+    AnthropicInstrumentor().instrument(tracer_provider=provider)
+    tracer = provider.get_tracer("support-app")
+    # OpenLLMetry makes one span per model call; the app's own span makes them one trace (what @workflow does).
+    with tracer.start_as_current_span("support-agent.workflow"):
+        run_plain_loop(client_factory())
+
+
+def produce_openinference(client_factory: Any, provider: Any) -> None:
+    from openinference.instrumentation import OITracer, TraceConfig
+    from openinference.instrumentation.anthropic import AnthropicInstrumentor
+
+    AnthropicInstrumentor().instrument(tracer_provider=provider)
+    tracer = OITracer(provider.get_tracer("support-app"), config=TraceConfig())
+
+    def on_tool(name: str, arguments: dict[str, Any], call_id: str) -> tuple[str, bool]:
+        with tracer.start_as_current_span(name, openinference_span_kind="tool") as span:
+            span.set_tool(name=name, description=TOOLS[name].__doc__, parameters=arguments)
+            span.set_input(json.dumps(arguments), mime_type="application/json")
+            try:
+                result = TOOLS[name](**arguments)
+            except ToolFailed as exc:
+                from opentelemetry.trace import Status, StatusCode
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                return f"Error: {exc}", True
+            span.set_output(result)
+            return result, False
+
+    with tracer.start_as_current_span("support-agent", openinference_span_kind="agent") as span:
+        from openinference.instrumentation import using_session
+        with using_session(SESSION_ID):
+            span.set_input("What happened to order A-1?")
+            answer = run_plain_loop(client_factory(), on_tool=on_tool)
+            span.set_output(answer)
+
+
+def produce_pydantic_ai(api_url: str, provider: Any) -> None:
+    from pydantic_ai import Agent, ModelRetry
+    from pydantic_ai.capabilities import Instrumentation
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    model = AnthropicModel(MODEL, provider=AnthropicProvider(api_key="test-key", base_url=api_url))
+    # pydantic-ai 2.x turns instrumentation on as a capability (1.x took instrument=True).
+    settings = InstrumentationSettings(tracer_provider=provider, include_content=True)
+    agent = Agent(model, name="support-agent", retries=10, capabilities=[Instrumentation(settings=settings)])
+
+    def as_tool(function: Any) -> Any:
+        def wrapped(order_id: str) -> str:
+            try:
+                return function(order_id)
+            except ToolFailed as exc:  # pydantic-ai's way to hand a tool error back to the model
+                raise ModelRetry(f"Error: {exc}") from None
+        wrapped.__name__ = function.__name__
+        wrapped.__doc__ = function.__doc__
+        return wrapped
+
+    for function in TOOLS.values():
+        agent.tool_plain(as_tool(function))
+    agent.run_sync("What happened to order A-1? Refund it if needed.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    global SCENARIO
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--producer", choices=PRODUCERS, required=True)
+    parser.add_argument("--scenario", choices=SCENARIOS, required=True)
+    parser.add_argument("--file", help="write spans to this OTLP/JSON lines file")
+    parser.add_argument("--otlp", help="send spans to this OTLP/HTTP traces URL (the SDK's protobuf exporter)")
+    parser.add_argument("--grpc", help="send spans to this OTLP/gRPC endpoint (host:port)")
+    parser.add_argument("--header", action="append", default=[], help="NAME=VALUE sent with every OTLP export")
+    parser.add_argument("--service", default="support-app")
+    args = parser.parse_args(argv)
+    SCENARIO = args.scenario
+
+    import anthropic
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+    from tests.fakes.messages_api import FakeMessagesAPI
+
+    provider = TracerProvider(resource=Resource.create({"service.name": args.service}))
+    headers = dict(h.split("=", 1) for h in args.header)
+    if args.file:
+        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonFileExporter(args.file)))
+    if args.otlp:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.otlp, headers=headers)))
+    if args.grpc:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=args.grpc, insecure=True,
+                                                                     headers=tuple(headers.items()))))
+
+    os.environ.setdefault("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    with FakeMessagesAPI(model_script(args.scenario)) as api:
+        def client_factory() -> anthropic.Anthropic:
+            return anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
+        if args.producer in ("semconv", "semconv-chat"):
+            produce_semconv(client_factory(), provider, with_tool_spans=args.producer == "semconv")
+        elif args.producer == "openllmetry":
+            produce_openllmetry(client_factory, provider)
+        elif args.producer == "openinference":
+            produce_openinference(client_factory, provider)
+        else:
+            produce_pydantic_ai(api.url, provider)
+    provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

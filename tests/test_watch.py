@@ -1,0 +1,421 @@
+"""`looptrace watch`: an OTLP receiver that flags loops in any agent's traces live, and stays up whatever it gets."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from fakes.otlp_receiver import OTLPReceiver
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, WatchServer, WatchSettings
+
+AGENTS = Path(__file__).parent / "foreign_agents.py"
+
+
+class Recorded:
+    """Every alert watch raised: (anomaly, context)."""
+
+    def __init__(self) -> None:
+        self.alerts: list = []
+        self._lock = threading.Lock()
+
+    def __call__(self, anomaly, context) -> None:
+        with self._lock:
+            self.alerts.append((anomaly, context))
+
+    def types(self) -> list[str]:
+        with self._lock:
+            return sorted(a.type for a, _ in self.alerts)
+
+
+def start_watch(**overrides) -> tuple[WatchServer, Recorded]:
+    recorded = Recorded()
+    settings = WatchSettings(**{"port": 0, "grpc_port": 0, **overrides})
+    server = WatchServer(settings, alerts=Alerts(callback=recorded)).start()
+    return server, recorded
+
+
+@pytest.fixture
+def watch():
+    server, recorded = start_watch()
+    yield server, recorded
+    server.stop()
+
+
+def agent_spans(*, failing_repeats: int = 0, ignored_error: bool = False, root: bool = True, service: str = "shop",
+                content: bool = True):
+    """An agent's spans in the GenAI conventions, made by the SDK: a list of ReadableSpans in end order."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("app")
+    root_span = tracer.start_span("invoke_agent helper", attributes={sc.GEN_AI_OPERATION_NAME: "invoke_agent",
+                                                                      sc.GEN_AI_AGENT_NAME: "helper"})
+    from opentelemetry import trace
+    with trace.use_span(root_span, end_on_exit=root):
+        calls = [("get_order", True)] * failing_repeats + ([("refund", True)] if ignored_error else [])
+        for n, (tool, fails) in enumerate(calls, start=1):
+            with tracer.start_as_current_span("chat", attributes={sc.GEN_AI_OPERATION_NAME: "chat",
+                                                                  sc.GEN_AI_RESPONSE_FINISH_REASONS: ["tool_call"]}):
+                pass
+            attributes = {sc.GEN_AI_OPERATION_NAME: "execute_tool", sc.GEN_AI_TOOL_NAME: tool,
+                          sc.GEN_AI_TOOL_CALL_ID: f"call-{n}"}
+            if content:
+                attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = '{"order_id": "secret-order-42"}'
+            with tracer.start_as_current_span(f"execute_tool {tool}", attributes=attributes) as span:
+                if fails:
+                    span.set_status(Status(StatusCode.ERROR))
+                    span.set_attribute(sc.ERROR_TYPE, "ToolFailed")
+        answer = json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "All done, refunded."}]}])
+        with tracer.start_as_current_span("chat", attributes={
+                sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
+                sc.GEN_AI_OUTPUT_MESSAGES: answer}):
+            pass
+    return list(exporter.get_finished_spans())
+
+
+def post(server: WatchServer, body: bytes, *, content_type: str = "application/x-protobuf",
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/traces", data=body, method="POST",
+                                     headers={"Content-Type": content_type, **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def protobuf(spans) -> bytes:
+    return encode_spans(spans).SerializeToString()
+
+
+def metrics_text(server: WatchServer) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+# --- what it finds ----------------------------------------------------------------------------------------------
+
+def test_a_repeated_failing_call_is_flagged_before_the_run_ends(watch):
+    server, recorded = watch
+    spans = agent_spans(failing_repeats=4, root=False)  # the agent is still running: no root span yet
+    for span in spans:  # one span per request, the way SimpleSpanProcessor sends them
+        assert post(server, protobuf([span]))[0] == 200
+    assert server.wait_idle()
+    assert recorded.types() == ["repeated_call"]
+    assert server.watcher.open_runs == 1
+    # The agent's name is on the root span, which has not come yet.
+    assert 'looptrace_anomalies_total{agent="unknown",anomaly_type="repeated_call",service="shop"} 1.0' in \
+        metrics_text(server)
+
+
+def test_an_ignored_error_is_flagged_when_the_root_span_arrives(watch):
+    server, recorded = watch
+    assert post(server, protobuf(agent_spans(ignored_error=True)))[0] == 200
+    assert server.wait_idle()
+    assert recorded.types() == ["ignored_error"]
+    assert server.watcher.open_runs == 0
+
+
+def test_a_clean_run_raises_nothing(watch):
+    server, recorded = watch
+    assert post(server, protobuf(agent_spans()))[0] == 200
+    assert server.wait_idle()
+    assert recorded.types() == []
+
+
+def test_otlp_json_is_read_like_protobuf(watch):
+    server, recorded = watch
+    from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_json
+    body = json.dumps(encode_json(agent_spans(ignored_error=True)).to_dict()).encode()
+    status, answer = post(server, body, content_type="application/json")
+    assert status == 200 and json.loads(answer) == {}
+    assert server.wait_idle()
+    assert recorded.types() == ["ignored_error"]
+
+
+def test_grpc_senders_are_heard_too(watch):
+    server, recorded = watch
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        stub.Export(encode_spans(agent_spans(ignored_error=True)), timeout=10)
+    assert server.wait_idle()
+    assert recorded.types() == ["ignored_error"]
+
+
+def test_an_idle_run_is_judged_after_the_timeout():
+    recorded = Recorded()
+    now = [0.0]
+    watcher = RunWatcher(Alerts(callback=recorded), WatchMetrics(), idle_timeout_s=60, max_open_runs=100,
+                         capture_content=True, clock=lambda: now[0])
+    from looptrace.instrumentation.otlp_file import read_spans  # noqa: F401 (the same records the file reader gives)
+    watcher.ingest(_records(agent_spans(ignored_error=True, root=False)))
+    watcher.sweep()
+    assert watcher.open_runs == 1 and recorded.types() == []
+    now[0] = 61.0
+    watcher.sweep()
+    assert watcher.open_runs == 0 and recorded.types() == ["ignored_error"]
+
+
+def _records(spans):
+    from looptrace.instrumentation.watch import spans_of_request
+    return spans_of_request(encode_spans(spans))
+
+
+# --- what it survives -------------------------------------------------------------------------------------------
+
+def test_malformed_payloads_get_400_and_the_next_sender_is_still_served(watch):
+    server, recorded = watch
+    assert post(server, b"\xff\x00 definitely not protobuf \x12\x99")[0] == 400
+    assert post(server, b"{not json", content_type="application/json")[0] == 400
+    assert post(server, b'{"resourceSpans": 3}', content_type="application/json")[0] == 400
+    assert post(server, b"plain", content_type="text/plain")[0] == 400
+    assert post(server, b"\x1f\x8b broken gzip", headers={"Content-Encoding": "gzip"})[0] == 400
+    assert post(server, protobuf(agent_spans(ignored_error=True)))[0] == 200
+    assert server.wait_idle()
+    assert recorded.types() == ["ignored_error"]
+
+
+def test_a_gzip_bomb_is_refused_with_413_without_inflating_it():
+    server, recorded = start_watch(max_decompressed_bytes=1 << 20)
+    try:
+        bomb = gzip.compress(b"\x00" * (64 << 20), compresslevel=9)  # 64 MiB of zeros in ~64 KiB
+        assert len(bomb) < server.settings.max_request_bytes
+        assert post(server, bomb, headers={"Content-Encoding": "gzip"})[0] == 413
+        assert post(server, gzip.compress(protobuf(agent_spans(ignored_error=True))),
+                    headers={"Content-Encoding": "gzip"})[0] == 200
+        assert server.wait_idle() and recorded.types() == ["ignored_error"]
+    finally:
+        server.stop()
+
+
+def test_a_body_above_the_request_cap_gets_413():
+    server, _ = start_watch(max_request_bytes=1000)
+    try:
+        assert post(server, b"\x00" * 5000)[0] == 413
+        assert post(server, protobuf(agent_spans()[:1]))[0] == 200
+    finally:
+        server.stop()
+
+
+def test_a_flood_of_runs_beyond_the_cap_evicts_the_oldest_and_counts_them():
+    server, _recorded = start_watch(max_open_runs=5)
+    try:
+        for _ in range(20):  # twenty agents that never finish
+            assert post(server, protobuf(agent_spans(failing_repeats=1, root=False)))[0] == 200
+        assert server.wait_idle()
+        assert server.watcher.open_runs == 5
+        assert "looptrace_watch_runs_evicted_total 15.0" in metrics_text(server)
+    finally:
+        server.stop()
+
+
+def test_spans_the_detector_cannot_take_now_are_answered_with_partial_success():
+    server, _ = start_watch(queue_batches=1)
+    gate = threading.Event()
+    original = server.watcher.ingest
+    server.watcher.ingest = lambda spans: (gate.wait(10), original(spans))  # a detector that is busy
+    try:
+        spans = agent_spans()
+        statuses = [post(server, protobuf(spans)) for _ in range(3)]
+        assert all(status == 200 for status, _ in statuses)  # answered at once, never held
+        answers = [trace_service_pb2.ExportTraceServiceResponse.FromString(body) for _, body in statuses]
+        assert answers[-1].partial_success.rejected_spans == len(spans)
+        assert "overloaded" in answers[-1].partial_success.error_message
+    finally:
+        gate.set()
+        server.stop()
+
+
+def test_spans_without_ids_are_rejected_as_partial_success(watch):
+    server, _ = watch
+    request = encode_spans(agent_spans())
+    request.resource_spans[0].scope_spans[0].spans[0].trace_id = b""
+    status, body = post(server, request.SerializeToString())
+    assert status == 200
+    assert trace_service_pb2.ExportTraceServiceResponse.FromString(body).partial_success.rejected_spans == 1
+
+
+# --- who gets in, and what it says ------------------------------------------------------------------------------
+
+def test_a_sender_without_the_configured_token_gets_401():
+    server, recorded = start_watch(bearer_token="s3cret-token")
+    try:
+        body = protobuf(agent_spans(ignored_error=True))
+        assert post(server, body)[0] == 401
+        assert post(server, body, headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert post(server, body, headers={"Authorization": "Basic czNjcmV0LXRva2Vu"})[0] == 401
+        assert post(server, body, headers={"Authorization": "Bearer s3cret-token"})[0] == 200
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Export(encode_spans(agent_spans()), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stub.Export(encode_spans(agent_spans()), metadata=[("authorization", "Bearer s3cret-token")], timeout=10)
+        assert server.wait_idle() and recorded.types() == ["ignored_error"]
+    finally:
+        server.stop()
+
+
+def test_basic_auth_from_the_environment(monkeypatch):
+    monkeypatch.setenv("LOOPTRACE_WATCH_USERNAME", "collector")
+    monkeypatch.setenv("LOOPTRACE_WATCH_PASSWORD", "pa:ss")
+    settings = WatchSettings.from_env(port=0, grpc_port=None)
+    assert "pa:ss" not in repr(settings)
+    server = WatchServer(settings, alerts=Alerts(log_warnings=False)).start()
+    try:
+        good = base64.b64encode(b"collector:pa:ss").decode()
+        bad = base64.b64encode(b"collector:nope").decode()
+        assert post(server, protobuf(agent_spans()), headers={"Authorization": f"Basic {bad}"})[0] == 401
+        assert post(server, protobuf(agent_spans()), headers={"Authorization": f"Basic {good}"})[0] == 200
+    finally:
+        server.stop()
+
+
+def test_with_content_capture_off_no_argument_reaches_the_log(capsys):
+    import structlog
+
+    from looptrace.instrumentation.watch import configure_service_logging
+    configure_service_logging()
+    server = WatchServer(WatchSettings(port=0, grpc_port=None, capture_content=False, bearer_token="tok-123"),
+                         alerts=Alerts()).start()
+    try:
+        post(server, protobuf(agent_spans(failing_repeats=3, ignored_error=True)),
+             headers={"Authorization": "Bearer tok-123"})
+        assert server.wait_idle()
+    finally:
+        server.stop()
+        structlog.reset_defaults()
+        logging.getLogger("looptrace").setLevel(logging.NOTSET)
+    logged = capsys.readouterr().err
+    assert "loop_anomaly" in logged and "repeated_call" in logged
+    assert "secret-order-42" not in logged and "tok-123" not in logged
+
+
+def test_metrics_and_health_need_no_token():
+    server, _ = start_watch(bearer_token="t")
+    try:
+        assert "looptrace_watch_spans_received_total" in metrics_text(server)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        server.stop()
+
+
+def test_it_listens_on_loopback_unless_told_otherwise():
+    assert WatchSettings().host == "127.0.0.1"
+
+
+# --- the real thing: a process, real producers, real exporters --------------------------------------------------
+
+PRODUCERS = ["semconv", "openllmetry", "openinference", "pydantic-ai"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("producer", PRODUCERS)
+def test_watch_flags_real_producers_agents_sent_by_their_otlp_exporter(producer):
+    server, recorded = start_watch(bearer_token="tok")
+    try:
+        for scenario in ("repeat_failing", "ignored_error", "clean"):
+            completed = subprocess.run(
+                [sys.executable, str(AGENTS), "--producer", producer, "--scenario", scenario, "--service", scenario,
+                 "--otlp", f"http://127.0.0.1:{server.port}/v1/traces", "--header", "Authorization=Bearer tok"],
+                capture_output=True, text=True, timeout=120)
+            assert completed.returncode == 0, completed.stderr[-2000:]
+        assert server.wait_idle()
+        by_service: dict[str, set[str]] = {}
+        for anomaly, context in recorded.alerts:
+            by_service.setdefault(context.trace_id, set()).add(anomaly.type)
+        assert sorted(recorded.types()) == ["ignored_error", "repeated_call"]
+        text = metrics_text(server)
+        assert 'anomaly_type="repeated_call",service="repeat_failing"' in text
+        assert 'anomaly_type="ignored_error",service="ignored_error"' in text
+        assert 'service="clean"' not in text
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_watch_hears_a_real_grpc_exporter():
+    server, recorded = start_watch()
+    try:
+        completed = subprocess.run(
+            [sys.executable, str(AGENTS), "--producer", "semconv-chat", "--scenario", "repeat_failing",
+             "--grpc", f"127.0.0.1:{server.grpc_port}"], capture_output=True, text=True, timeout=120)
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        assert server.wait_idle()
+        assert recorded.types() == ["repeated_call"]
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_the_watch_command_stops_cleanly_on_sigterm_judging_open_runs(tmp_path):
+    with OTLPReceiver() as webhook_sink:  # any HTTP endpoint that records POSTs will do as a webhook
+        port = _free_port()
+        env = {**os.environ, "LOOPTRACE_ALERT_WEBHOOK": webhook_sink.base_url + "/v1/traces",
+               "LOOPTRACE_WATCH_TOKEN": "tok"}
+        process = subprocess.Popen([sys.executable, "-m", "looptrace", "watch", "--port", str(port),
+                                    "--grpc-port", "-1"], env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait_for_port(port)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/traces", method="POST",
+                data=protobuf(agent_spans(ignored_error=True, root=False)),  # an agent still running
+                headers={"Content-Type": "application/x-protobuf", "Authorization": "Bearer tok"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 0
+        lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+        events = [line["event"] for line in lines]
+        assert events[0] == "watch_listening" and events[-1] == "watch_stopped"
+        assert any(line.get("anomaly_type") == "ignored_error" for line in lines)  # judged at shutdown
+        assert "tok" not in stderr.replace("token", "")
+        assert webhook_sink.wait_for_requests(1)  # the webhook post went out before the process ended
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, timeout_s: float = 20.0) -> None:
+    import socket
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"watch did not listen on {port}")
