@@ -63,9 +63,10 @@ def cap(text: str, limit: int) -> str:
     return f"{text[:limit]}…[truncated {len(text) - limit} of {len(text)} chars]"
 
 
-# A key is secret-looking when one of its words is: "api_key" and "authToken" are, "max_tokens" is not.
-_SECRET_WORDS = {"password", "passwd", "pwd", "token", "secret", "authorization", "auth", "apikey", "credential",
-                 "credentials", "cookie", "passphrase", "privatekey", "accesskey"}
+# A key is secret-looking when one of its words is: "api_key" and "authToken" are, "max_tokens" is not. "key" alone
+# counts ("key", "license_key"): a lookup key redacted by mistake costs a little clarity, a leaked one costs the secret.
+_SECRET_WORDS = {"password", "passwd", "pass", "pwd", "token", "secret", "authorization", "auth", "bearer", "key",
+                 "apikey", "credential", "credentials", "cookie", "passphrase", "privatekey", "accesskey"}
 _WORD_SPLIT = re.compile(r"[^a-zA-Z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -78,13 +79,40 @@ def is_secret_key(key: str) -> bool:
     return any(joined.endswith(s) for s in ("apikey", "privatekey", "accesskey", "secretkey"))
 
 
+MAX_DEPTH = 64  # of arguments kept on spans and shown to anything that reports on a call
+TOO_DEEP = f"[looptrace: nested deeper than {MAX_DEPTH} levels]"
+
+
 def redact(value: Any) -> Any:
-    """A copy of a JSON-like value with the values of secret-looking keys replaced, at any depth."""
-    if isinstance(value, dict):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) else redact(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
+    """A copy of a JSON-like value with the values of secret-looking keys replaced, in objects at any depth, lists
+    included; whatever lies deeper than MAX_DEPTH is replaced by a marker.
+
+    Iterative, with the depth bounded, because the value comes from a model: arguments nested thousands deep must
+    neither exhaust the stack here nor in whatever encodes or compares the copy later (json, the detector, the CLI).
+    """
+    root: list[Any] = [None]
+    # Each entry: (the value to copy, the container the copy goes into, the slot in it, the value's depth).
+    pending: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
+    while pending:
+        item, into, slot, depth = pending.pop()
+        if isinstance(item, (dict, list, tuple)) and depth >= MAX_DEPTH:
+            into[slot] = TOO_DEEP
+        elif isinstance(item, dict):
+            copied: dict[Any, Any] = {}
+            into[slot] = copied
+            for key, child in item.items():
+                if isinstance(key, str) and is_secret_key(key):
+                    copied[key] = REDACTED
+                else:
+                    copied[key] = None
+                    pending.append((child, copied, key, depth + 1))
+        elif isinstance(item, (list, tuple)):
+            items: list[Any] = [None] * len(item)
+            into[slot] = items
+            pending.extend((child, items, position, depth + 1) for position, child in enumerate(item))
+        else:
+            into[slot] = item
+    return root[0]
 
 
 def to_json(value: Any) -> str:

@@ -7,7 +7,6 @@ the run's totals a second time on top of its generations.
 """
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
@@ -21,9 +20,23 @@ def _installed_version() -> str:
         return "0.0.0"
 
 
-# The instrumentation scope of every span and metric: looked up once, not per agent.
+# The instrumentation scope of every span and metric: looked up once, not per agent, and only when first used
+# (importlib.metadata is slow to import, and `looptrace detect` never needs the version).
 SCOPE_NAME = "looptrace"
-SCOPE_VERSION = _installed_version()
+
+
+def __getattr__(name: str) -> str:
+    if name == "SCOPE_VERSION":
+        value = _installed_version()
+    elif name in ("METRIC_TOKEN_USAGE", "METRIC_OPERATION_DURATION"):
+        from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
+
+        value = {"METRIC_TOKEN_USAGE": gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+                 "METRIC_OPERATION_DURATION": gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION}[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
@@ -101,6 +114,7 @@ TOOL_ARGUMENTS_DIGEST = "looptrace.tool.arguments_digest"  # of the canonical, r
 TOOL_IS_ERROR = "looptrace.tool.is_error"
 TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
+REPAIRED_ATTRIBUTES = "looptrace.repaired_attributes"  # keys whose values could not be written as they were
 
 # An anomaly is a span event on the turn span and on each offending tool span: the conventions' evaluation result
 # (gen_ai.evaluation.name/score.label/explanation) with the looptrace.anomaly.* attributes beside them. Traces
@@ -114,7 +128,14 @@ ANOMALY_STREAK = "looptrace.anomaly.streak"
 ANOMALY_ACTION = "looptrace.anomaly.action"  # warn | nudge | stop
 ANOMALY_TOOL = "looptrace.anomaly.tool"
 ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
+JUDGE = "looptrace.judge"  # true on the span of a judge's model call (runtime/judge.py), apart from the run's budget
+JUDGE_COST_USD = "looptrace.judge.cost_usd"
+JUDGE_VERDICT = "looptrace.judge.verdict"  # "true" (ignored), "false" (not ignored) or "none"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
+
+# OpenLLMetry's indexed prompt and completion attributes (before 0.56), which readers.py takes apart.
+OPENLLMETRY_PROMPT_PREFIX = "gen_ai.prompt."
+OPENLLMETRY_COMPLETION_PREFIX = "gen_ai.completion."
 
 # Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.
 GEN_AI_EVALUATION_RESULT_EVENT = EVALUATION_RESULT_EVENT
@@ -141,8 +162,8 @@ LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
 LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
-METRIC_TOKEN_USAGE = _gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE
-METRIC_OPERATION_DURATION = _gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION
+# METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module
+# imports the OpenTelemetry metrics API, which `looptrace detect` and `traces` have no use for); see __getattr__.
 METRIC_RUNS = "looptrace.runs"
 METRIC_TURNS = "looptrace.turns"
 METRIC_TOOL_CALLS = "looptrace.tool.calls"

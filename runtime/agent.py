@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -180,10 +181,16 @@ class Agent:
                     return self._finish(run, status)
         except (KeyboardInterrupt, asyncio.CancelledError) as exc:
             result = self._finish(run, RunStatus.INTERRUPTED, error=exc)
-            self._tracing.flush()
             if isinstance(exc, KeyboardInterrupt):
+                self._tracing.flush()  # the process is likely on its way out: get the spans out first
                 raise RunInterrupted(result) from exc
+            # A cancelled arun must not block its event loop on a slow backend: the flush goes to a thread.
+            threading.Thread(target=self._tracing.flush, name="looptrace-flush", daemon=True).start()
             raise
+        except Exception as exc:
+            # A fault of looptrace's own (none is known): the run still ends, with its root span, as an error.
+            log.error("run_failed", error=toolkit.error_text(exc), where=_where(exc))
+            return self._finish(run, RunStatus.ERROR, error=exc)
 
     def _turn(self, run: _Run) -> Generator[_Effect, Any, RunStatus | None]:
         """One model call and whatever it asks for. Returns the run's status when this turn ends the run."""
@@ -191,7 +198,7 @@ class Agent:
         turn = run.span.start_turn(index)
         if self.on_event is not None:
             self._emit(TurnStarted(index))
-        params = self._request(run.messages)
+        params = self._request(run.messages, run.budget)
         chat = turn.start_chat(params, server_address=run.server[0], server_port=run.server[1],
                                stream=self.client.stream)
         started = time.perf_counter()
@@ -302,8 +309,11 @@ class Agent:
     def _settle_call(self, run: _Run, turn_index: int, call: _Call) -> dict[str, Any]:
         """The tool_result for a finished call; the detector sees the call as the model will."""
         if call.error is None:
-            call.result, call.outcome = toolkit.result_text(call.value), "ok"
-        else:
+            try:
+                call.result, call.outcome = toolkit.result_text(call.value), "ok"
+            except toolkit.UnreadableResult as exc:
+                call.error = exc
+        if call.error is not None:
             call.result, call.is_error = toolkit.error_text(call.error), True
             call.outcome = call.error.kind if isinstance(call.error, toolkit.ToolError) else "error"
             original = getattr(call.error, "original", call.error)
@@ -349,8 +359,11 @@ class Agent:
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 
-    def _request(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def _request(self, messages: list[dict[str, Any]], budget: Budget) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, **self.model_params}
+        output_left = budget.output_tokens_left(self._price.output / 1_000_000 if self._price else None)
+        if output_left is not None and output_left < params["max_tokens"]:
+            _lower_max_tokens(params, output_left)
         if self.system is not None:
             params["system"] = self.system
         if self._tool_definitions:
@@ -359,17 +372,20 @@ class Agent:
         return params
 
     def _charge(self, run: _Run, response: Mapping[str, Any]) -> tuple[Usage, float | None]:
-        raw = response.get("usage") or {}
+        raw = response.get("usage")
+        raw = raw if isinstance(raw, Mapping) else {}
         usage = Usage(
-            input_tokens=raw.get("input_tokens") or 0,
-            output_tokens=raw.get("output_tokens") or 0,
-            cache_read_input_tokens=raw.get("cache_read_input_tokens") or 0,
-            cache_creation_input_tokens=raw.get("cache_creation_input_tokens") or 0,
+            input_tokens=_token_count(raw.get("input_tokens")),
+            output_tokens=_token_count(raw.get("output_tokens")),
+            cache_read_input_tokens=_token_count(raw.get("cache_read_input_tokens")),
+            cache_creation_input_tokens=_token_count(raw.get("cache_creation_input_tokens")),
         )
         cost = None
         if self._price is not None:
-            one_hour = ((raw.get("cache_creation") or {}).get("ephemeral_1h_input_tokens")) or 0
-            cost = cost_usd(usage, self._price, cache_write_1h_tokens=one_hour)
+            cache_creation = raw.get("cache_creation")
+            one_hour = _token_count(cache_creation.get("ephemeral_1h_input_tokens")
+                                    if isinstance(cache_creation, Mapping) else None)
+            cost = cost_usd(usage, self._price, cache_write_1h_tokens=min(one_hour, usage.cache_creation_input_tokens))
         run.budget.charge(usage, cost)
         return usage, cost
 
@@ -584,6 +600,46 @@ def _not_run(content: list[Any], limit: RunStatus) -> list[dict[str, Any]]:
     return [{"type": "tool_result", "tool_use_id": block.get("id", ""), "is_error": True,
              "content": f"(not run: the run stopped on its {limit.value} limit)"}
             for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
+
+
+MIN_THINKING_BUDGET = 1024  # the Messages API's floor for thinking.budget_tokens
+
+
+def _lower_max_tokens(params: dict[str, Any], max_tokens: int) -> None:
+    """Ask for at most ``max_tokens``. Extended thinking must stay below max_tokens and above its own floor: it is
+    shrunk to fit, or switched off for this request when even the floor no longer fits."""
+    params["max_tokens"] = max_tokens
+    thinking = params.get("thinking")
+    if not isinstance(thinking, Mapping) or thinking.get("type") != "enabled":
+        return
+    budget = thinking.get("budget_tokens")
+    if isinstance(budget, int) and budget >= max_tokens:
+        if max_tokens - 1 >= MIN_THINKING_BUDGET:
+            params["thinking"] = {**thinking, "budget_tokens": max_tokens - 1}
+        else:
+            params["thinking"] = {"type": "disabled"}
+
+
+def _where(exc: BaseException) -> str:
+    """file:line where an exception was raised, for a report that has no room for a traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+
+
+def _token_count(value: Any) -> int:
+    """A usage figure as a count: a backend that sends "12" or 12.0 still gets counted, and one that sends garbage
+    (null, a negative number, text) counts as zero rather than ending the run."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float):
+        return max(int(value), 0) if value == value and abs(value) != float("inf") else 0
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 18:
+        return int(value.strip())
+    return 0
 
 
 def _truncate_result(text: str, limit: int) -> str:

@@ -11,20 +11,21 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from looptrace import __version__
 from looptrace.instrumentation.logs import install_cli_rendering
 from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
 
 from .result import RunResult, RunStatus
+from .trace_commands import UsageError, add_trace_commands, tolerate_any_terminal
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
 if TYPE_CHECKING:
     from looptrace.instrumentation.alerts import Alerts
-    from looptrace.instrumentation.otlp_file import BadLine
     from looptrace.instrumentation.setup import Telemetry
 
     from .agent import Agent
@@ -35,6 +36,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
 EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for any program whose reader went away (`| head`)
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report it
 EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.DONE: EXIT_OK,
@@ -57,19 +59,42 @@ EXIT_CODE_HELP = """exit codes:
   3   traces show: no such trace
   10  max_turns    11 token_budget    12 cost_budget    13 timeout
   20  max_tokens   21 stop_sequence   22 refusal        23 context_window
-  30  stopped_by_detector             130 interrupted (Ctrl-C)   143 terminated (SIGTERM)"""
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; printed as one line, exit code 2."""
+  30  stopped_by_detector             130 interrupted (Ctrl-C)   143 terminated (SIGTERM)
+  141 stdout closed early (e.g. `| head`): the run finished and its trace was saved"""
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit, so a closed pipe is noticed where it can be handled
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_CLOSED_PIPE
+
+
+def _silence_stdout() -> None:
+    """The reader of stdout is gone (`looptrace demo | head -3`): nothing more can be shown, and Python's own flush at
+    exit must not complain about it either. The run itself was not cut short, and its telemetry was closed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test harness)
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, so the hint points at its --help
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    tolerate_any_terminal()
     _configure_logging()
     try:
         return args.handler(args)
+    except BrokenPipeError:
+        raise  # stdout's reader went away: main() ends quietly, this is no usage error
     except UsageError as exc:
         print(f"looptrace: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -82,8 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line, as every other usage error is: the full usage is one --help away."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="looptrace",
         description="An observability-first agent runtime: every run a trace, every loop caught.",
         epilog=EXIT_CODE_HELP,
@@ -100,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_anomaly_flag(demo)
     _add_export_flags(demo)
     demo.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(command_parser=demo, handler=_demo)
 
     run = commands.add_parser("run", help="run an agent on a task with the tools in a Python file",
                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,43 +157,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="W3C traceparent of a trace to join (default: TRACEPARENT), e.g. from a job scheduler")
     _add_anomaly_flag(run)
     _add_export_flags(run)
-    run.set_defaults(handler=_run)
-
-    detect = commands.add_parser(
-        "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
-        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose tool calls are "
-                    "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
-                    "that keep failing and errors the final answer ignored.",
-        epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file or bad flag",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    detect.add_argument("file", nargs="?", type=Path,
-                        help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
-    detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
-    detect.set_defaults(handler=_detect)
+    run.set_defaults(command_parser=run, handler=_run)
 
     _add_watch_command(commands)
 
-    traces = commands.add_parser("traces", help="read the local trace file")
-    traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
-    show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
-    show.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
-    show.set_defaults(handler=_traces_show)
-    listing = traces_commands.add_parser("list", help="one line per run in the file")
-    listing.add_argument("--file", type=Path,
-                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    listing.set_defaults(handler=_traces_list)
-    push = traces_commands.add_parser(
-        "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
-        epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
-               "pending and are listed)\n  1   some spans are still pending because their backend failed again\n"
-               "  2   bad flag or configuration",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    push.add_argument("--to", choices=("langfuse", "otlp"),
-                      help="only this backend (default: every backend the environment configures)")
-    push.add_argument("--file", type=Path, help="spill file (default: LOOPTRACE_SPILL_FILE or .looptrace/spill.jsonl)")
-    push.set_defaults(handler=_traces_push)
+    add_trace_commands(commands)  # detect, traces show | list | push
     return parser
 
 
@@ -184,6 +184,10 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
 # --- commands -----------------------------------------------------------------------------------------------------
 
 
+# One rule for demo and run alike: the live view is progress, so it goes to stderr (and is left out by --json); stdout
+# holds only the outcome, which a pipe or a script can take as it is.
+
+
 def _demo(args: argparse.Namespace) -> int:
     from looptrace.instrumentation import setup as telemetry_setup
 
@@ -197,25 +201,28 @@ def _demo(args: argparse.Namespace) -> int:
     task, script, blurb = demo_story.STORIES[args.story]
     settings = _settings(args)
     telemetry = telemetry_setup.configure(settings)
+    live = None if args.json else LiveView(sys.stderr)
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
-        on_event=None if args.json else LiveView(out), **_telemetry_options(telemetry, live_view=not args.json),
+        on_event=live, **_telemetry_options(telemetry, live_view=not args.json),
     )
-    if not args.json:
-        out.write(f"task: {task}\n(offline: {blurb})\n\n")
+    if live is not None:
+        live.note(f"task: {task}\n(offline: {blurb})\n")
     result = _execute(agent, task, telemetry)
-    if args.json:
-        _print_json(result, out)
-    else:
-        out.write(f"\nfinal answer: {result.final_text or '(none)'}\n")
-        for anomaly in result.anomalies:
-            first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
-            turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
-            out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the ⚠ line above has the message
-        out.write("\n")
-        _show_written_trace(telemetry, result, out)
-    _close(telemetry)
+    try:
+        if args.json:
+            _print_json(result, out)
+        else:
+            out.write(f"final answer: {result.final_text or '(none)'}\n")
+            for anomaly in result.anomalies:
+                first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+                turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+                out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
+            out.write("\n")
+            _show_written_trace(telemetry, result, out)
+    finally:
+        _close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
     return EXIT_CODES[result.status]
 
 
@@ -230,10 +237,14 @@ def _run(args: argparse.Namespace) -> int:
     from .models import AnthropicModel
     from .views import LiveView
 
+    if not args.task.strip():
+        raise UsageError("the task is empty: say what the agent should do, e.g. looptrace run \"Summarise README.md\"")
     if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
+    if not tools:
+        print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     settings = _settings(args)
     traceparent = args.traceparent or settings.traceparent
     try:
@@ -260,61 +271,18 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if token is not None:
             otel_context.detach(token)
-    if args.json:
-        _print_json(result, sys.stdout)
-    else:
-        if result.final_text:
-            print(result.final_text)
-        if result.error:
-            print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
-        _point_at_trace(telemetry, result, sys.stderr)
-    _close(telemetry)
+    try:
+        if args.json:
+            _print_json(result, sys.stdout)
+        else:
+            if result.final_text:
+                print(result.final_text)
+            if result.error:
+                print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
+            _point_at_trace(telemetry, result, sys.stderr)
+    finally:
+        _close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
     return EXIT_CODES[result.status]
-
-
-def _traces_show(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    from .views import render_trace
-
-    path = args.file or Settings.from_env().trace_file
-    wanted = (args.trace_id or "").lower() or None
-    with _BadLineReporter(path) as report:
-        trace_id = wanted and _resolve_trace_id(path, wanted, report)
-        if trace_id is None and wanted is None:
-            trace_id = _latest_trace_id(path, report)
-        if trace_id is None:
-            what = f"no trace {wanted!r}" if wanted else "no traces"
-            print(f"looptrace: {what} in {path}", file=sys.stderr)
-            return EXIT_NOT_FOUND
-        spans = [s for s in read_spans(path) if s.trace_id == trace_id]
-    print(render_trace(spans))
-    return EXIT_OK
-
-
-def _detect(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.otlp_file import read_spans
-    from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
-
-    path = args.file or Settings.from_env().trace_file
-    found = 0
-    with _BadLineReporter(path) as report:
-        for verdict in detect_spans(read_spans(path, report, report.progress, keys=DETECTION_KEYS)):
-            report.clear_progress()
-            found += len(verdict.anomalies)
-            if not verdict.anomalies and not args.all:
-                continue
-            if args.json:
-                print(json.dumps(verdict.to_dict(), ensure_ascii=False))
-                continue
-            print(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {verdict.turns} turns, "
-                  f"{verdict.tool_calls} tool calls, {len(verdict.anomalies)} anomalies")
-            for anomaly in verdict.anomalies:
-                tool = f" {anomaly.tool}" if anomaly.tool else ""
-                print(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}")
-    if not args.json:
-        print(f"{found} anomal{'y' if found == 1 else 'ies'} found in {path}", file=sys.stderr)
-    return 1 if found else EXIT_OK
 
 
 def _add_watch_command(commands: Any) -> None:
@@ -350,20 +318,6 @@ def _watch(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
         max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
     return serve(settings)
-
-
-def _traces_list(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    path = args.file or Settings.from_env().trace_file
-    with _BadLineReporter(path) as report:
-        for span in read_spans(path, report):
-            a = span.attributes
-            if a.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
-                print(f"{span.trace_id}  {span.name:<30} {a.get(sc.RUN_STATUS, '?'):<20} "
-                      f"{a.get(sc.RUN_TURNS, '?')} turns")
-    return EXIT_OK
 
 
 # --- shared pieces ------------------------------------------------------------------------------------------------
@@ -433,21 +387,12 @@ def _close(telemetry: Telemetry) -> None:
         print(notice, file=sys.stderr)
 
 
-def _traces_push(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.spill import PushInProgress, push
-
-    try:
-        report = push(args.file, to=[args.to] if args.to else None, settings=Settings.from_env())
-    except PushInProgress as exc:
-        raise UsageError(str(exc)) from None
-    print(report.summary())
-    return EXIT_OK if report.ok else 1
-
-
 def load_tools(path: Path) -> list[Tool]:
     """Every @tool in a Python file, in the order the file defines them."""
     from .tools import Tool
 
+    if path.is_dir():
+        raise UsageError(f"--tools {path} is a directory; give the Python file that defines the @tool functions")
     if not path.is_file():
         raise UsageError(f"tools file {path} does not exist")
     spec = importlib.util.spec_from_file_location(f"looptrace_tools_{path.stem}", path)
@@ -457,7 +402,8 @@ def load_tools(path: Path) -> list[Tool]:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # whatever the file does wrong, the user gets one line naming it
-        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        line = _line_in(path, exc)
+        where = f" (line {line})" if line else ""
         raise UsageError(f"cannot import tools file {path}{where}: {type(exc).__name__}: {exc}") from None
     found = [value for value in vars(module).values() if isinstance(value, Tool)]
     if not found:
@@ -465,8 +411,37 @@ def load_tools(path: Path) -> list[Tool]:
     return found
 
 
+def _line_in(path: Path, exc: BaseException) -> int | None:
+    """The line of the tools file where importing it failed: the syntax error's, or the deepest frame in that file."""
+    if isinstance(exc, SyntaxError) and exc.lineno and Path(exc.filename or "").resolve() == path.resolve():
+        return exc.lineno
+    line = None
+    target = str(path.resolve())
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if str(Path(frame.f_code.co_filename).resolve()) == target:
+            line = lineno
+    if line is None and isinstance(exc, SyntaxError):
+        return exc.lineno
+    return line
+
+
 def _print_json(result: RunResult, out: TextIO) -> None:
-    out.write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
+    shown = result.to_dict()
+    # Output is a place secrets must not reach, like a span: tool arguments are printed as the spans hold them.
+    shown["messages"] = [_with_redacted_arguments(message) for message in shown["messages"]]
+    out.write(json.dumps(shown, ensure_ascii=False, default=str) + "\n")
+
+
+def _with_redacted_arguments(message: Any) -> Any:
+    from looptrace.instrumentation.content import redact
+
+    blocks = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(blocks, list):
+        return message
+    return {**message, "content": [
+        {**block, "input": redact(block.get("input"))}
+        if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use") else block
+        for block in blocks]}
 
 
 def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
@@ -497,75 +472,6 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) ->
         out.write(f"trace in Langfuse: {result.trace_url}\n")
 
 
-def _latest_trace_id(path: Path, report) -> str | None:
-    from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    latest = None
-    latest_end = -1
-    for span in read_spans(path, report, report.progress):
-        if span.parent_span_id is None or span.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
-            if span.end_ns >= latest_end:
-                latest, latest_end = span.trace_id, span.end_ns
-    return latest
-
-
-def _resolve_trace_id(path: Path, prefix: str, report) -> str | None:
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    matches = {s.trace_id for s in read_spans(path, report, report.progress) if s.trace_id.startswith(prefix)}
-    if len(matches) > 1:
-        raise UsageError(f"trace id prefix {prefix!r} matches {len(matches)} traces; give more digits")
-    return next(iter(matches), None)
-
-
-class _BadLineReporter:
-    """Reports malformed lines once each (files are read more than once) and shows progress on big files."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.seen: set[int] = set()
-        self.size = 0
-        self.interactive = sys.stderr.isatty()
-
-    @property
-    def shows_progress(self) -> bool:
-        """Only a person watching a big file wants a progress line."""
-        return self.interactive and self.size > 50_000_000
-
-    def __enter__(self) -> _BadLineReporter:
-        try:
-            self.size = os.path.getsize(self.path)
-        except OSError as exc:
-            raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
-        if os.path.isdir(self.path):
-            raise UsageError(f"{self.path} is a directory, not a trace file")
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self.shows_progress:
-            sys.stderr.write("\r" + " " * 60 + "\r")
-        from looptrace.instrumentation.otlp_file import TraceFileError
-
-        if isinstance(exc, TraceFileError):
-            raise UsageError(str(exc)) from None
-
-    def __call__(self, bad: BadLine) -> None:
-        if bad.line not in self.seen:
-            self.seen.add(bad.line)
-            print(f"looptrace: {self.path}:{bad.line}: skipped: {bad.reason}", file=sys.stderr)
-
-    def clear_progress(self) -> None:
-        if self.shows_progress:
-            sys.stderr.write("\r" + " " * 60 + "\r")
-
-    def progress(self, done: int) -> None:
-        if self.shows_progress:
-            sys.stderr.write(f"\rreading {self.path.name}: {done * 100 // max(self.size, 1)}% "
-                             f"({done / 1e6:,.0f} of {self.size / 1e6:,.0f} MB)")
-            sys.stderr.flush()
-
-
 def _configure_logging() -> None:
     # The CLI owns its process, so it may configure structlog: warnings to stderr, keeping stdout for results. The
     # library's records (the stdlib logger "looptrace") are rendered through it.
@@ -589,16 +495,26 @@ def use_color(stream: TextIO) -> bool:
     return not os.environ.get("NO_COLOR") and stream.isatty()
 
 
+# argparse words a failed conversion after the function's name ("invalid _positive_int value"): these say it in
+# the user's terms instead.
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
 

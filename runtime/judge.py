@@ -1,10 +1,11 @@
-"""A model as the detector's judge: confirms an ignored_error before it is reported.
+"""A model as the detector's judge: confirms an ignored_error before it is reported, and decides the open cases.
 
 ``Agent(detector=DetectorConfig(judge="claude-haiku-4-5"))`` asks that model, through the agent's own client, whether
 the final answer ignored the failed call. The prompt is short and the answer structured (a forced tool call); the
-judge's tokens and cost go on a span of its own (``chat {model}`` with ``looptrace.judge`` set) and are never charged to
-the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it never blocks or
-crashes the run.
+judge's tokens and cost go on a span of its own (``chat {model}``, marked with semconv's ``JUDGE`` attribute) and are
+never charged to the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it
+never blocks for longer than its timeout, and never crashes the run. With content capture off the judge still sends
+the failed call and the answer to the model: the same provider that already received them during the run.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ModelJudge:
         self.model = model
         self.timeout_s = timeout_s
         provider = tracer_provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer("looptrace.judge")
+        self._tracer = provider.get_tracer(sc.JUDGE)
 
     def __call__(self, request: JudgeRequest) -> bool | None:
         params = {
@@ -63,7 +64,7 @@ class ModelJudge:
             span.set_attribute(sc.GEN_AI_OPERATION_NAME, sc.OPERATION_CHAT)
             span.set_attribute(sc.GEN_AI_PROVIDER_NAME, "anthropic")
             span.set_attribute(sc.GEN_AI_REQUEST_MODEL, self.model)
-            span.set_attribute("looptrace.judge", True)
+            span.set_attribute(sc.JUDGE, True)
             response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
             usage = _usage(response)
             span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens + usage.cache_read_input_tokens
@@ -71,9 +72,9 @@ class ModelJudge:
             span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
             price = price_for(self.model, DEFAULT_PRICES)
             if price is not None:
-                span.set_attribute("looptrace.judge.cost_usd", cost_usd(usage, price))
+                span.set_attribute(sc.JUDGE_COST_USD, cost_usd(usage, price))
             verdict = _verdict(response)
-            span.set_attribute("looptrace.judge.verdict", "none" if verdict is None else str(verdict).lower())
+            span.set_attribute(sc.JUDGE_VERDICT, "none" if verdict is None else str(verdict).lower())
             return verdict
 
 

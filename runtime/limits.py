@@ -12,8 +12,9 @@ from .result import RunStatus, Usage
 class Limits:
     """Stops for one run. ``None`` switches a limit off; every limit crossed ends the run with its own status.
 
-    Token and cost budgets are checked after each response, as the model can only be stopped between calls: the turn
-    that crosses the line has already been paid for.
+    Token and cost budgets are checked after each response, as the model can only be stopped between calls. Each
+    request's ``max_tokens`` is lowered to what the budgets leave, so a response cannot run past them by its output:
+    the run overshoots a budget by at most the input of its last request (whose size is known only once it is sent).
     """
 
     max_turns: int | None = 10  # model calls, the OpenAI Agents SDK's default
@@ -56,6 +57,17 @@ class Budget:
         if limits.max_cost_usd is not None and self.cost_usd is not None and self.cost_usd >= limits.max_cost_usd:
             return RunStatus.COST_BUDGET
         return None
+
+    def output_tokens_left(self, output_usd_per_token: float | None) -> int | None:
+        """The largest output the next response may have within the token and cost budgets, or None when neither is
+        set. At least 1 (the API's minimum): a run with nothing left has already stopped on its budget."""
+        limits = self.limits
+        left: list[float] = []
+        if limits.max_total_tokens is not None:
+            left.append(limits.max_total_tokens - self.usage.total_tokens)
+        if limits.max_cost_usd is not None and self.cost_usd is not None and output_usd_per_token:
+            left.append((limits.max_cost_usd - self.cost_usd) / output_usd_per_token)
+        return max(int(min(left) + 1e-6), 1) if left else None  # the epsilon: 0.01 / 1e-5 is 999.99... in floats
 
     def remaining_s(self) -> float | None:
         """Seconds of wall clock left, or None without a timeout."""

@@ -7,9 +7,11 @@ it appends is exactly what the API sent, a RunResult can be dumped as is, and a 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import itertools
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -77,13 +79,18 @@ class AnthropicModel:
 
     # Under a run's wall-clock limit the SDK's own retries would give every attempt the whole time left again (three
     # attempts, three times the limit). There looptrace retries itself, the errors the SDK retries, each attempt and
-    # each pause fitted into what is left.
+    # each pause fitted into what is left. And httpx applies a timeout to each read, not to the call: a body trickling
+    # in a few bytes at a time never trips it. So the whole call, retries included, runs under the run's deadline: on
+    # a thread the caller stops waiting for (sync), or under asyncio.wait_for, which cancels it (async).
 
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         client = self.sync_client()
         if timeout is None:
             return self._send(client, params, {})
         deadline = time.monotonic() + timeout
+        return _finish_by(deadline, timeout, lambda: self._create_until(client, params, deadline))
+
+    def _create_until(self, client: Any, params: dict[str, Any], deadline: float) -> dict[str, Any]:
         for attempt in itertools.count():
             try:
                 return self._send(client.with_options(max_retries=0), params, _time_left(deadline))
@@ -99,6 +106,12 @@ class AnthropicModel:
         if timeout is None:
             return await self._asend(client, params, {})
         deadline = time.monotonic() + timeout
+        try:
+            return await asyncio.wait_for(self._acreate_until(client, params, deadline), max(timeout, 0.001))
+        except TimeoutError:
+            raise ModelCallTimeout(_late_message(timeout)) from None
+
+    async def _acreate_until(self, client: Any, params: dict[str, Any], deadline: float) -> dict[str, Any]:
         for attempt in itertools.count():
             try:
                 return await self._asend(client.with_options(max_retries=0), params, _time_left(deadline))
@@ -135,6 +148,37 @@ class AnthropicModel:
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
+
+
+class ModelCallTimeout(TimeoutError):
+    """A model call still unfinished when the run's wall-clock limit came."""
+
+
+def _late_message(timeout: float) -> str:
+    return f"the model call did not finish within the {timeout:.3g} s the run had left"
+
+
+def _finish_by(deadline: float, timeout: float, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``call()``'s result, or ModelCallTimeout at the deadline. The call runs on a daemon thread that is left behind
+    when late (its own read timeouts end it soon after): a blocking socket read cannot be interrupted from outside."""
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+    context = contextvars.copy_context()  # the chat span stays current for whatever the SDK does
+
+    def target() -> None:
+        try:
+            outcome["value"] = context.run(call)
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="looptrace-model-call", daemon=True).start()
+    if not done.wait(max(deadline - time.monotonic(), 0.0)):
+        raise ModelCallTimeout(_late_message(timeout))
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _time_left(deadline: float) -> dict[str, float]:

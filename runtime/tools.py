@@ -20,6 +20,8 @@ from typing import Any, get_type_hints
 
 import pydantic
 
+from looptrace.instrumentation import content
+
 NO_RESULT = "(the tool returned no result)"
 EMPTY_RESULT = "(the tool returned an empty string)"
 _NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -48,7 +50,8 @@ class ToolRaisedBaseException(ToolError):
     look like the user pressing Ctrl-C, or end the process."""
 
     def __init__(self, original: BaseException) -> None:
-        super().__init__(f"{type(original).__name__}: {original}" if str(original) else type(original).__name__)
+        text = _safe_text(original)
+        super().__init__(f"{type(original).__name__}: {text}" if text else type(original).__name__)
         self.original = original
 
 
@@ -73,8 +76,10 @@ class Tool:
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Keyword arguments for `fn`, or InvalidArguments naming each field that is wrong and why."""
         if not isinstance(arguments, Mapping):
+            # Quoted back redacted: this message lands on spans, in anomaly messages and in the model's history.
             raise InvalidArguments(
-                f"{self.name} takes a JSON object of arguments, got {type(arguments).__name__}: {_short(arguments)}"
+                f"{self.name} takes a JSON object of arguments, got {type(arguments).__name__}: "
+                f"{_short(content.to_json(content.redact(arguments)))}"
             )
         if self.arguments_model is None:
             return dict(arguments)
@@ -82,6 +87,9 @@ class Tool:
             parsed = self.arguments_model.model_validate_json(json.dumps(_json_integers(arguments)), strict=True)
         except pydantic.ValidationError as exc:
             raise InvalidArguments(_explain(self.name, exc)) from None
+        except (RecursionError, ValueError) as exc:  # nested too deep to encode, or a number too long to write out
+            raise InvalidArguments(f"invalid arguments for {self.name}: they cannot be read ({type(exc).__name__}); "
+                                   f"send plain, shallow JSON") from None
         # Keep pydantic models and enums as the function declared them; only fields the model sent are passed, so
         # the function's own defaults apply to the rest.
         return {name: getattr(parsed, name) for name in parsed.model_fields_set}
@@ -231,13 +239,48 @@ def _timeout_message(t: Tool, timeout_s: float | None) -> str:
 # --- results ----------------------------------------------------------------------------------------------------
 
 
+class UnreadableResult(ToolError):
+    """A tool returned a value that cannot be written as text (nested too deep, circular, a number too long to print,
+    keys JSON has no form for, an object whose own text fails). The model is told what came back instead."""
+
+
 def result_text(value: Any) -> str:
-    """The tool_result content for a return value: strings as they are, everything else as JSON."""
+    """The tool_result content for a return value: strings as they are, everything else as JSON.
+
+    Raises UnreadableResult, never anything else: a return value is the tool's business and must not end the run.
+    """
     if value is None:
         return NO_RESULT
     if isinstance(value, str):
         return value or EMPTY_RESULT
-    return json.dumps(value, ensure_ascii=False, default=_jsonable)
+    try:
+        return json.dumps(value, ensure_ascii=False, default=_jsonable)
+    except (RecursionError, ValueError, TypeError) as exc:
+        reason = {RecursionError: "it is nested too deep", TypeError: "it holds keys or values JSON cannot express"
+                  }.get(type(exc), _value_error_reason(exc))
+    except Exception as exc:  # whatever a returned object's own __str__ or __json__ machinery raises
+        reason = f"converting it raised {type(exc).__name__}"
+    raise UnreadableResult(f"the tool returned a {_type_name(value)} that cannot be sent as text: {reason}")
+
+
+def _value_error_reason(exc: BaseException) -> str:
+    text = _safe_text(exc)
+    if "Circular reference" in text:
+        return "it contains itself"
+    if "integer string conversion" in text or "digits" in text:
+        return "it holds an integer too long to write out"
+    return f"converting it raised {type(exc).__name__}"
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__qualname__
+
+
+def _safe_text(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return ""
 
 
 def _jsonable(value: Any) -> Any:
@@ -256,8 +299,8 @@ def _jsonable(value: Any) -> Any:
 def error_text(exc: BaseException) -> str:
     """What the model is told when a tool raised: the exception's type and message."""
     if isinstance(exc, ToolError):
-        return str(exc)
-    message = str(exc)
+        return _safe_text(exc)
+    message = _safe_text(exc)  # a tool's own exception may fail to describe itself too
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, TextIO
@@ -15,6 +17,7 @@ from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFin
 ERROR_MARK = "✗"
 OK_MARK = "✓"
 WARN_MARK = "⚠"
+MAX_INDENT = 3 * 40
 
 
 def short(value: Any, limit: int = 80) -> str:
@@ -33,34 +36,92 @@ def duration(seconds: float) -> str:
 
 
 class LiveView:
-    """Prints each turn of a run as it happens; pass an instance as ``Agent(on_event=...)``."""
+    """Prints each turn of a run as it happens; pass an instance as ``Agent(on_event=...)``.
 
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
+    At a terminal, a slow model call or tool round also gets a live line with the time it has taken so far, rewritten
+    in place and erased when the call ends; written to a file or a pipe, the view is the plain lines only. A reader
+    that goes away (a closed pipe) ends the view quietly; the run goes on.
+    """
+
+    def __init__(self, out: TextIO, *, tick_s: float = 0.25) -> None:
+        self.out: TextIO | None = out
+        self.tick_s = tick_s
+        self.interactive = _is_terminal(out)
+        self._lock = threading.Lock()  # the ticker thread and the run's thread share the line
+        self._waiting: tuple[str, float] | None = None  # what the run is waiting for, since when
+        self._line_shown = False
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def note(self, text: str) -> None:
+        """A line of the caller's own, e.g. what the run is about, written the same way as the view's."""
+        self._write(text + "\n")
 
     def __call__(self, event: Event) -> None:
-        write = self.out.write
         if isinstance(event, TurnStarted):
-            write(f"turn {event.turn}\n")
+            self._write(f"turn {event.turn}\n", waiting_for="waiting for the model")
         elif isinstance(event, ModelResponded):
             u = event.usage
-            write(f"  model   stop_reason={event.stop_reason}  in={u.input_tokens} out={u.output_tokens}"
-                  f" cache_read={u.cache_read_input_tokens} cache_write={u.cache_creation_input_tokens}"
-                  f"  {duration(event.duration_s)}\n")
+            lines = (f"  model   stop_reason={event.stop_reason}  in={u.input_tokens} out={u.output_tokens}"
+                     f" cache_read={u.cache_read_input_tokens} cache_write={u.cache_creation_input_tokens}"
+                     f"  {duration(event.duration_s)}\n")
             if event.text and event.stop_reason != "tool_use":
-                write(f"  says    {short(event.text, 100)}\n")
+                lines += f"  says    {short(event.text, 100)}\n"
+            names = [name for name, _ in event.tool_calls]
+            running = f"running {', '.join(names[:3])}{' …' if len(names) > 3 else ''}" if names else None
+            self._write(lines, waiting_for=running if event.stop_reason == "tool_use" else None)
         elif isinstance(event, ToolFinished):
             mark = ERROR_MARK if event.is_error else OK_MARK
-            write(f"  {mark} tool  {event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"
-                  f"  {duration(event.duration_s)}\n")
+            self._write(f"  {mark} tool  {event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"
+                        f"  {duration(event.duration_s)}\n")
         elif isinstance(event, AnomalyDetected):
             a = event.anomaly
-            write(f"  {WARN_MARK} {a.type} [{event.action}]  {a.message}\n")
+            self._write(f"  {WARN_MARK} {a.type} [{event.action}]  {a.message}\n")
         elif isinstance(event, RunFinished):
             r = event.result
             cost = "" if r.cost_usd is None else f"  ${r.cost_usd:.4f}"
-            write(f"{r.status.value}: {r.turns} turns, {r.usage.total_tokens:,} tokens{cost}\n")
-        self.out.flush()
+            self._write(f"{r.status.value}: {r.turns} turns, {r.usage.total_tokens:,} tokens{cost}\n")
+            self._stop.set()
+
+    # --- writing ------------------------------------------------------------------------------------------------
+
+    def _write(self, text: str, *, waiting_for: str | None = None) -> None:
+        """Permanent lines (erasing the live line first), then what the run now waits for, if anything."""
+        with self._lock:
+            self._waiting = (waiting_for, time.monotonic()) if waiting_for and self.interactive else None
+            self._emit(("\r\x1b[K" if self._line_shown else "") + text)
+            self._line_shown = False
+            start_ticker = self._waiting is not None and (self._ticker is None or not self._ticker.is_alive())
+            if start_ticker:  # one per run: it ends with the run (RunFinished) or with the reader
+                self._stop.clear()
+                self._ticker = threading.Thread(target=self._tick, name="looptrace-live-line", daemon=True)
+                self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            with self._lock:
+                if self._waiting is None or self.out is None:
+                    continue
+                label, since = self._waiting
+                self._emit(f"\r\x1b[K  … {label}  {time.monotonic() - since:.1f} s")
+                self._line_shown = True
+
+    def _emit(self, text: str) -> None:
+        if self.out is None:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # the reader went away, or the stream was closed: stop showing
+            self.out = None
+            self._stop.set()
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 # --- trace trees ----------------------------------------------------------------------------------------------------
@@ -77,22 +138,26 @@ def render_trace(spans: Iterable[SpanRecord]) -> str:
     for children in by_parent.values():
         children.sort(key=lambda s: s.start_ns)
     lines: list[str] = []
-    for root in by_parent[None]:
-        lines.append(_describe(root))
-        _render_children(root, by_parent, "", lines)
-    return "\n".join(lines)
-
-
-def _render_children(parent: SpanRecord, by_parent, prefix: str, lines: list[str]) -> None:
-    children = by_parent.get(parent.span_id, [])
-    for position, child in enumerate(children):
-        last = position == len(children) - 1
-        lines.append(f"{prefix}{'└─ ' if last else '├─ '}{_describe(child)}")
-        for name, _, attributes in child.events:
+    shown: set[int] = set()  # a span claiming itself (or a descendant) as parent is shown once, not forever
+    # Iterative, not recursive: a hostile file can chain spans deeper than Python's stack.
+    stack: list[tuple[SpanRecord, str, str]] = [(root, "", "") for root in reversed(by_parent[None])]
+    while stack:
+        span, prefix, branch = stack.pop()
+        if id(span) in shown:
+            continue
+        shown.add(id(span))
+        lines.append(f"{prefix}{branch}{_describe(span)}")
+        child_prefix = prefix + ("" if not branch else "   " if branch == "└─ " else "│  ")
+        if len(child_prefix) > MAX_INDENT:  # a chain thousands deep still prints in linear space
+            child_prefix = child_prefix[:MAX_INDENT]
+        children = by_parent.get(span.span_id, [])
+        for name, _, attributes in span.events if branch else ():
             if name.startswith(sc.LEGACY_ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
                 message = attributes.get(sc.ANOMALY_MESSAGE) or attributes.get(sc.EVENT_MESSAGE) or ""
-                lines.append(f"{prefix}{'   ' if last else '│  '}{WARN_MARK} {name}: {short(message, 100)}")
-        _render_children(child, by_parent, prefix + ("   " if last else "│  "), lines)
+                lines.append(f"{child_prefix}{WARN_MARK} {name}: {short(message, 100)}")
+        for position in range(len(children) - 1, -1, -1):
+            stack.append((children[position], child_prefix, "└─ " if position == len(children) - 1 else "├─ "))
+    return "\n".join(lines)
 
 
 def _describe(span: SpanRecord) -> str:
@@ -102,17 +167,20 @@ def _describe(span: SpanRecord) -> str:
     took = duration(span.duration_s)
     if operation == sc.OPERATION_INVOKE_AGENT:
         cost = a.get(sc.RUN_COST_USD)
-        cost_text = "" if cost is None else f"  ${cost:.4f}"
+        cost_text = "" if cost is None else f"  ${_number(cost, '.4f')}"
         anomalies = a.get(sc.RUN_ANOMALY_COUNT) or 0
-        flagged = f"  {WARN_MARK} {anomalies} anomal{'y' if anomalies == 1 else 'ies'}" if anomalies else ""
-        return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {a.get(sc.RUN_TURNS, '?')} turns  "
-                f"{a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0):,} tokens{cost_text}  {took}{flagged}  trace {span.trace_id}")
+        flagged = (f"  {WARN_MARK} {_number(anomalies)} anomal{'y' if anomalies == 1 else 'ies'}" if anomalies
+                   else "")
+        turns = a.get(sc.RUN_TURNS, "?")
+        return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {_number(turns)} turn{'' if turns == 1 else 's'}  "
+                f"{_number(a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0))} tokens{cost_text}  {took}{flagged}  "
+                f"trace {span.trace_id}")
     if operation == sc.OPERATION_CHAT:
-        cache = (f" (cache read {a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0)},"
-                 f" write {a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0)})")
+        cache = (f" (cache read {_number(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0))},"
+                 f" write {_number(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0))})")
         failure = f"  {a.get(sc.ERROR_TYPE)}: {span.status_message}" if span.is_error else ""
-        return (f"{mark}{span.name}  in {a.get(sc.GEN_AI_USAGE_INPUT_TOKENS, 0)}{cache} out "
-                f"{a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, 0)}  {took}{failure}")
+        return (f"{mark}{span.name}  in {_number(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS, 0))}{cache} out "
+                f"{_number(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, 0))}  {took}{failure}")
     if operation == sc.OPERATION_EXECUTE_TOOL:
         arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS)
         result = a.get(sc.GEN_AI_TOOL_CALL_RESULT)
@@ -125,3 +193,13 @@ def _describe(span: SpanRecord) -> str:
         name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
         return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
+
+
+def _number(value: Any, spec: str = ",") -> str:
+    """A count or an amount as a person reads it; whatever another producer stored instead is shown as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return format(value, spec)
+        except ValueError:  # a float given the integer spec, say
+            return str(value)
+    return short(value, 40)

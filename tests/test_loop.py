@@ -211,11 +211,9 @@ def test_a_hung_tool_times_out_and_the_run_goes_on():
         return "late"
 
     model = ScriptedModel([tool_use(("t1", "hang", {})), answer()])
-    started = time.monotonic()
     result = Agent(MODEL, tools=[hang], client=model, limits=Limits(tool_timeout_s=0.2), telemetry=False).run("t")
     release.set()
-    assert result.status is RunStatus.DONE
-    assert time.monotonic() - started < 10
+    assert result.status is RunStatus.DONE  # had the run waited, the tool would have answered "late" below
     sent = model.requests[1]["messages"][-1]["content"][0]
     assert sent["is_error"] is True and "did not finish within 0.2 s" in sent["content"]
 

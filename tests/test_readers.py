@@ -66,6 +66,8 @@ def test_tool_calls_read_from_messages_alone_still_show_a_loop_but_say_error_rul
     code, verdicts = detect(capsys, produce(tmp_path, "semconv-chat", "ignored_error"))
     assert code == 0 and verdicts[0]["anomalies"] == []  # not guessed from the word "Error" in a result
     assert "no error flag" in verdicts[0]["rules_not_run"]["ignored_error"]
+    assert main(["detect", "--all", str(tmp_path / "semconv-chat-ignored_error.jsonl")]) == 0
+    assert "not checked: ignored_error: tool results were read from messages" in capsys.readouterr().out
 
 
 @pytest.mark.slow

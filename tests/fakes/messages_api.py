@@ -25,7 +25,7 @@ Script items:
   plain string as shorthand for one text block. Unknown ``stop_reason`` values
   and block types are passed through untouched.
 * a callable ``f(request_body) -> item`` for answers that depend on the request.
-* ``Error``, ``Delay`` and ``DropConnection`` for failure modes.
+* ``Error``, ``Delay``, ``DropConnection`` and ``Trickle`` for failure modes.
 
 A request with ``"stream": true`` gets the same message as a server-sent event
 stream (``stream_events``), so streaming and non-streaming calls reconstruct
@@ -56,6 +56,7 @@ __all__ = [
     "DropConnection",
     "Error",
     "FakeMessagesAPI",
+    "Trickle",
     "complete_message",
     "stream_events",
 ]
@@ -105,7 +106,22 @@ class DropConnection:
     item: Mapping[str, Any] | None = None
 
 
-ScriptItem = Any  # dict | Callable[[dict], ScriptItem] | Error | Delay | DropConnection
+@dataclass(frozen=True)
+class Trickle:
+    """Answer with ``item`` slowly: the body (or, streaming, each event) goes out
+    in ``pieces`` parts ``interval`` seconds apart, as a slow or congested
+    server sends it. Every read gets bytes quickly, so a per-read client timeout
+    never fires; only a bound on the whole call does. ``finished`` is set once
+    the last byte is sent (never when the client went away first).
+    """
+
+    interval: float
+    item: Any
+    pieces: int = 20
+    finished: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+ScriptItem = Any  # dict | Callable[[dict], ScriptItem] | Error | Delay | DropConnection | Trickle
 
 _FAILURE_ITEMS = (Error, Delay, DropConnection)
 
@@ -403,6 +419,7 @@ class FakeMessagesAPI:
         self._script: deque[ScriptItem] = deque(script)
         self._lock = threading.Lock()  # handlers run on one thread per connection
         self._server: _Server | None = None
+        self._stopping = threading.Event()  # ends a Trickle still sending when the test is over
 
     def add(self, *items: ScriptItem) -> None:
         """Append answers to the script (also while serving)."""
@@ -430,6 +447,7 @@ class FakeMessagesAPI:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -469,6 +487,9 @@ class FakeMessagesAPI:
                 message = complete_message(item.item or {"content": "This answer is cut off"}, body)
                 handler.send_stream(message, stop_after=item.after_events)
             handler.drop()
+        elif isinstance(item, Trickle):
+            handler.send_slowly(complete_message(item.item, body), item, stream=bool(body.get("stream")),
+                                stopping=self._stopping)
         elif body.get("stream"):
             handler.send_stream(complete_message(item, body))
         else:
@@ -489,7 +510,7 @@ class FakeMessagesAPI:
                 item = item.item
             elif callable(item):
                 item = item(body)
-            elif isinstance(item, (Mapping, *_FAILURE_ITEMS)):
+            elif isinstance(item, (Mapping, Trickle, *_FAILURE_ITEMS)):
                 return item
             else:
                 raise TypeError(f"not a script item: {item!r}")
@@ -567,6 +588,32 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._write_chunk(_sse(event))
         self._write_chunk(b"")  # the zero-length chunk that ends the body
+
+    def send_slowly(self, message: Mapping[str, Any], trickle: Trickle, *, stream: bool,
+                    stopping: threading.Event) -> None:
+        """``message`` as JSON or SSE, in ``trickle.pieces`` parts with pauses between them."""
+        if stream:
+            data = b"".join(_sse(event) for event in stream_events(message))
+            self._start(200, "text/event-stream; charset=utf-8", {"cache-control": "no-cache"})
+            self.send_header("transfer-encoding", "chunked")
+        else:
+            data = json.dumps(message).encode()
+            self._start(200, "application/json")
+            self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        size = -(-len(data) // max(trickle.pieces, 1))
+        for start in range(0, len(data), size):
+            if start and stopping.wait(trickle.interval):
+                return
+            piece = data[start:start + size]
+            if stream:
+                self._write_chunk(piece)
+            else:
+                self.wfile.write(piece)
+                self.wfile.flush()
+        if stream:
+            self._write_chunk(b"")
+        trickle.finished.set()
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
