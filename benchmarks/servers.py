@@ -84,6 +84,68 @@ def serve_otlp(delay_s: float) -> None:
         receiver.stop()
 
 
+def serve_sink() -> None:
+    """An OTLP/HTTP endpoint that accepts every POST (any path: /v1/traces, Langfuse's /api/public/otel/v1/traces)
+    and discards it, answering 200 with an empty (valid) protobuf response as soon as the body is read.
+
+    ``GET /count`` switches counting on: until the next ``GET /count``, which answers ``{"spans", "attributes"}``,
+    every body is decoded to count its spans and span attributes. Decoding is kept out of the timed samples.
+    """
+    import gzip
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    state = {"counting": False, "spans": 0, "attributes": 0}
+    lock = threading.Lock()
+
+    def count(body: bytes, encoding: str) -> None:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(gzip.decompress(body) if encoding == "gzip" else body)
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    state["spans"] += 1
+                    state["attributes"] += len(span.attributes)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a collector does
+        disable_nagle_algorithm = True
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _reply(self, body: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                if state["counting"]:
+                    count(body, self.headers.get("Content-Encoding", ""))
+            self._reply(b"", "application/x-protobuf")
+
+        def do_GET(self) -> None:
+            with lock:
+                answer = {"spans": state["spans"], "attributes": state["attributes"]}
+                state.update(counting=not state["counting"], spans=0, attributes=0)
+            self._reply(json.dumps(answer).encode(), "application/json")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        server.shutdown()
+
+
 class _ServerProcess:
     """Starts ``python -m benchmarks.servers ARGS``, reads the URL it prints, stops it by closing its stdin."""
 
@@ -137,6 +199,26 @@ class OTLPBackend(_ServerProcess):
         return (int(words[0]), int(words[1])) if len(words) == 2 else (0, 0)
 
 
+class OTLPSink(_ServerProcess):
+    """Accepts and discards OTLP/HTTP; ``count_start()`` / ``count_stop()`` count what arrives in between."""
+
+    def __init__(self) -> None:
+        super().__init__("sink")
+
+    def _get(self) -> dict:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/count", timeout=10) as response:
+            return json.loads(response.read())
+
+    def count_start(self) -> None:
+        self._get()
+
+    def count_stop(self) -> dict:
+        return self._get()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.servers")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -145,8 +227,11 @@ def main() -> None:
     messages.add_argument("--delay", type=float, default=0.0)
     otlp = commands.add_parser("otlp")
     otlp.add_argument("--delay", type=float, default=0.0)
+    commands.add_parser("sink")
     args = parser.parse_args()
-    if args.command == "messages":
+    if args.command == "sink":
+        serve_sink()
+    elif args.command == "messages":
         serve_messages_api(args.turns, args.delay)
     else:
         serve_otlp(args.delay)

@@ -7,7 +7,6 @@ the run's totals a second time on top of its generations.
 """
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
@@ -21,9 +20,23 @@ def _installed_version() -> str:
         return "0.0.0"
 
 
-# The instrumentation scope of every span and metric: looked up once, not per agent.
+# The instrumentation scope of every span and metric: looked up once, not per agent, and only when first used
+# (importlib.metadata is slow to import, and `looptrace detect` never needs the version).
 SCOPE_NAME = "looptrace"
-SCOPE_VERSION = _installed_version()
+
+
+def __getattr__(name: str) -> str:
+    if name == "SCOPE_VERSION":
+        value = _installed_version()
+    elif name in ("METRIC_TOKEN_USAGE", "METRIC_OPERATION_DURATION"):
+        from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
+
+        value = {"METRIC_TOKEN_USAGE": gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+                 "METRIC_OPERATION_DURATION": gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION}[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
@@ -81,6 +94,7 @@ TOOL_ARGUMENTS_DIGEST = "looptrace.tool.arguments_digest"  # of the canonical, r
 TOOL_IS_ERROR = "looptrace.tool.is_error"
 TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
+REPAIRED_ATTRIBUTES = "looptrace.repaired_attributes"  # keys whose values could not be written as they were
 
 ANOMALY_EVENT = "looptrace.anomaly"  # span event on the turn span and on each offending tool span
 ANOMALY_TYPE = "looptrace.anomaly.type"
@@ -120,8 +134,8 @@ LANGFUSE_SESSION_ID = "session.id"
 LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
-METRIC_TOKEN_USAGE = _gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE
-METRIC_OPERATION_DURATION = _gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION
+# METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module
+# imports the OpenTelemetry metrics API, which `looptrace detect` and `traces` have no use for); see __getattr__.
 METRIC_RUNS = "looptrace.runs"
 METRIC_TURNS = "looptrace.turns"
 METRIC_TOOL_CALLS = "looptrace.tool.calls"

@@ -633,12 +633,19 @@ def test_an_interrupted_push_never_sends_a_batch_twice(spill):
     with pytest.raises(KeyboardInterrupt):
         push(spill.path, {"langfuse": first})
     second = ScriptedExporter()
-    push(spill.path, {"langfuse": second})
+    report = push(spill.path, {"langfuse": second})
+    # The interrupted call never got its answer: it may have arrived, so it is held back, reported, not resent.
+    assert second.calls == [span_ids_in_order(batches[2])]
+    assert report.held == {"langfuse": 4} and not report.ok and "--resend-interrupted" in report.summary()
     third = ScriptedExporter()
-    push(spill.path, {"langfuse": third})
-    delivered = [first.calls[0], *second.calls]  # the interrupted call never got its answer: it is sent again
-    assert sorted(map(sorted, delivered)) == sorted(sorted(span_ids(b)) for b in batches)
-    assert third.calls == [] and not spill.path.exists()
+    assert push(spill.path, {"langfuse": third}).held == {"langfuse": 4} and third.calls == []
+    fourth = ScriptedExporter()
+    push(spill.path, {"langfuse": fourth}, resend_interrupted=True)  # the user's explicit choice
+    assert fourth.calls == [span_ids_in_order(batches[1])] and not spill.path.exists() and not spill.ledger.exists()
+
+
+def span_ids_in_order(spans):
+    return [format(s.context.span_id, "016x") for s in spans]
 
 
 def test_a_failing_backend_keeps_its_batches_and_others_go_on(spill):
@@ -665,8 +672,9 @@ def test_a_bad_line_is_kept_not_sent(spill):
     spill.append("otlp", finished_run_spans())
     with open(spill.path, "a") as handle:
         handle.write('{"truncated": \n')
-    push(spill.path, {"otlp": ScriptedExporter()})
-    assert spill.path.read_text() == '{"truncated": \n'
+    report = push(spill.path, {"otlp": ScriptedExporter()})
+    assert spill.quarantine.read_text() == '{"truncated": \n' and not spill.path.exists()
+    assert report.sent == {"otlp": 4} and str(spill.quarantine) in report.summary()
 
 
 def test_guarded_exporter_survives_an_exporter_that_raises(spill):

@@ -1,0 +1,270 @@
+"""9. Side by side with the peers: extra CPU per turn over a bare loop, one conversation, one harness.
+
+The conversation: 3 calls through the real ``anthropic`` SDK (``anthropic.Anthropic``, its own spans off) to the fake
+Messages API in its own process, 2 of them answered with a tool call (a no-op tool), the last with ``end_turn``.
+Every variant runs it in a process of its own (``peer_worker.py``; the peers in venvs of their own, ``peer_venvs.py``),
+and exports what it recorded inside the clock (each sample ends with the variant's flush). The clock is the worker's
+process CPU time, all threads included, so a background export thread's work counts; the servers' work does not.
+
+Variants, each against the same bare loop (no instrumentation at all):
+
+* looptrace, file export (``configure(exporters="file")``, the default) and OTLP export (``exporters="otlp"`` to a local
+  OTLP/HTTP sink that accepts and discards): ``Agent`` with the detector and content capture on, traces only (no
+  MeterProvider given to the Agent).
+* the peers, each exporting over OTLP/HTTP (protobuf, batched) to the same sink: OpenLLMetry's anthropic
+  instrumentation (content on: its default), OpenTelemetry's genai-anthropic instrumentation (content on the span:
+  ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY``, not its default), OpenInference's anthropic
+  instrumentation (content on: its default), Langfuse's SDK with ``@observe`` on the conversation, each model call (as a
+  generation) and each tool call, exporting to the sink as its Langfuse host, and Logfire's ``instrument_anthropic()``
+  with ``send_to_logfire=False``, no console, and a BatchSpanProcessor to the sink.
+* raw SDK: the bare loop plus the spans of a real looptrace run of this conversation (recorded at start-up: every
+  attribute, content included, events, statuses, same order) made straight through the OpenTelemetry SDK into a
+  ``BatchSpanProcessor`` with a null exporter (goal 1's baseline) or the OTLP/HTTP exporter to the sink (goal 2's).
+
+Runs x repetitions: each run starts every worker afresh; within a run the order rotates every repetition and each
+variant's extra = median over repetitions of (its sample - the bare sample of the same repetition) per turn. The table
+gives the median over runs and the range; ratios are taken per run, then the median.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import scenario
+from .common import Row, fmt_s, say
+from .peer_venvs import PEER_REQUIREMENTS, PeerEnv, ensure_all
+from .servers import MessagesAPIServer, OTLPSink
+
+CALLS = 3  # model calls per conversation (2 tool calls, then end_turn)
+MAX_TOKENS = 1024
+GOAL_FILE = 1.0  # goal 1: looptrace file export / raw SDK, null exporter
+GOAL_OTLP = 1.5  # goal 2: looptrace OTLP export / raw SDK, OTLP exporter
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Variant:
+    key: str  # peer_worker.VARIANTS key
+    label: str  # what the row says
+    exporter: str  # where its spans go
+    peer: str | None = None  # the peer venv it runs in; None: this environment
+    env: PeerEnv | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    spans: int | None = None  # per conversation
+    attributes: int | None = None
+    extras: list[float] = field(default_factory=list)  # per run: extra CPU seconds per turn over bare
+
+
+def variants() -> list[Variant]:
+    sink = "OTLP/HTTP to a discarding sink"
+    return [
+        Variant("looptrace-file", "looptrace, file export (default)", "OTLP/JSON file"),
+        Variant("looptrace-otlp", "looptrace, OTLP export", sink),
+        Variant("openllmetry", "OpenLLMetry anthropic instrumentation", sink, "openllmetry"),
+        Variant("otel-genai", "OpenTelemetry's genai-anthropic instrumentation", sink, "otel-genai"),
+        Variant("openinference", "OpenInference anthropic instrumentation", sink, "openinference"),
+        Variant("langfuse", "Langfuse SDK @observe", "Langfuse's OTLP/HTTP exporter to the sink", "langfuse"),
+        Variant("logfire", "Logfire instrument_anthropic", sink, "logfire"),
+        Variant("looptrace-off", "context: looptrace, telemetry and detector off (the runtime alone)", "nothing"),
+        Variant("raw-null", "raw OTel SDK, looptrace's spans and attributes, null exporter", "null exporter (BSP)"),
+        Variant("raw-otlp", "raw OTel SDK, looptrace's spans and attributes, OTLP exporter", sink),
+    ]
+
+
+class Worker:
+    """A peer_worker process; one JSON line per command and per answer."""
+
+    def __init__(self, key: str, python: str, env: dict[str, str]) -> None:
+        self.key = key
+        self.process = subprocess.Popen([python, "-m", "benchmarks.peer_worker", key], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT)
+        self.ready: dict | None = None
+
+    def wait_ready(self) -> dict:
+        self.ready = self._read()
+        return self.ready
+
+    def ask(self, **command) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=30)
+            raise RuntimeError(f"worker {self.key} exited ({self.process.returncode}); see stderr")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        try:
+            self.process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+
+
+def _config() -> dict:
+    return {"model": scenario.MODEL, "system": scenario.SYSTEM, "task": scenario.task("run-0"),
+            "tools": [scenario.lookup.definition()], "max_tokens": MAX_TOKENS, "calls": CALLS}
+
+
+def _start(keys_pythons: dict[str, str], env: dict[str, str]) -> dict[str, Worker]:
+    workers = {key: Worker(key, python, env) for key, python in keys_pythons.items()}
+    for worker in workers.values():  # they set up in parallel; wait for each in turn
+        worker.wait_ready()
+    return workers
+
+
+def _one_run(workers: dict[str, Worker], reps: int, conversations: int) -> dict[str, list[float]]:
+    names = list(workers)
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            cpu[name].append(workers[name].ask(sample=conversations)["cpu_s"])
+    return cpu
+
+
+def run(quick: bool = False) -> list[Row]:
+    # The issue's protocol by default; LOOPTRACE_BENCH_PEERS_RUNS / _REPS trade precision for time on a busy machine.
+    runs = int(os.environ.get("LOOPTRACE_BENCH_PEERS_RUNS") or (2 if quick else 5))
+    reps = int(os.environ.get("LOOPTRACE_BENCH_PEERS_REPS") or (5 if quick else 30))
+    # One export request per sample and variant (the flush), as a real agent's slow turns get about one per turn.
+    conversations = 2 if quick else 3
+    turns_per_sample = conversations * CALLS
+    table = variants()
+    peers = [v.peer for v in table if v.peer]
+    where = os.environ.get("LOOPTRACE_BENCH_PEERS_DIR") or "~/.cache/looptrace-bench-peers"
+    say(f"  9: preparing the peers' venvs ({', '.join(peers)}) in {where}")
+    envs = ensure_all(peers)
+    for variant in table:
+        if variant.peer:
+            variant.env = envs[variant.peer]
+            if variant.env.python is None:
+                say(f"  9: {variant.peer}: {variant.env.problem}")
+    measured = [v for v in table if v.env is None or v.env.python is not None]
+    pythons = {"bare": sys.executable, **{v.key: (v.env.python if v.env else sys.executable) for v in measured}}
+
+    with MessagesAPIServer(turns=CALLS) as api, OTLPSink() as sink:
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
+               "BENCH_PEERS_CONFIG": json.dumps(_config()), "BENCH_PEERS_API_URL": api.url,
+               "BENCH_PEERS_API_KEY": api.api_key, "BENCH_PEERS_SINK_URL": sink.url,
+               # The benchmark's model name is deprecated in newer SDKs; the warning is the same in every variant.
+               "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+        say(f"  9: {runs} runs x {reps} rotated repetitions of {len(pythons)} workers, {conversations} conversations "
+            f"({turns_per_sample} turns) per sample")
+        for number in range(runs):
+            workers = _start(pythons, env)
+            try:
+                if number == 0:
+                    _describe(measured, workers, sink)
+                cpu = _one_run(workers, reps, conversations)
+            finally:
+                for worker in workers.values():
+                    worker.stop()
+            for variant in measured:
+                paired = [a - b for a, b in zip(cpu[variant.key], cpu["bare"])]
+                variant.extras.append(statistics.median(paired) / turns_per_sample)
+            bare_turn = statistics.median(cpu["bare"]) / turns_per_sample
+            say(f"  9: run {number + 1}/{runs}: bare {fmt_s(bare_turn)} CPU/turn; "
+                + ", ".join(f"{v.key} +{v.extras[-1] * 1e6:,.0f} µs" for v in measured))
+    rows = _rows(table, runs, reps, conversations)
+    say("\n" + side_by_side(table))
+    return rows
+
+
+def _describe(measured: list[Variant], workers: dict[str, Worker], sink: OTLPSink) -> None:
+    """What each variant records for one conversation, counted where it ends up (file, null exporter or sink)."""
+    for variant in measured:
+        worker = workers[variant.key]
+        variant.versions = worker.ready["versions"] if worker.ready else {}
+        sink.count_start()
+        counted = worker.ask(count=True)
+        at_sink = sink.count_stop()
+        if counted.get("spans") is None:
+            counted = at_sink
+        variant.spans, variant.attributes = counted["spans"], counted["attributes"]
+
+
+def _band(values: list[float]) -> str:
+    return f"{min(values) * 1e6:,.0f}–{max(values) * 1e6:,.0f} µs"
+
+
+def _ratios(variant: Variant, base: Variant) -> list[float]:
+    return [a / b for a, b in zip(variant.extras, base.extras)]
+
+
+def _rows(table: list[Variant], runs: int, reps: int, conversations: int) -> list[Row]:
+    by_key = {v.key: v for v in table}
+    lt_file, lt_otlp = by_key["looptrace-file"], by_key["looptrace-otlp"]
+    rows = []
+    for variant in table:
+        if not variant.extras:
+            reason = variant.env.problem if variant.env else "not measured"
+            rows.append(Row("9 peers", variant.label, "not measured", "", None, reason))
+            continue
+        per_turn = lambda n: "?" if n is None else f"{n / CALLS:.1f}"  # noqa: E731
+        versions = ", ".join(f"{k} {v}" for k, v in variant.versions.items())
+        rows.append(Row(
+            "9 peers", f"{variant.label}: extra CPU per turn over a bare loop",
+            f"{statistics.median(variant.extras) * 1e6:,.0f} µs", "", None,
+            f"{per_turn(variant.spans)} spans and {per_turn(variant.attributes)} span attributes per turn; "
+            f"{statistics.median(_ratios(variant, lt_file)):.2f}x looptrace file, "
+            f"{statistics.median(_ratios(variant, lt_otlp)):.2f}x looptrace OTLP; runs {_band(variant.extras)}; "
+            f"export: {variant.exporter}; {versions}"))
+    goal1 = _ratios(lt_file, by_key["raw-null"])
+    goal2 = _ratios(lt_otlp, by_key["raw-otlp"])
+    how = f"median of {runs} runs x {reps} rotated repetitions of {conversations} conversations of {CALLS} calls"
+    rows.append(Row("9 peers", "goal 1: looptrace file export / raw SDK with looptrace's spans, null exporter "
+                    "(extra CPU per turn each)", f"{statistics.median(goal1):.2f}x", f"<= {GOAL_FILE}x",
+                    statistics.median(goal1) <= GOAL_FILE,
+                    f"runs {min(goal1):.2f}–{max(goal1):.2f}x; {how}"))
+    off = by_key["looptrace-off"]
+    if off.extras:
+        telemetry1 = [(a - o) / r for a, o, r in zip(lt_file.extras, off.extras, by_key["raw-null"].extras)]
+        rows.append(Row("9 peers", "context for goal 1: telemetry only, (looptrace file - looptrace telemetry off) "
+                        "/ raw SDK null exporter", f"{statistics.median(telemetry1):.2f}x", "", None,
+                        f"runs {min(telemetry1):.2f}–{max(telemetry1):.2f}x; the runtime alone (telemetry and "
+                        f"detector off) costs {statistics.median(off.extras) * 1e6:,.0f} µs/turn over the bare loop"))
+    rows.append(Row("9 peers", "goal 2: looptrace OTLP export / raw SDK with looptrace's spans, same OTLP exporter "
+                    "(extra CPU per turn each)", f"{statistics.median(goal2):.2f}x", f"<= {GOAL_OTLP}x",
+                    statistics.median(goal2) <= GOAL_OTLP,
+                    f"runs {min(goal2):.2f}–{max(goal2):.2f}x; {how}"))
+    if off.extras:
+        telemetry2 = [(a - o) / r for a, o, r in zip(lt_otlp.extras, off.extras, by_key["raw-otlp"].extras)]
+        rows.append(Row("9 peers", "context for goal 2: telemetry only, (looptrace OTLP - looptrace telemetry off) "
+                        "/ raw SDK OTLP exporter", f"{statistics.median(telemetry2):.2f}x", "", None,
+                        f"runs {min(telemetry2):.2f}–{max(telemetry2):.2f}x"))
+    return rows
+
+
+def side_by_side(table: list[Variant]) -> str:
+    """The issue's table: system, spans/turn, extra CPU µs/turn, vs looptrace (file export)."""
+    base = next(v for v in table if v.key == "looptrace-file")
+    lines = ["| system | exports to | spans/turn | attributes/turn | extra CPU µs/turn (range over runs) "
+             "| vs looptrace file | vs looptrace OTLP |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    otlp = next(v for v in table if v.key == "looptrace-otlp")
+    for v in table:
+        if not v.extras:
+            lines.append(f"| {v.label} | {v.exporter} | | | not measured: "
+                         f"{v.env.problem if v.env else 'failed'} | | |")
+            continue
+        spans = "?" if v.spans is None else f"{v.spans / CALLS:.1f}"
+        attributes = "?" if v.attributes is None else f"{v.attributes / CALLS:.1f}"
+        lines.append(f"| {v.label} | {v.exporter} | {spans} | {attributes} | "
+                     f"{statistics.median(v.extras) * 1e6:,.0f} ({_band(v.extras)}) | "
+                     f"{statistics.median(_ratios(v, base)):.2f} | {statistics.median(_ratios(v, otlp)):.2f} |")
+    return "\n".join(lines)
+
+
+assert set(PEER_REQUIREMENTS) == {v.peer for v in variants() if v.peer}
