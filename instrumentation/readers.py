@@ -127,7 +127,9 @@ class ProducerReader:
     def translate(self, span: Any) -> NeutralSpan:
         attributes = span.attributes
         kind = attributes.get(OI_SPAN_KIND)
-        if kind is not None:
+        # A span that follows the GenAI conventions is read as such even when it also names an OpenInference kind:
+        # looptrace's own spans do (for Phoenix), and their gen_ai.* attributes are the complete record.
+        if kind is not None and not attributes.get(sc.GEN_AI_OPERATION_NAME) and sc.TURN_INDEX not in attributes:
             neutral = _from_openinference(span, str(kind).upper())
         elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
                 key.startswith((OLL_PROMPT, OLL_COMPLETION)) for key in attributes):  # OpenLLMetry named no operation

@@ -14,7 +14,7 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
-when both are; the local trace file otherwise. Names combine: ``file,langfuse,otlp``.
+when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
 
 The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
@@ -314,9 +314,11 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         provider.add_span_processor(processor)
     telemetry.processors = processors
     if "langfuse" in names and settings.langfuse is not None:
-        from .langfuse import LangfuseScores
+        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
 
-        telemetry.scores = LangfuseScores.from_settings(settings.langfuse)
+        telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
+        # Runs on this provider get a link to their trace in Langfuse's UI (RunResult.trace_url).
+        register_trace_links(provider, TraceLinks(settings.langfuse))
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
     return telemetry
 
@@ -388,6 +390,10 @@ def _resource(settings: Settings) -> Resource:
     if settings.service_name:
         attributes[SERVICE_NAME] = settings.service_name
     attributes.setdefault(SERVICE_NAME, DEFAULT_SERVICE_NAME)
+    if settings.langfuse is not None:  # LANGFUSE_TRACING_ENVIRONMENT / LANGFUSE_RELEASE: once per batch, not per span
+        from .langfuse import resource_attributes
+
+        attributes.update(resource_attributes(settings.langfuse))
     return Resource.create(attributes)
 
 

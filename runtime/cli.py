@@ -173,9 +173,9 @@ def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="LIST",
-                        help="comma list of file, console, otlp, langfuse, none (default: LOOPTRACE_EXPORTER; else "
-                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, "
-                             "else file)")
+                        help="comma list of file, console, otlp, langfuse, none, taken exactly (default: "
+                             "LOOPTRACE_EXPORTER; else file, plus langfuse when LANGFUSE_* keys are set and otlp when "
+                             "OTEL_EXPORTER_OTLP_ENDPOINT is)")
     parser.add_argument("--trace-file", type=Path,
                         help="where the file exporter writes "
                              "(default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
@@ -445,9 +445,12 @@ def _with_redacted_arguments(message: Any) -> Any:
 
 
 def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
-    if telemetry.trace_file is not None:
-        out.write(f"trace {result.trace_id} written to {telemetry.trace_file}; "
-                  f"see it with: looptrace traces show --trace-id {result.trace_id[:12]}\n")
+    """The end of every run: its trace id, where to look at it locally, and its link in Langfuse when there is one."""
+    where = (f" written to {telemetry.trace_file}; see it with: looptrace traces show --trace-id {result.trace_id[:12]}"
+             if telemetry.trace_file is not None else "")
+    out.write(f"trace {result.trace_id}{where}\n")
+    if result.trace_url:
+        out.write(f"trace in Langfuse: {result.trace_url}\n")
 
 
 def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
@@ -465,6 +468,8 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) ->
         return
     out.write(render_trace(spans) + "\n\n")
     out.write(f"trace file: {telemetry.trace_file}  (looptrace traces show --trace-id {result.trace_id[:12]})\n")
+    if result.trace_url:
+        out.write(f"trace in Langfuse: {result.trace_url}\n")
 
 
 def _configure_logging() -> None:

@@ -152,7 +152,7 @@ def render_trace(spans: Iterable[SpanRecord]) -> str:
             child_prefix = child_prefix[:MAX_INDENT]
         children = by_parent.get(span.span_id, [])
         for name, _, attributes in span.events if branch else ():
-            if name.startswith(sc.ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
+            if name.startswith(sc.LEGACY_ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
                 message = attributes.get(sc.ANOMALY_MESSAGE) or attributes.get(sc.EVENT_MESSAGE) or ""
                 lines.append(f"{child_prefix}{WARN_MARK} {name}: {short(message, 100)}")
         for position in range(len(children) - 1, -1, -1):
@@ -189,7 +189,9 @@ def _describe(span: SpanRecord) -> str:
         error = f"  ERROR {a.get(sc.ERROR_TYPE, '')}".rstrip() if span.is_error else ""
         return f"{mark}{span.name}{call}{outcome}  {took}{error}"
     if sc.TURN_INDEX in a:
-        return f"{mark}{span.name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
+        # Turn spans share one name; the index is an attribute (traces written before that name it "turn 3").
+        name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
+        return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
 
 
