@@ -20,10 +20,11 @@ BENCHMARKS = {
     5: ("b5_many_agents", "200 concurrent arun calls vs one at a time, trace integrity"),
     6: ("b6_startup", "start-up CPU: import looptrace and looptrace --help vs import opentelemetry.sdk.trace"),
     7: ("detector_eval", "detector precision and recall on recorded trajectories (../shared/trajectories)"),
-    8: ("b7_watch", "looptrace watch: spans/s, memory with 10,000 open runs, alert delay"),
-    9: ("b9_peers", "side by side with the peers' anthropic instrumentations; goals 1-2 of issue 14"),
+    8: ("b8_watch", "looptrace watch: spans/s, memory with 10,000 open runs, alert delay"),
+    9: ("b9_trace_file", "trace file: default telemetry vs raw SDK spans; detect and show vs json.loads"),
+    10: ("b10_peers", "side by side with the peers' anthropic instrumentations; goals 1-2 of issue 14"),
 }
-NAMES = {"detector-eval": 7, "watch": 8, "peers": 9}
+NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10}
 
 
 def _benchmark_number(text: str) -> int:

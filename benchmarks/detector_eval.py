@@ -1,4 +1,4 @@
-"""6. The detector on real agents: precision and recall per anomaly type on recorded trajectories.
+"""7. The detector on real agents: precision and recall per anomaly type on recorded trajectories.
 
 Replays every run of the trajectory corpus (``<repo>/../shared/trajectories``, or ``LOOPTRACE_TRAJECTORIES``) through
 the same LoopDetector the live loop uses, fed the way the loop feeds it:
@@ -152,7 +152,7 @@ def run(quick: bool = False) -> list[Row]:
     directory = corpus_dir()
     if not directory.is_dir():
         say(f"detector-eval skipped: no trajectory corpus at {directory} (set {CORPUS_ENV} to point at one)")
-        return [Row("6 detector-eval", "skipped", "no corpus", context=str(directory))]
+        return [Row("7 detector-eval", "skipped", "no corpus", context=str(directory))]
     result = evaluate(directory)
     rows = []
     for kind, line in result["table"].items():
@@ -161,10 +161,10 @@ def run(quick: bool = False) -> list[Row]:
             (not line["flags"] or line["true"] / line["flags"] >= 0.9)
             and (kind not in (REPEATED_CALL, IGNORED_ERROR) or not line["labelled"]
                  or line["true"] / line["labelled"] >= 0.8))
-        rows.append(Row("6 detector-eval", f"{kind}: precision / recall", f"{precision} / {recall}",
+        rows.append(Row("7 detector-eval", f"{kind}: precision / recall", f"{precision} / {recall}",
                         "P>=90%, R>=80%", met,
                         f"{line['flags']} flags, {line['true']} true, {line['labelled']} labelled"))
-    rows.append(Row("6 detector-eval", "replay time", f"{result['elapsed_s']:.2f} s",
+    rows.append(Row("7 detector-eval", "replay time", f"{result['elapsed_s']:.2f} s",
                     context=f"{result['runs']} runs, {result['calls']} tool calls"))
     return rows
 

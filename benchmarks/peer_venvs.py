@@ -1,4 +1,4 @@
-"""The peers' own virtual environments, made (once) for benchmark 9, reused while their requirements stay the same.
+"""The peers' own virtual environments, made (once) for benchmark 10, reused while their requirements stay the same.
 
 Each peer gets a venv of its own: instrumentations of the same SDK patch the same functions and some share import
 paths, so they are never installed side by side. Every venv pins the packages the conversation itself runs on

@@ -1,9 +1,9 @@
-"""One variant of benchmark 9, in a process of its own: ``python -m benchmarks.peer_worker VARIANT``.
+"""One variant of benchmark 10, in a process of its own: ``python -m benchmarks.peer_worker VARIANT``.
 
 Every variant runs the same conversation through the real ``anthropic`` SDK against the benchmark's fake Messages API:
 3 model calls, 2 tool calls, then ``end_turn``. Instrumentations patch the SDK for the whole process, and some peers
 cannot even be installed side by side, so each variant gets its own process (the peers their own venvs); the parent
-(``b9_peers``) tells the workers in turn to take one sample, rotating the order.
+(``b10_peers``) tells the workers in turn to take one sample, rotating the order.
 
 Only the standard library and ``anthropic`` are imported at module level: the peers' venvs do not have looptrace, and
 each variant imports what it needs when it is set up.
@@ -228,7 +228,7 @@ class Looptrace(ProviderVariant):
     def __init__(self, exporter: str) -> None:
         from looptrace import configure
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench9-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench10-")
         self.trace_file = os.path.join(self._tmp.name, "traces.jsonl")
         if exporter == "otlp":
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = SINK_URL

@@ -3,12 +3,57 @@ is `Settings.capture_content`)."""
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import re
 from typing import Any
 
 REDACTED = "[REDACTED]"
+
+
+class CaptureMode(enum.Enum):
+    """Where conversation content goes: the OpenTelemetry GenAI utilities' ContentCapturingMode, value for value."""
+
+    NO_CONTENT = 0
+    SPAN_ONLY = 1  # content attributes on the spans (looptrace's default)
+    EVENT_ONLY = 2  # content on a gen_ai.client.inference.operation.details event of each chat span, not on spans
+    SPAN_AND_EVENT = 3
+
+    @property
+    def on_spans(self) -> bool:
+        return self in (CaptureMode.SPAN_ONLY, CaptureMode.SPAN_AND_EVENT)
+
+    @property
+    def in_events(self) -> bool:
+        return self in (CaptureMode.EVENT_ONLY, CaptureMode.SPAN_AND_EVENT)
+
+
+def capture_mode(value: str | None) -> CaptureMode | None:
+    """One setting's capture mode (settings.capture_mode_name), None when unset. An unknown value means NO_CONTENT,
+    with a warning, as in the OpenTelemetry GenAI utilities: a typo must not start recording what someone meant to keep
+    off the record."""
+    from .settings import capture_mode_known, capture_mode_name
+
+    name = capture_mode_name(value)
+    if name is None:
+        return None
+    if not capture_mode_known(value or ""):
+        from .logs import log
+
+        log.warning("capture_setting_unknown", value=(value or "")[:40], assumed="NO_CONTENT",
+                    expected=", ".join([*CaptureMode.__members__, "true", "false"]))
+    return CaptureMode[name]
+
+
+def capture_mode_from_env() -> CaptureMode:
+    """Content is captured on spans unless switched off: seeing a tool's arguments is the point of tracing an agent
+    (the Langfuse SDK and OpenLLMetry capture by default too). LOOPTRACE_CAPTURE_CONTENT wins over the conventions'
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; both take the modes above or true/false."""
+    from .settings import Settings
+
+    return capture_mode(Settings.from_env().capture_setting) or CaptureMode.SPAN_ONLY
+
 
 
 def cap(text: str, limit: int) -> str:
@@ -93,16 +138,65 @@ def genai_part(block: Any) -> dict[str, Any]:
     kind = block.get("type")
     if kind == "text":
         return {"type": "text", "content": block.get("text", "")}
-    if kind in ("tool_use", "server_tool_use"):
+    if kind == "tool_use":
         return {"type": "tool_call", "id": block.get("id"), "name": block.get("name"),
                 "arguments": redact(block.get("input"))}
     if kind == "tool_result":
         return {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": block.get("content"),
                 **({"is_error": True} if block.get("is_error") else {})}
+    if kind == "server_tool_use":  # run by Anthropic (web search, code execution): the conventions' server tool call
+        return {"type": "server_tool_call", "id": block.get("id"), "name": block.get("name"),
+                "server_tool_call": {"type": block.get("name") or "unknown", **_as_object(redact(block.get("input")))}}
+    if isinstance(kind, str) and kind.endswith("_tool_result"):  # web_search_tool_result and its siblings
+        return {"type": "server_tool_call_response", "id": block.get("tool_use_id"),
+                "server_tool_call_response": {"type": kind, "content": redact(block.get("content"))}}
     if kind == "thinking":
         return {"type": "reasoning", "content": block.get("thinking", "")}
-    # Images, documents, redacted thinking and block types newer than this code: kept, under their own type.
+    if kind in ("image", "document") and isinstance(block.get("source"), dict):
+        part = _media_part(kind, block["source"])
+        if part is not None:
+            return part
+    # Redacted thinking, files, block types newer than this code: kept, under their own type (a generic part).
     return {"type": kind or "unknown", "content": redact({k: v for k, v in block.items() if k != "type"})}
+
+
+def _as_object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {"input": value}
+
+
+def _media_part(kind: str, source: dict[str, Any]) -> dict[str, Any] | None:
+    """An image or document block as the conventions' blob (inline base64) or uri part."""
+    modality = "image" if kind == "image" else kind
+    if source.get("type") == "base64":
+        return {"type": "blob", "modality": modality, "mime_type": source.get("media_type"),
+                "content": source.get("data", "")}
+    if source.get("type") == "url":
+        return {"type": "uri", "modality": modality, "uri": source.get("url", "")}
+    return None
+
+
+def genai_tool_definition(definition: dict[str, Any]) -> dict[str, Any]:
+    """A Messages API tool as the conventions' tool definition: ``{type: function, name, description, parameters}``
+    for a client tool, ``{type, name}`` for one of Anthropic's server tools (web_search_20250305, ...)."""
+    if "input_schema" in definition or definition.get("type") in (None, "custom"):
+        tool = {"type": "function", "name": definition.get("name", "")}
+        if definition.get("description"):
+            tool["description"] = definition["description"]
+        if "input_schema" in definition:
+            tool["parameters"] = definition["input_schema"]
+        return tool
+    return {"type": definition["type"], "name": definition.get("name", definition["type"])}
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the newest user message: what a person would call the task of a continued conversation."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            return "".join(b.get("text", "") for b in content or () if isinstance(b, dict) and b.get("type") == "text")
+    return ""
 
 
 class MessageLog:

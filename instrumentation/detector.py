@@ -617,6 +617,7 @@ class _FailureRun:
     arguments: str
     seqs: deque[int]
     turns: deque[int]
+    runs: deque[int]  # which run of the session each failure was in
     call_ids: deque[str]
     streak: str | None = None
 
@@ -642,6 +643,7 @@ class LoopDetector:
         self.anomalies_reported = 0
         self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
         self._failures: dict[str, _FailureRun] = {}  # kept across the runs of a session
+        self._runs_begun = 0
         self.judge_failures = 0
         self.judge_silenced = 0
         self._pending: list[_Observed] = []
@@ -676,6 +678,7 @@ class LoopDetector:
         self._guarded(self._begin_run)
 
     def _begin_run(self) -> list[Anomaly]:
+        self._runs_begun += 1
         self._pending, self._pending_overflow, self._pending_turn = [], 0, None
         self._last_closed_turn = None
         self._call_streaks, self._failing_tools = {}, {}
@@ -887,14 +890,17 @@ class LoopDetector:
                     error.moved_on = True
 
     def _note_later_success(self, observed: _Observed, turn: int) -> None:
-        """A success of another tool after an error may report the failure: a hand-off or a ticket that names what
-        failed or quotes its error. (Another call of the same tool naming a shared value is a retry, not a report.)"""
+        """A success of another tool after an error may report the failure: a hand-off or a ticket whose free text
+        names what failed or quotes its error. (An id argument naming the same order is the next operation on it, and
+        another call of the same tool is a retry: neither is a report.)"""
         text = None
         for errors in self._unresolved.values():
             for error in errors.recent:
                 if not error.reported and errors is not self._unresolved.get(observed.tool):
                     if text is None:
-                        text = _fold(" ".join(_strings_in(observed.raw_arguments)))[:_ANSWER_SCAN_CHARS]
+                        # free text only (a summary, a message): an id argument is the next operation, not a report
+                        text = _fold(" ".join(t for t in _strings_in(observed.raw_arguments)
+                                              if any(c.isspace() for c in t.strip())))[:_ANSWER_SCAN_CHARS]
                     error.reported = _names_or_quotes(text, error)
 
     # ---- closing a turn: every per-turn rule runs here
@@ -923,14 +929,16 @@ class LoopDetector:
                 self._failures.pop(key, None)  # it worked (or did something else): no longer failing
                 continue
             run = self._failures.pop(key, None) or _FailureRun(
-                call.tool, call.arguments, deque(), deque(), deque(maxlen=cfg.max_call_ids))
+                call.tool, call.arguments, deque(), deque(), deque(), deque(maxlen=cfg.max_call_ids))
             self._failures[key] = run  # most recently failing last
             run.seqs.append(self._turn_seq)
             run.turns.append(turn)
+            run.runs.append(self._runs_begun)
             run.call_ids.extend(call.call_ids)
             while run.seqs and run.seqs[0] < oldest:
                 run.seqs.popleft()
                 run.turns.popleft()
+                run.runs.popleft()
             if len(run.seqs) < cfg.repeat_threshold:
                 if len(run.seqs) == 1:
                     run.streak = None  # the earlier failures left the window: a new streak
@@ -954,9 +962,9 @@ class LoopDetector:
             type=REPEATED_CALL, turn=turn, tool=run.tool,
             arguments=run.arguments if self.config.capture_content else None,
             call_ids=tuple(run.call_ids)[-self.config.max_call_ids:], count=count,
-            message=(f"{what} failed {count} times in the last {self.config.repeat_window} turns (turns "
-                     f"{', '.join(str(t) for t in run.turns)}), with other calls between; retrying unchanged will "
-                     "not help: fix the arguments, use another tool, or tell the user what is failing."),
+            message=(f"{what} failed {count} times in the last {self.config.repeat_window} turns ({_where(run)}), with "
+                     "other calls between; retrying unchanged will not help: fix the arguments, use another tool, "
+                     "or tell the user what is failing."),
             streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
         )
 
@@ -1204,6 +1212,13 @@ def _repeated_streak_key(group: list[_CallStreak]) -> str:
         return f"repeated_call:{only.tool}:{only.key[:10]}@t{only.start_turn}"
     members = _digest("".join(s.key for s in group))[:10]
     return f"repeated_call:batch:{members}@t{group[0].start_turn}"
+
+
+def _where(run: _FailureRun) -> str:
+    """The turns of a failure run, or how many runs of the session it spans."""
+    if len(set(run.runs)) == 1:
+        return "turns " + ", ".join(str(t) for t in run.turns)
+    return f"across {len(set(run.runs))} runs of this session"
 
 
 def _recent_ids(id_groups: list, limit: int) -> tuple[str, ...]:

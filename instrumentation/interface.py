@@ -81,6 +81,11 @@ class RunTrace(Protocol):
     @property
     def span_id(self) -> str: ...
 
+    @property
+    def trace_url(self) -> str | None:
+        """The trace in a backend's UI (Langfuse), when the run's spans go there; else None."""
+        ...
+
     def start_turn(self, index: int) -> TurnTrace: ...
 
     def end(self, *, status: str, turns: int, usage: Any, cost_usd: float | None, anomalies: int,
@@ -90,7 +95,7 @@ class RunTrace(Protocol):
 class AgentTracing(Protocol):
     """An agent's telemetry: starts the trace of each run."""
 
-    def start_run(self, *, agent: str, model: str, task: str, system: str | None,
+    def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
                   tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None) -> RunTrace: ...
 
@@ -156,6 +161,7 @@ class _NoRun:
 
     trace_id = _ZERO_TRACE_ID
     span_id = _ZERO_SPAN_ID
+    trace_url = None
 
     def start_turn(self, index: int) -> TurnTrace:
         return _NO_TURN
@@ -171,7 +177,7 @@ _NO_CHAT, _NO_TURN, _NO_RUN = _NoChat(), _NoTurn(), _NoRun()
 class NoTracing:
     """Telemetry switched off: no span, no metric, no exporter; tool arguments are still redacted."""
 
-    def start_run(self, *, agent: str, model: str, task: str, system: str | None,
+    def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
                   tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None) -> RunTrace:
         from .langfuse import trace_attributes

@@ -113,10 +113,11 @@ class LoopMetrics:
         error_type: str | None = None,
         cost_usd: float | None = None,
         server_address: str | None = None,
+        server_port: int | None = None,
     ) -> None:
         """One Messages API call. `input_tokens` already includes cache reads and cache writes (the conventions'
         Anthropic rule). A failed call records its duration with `error.type` and no token usage: the API sent none."""
-        attributes = {
+        attributes: dict[str, str | int] = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
             sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
             _gen_ai.GEN_AI_REQUEST_MODEL: request_model,
@@ -127,6 +128,8 @@ class LoopMetrics:
             attributes[_gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
         if server_address:
             attributes[_server.SERVER_ADDRESS] = server_address
+            if server_port:  # conditionally required beside server.address
+                attributes[_server.SERVER_PORT] = server_port
 
         if error_type is None:
             # Separate dicts rather than one mutated in place: an exemplar reservoir may keep the one it was given.

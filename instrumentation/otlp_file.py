@@ -1,29 +1,27 @@
 """The local trace file: OTLP/JSON lines, written as spans finish and read back by `looptrace traces` and `detect`.
 
 The format is the OpenTelemetry file exporter's (one `TracesData` JSON object per line, hex ids, integer enums), so the
-Collector's `otlpjsonfile` receiver can ingest the file as it is. Encoding uses the OpenTelemetry project's own
-OTLP/JSON encoder; writing is ours, because a trace file is a convenience that must never take an agent down: a full
-disk or a read-only directory costs one warning and the spans of that batch, nothing more.
+Collector's `otlpjsonfile` receiver can ingest the file as it is. Writing lives in ``trace_writer`` (and the encoding
+in ``otlp_json``); this module reads, with the standard library only, so that `looptrace detect` and `traces` start
+fast.
 
-Reading streams the file line by line, so a file of any size is read in constant memory, and a malformed line is
-reported (by number) and skipped rather than ending the read.
+Reading streams the file line by line, so a file of any size is read in memory bounded by its longest line, and lines
+longer than ``LOOPTRACE_MAX_LINE_BYTES`` (default 64 MiB) are skipped without being held. A malformed line (torn by
+a crash, not JSON, JSON that is not trace data, nested beyond reason) is reported by number and skipped; the read
+goes on with the next line.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-from .logs import log
+MAX_LINE_BYTES_ENV = "LOOPTRACE_MAX_LINE_BYTES"
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 def default_trace_file() -> Path:
@@ -33,52 +31,13 @@ def default_trace_file() -> Path:
     return Settings.from_env().trace_file
 
 
-class OTLPJsonFileExporter(SpanExporter):
-    """Appends each exported batch to ``path`` as one line of OTLP/JSON."""
+def __getattr__(name: str) -> Any:
+    # The writers need the OpenTelemetry SDK; readers (the CLI's `detect`, `traces`) must not pay for importing it.
+    if name in ("OTLPJsonFileExporter", "TraceFileProcessor"):
+        from . import trace_writer
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        self._warned = False
-        self._shutdown = False
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._shutdown or not spans:
-            return SpanExportResult.SUCCESS if not spans else SpanExportResult.FAILURE
-        try:
-            line = json.dumps(encode_spans(spans).to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
-        except Exception as exc:  # an attribute the encoder cannot take: say so once, keep the agent running
-            self._warn_once("encode", exc)
-            return SpanExportResult.FAILURE
-        try:
-            with self._lock:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                # One write of one line in append mode: concurrent writers interleave whole lines, not halves.
-                with open(self.path, "a", encoding="utf-8") as handle:
-                    handle.write(line)
-        except OSError as exc:
-            self._warn_once("write", exc)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def _warn_once(self, what: str, exc: BaseException) -> None:
-        if self._warned:
-            return
-        self._warned = True
-        log.warning(
-            "trace_file_unwritable",
-            path=str(self.path),
-            action=what,
-            error=f"{type(exc).__name__}: {exc}",
-            hint="the agent keeps running; spans of this batch are lost. Set LOOPTRACE_TRACE_FILE or --trace-file "
-            "to a writable path",
-        )
-
-    def shutdown(self) -> None:
-        self._shutdown = True
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True  # every export is written and closed before it returns
+        return getattr(trace_writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -124,82 +83,173 @@ class TraceFileError(Exception):
     """The trace file cannot be read at all (missing, a directory, no permission)."""
 
 
+def max_line_bytes() -> int:
+    try:
+        return max(int(os.environ.get(MAX_LINE_BYTES_ENV) or DEFAULT_MAX_LINE_BYTES), 1024)
+    except ValueError:
+        return DEFAULT_MAX_LINE_BYTES
+
+
+SKIP = object()  # what a ``read_lines`` parser returns for a line not worth parsing
+
+# What a line can be wrong with: each becomes a BadLine, never a traceback.
+_LINE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
+
+
+def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
+               on_progress: Callable[[int], None] | None = None,
+               parse: Callable[[bytes], Any] | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) for every non-blank line that parses; the others go to ``on_bad_line``.
+
+    Memory is bounded by the longest line kept: an over-long line is read past in chunks and reported, never held.
+    ``parse`` replaces ``json.loads``: it may return ``SKIP`` for a line its caller can tell it has no use for
+    without parsing it, or anything else it makes of the bytes (raising ValueError for a bad line).
+    """
+    limit = max_line_bytes()
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
+    except OSError as exc:
+        raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
+    loads = parse or json.loads
+    with handle:
+        readline = handle.readline
+        number = read = 0
+        while True:
+            raw = readline(limit + 1)
+            if not raw:
+                break
+            number += 1
+            read += len(raw)
+            if on_progress is not None and number % 4096 == 0:
+                on_progress(read)
+            if len(raw) > limit:
+                read += _skip_rest_of_line(readline, raw)
+                if on_bad_line is not None:
+                    on_bad_line(BadLine(number, f"longer than {limit:,} bytes; skipped without reading it "
+                                                f"(raise {MAX_LINE_BYTES_ENV} to read it)"))
+                continue
+            try:
+                data = loads(raw)
+            except _LINE_ERRORS as exc:
+                if raw.strip() and on_bad_line is not None:
+                    on_bad_line(BadLine(number, _describe(exc, raw)))
+                continue
+            if data is not SKIP:
+                yield number, data
+        if on_progress is not None:
+            on_progress(read)
+
+
+def _skip_rest_of_line(readline: Callable[[int], bytes], start: bytes) -> int:
+    skipped = 0
+    chunk = start
+    while chunk and not chunk.endswith(b"\n"):
+        chunk = readline(1 << 20)
+        skipped += len(chunk)
+    return skipped
+
+
 def read_spans(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
                on_progress: Callable[[int], None] | None = None,
                keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
     """Every span in the file, in file order. Bad lines go to ``on_bad_line`` and are skipped.
 
     ``on_progress`` receives the number of bytes read so far, every few thousand lines, for a progress display.
-    ``keys`` limits the span attributes decoded to those (decoding is most of the cost of reading, after parsing).
+    ``keys`` limits the span attributes decoded to those (decoding is most of the cost of reading, after parsing);
+    with ``keys`` the resource is not decoded either.
     """
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
-    except OSError as exc:
-        raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
-    with handle:
-        read = 0
-        for number, raw in enumerate(handle, start=1):
-            read += len(raw)
-            if on_progress is not None and number % 4096 == 0:
-                on_progress(read)
-            if not raw.strip():
-                continue
-            try:
-                spans = list(_spans_of_line(json.loads(raw), keys))
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                if on_bad_line is not None:
-                    on_bad_line(BadLine(number, _describe(exc, raw)))
-                continue
-            yield from spans
-        if on_progress is not None:
-            on_progress(read)
+    for number, data in read_lines(path, on_bad_line, on_progress):
+        try:
+            spans = list(_spans_of_line(data, keys))
+        except _LINE_ERRORS as exc:
+            if on_bad_line is not None:
+                on_bad_line(BadLine(number, _describe(exc, b"")))
+            continue
+        yield from spans
 
 
-def _describe(exc: Exception, raw: bytes) -> str:
+def _describe(exc: BaseException, raw: bytes) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to read"
     if isinstance(exc, json.JSONDecodeError):
-        return f"not JSON ({exc.msg} at column {exc.colno})" + (" — truncated?" if not raw.endswith(b"\n") else "")
+        torn = " (torn: the line was never finished)" if raw and not raw.endswith(b"\n") else ""
+        return f"not JSON ({exc.msg} at column {exc.colno}){torn}"
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
 
 
 def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
-    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document."""
-    return _spans_of_line(data, keys)
+    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document, resource decoded."""
+    decoded_resource: dict[str, Any] = {}
+    last_resource: Any = None
+    for span, resource, scope in raw_spans(data):
+        if resource is not last_resource:
+            decoded_resource, last_resource = decode_attributes(resource), resource
+        yield span_record(span, decoded_resource, scope, keys)
 
 
-def _spans_of_line(data: Any, keys: frozenset[str] | None) -> Iterator[SpanRecord]:
+def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
+    """(span object, resource attributes (undecoded), scope name) for each span of a parsed line."""
     if not isinstance(data, dict) or "resourceSpans" not in data:
         raise ValueError("no resourceSpans")
-    for resource_spans in data["resourceSpans"]:
-        resource = decode_attributes((resource_spans.get("resource") or {}).get("attributes"))
+    resource_spans_list = data["resourceSpans"]
+    if not isinstance(resource_spans_list, list):
+        raise ValueError("resourceSpans is not a list")
+    for resource_spans in resource_spans_list:
+        resource = (resource_spans.get("resource") or {}).get("attributes")
         for scope_spans in resource_spans.get("scopeSpans") or ():
             scope = (scope_spans.get("scope") or {}).get("name", "")
             for span in scope_spans.get("spans") or ():
-                yield _span(span, resource, scope, keys)
+                if not isinstance(span, dict):
+                    raise ValueError("a span is not an object")
+                yield span, resource, scope
 
 
-def _span(span: dict[str, Any], resource: dict[str, Any], scope: str, keys: frozenset[str] | None) -> SpanRecord:
-    status = span.get("status") or {}
+def _spans_of_line(data: Any, keys: frozenset[str] | None) -> Iterator[SpanRecord]:
+    decoded_resource: dict[str, Any] = {}
+    last_resource: Any = None
+    for span, resource, scope in raw_spans(data):
+        if keys is None and resource is not last_resource:
+            decoded_resource, last_resource = decode_attributes(resource), resource
+        yield span_record(span, decoded_resource, scope, keys)
+
+
+def span_record(span: dict[str, Any], resource: dict[str, Any], scope: Any,
+                keys: frozenset[str] | None = None) -> SpanRecord:
+    """One OTLP/JSON span object as a SpanRecord; raises ValueError (or kin) when it is not one."""
+    get = span.get
     trace_id, span_id = span["traceId"], span["spanId"]
-    if not isinstance(trace_id, str) or not isinstance(span_id, str):
+    if type(trace_id) is not str or type(span_id) is not str:
         raise ValueError("traceId and spanId must be hex strings")
+    parent = get("parentSpanId")
+    name = get("name", "")
+    status = get("status") or {}
+    events = get("events")
+    message = status.get("message", "")
     return SpanRecord(
-        trace_id=trace_id.lower(),
-        span_id=span_id.lower(),
-        parent_span_id=(span.get("parentSpanId") or "").lower() or None,
-        name=span.get("name", ""),
-        kind=decode_span_kind(span.get("kind", 0)),
-        start_ns=int(span.get("startTimeUnixNano") or 0),
-        end_ns=int(span.get("endTimeUnixNano") or 0),
-        attributes=decode_attributes(span.get("attributes"), keys),
-        events=[(e.get("name", ""), int(e.get("timeUnixNano") or 0), decode_attributes(e.get("attributes"), keys))
-                for e in span.get("events") or ()],
-        status_code=decode_status_code(status.get("code", 0)),
-        status_message=status.get("message", ""),
-        resource=resource,
-        scope=scope,
+        trace_id.lower(),
+        span_id.lower(),
+        parent.lower() if parent and type(parent) is str else None,
+        name if type(name) is str else json.dumps(name),
+        decode_span_kind(get("kind", 0)),
+        _nanoseconds(get("startTimeUnixNano")),
+        _nanoseconds(get("endTimeUnixNano")),
+        decode_attributes(get("attributes"), keys),
+        [(str(e.get("name", "")), _nanoseconds(e.get("timeUnixNano")), decode_attributes(e.get("attributes"), keys))
+         for e in events] if events else [],
+        decode_status_code(status.get("code", 0)),
+        message if type(message) is str else str(message),
+        resource,
+        scope if type(scope) is str else str(scope),
     )
+
+
+def _nanoseconds(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 _ENUM_NAMES = {
@@ -228,9 +278,11 @@ def decode_status_code(value: Any) -> int:
 
 
 def decode_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    if not items:
+        return {}
     if keys is None:
-        return {item["key"]: decode_value(item.get("value") or {}) for item in items or ()}
-    return {item["key"]: decode_value(item.get("value") or {}) for item in items or () if item["key"] in keys}
+        return {item["key"]: decode_value(item.get("value") or {}) for item in items}
+    return {key: decode_value(item.get("value") or {}) for item in items if (key := item["key"]) in keys}
 
 
 def decode_value(value: dict[str, Any]) -> Any:
@@ -239,7 +291,7 @@ def decode_value(value: dict[str, Any]) -> Any:
     if "intValue" in value:
         return int(value["intValue"])  # int64 travels as a JSON string in OTLP/JSON
     if "doubleValue" in value:
-        return float(value["doubleValue"])
+        return float(value["doubleValue"])  # "NaN" and "Infinity" included
     if "boolValue" in value:
         return bool(value["boolValue"])
     if "arrayValue" in value:

@@ -49,13 +49,13 @@ OI_FINISH_REASON = "llm.finish_reason"
 OI_INPUT_MESSAGES = "llm.input_messages."
 OI_OUTPUT_MESSAGES = "llm.output_messages."
 # OpenLLMetry's (opentelemetry-semantic-conventions-ai, before the GenAI message attributes).
-OLL_PROMPT = "gen_ai.prompt."
-OLL_COMPLETION = "gen_ai.completion."
+OLL_PROMPT = sc.OPENLLMETRY_PROMPT_PREFIX
+OLL_COMPLETION = sc.OPENLLMETRY_COMPLETION_PREFIX
 OLL_SESSION_ID = "traceloop.association.properties.session_id"
-LANGFUSE_SESSION_ID = "langfuse.session.id"
 
 SESSION_PREFIX = "session:"
-SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID, LANGFUSE_SESSION_ID)
+# OpenInference's session.id is also the attribute Langfuse reads a session from.
+SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID)
 # Every attribute any reader looks at, for readers of files that decode only what detection needs.
 FOREIGN_EXACT_KEYS = frozenset({
     sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_AGENT_NAME, OI_SPAN_KIND, OI_INPUT_VALUE, OI_OUTPUT_VALUE, OI_TOOL_NAME,
@@ -127,9 +127,12 @@ class ProducerReader:
     def translate(self, span: Any) -> NeutralSpan:
         attributes = span.attributes
         kind = attributes.get(OI_SPAN_KIND)
-        if kind is not None:
+        # A span that follows the GenAI conventions is read as such even when it also names an OpenInference kind:
+        # looptrace's own spans do (for Phoenix), and their gen_ai.* attributes are the complete record.
+        if kind is not None and not attributes.get(sc.GEN_AI_OPERATION_NAME) and sc.TURN_INDEX not in attributes:
             neutral = _from_openinference(span, str(kind).upper())
-        elif any(key.startswith(OLL_PROMPT) or key.startswith(OLL_COMPLETION) for key in attributes):
+        elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
+                key.startswith((OLL_PROMPT, OLL_COMPLETION)) for key in attributes):  # OpenLLMetry named no operation
             neutral = _from_openllmetry(span)
         else:
             neutral = _from_gen_ai(span)

@@ -7,7 +7,6 @@ the run's totals a second time on top of its generations.
 """
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as _gen_ai_metrics
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
@@ -21,9 +20,23 @@ def _installed_version() -> str:
         return "0.0.0"
 
 
-# The instrumentation scope of every span and metric: looked up once, not per agent.
+# The instrumentation scope of every span and metric: looked up once, not per agent, and only when first used
+# (importlib.metadata is slow to import, and `looptrace detect` never needs the version).
 SCOPE_NAME = "looptrace"
-SCOPE_VERSION = _installed_version()
+
+
+def __getattr__(name: str) -> str:
+    if name == "SCOPE_VERSION":
+        value = _installed_version()
+    elif name in ("METRIC_TOKEN_USAGE", "METRIC_OPERATION_DURATION"):
+        from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
+
+        value = {"METRIC_TOKEN_USAGE": gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE,
+                 "METRIC_OPERATION_DURATION": gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION}[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 # --- OpenTelemetry GenAI semantic conventions ----------------------------------------------------------------------
 GEN_AI_OPERATION_NAME = _gen_ai.GEN_AI_OPERATION_NAME
@@ -51,6 +64,18 @@ GEN_AI_TOOL_TYPE = _gen_ai.GEN_AI_TOOL_TYPE
 GEN_AI_TOOL_DESCRIPTION = _gen_ai.GEN_AI_TOOL_DESCRIPTION
 GEN_AI_TOOL_CALL_ARGUMENTS = _gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS
 GEN_AI_TOOL_CALL_RESULT = _gen_ai.GEN_AI_TOOL_CALL_RESULT
+GEN_AI_REQUEST_TOP_P = _gen_ai.GEN_AI_REQUEST_TOP_P
+GEN_AI_REQUEST_TOP_K = _gen_ai.GEN_AI_REQUEST_TOP_K
+GEN_AI_REQUEST_STOP_SEQUENCES = _gen_ai.GEN_AI_REQUEST_STOP_SEQUENCES
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = _gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK  # seconds, streaming calls only
+# With content capture EVENT_ONLY or SPAN_AND_EVENT, a chat call's content goes on this event (the GenAI utilities'
+# name for it), as JSON text in the same attributes the span would carry.
+CONTENT_EVENT = "gen_ai.client.inference.operation.details"
+# The conventions' verdict on an output: the event an anomaly is also recorded as (gen-ai-events, v1.41).
+EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = _gen_ai.GEN_AI_EVALUATION_NAME
+GEN_AI_EVALUATION_SCORE_LABEL = _gen_ai.GEN_AI_EVALUATION_SCORE_LABEL
+GEN_AI_EVALUATION_EXPLANATION = _gen_ai.GEN_AI_EVALUATION_EXPLANATION
 ERROR_TYPE = _error.ERROR_TYPE
 SERVER_ADDRESS = _server.SERVER_ADDRESS
 SERVER_PORT = _server.SERVER_PORT
@@ -60,6 +85,14 @@ OPERATION_CHAT = _gen_ai.GenAiOperationNameValues.CHAT.value
 OPERATION_EXECUTE_TOOL = _gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
 PROVIDER_ANTHROPIC = _gen_ai.GenAiProviderNameValues.ANTHROPIC.value
 TOOL_TYPE_FUNCTION = "function"  # the conventions' value for a client-side function tool (no enum constant yet)
+
+# --- OpenInference (Phoenix, Arize) -------------------------------------------------------------------------------
+# Phoenix derives most of its view from gen_ai.* itself; what it cannot derive is a kind for a span without
+# gen_ai.operation.name (our turns) and the run's own input and output. Names as in openinference-semantic-conventions.
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+INPUT_VALUE = "input.value"
+OUTPUT_VALUE = "output.value"
+SPAN_KIND_AGENT, SPAN_KIND_CHAIN, SPAN_KIND_LLM, SPAN_KIND_TOOL = "AGENT", "CHAIN", "LLM", "TOOL"
 
 # --- looptrace's own ------------------------------------------------------------------------------------------------
 RUN_STATUS = "looptrace.run.status"
@@ -81,8 +114,13 @@ TOOL_ARGUMENTS_DIGEST = "looptrace.tool.arguments_digest"  # of the canonical, r
 TOOL_IS_ERROR = "looptrace.tool.is_error"
 TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
+REPAIRED_ATTRIBUTES = "looptrace.repaired_attributes"  # keys whose values could not be written as they were
 
-ANOMALY_EVENT = "looptrace.anomaly"  # span event on the turn span and on each offending tool span
+# An anomaly is a span event on the turn span and on each offending tool span: the conventions' evaluation result
+# (gen_ai.evaluation.name/score.label/explanation) with the looptrace.anomaly.* attributes beside them. Traces
+# written before this was so name the event "looptrace.anomaly"; readers accept both.
+ANOMALY_EVENT = EVALUATION_RESULT_EVENT
+LEGACY_ANOMALY_EVENT = "looptrace.anomaly"
 ANOMALY_TYPE = "looptrace.anomaly.type"
 ANOMALY_MESSAGE = "looptrace.anomaly.message"
 ANOMALY_COUNT = "looptrace.anomaly.count"
@@ -95,8 +133,12 @@ JUDGE_COST_USD = "looptrace.judge.cost_usd"
 JUDGE_VERDICT = "looptrace.judge.verdict"  # "true" (ignored), "false" (not ignored) or "none"
 NUDGE_TEXT = "looptrace.nudge"  # on the turn span: the corrective text the model was sent
 
+# OpenLLMetry's indexed prompt and completion attributes (before 0.56), which readers.py takes apart.
+OPENLLMETRY_PROMPT_PREFIX = "gen_ai.prompt."
+OPENLLMETRY_COMPLETION_PREFIX = "gen_ai.completion."
+
 # Events other producers put on GenAI spans that looptrace's views show beside its own anomaly events.
-GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_RESULT_EVENT = EVALUATION_RESULT_EVENT
 EVENT_MESSAGE = "message"
 
 # --- Langfuse's OpenTelemetry attributes (what its OTLP ingestion maps onto traces and observations) ------------------
@@ -112,12 +154,16 @@ LANGFUSE_TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
 LANGFUSE_ENVIRONMENT = "langfuse.environment"
 LANGFUSE_RELEASE = "langfuse.release"
 LANGFUSE_USER_ID = "user.id"
-LANGFUSE_SESSION_ID = "session.id"
+LANGFUSE_SESSION_ID = "session.id"  # not sent: Langfuse reads gen_ai.conversation.id as the session too
+# A run that joins someone else's trace is still its trace's root in Langfuse, with the trace's input and output.
+LANGFUSE_AS_ROOT = "langfuse.internal.as_root"
+LANGFUSE_TRACE_INPUT = "langfuse.trace.input"
+LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
 LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
-METRIC_TOKEN_USAGE = _gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE
-METRIC_OPERATION_DURATION = _gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION
+# METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module
+# imports the OpenTelemetry metrics API, which `looptrace detect` and `traces` have no use for); see __getattr__.
 METRIC_RUNS = "looptrace.runs"
 METRIC_TURNS = "looptrace.turns"
 METRIC_TOOL_CALLS = "looptrace.tool.calls"
@@ -132,8 +178,11 @@ def agent_span_name(agent: str) -> str:
     return f"{OPERATION_INVOKE_AGENT} {agent}"
 
 
-def turn_span_name(index: int) -> str:
-    return f"turn {index}"
+TURN_SPAN_NAME = "turn"  # one name for every turn: the index is an attribute, so span metrics get one series
+
+
+def turn_span_name(index: int | None = None) -> str:
+    return TURN_SPAN_NAME
 
 
 def chat_span_name(model: str) -> str:
@@ -145,7 +194,9 @@ def tool_span_name(tool: str) -> str:
 
 
 # Anthropic's stop_reason as a GenAI finish reason, the way the OpenTelemetry Anthropic instrumentation reports it.
-FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_call"}
+# A refusal is the conventions' well-known content_filter; pause_turn and newer reasons pass through as they are.
+FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_call",
+                  "refusal": "content_filter"}
 
 
 def finish_reason(stop_reason: str | None) -> str:

@@ -46,7 +46,9 @@ KNOWN_EXPORTERS = ("file", "console", "otlp", "langfuse", "none")
 NETWORK_EXPORTERS = ("langfuse", "otlp")
 _SIGNAL_PATHS = {"traces": "v1/traces", "metrics": "v1/metrics"}
 _DEFAULT_ENDPOINTS = {HTTP_PROTOBUF: "http://localhost:4318", GRPC: "http://localhost:4317"}
-_OFF = {"no_content", "false", "0", "no", "off", "none"}
+# Content capture: the OpenTelemetry GenAI utilities' modes, and the true/false of older GenAI instrumentations.
+CAPTURE_MODES = ("NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT")
+_CAPTURE_TRUE, _CAPTURE_FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", "none"}
 
 # What each variable does; the README's configuration table names the same set. "[TRACES_|METRICS_]" stands for the
 # three spellings the specification defines (generic, per traces, per metrics).
@@ -56,7 +58,7 @@ VARIABLES: dict[str, str] = {
     "LOOPTRACE_SPILL_FILE": "where undelivered spans wait for `looptrace traces push`",
     "LOOPTRACE_PROMETHEUS_PORT": "serve metrics at /metrics on this port",
     "LOOPTRACE_MODEL": "`looptrace run`'s default model",
-    "LOOPTRACE_CAPTURE_CONTENT": "false keeps content off spans (wins over the GenAI variable)",
+    "LOOPTRACE_CAPTURE_CONTENT": "the GenAI variable's values; wins over it",
     "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
     "LOOPTRACE_ALERT_WEBHOOK": "URL each new kind of anomaly is posted to",
     "LOOPTRACE_WATCH_TOKEN": "bearer token `looptrace watch` requires of senders",
@@ -80,7 +82,7 @@ VARIABLES: dict[str, str] = {
     "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]TIMEOUT": "milliseconds",
     "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]COMPRESSION": "gzip, deflate or none",
     "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]INSECURE": "gRPC without TLS",
-    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "NO_CONTENT keeps content off spans",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY (default), EVENT_ONLY, SPAN_AND_EVENT, NO_CONTENT",
     "OTEL_BSP_SCHEDULE_DELAY": "batch span processor delay, ms",
     "OTEL_BSP_MAX_QUEUE_SIZE": "batch span processor queue",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "batch span processor batch size",
@@ -318,7 +320,7 @@ class Settings:
     """looptrace's whole configuration. ``Settings.from_env()`` reads it; ``Settings()`` is the defaults alone.
 
     ``exporters`` is an explicit choice (``LOOPTRACE_EXPORTER``, else ``OTEL_TRACES_EXPORTER``) or None, in which
-    case ``chosen_exporters()`` picks from the configured backends, and the trace file when there is none.
+    case ``chosen_exporters()`` picks the trace file and the configured backends beside it.
     """
 
     exporters: tuple[str, ...] | None = None
@@ -326,7 +328,8 @@ class Settings:
     spill_file: Path = DEFAULT_SPILL_FILE
     prometheus_port: int | None = None
     model: str = DEFAULT_MODEL
-    capture_content: bool = True
+    capture_content: bool = True  # content attributes on spans (capture_setting's mode is SPAN_ONLY or SPAN_AND_EVENT)
+    capture_setting: str | None = None  # the capture variable's value as set (None: unset, capture on spans)
     max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
     alert_webhook: str | None = field(default=None, repr=False)  # the URL is the credential
     telemetry_disabled: bool = False
@@ -355,7 +358,8 @@ class Settings:
             spill_file=Path(env.get("LOOPTRACE_SPILL_FILE") or DEFAULT_SPILL_FILE),
             prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
             model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
-            capture_content=_capture(env),
+            capture_content=capture_mode_name(_capture(env)) in (None, "SPAN_ONLY", "SPAN_AND_EVENT"),
+            capture_setting=_capture(env),
             max_attribute_chars=_positive(env.get("LOOPTRACE_MAX_ATTRIBUTE_CHARS")) or DEFAULT_MAX_ATTRIBUTE_CHARS,
             alert_webhook=env.get("LOOPTRACE_ALERT_WEBHOOK"),
             telemetry_disabled=(env.get("OTEL_SDK_DISABLED") or "").lower() == "true",
@@ -398,13 +402,14 @@ class Settings:
         return names
 
     def chosen_exporters(self) -> list[str]:
-        """The exporters a run uses: the explicit choice, else the configured backends, else the trace file.
-        Empty when telemetry is disabled or ``none`` was chosen."""
+        """The exporters a run uses: the explicit choice, taken exactly, else the trace file and beside it the
+        configured backends (so every run can be read locally with ``looptrace traces show``). Empty when telemetry
+        is disabled or ``none`` was chosen."""
         if self.telemetry_disabled:
             return []
         if self.exporters:
             return [name for name in self.exporters if name != "none"]
-        return self.configured_backends() or ["file"]
+        return ["file", *self.configured_backends()]
 
 
 def _explicit_exporters(env: _Env) -> tuple[str, ...] | None:
@@ -418,12 +423,29 @@ def _explicit_exporters(env: _Env) -> tuple[str, ...] | None:
     return None
 
 
-def _capture(env: _Env) -> bool:
-    """Content is captured unless switched off: seeing a tool's arguments is the point of tracing an agent.
-    The GenAI conventions' variable takes NO_CONTENT (or false); LOOPTRACE_CAPTURE_CONTENT=false does the same and
-    wins."""
+def _capture(env: _Env) -> str | None:
+    """The capture setting as given: LOOPTRACE_CAPTURE_CONTENT wins over the GenAI conventions' variable."""
     found = env.first("LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
-    return True if found is None else found[1].lower() not in _OFF
+    return None if found is None else found[1]
+
+
+def capture_mode_name(value: str | None) -> str | None:
+    """A capture setting as one of CAPTURE_MODES, or None when unset (content.capture_mode adds the warning for an
+    unknown value). The modes are the GenAI utilities' (any case); true/false are the older instrumentations'
+    spellings of SPAN_ONLY/NO_CONTENT; anything else is NO_CONTENT, as the utilities treat an unknown value."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    if text.upper() in CAPTURE_MODES:
+        return text.upper()
+    if text.lower() in _CAPTURE_TRUE:
+        return "SPAN_ONLY"
+    return "NO_CONTENT"
+
+
+def capture_mode_known(value: str) -> bool:
+    text = value.strip()
+    return text.upper() in CAPTURE_MODES or text.lower() in _CAPTURE_TRUE | _CAPTURE_FALSE
 
 
 def _watch_basic_auth(env: _Env) -> tuple[str, str] | None:

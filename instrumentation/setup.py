@@ -14,13 +14,13 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
-when both are; the local trace file otherwise. Names combine: ``file,langfuse,otlp``.
+when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
 
-Every exporter but the console sits behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with
-the standard ``OTEL_BSP_*``). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``:
-bounded, never raising, one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces
-push``. Metrics go over OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or
-``LOOPTRACE_PROMETHEUS_PORT``.
+The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the
+standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
+open). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``: bounded, never raising,
+one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces push``. Metrics go over
+OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
 about 0.1 s, whatever the backends do (default 5 s). Past the deadline, spans still queued go to the spill file rather
@@ -52,9 +52,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from .delivery import GuardedExporter, GuardedMetricExporter
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log
-from .otlp_file import OTLPJsonFileExporter
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
 from .spill import SpillFile
+from .trace_writer import TraceFileProcessor
 
 __all__ = [
     "ConfigurationError",
@@ -314,9 +314,11 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         provider.add_span_processor(processor)
     telemetry.processors = processors
     if "langfuse" in names and settings.langfuse is not None:
-        from .langfuse import LangfuseScores
+        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
 
-        telemetry.scores = LangfuseScores.from_settings(settings.langfuse)
+        telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
+        # Runs on this provider get a link to their trace in Langfuse's UI (RunResult.trace_url).
+        register_trace_links(provider, TraceLinks(settings.langfuse))
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
     return telemetry
 
@@ -330,7 +332,8 @@ def _processor(name: str, settings: Settings, spill: SpillFile, console_stream: 
         return _BoundedBatchSpanProcessor(guard, settings)
     if name == "file":
         telemetry.trace_file = settings.trace_file
-        return BatchSpanProcessor(OTLPJsonFileExporter(settings.trace_file), **settings.batch.arguments())
+        # Each span is written as it ends: no queue to overflow, and a crash loses only the spans still open.
+        return TraceFileProcessor(settings.trace_file)
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -387,6 +390,10 @@ def _resource(settings: Settings) -> Resource:
     if settings.service_name:
         attributes[SERVICE_NAME] = settings.service_name
     attributes.setdefault(SERVICE_NAME, DEFAULT_SERVICE_NAME)
+    if settings.langfuse is not None:  # LANGFUSE_TRACING_ENVIRONMENT / LANGFUSE_RELEASE: once per batch, not per span
+        from .langfuse import resource_attributes
+
+        attributes.update(resource_attributes(settings.langfuse))
     return Resource.create(attributes)
 
 

@@ -17,20 +17,33 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
+from . import langfuse
 from . import semconv as sc
-from .content import MessageLog, cap, genai_message, redact, to_json
+from .content import (
+    CaptureMode,
+    MessageLog,
+    cap,
+    capture_mode,
+    genai_message,
+    genai_tool_definition,
+    last_user_text,
+    redact,
+    to_json,
+)
 from .detector import canonical_arguments, result_digest
 from .interface import ToolTrace
-from .langfuse import generation_attributes, observation_attributes, trace_attributes
+from .langfuse import generation_attributes, trace_attributes
 from .metrics import LoopMetrics
 from .providers import providers_for_run
 from .settings import Settings
 
-# How each span shows in Langfuse (an agent, a grouping span, a generation, a tool), built once.
-_AS_AGENT = observation_attributes("agent")
-_AS_TURN = observation_attributes("turn")
-_AS_GENERATION = observation_attributes("chat")
-_AS_TOOL = observation_attributes("tool")
+# Each span's OpenInference kind, which Phoenix shows and Langfuse also takes as the observation type (agent, chain,
+# generation, tool): one attribute serves both, so no Langfuse-only type attribute is sent.
+_AS_AGENT = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_AGENT}
+_AS_TURN = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_CHAIN}
+_AS_GENERATION = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_LLM}
+_AS_TOOL = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_TOOL}
+CONTENT_EVENT = sc.CONTENT_EVENT
 
 
 class Tracing:
@@ -41,7 +54,7 @@ class Tracing:
         self,
         *,
         tracer_provider: trace.TracerProvider | None = None,
-        capture_content: bool | None = None,
+        capture_content: bool | str | CaptureMode | None = None,
         max_attribute_chars: int | None = None,
         meter_provider: Any = None,
         enabled: bool = True,
@@ -55,7 +68,9 @@ class Tracing:
         self._resolved: tuple[Any, Any] | None = None  # the providers of the latest run ...
         self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
         self.metrics: LoopMetrics | None = None
-        self.capture_content = settings.capture_content if capture_content is None else capture_content
+        self.capture = _capture_mode(settings.capture_setting if capture_content is None else capture_content)
+        self.capture_content = self.capture.on_spans  # content attributes on spans
+        self.capture_events = self.capture.in_events  # content on each chat span's content event
         self.max_chars = max_attribute_chars or settings.max_attribute_chars
 
     @property
@@ -83,12 +98,17 @@ class Tracing:
             except Exception:
                 pass
 
+    def trace_url(self, trace_id: str) -> str | None:
+        """The trace's link in Langfuse's UI when this provider sends to Langfuse (see setup.configure)."""
+        links = langfuse.trace_links_for(self._resolved[0] if self._resolved else trace.get_tracer_provider())
+        return links.url(trace_id) if links is not None else None
+
     def start_run(
         self,
         *,
         agent: str,
         model: str,
-        task: str,
+        task: str | list[dict[str, Any]],
         system: str | None,
         tool_definitions: list[dict[str, Any]],
         session_id: str | None = None,
@@ -96,41 +116,86 @@ class Tracing:
         tags: Iterable[str] = (),
         metadata: Mapping[str, Any] | None = None,
     ) -> RunSpan:
-        # Checked even when nothing records: a session id Langfuse would drop should fail in tests, not in production.
+        """``task`` is the user's request, or the whole message history a run continues."""
+        # Checked even when nothing records: an empty session id should fail in tests, not in production.
         trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
         self._select_providers()
-        # On every span of the run: Langfuse v4 reads trace-level attributes per observation.
-        common = {sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_AGENT_NAME: agent, **trace_level}
+        # On every span of the run: Langfuse's v4 ingestion reads trace name, user, session, tags and metadata per
+        # observation. The session goes once, as gen_ai.conversation.id, which Langfuse and Phoenix both read.
+        common = {sc.GEN_AI_AGENT_NAME: agent, **trace_level}
         if session_id is not None:
-            common[sc.GEN_AI_CONVERSATION_ID] = session_id
-        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT, sc.GEN_AI_REQUEST_MODEL: model, **common,
+            common[sc.GEN_AI_CONVERSATION_ID] = langfuse.session_id_of(session_id)
+        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT,
+                      sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_REQUEST_MODEL: model, **common,
                       **_AS_AGENT}
+        task_text = task if isinstance(task, str) else last_user_text(task)
+        joins = _joins_outer_trace()
+        run_content: dict[str, str] = {}
         if self.capture_content:
-            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([{"role": "user", "parts": [
-                {"type": "text", "content": task}]}]), self.max_chars)
+            messages = [{"role": "user", "content": task}] if isinstance(task, str) else task
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m) for m in messages]), self.max_chars)
+            attributes[sc.INPUT_VALUE] = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as input
+        if self.capture_content or self.capture_events:
+            # Encoded once per run; every chat span repeats them, so a generation shows the prompt the model got.
             if system:
-                attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = cap(to_json([{"type": "text", "content": system}]),
-                                                                self.max_chars)
+                run_content[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = cap(to_json([{"type": "text", "content": system}]),
+                                                                 self.max_chars)
             if tool_definitions:
-                attributes[sc.GEN_AI_TOOL_DEFINITIONS] = cap(to_json(tool_definitions), self.max_chars)
+                run_content[sc.GEN_AI_TOOL_DEFINITIONS] = cap(
+                    to_json([genai_tool_definition(d) for d in tool_definitions]), self.max_chars)
+        if self.capture_content:
+            attributes.update(run_content)
+        attributes.update(langfuse.root_attributes(
+            joins_outer_trace=joins, trace_input=attributes.get(sc.INPUT_VALUE)))
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes)
-        return RunSpan(self, span, agent, common)
+        return RunSpan(self, span, agent, common, run_content, joins)
+
+
+def _capture_mode(setting: bool | str | CaptureMode | None) -> CaptureMode:
+    """An Agent's capture_content argument, or the settings' capture variable when None: SPAN_ONLY unless set."""
+    if isinstance(setting, CaptureMode):
+        return setting
+    if isinstance(setting, bool):
+        return CaptureMode.SPAN_ONLY if setting else CaptureMode.NO_CONTENT
+    return capture_mode(setting) or CaptureMode.SPAN_ONLY
+
+
+def _joins_outer_trace() -> bool:
+    """Whether the run starts under a span that is not looptrace's: one from another process (a traceparent) or one
+    the application made, which may never reach Langfuse. Such a run must still be its trace's root there."""
+    parent = trace.get_current_span()
+    context = parent.get_span_context()
+    if not context.is_valid:
+        return False
+    if context.is_remote:
+        return True
+    scope = getattr(parent, "instrumentation_scope", None)
+    return getattr(scope, "name", None) != sc.SCOPE_NAME
 
 
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("agent", "common", "messages", "recording", "span", "tracing")
+    __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "span", "tracing")
 
-    def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any]) -> None:
+    def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
+                 content: dict[str, str] | None = None, joins: bool = False) -> None:
         self.tracing = tracing
         self.span = span
         self.agent = agent
         self.common = common  # attributes every span of the run carries (agent, session, user, ...)
         self.recording = span.is_recording()
         self.messages = MessageLog()
+        self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
+        self.joins = joins  # the run joined an outer trace: its trace output is set explicitly too
+        self.finish_reason = "error"  # of the newest model response, for the run's output message
+
+    @property
+    def trace_url(self) -> str | None:
+        """The run's trace in Langfuse's UI, when its spans go to Langfuse and the project is known."""
+        return self.tracing.trace_url(self.trace_id) if self.recording else None
 
     @property
     def trace_id(self) -> str:
@@ -144,7 +209,7 @@ class RunSpan:
         if not self.recording:
             return TurnSpan(self, _NON_RECORDING)
         span = self.tracing.tracer.start_span(
-            sc.turn_span_name(index),
+            sc.TURN_SPAN_NAME,
             context=trace.set_span_in_context(self.span),
             kind=SpanKind.INTERNAL,
             attributes={sc.TURN_INDEX: index, **self.common, **_AS_TURN},
@@ -172,7 +237,11 @@ class RunSpan:
             attributes[sc.RUN_COST_USD] = cost_usd
         if final_text and self.tracing.capture_content:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
-                {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
+                {"type": "text", "content": final_text}], "finish_reason": self.finish_reason}]),
+                self.tracing.max_chars)
+            attributes[sc.OUTPUT_VALUE] = cap(final_text, self.tracing.max_chars)
+            if self.joins:
+                attributes[langfuse.TRACE_OUTPUT] = attributes[sc.OUTPUT_VALUE]
         if error is not None:
             attributes[sc.RUN_ERROR] = cap(error, self.tracing.max_chars)
             attributes[sc.ERROR_TYPE] = error_type or "error"
@@ -198,6 +267,10 @@ class TurnSpan:
         if not self.recording:
             return
         event = {
+            # The conventions' evaluation verdict, with looptrace's own attributes beside it.
+            sc.GEN_AI_EVALUATION_NAME: langfuse.ANOMALY_SCORE,
+            sc.GEN_AI_EVALUATION_SCORE_LABEL: anomaly.type,
+            sc.GEN_AI_EVALUATION_EXPLANATION: anomaly.message,
             sc.ANOMALY_TYPE: anomaly.type,
             sc.ANOMALY_MESSAGE: anomaly.message,
             sc.ANOMALY_COUNT: anomaly.count,
@@ -222,9 +295,10 @@ class TurnSpan:
                    stream: bool) -> ChatSpan:
         model = params.get("model", "")
         if not self.recording:
-            return ChatSpan(self.run, _NON_RECORDING, model, server_address)
+            return ChatSpan(self.run, _NON_RECORDING, model, server_address, server_port)
         attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+            sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
             sc.GEN_AI_REQUEST_MODEL: model,
             sc.GEN_AI_REQUEST_MAX_TOKENS: params.get("max_tokens", 0),
             **self.run.common,
@@ -232,23 +306,30 @@ class TurnSpan:
         }
         if stream:
             attributes[sc.GEN_AI_REQUEST_STREAM] = True
-        if params.get("temperature") is not None:
-            attributes[sc.GEN_AI_REQUEST_TEMPERATURE] = params["temperature"]
+        for key, attribute in _REQUEST_PARAMETERS:
+            if params.get(key) is not None:
+                attributes[attribute] = params[key]
+        if params.get("stop_sequences"):
+            attributes[sc.GEN_AI_REQUEST_STOP_SEQUENCES] = tuple(params["stop_sequences"])
         if server_address:
             attributes[sc.SERVER_ADDRESS] = server_address
             if server_port:
                 attributes[sc.SERVER_PORT] = server_port
         tracing = self.run.tracing
-        if tracing.capture_content:
+        history = None
+        if tracing.capture_content or tracing.capture_events:
             history, omitted = self.run.messages.input_messages_json(params.get("messages", []), tracing.max_chars)
-            attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             if omitted:
                 attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
+        if tracing.capture_content:
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = history
+            attributes.update(self.run.content)
         span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
         )
-        return ChatSpan(self.run, span, model, server_address)
+        return ChatSpan(self.run, span, model, server_address, server_port,
+                        history if tracing.capture_events else None)
 
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
         """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
@@ -291,15 +372,22 @@ class TurnSpan:
         self.span.end()
 
 
-class ChatSpan:
-    __slots__ = ("model", "run", "server_address", "span", "started")
+_REQUEST_PARAMETERS = (("temperature", sc.GEN_AI_REQUEST_TEMPERATURE), ("top_p", sc.GEN_AI_REQUEST_TOP_P),
+                       ("top_k", sc.GEN_AI_REQUEST_TOP_K))
 
-    def __init__(self, run: RunSpan, span: Span, model: str, server_address: str | None) -> None:
+
+class ChatSpan:
+    __slots__ = ("history", "model", "run", "server_address", "server_port", "span", "started")
+
+    def __init__(self, run: RunSpan, span: Span, model: str, server_address: str | None,
+                 server_port: int | None = None, history: str | None = None) -> None:
         self.run = run
         self.span = span
         self.model = model
         self.server_address = server_address
+        self.server_port = server_port
         self.started = time.perf_counter()
+        self.history = history  # the input messages, kept for the content event when content goes to events
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
@@ -312,14 +400,16 @@ class ChatSpan:
             metrics.record_chat(agent=self.run.agent, request_model=self.model, response_model=response.get("model"),
                                 input_tokens=input_tokens, output_tokens=usage.output_tokens,
                                 duration_s=time.perf_counter() - self.started, cost_usd=cost_usd,
-                                server_address=self.server_address)
+                                server_address=self.server_address, server_port=self.server_port)
+        stop_reason = response.get("stop_reason")
+        finish = sc.finish_reason(stop_reason)
+        self.run.finish_reason = finish
         if not self.span.is_recording():
             return
-        stop_reason = response.get("stop_reason")
         attributes = {
             sc.GEN_AI_RESPONSE_ID: response.get("id") or "",
             sc.GEN_AI_RESPONSE_MODEL: response.get("model") or "",
-            sc.GEN_AI_RESPONSE_FINISH_REASONS: (sc.finish_reason(stop_reason),),
+            sc.GEN_AI_RESPONSE_FINISH_REASONS: (finish,),
             sc.STOP_REASON: stop_reason or "",
             sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
             sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
@@ -332,15 +422,19 @@ class ChatSpan:
         attributes.update(generation_attributes(
             input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
             cache_read_input_tokens=usage.cache_read_input_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens, cost_usd=cost_usd))
+            cache_creation_input_tokens=usage.cache_creation_input_tokens,
+            cache_creation_1h_input_tokens=_one_hour_cache_writes(response), cost_usd=cost_usd))
         tracing = self.run.tracing
-        if tracing.capture_content:
+        if tracing.capture_content or tracing.capture_events:
             # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
             encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")}))
             self.run.messages.remember(encoded)
-            finish = to_json(sc.finish_reason(stop_reason))
-            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(f'[{encoded[:-1]},"finish_reason":{finish}}}]',
-                                                        tracing.max_chars)
+            output = cap(f'[{encoded[:-1]},"finish_reason":{to_json(finish)}}}]', tracing.max_chars)
+            if tracing.capture_content:
+                attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
+            if tracing.capture_events:
+                event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
+                self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
         self.span.set_attributes(attributes)
         self.span.end()
 
@@ -349,11 +443,26 @@ class ChatSpan:
         if metrics is not None:
             metrics.record_chat(agent=self.run.agent, request_model=self.model, response_model=None, input_tokens=0,
                                 output_tokens=0, duration_s=time.perf_counter() - self.started,
-                                error_type=type(exc).__qualname__, server_address=self.server_address)
+                                error_type=type(exc).__qualname__, server_address=self.server_address,
+                                server_port=self.server_port)
+        self.run.finish_reason = "error"
         if not self.span.is_recording():
             return
         _record_error(self.span, exc)
         self.span.end()
+
+
+def _one_hour_cache_writes(response: Mapping[str, Any]) -> int:
+    """Anthropic splits cache writes by lifetime in usage.cache_creation; without it every write is a 5-minute one."""
+    creation = (response.get("usage") or {}).get("cache_creation")
+    return (creation.get("ephemeral_1h_input_tokens") or 0) if isinstance(creation, Mapping) else 0
+
+
+def record_time_to_first_chunk(seconds: float) -> None:
+    """For a streaming model call: the time its first chunk took, on the chat span current while it runs."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, seconds)
 
 
 class ToolSpan:
@@ -391,16 +500,16 @@ class ToolSpan:
         tracing = self.run.tracing
         if tracing.capture_content:
             attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
-        if self.flagged is not None and not is_error:
-            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
-            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
         if is_error:
-            # Without content capture the error's text stays off the span too: it can quote the arguments.
+            # Without content capture the error's text stays off the span too: it can quote the arguments. The
+            # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
+            # anomaly the call is part of stays beside it, as the span's evaluation event.
             said = cap(result, 1024) if tracing.capture_content else error_type or outcome
             attributes[sc.ERROR_TYPE] = error_type or outcome
-            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "ERROR"
-            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024) if self.flagged else said
             self.span.set_status(Status(StatusCode.ERROR, said))
+        elif self.flagged is not None:
+            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
+            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
         self.span.set_attributes(attributes)
         self.span.end()
 

@@ -1,14 +1,23 @@
-"""The spill file: spans a backend could not take, kept until ``push()`` delivers them, exactly once.
+"""The spill file: spans a backend could not take, kept until ``push()`` delivers them, never sent twice.
 
 One OTLP/JSON ``TracesData`` per line, like the trace file (``otlp_file.read_spans`` reads it), plus one key that says
 which backend the batch was meant for::
 
     {"looptrace": {"backend": "langfuse", "batch": "<id>"}, "resourceSpans": [...]}
 
-Exactly once, whatever the moment a push is interrupted: a delivered batch's id is appended (and fsynced) to a ledger
-beside the file (``<file>.sent``) before anything else happens, and only then is the line dropped from the file by an
-atomic rewrite. A batch is always either pending or in the ledger. Pushes exclude each other with an advisory lock;
-writers (a run spilling, a push compacting) share another, held only for the write.
+What a push guarantees, whatever the moment it is interrupted (Ctrl-C, kill -9, a power cut):
+
+* Never twice. Before a batch is sent, ``sending <id>`` is appended to a ledger beside the file (``<file>.sent``) and
+  fsynced; once the backend has accepted it, ``<id>``. Only then is the line dropped from the file, by an atomic
+  rewrite. A batch whose send was interrupted (marked sending, never delivered) may or may not have reached the
+  backend: later pushes hold it back and report it, and only ``push(resend_interrupted=True)`` (``looptrace traces
+  push --resend-interrupted``) sends it again, for a backend that tolerates a second copy.
+* Never lost. A batch is always pending, held, delivered, or quarantined. A line that cannot be read back (torn by a
+  crash, not JSON, not trace data) is moved to ``<file>.quarantine``, kept there and reported, and no longer stands
+  in the way of the batches after it.
+
+Pushes exclude each other with an advisory lock; writers (a run spilling, a push compacting) share another, held
+only for the write. Every file here is created 0600 (its directory 0700): spans hold prompts and tool results.
 """
 
 from __future__ import annotations
@@ -19,12 +28,11 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_spans_json
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -32,8 +40,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from .exporters import network_exporter
-from .otlp_file import decode_attributes, decode_span_kind, decode_status_code
+from .otlp_file import decode_attributes, decode_span_kind, decode_status_code, max_line_bytes
+from .otlp_json import encode_traces_data
 from .settings import DEFAULT_SPILL_FILE, ConfigurationError, Settings
+from .trace_writer import FILE_MODE, append_line, make_private_directory, open_private_append
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
     import fcntl
@@ -41,6 +51,9 @@ except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "default_spill_file", "push"]
+
+_SENDING = "sending "
+_NOT_SENT = "unsent "
 
 
 def default_spill_file() -> Path:
@@ -54,14 +67,21 @@ class PendingBatch:
     backend: str
     batch: str
     data: Mapping[str, Any]  # the OTLP/JSON TracesData of the line
+    interrupted: bool = False  # a push began sending it and never learned whether it arrived
+    spans: tuple[ReadableSpan, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def span_count(self) -> int:
-        return sum(len(ss.get("spans") or ()) for rs in self.data.get("resourceSpans") or ()
-                   for ss in rs.get("scopeSpans") or ())
+        return len(self.spans)
 
     def readable_spans(self) -> list[ReadableSpan]:
-        return readable_spans(self.data)
+        return list(self.spans)
+
+
+@dataclass(frozen=True)
+class BadSpillLine:
+    line: int
+    reason: str
 
 
 class SpillFile:
@@ -70,118 +90,238 @@ class SpillFile:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path) if path is not None else default_spill_file()
         self.ledger = self.path.with_name(self.path.name + ".sent")
+        self.quarantine = self.path.with_name(self.path.name + ".quarantine")
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._push_lock_path = self.path.with_name(self.path.name + ".push-lock")
         self._thread_lock = threading.RLock()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self._lock_path, "a") as handle:
-                if fcntl is not None:
-                    fcntl.flock(handle, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    if fcntl is not None:
-                        fcntl.flock(handle, fcntl.LOCK_UN)
+        with self._thread_lock, self._flocked(self._lock_path, blocking=True):
+            yield
+
+    @contextlib.contextmanager
+    def _flocked(self, path: Path, blocking: bool) -> Iterator[None]:
+        fd = open_private_append(path)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     @contextlib.contextmanager
     def pushing(self) -> Iterator[None]:
         """Held for a whole push: a second push at the same time is refused rather than sending the same batches."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._push_lock_path, "a") as handle:
-            if fcntl is not None:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise PushInProgress(f"another push is sending {self.path}; try again when it is done") from None
-            try:
+        try:
+            with self._flocked(self._push_lock_path, blocking=False):
                 yield
-            finally:
-                if fcntl is not None:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
+        except BlockingIOError:
+            raise PushInProgress(f"another push is sending {self.path}; try again when it is done") from None
 
     def append(self, backend: str, spans: Sequence[ReadableSpan]) -> str:
         """Add one batch for ``backend``; returns its batch id."""
         batch = uuid.uuid4().hex
-        document = {"looptrace": {"backend": backend, "batch": batch}, **encode_spans_json(spans).to_dict()}
-        line = json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n"
-        with self._locked(), open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(line)
+        tag = '"looptrace":' + json.dumps({"backend": backend, "batch": batch}, separators=(",", ":"))
+        line = (encode_traces_data(spans, extra=tag) + "\n").encode("utf-8")
+        with self._locked():
+            fd = open_private_append(self.path)
+            try:
+                append_line(fd, line)  # after a torn last line, on a fresh line of its own
+            finally:
+                os.close(fd)
         return batch
 
+    def mark_sending(self, batch: str) -> None:
+        self._record(_SENDING + batch)
+
     def mark_delivered(self, batch: str) -> None:
-        with self._locked(), open(self.ledger, "a", encoding="utf-8") as handle:
-            handle.write(batch + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self._record(batch)
+
+    def mark_not_delivered(self, batch: str) -> None:
+        """The backend refused or could not be reached: the send is over and the batch can be tried again."""
+        self._record(_NOT_SENT + batch)
+
+    def _record(self, entry: str) -> None:
+        with self._locked():
+            fd = open_private_append(self.ledger)
+            try:
+                append_line(fd, (entry + "\n").encode("ascii"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _ledger(self) -> tuple[set[str], set[str]]:
+        """(delivered ids, ids whose last send began and never ended)."""
+        delivered: set[str] = set()
+        in_flight: dict[str, bool] = {}
+        try:
+            with open(self.ledger, encoding="ascii", errors="replace") as handle:
+                for entry in handle:
+                    entry = entry.strip()
+                    if entry.startswith(_SENDING):
+                        in_flight[entry[len(_SENDING):]] = True
+                    elif entry.startswith(_NOT_SENT):
+                        in_flight[entry[len(_NOT_SENT):]] = False
+                    elif entry:
+                        delivered.add(entry)
+        except FileNotFoundError:
+            pass
+        return delivered, {batch for batch, flying in in_flight.items() if flying} - delivered
 
     def delivered(self) -> set[str]:
-        try:
-            return set(self.ledger.read_text(encoding="utf-8").split())
-        except FileNotFoundError:
-            return set()
+        return self._ledger()[0]
 
-    def pending(self, backends: Iterable[str] | None = None) -> list[PendingBatch]:
-        """The batches not yet delivered, in file order (for ``backends`` only, when given)."""
+    def pending(self, backends: Iterable[str] | None = None,
+                on_bad_line: Callable[[BadSpillLine], None] | None = None) -> list[PendingBatch]:
+        """The batches not yet delivered, in file order (for ``backends`` only, when given); interrupted ones are
+        included, marked. Lines that cannot be read back go to ``on_bad_line``."""
+        return list(self.iter_pending(backends, on_bad_line))
+
+    def iter_pending(self, backends: Iterable[str] | None = None,
+                     on_bad_line: Callable[[BadSpillLine], None] | None = None) -> Iterator[PendingBatch]:
         wanted = None if backends is None else set(backends)
         if not self.path.exists():  # the common case; and reading must not create files
-            return []
+            return
         with self._locked():
-            delivered = self.delivered()
-            lines = self._lines()
-        batches = []
-        for raw in lines:
-            parsed = _parse_spill_line(raw)
-            if parsed is None or parsed.batch in delivered or (wanted is not None and parsed.backend not in wanted):
-                continue
-            batches.append(parsed)
-        return batches
+            delivered, interrupted = self._ledger()
+            # A snapshot: lines appended later wait for the next push; a rewrite by a compaction replaces the file,
+            # and this handle keeps reading the one it opened.
+            try:
+                handle = open(self.path, "rb")  # noqa: SIM115 - read after the lock is released, closed below
+            except FileNotFoundError:
+                return
+            size = os.fstat(handle.fileno()).st_size
+        with handle:
+            for number, raw in _bounded_lines(handle, size):
+                parsed = _parse_spill_line(raw)
+                if isinstance(parsed, str):
+                    if on_bad_line is not None:
+                        on_bad_line(BadSpillLine(number, parsed))
+                    continue
+                if parsed.batch in delivered or (wanted is not None and parsed.backend not in wanted):
+                    continue
+                if parsed.batch in interrupted:
+                    parsed = PendingBatch(parsed.backend, parsed.batch, parsed.data, True, parsed.spans)
+                yield parsed
 
     def pending_spans(self, backend: str | None = None) -> int:
         return sum(b.span_count for b in self.pending(None if backend is None else [backend]))
 
-    def compact(self) -> None:
-        """Drop delivered batches from the file (atomically), then empty the ledger; remove both when nothing is
-        left. Lines that cannot be parsed are kept: they are someone's data, and `looptrace traces` reports them."""
-        if not self.ledger.exists():
-            return
+    def compact(self, quarantine: bool = False) -> int:
+        """Drop delivered batches from the file (atomically) and forget them in the ledger; remove both when nothing
+        is left. With ``quarantine``, lines that cannot be read back move to ``<file>.quarantine`` (otherwise they
+        stay). Returns the number of lines quarantined."""
+        if not self.path.exists() and not self.ledger.exists():
+            return 0
         with self._locked():
-            delivered = self.delivered()
-            if not delivered:
-                return
-            kept = [raw for raw in self._lines()
-                    if (parsed := _parse_spill_line(raw)) is None or parsed.batch not in delivered]
-            if kept:
-                temporary = self.path.with_name(self.path.name + ".tmp")
-                with open(temporary, "w", encoding="utf-8") as handle:
-                    handle.writelines(kept)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(temporary, self.path)
+            delivered, interrupted = self._ledger()
+            if not delivered and not quarantine:
+                return 0
+            moved, kept_ids = self._rewrite(delivered, quarantine)
+            still_interrupted = sorted(interrupted & kept_ids)
+            if still_interrupted:  # the only entries left worth remembering
+                self._replace(self.ledger, [(_SENDING + batch + "\n").encode("ascii") for batch in still_interrupted])
             else:
                 with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
-            # Every id in the ledger named a line that is now gone: the ledger has nothing left to protect.
-            self.ledger.unlink()
+                    self.ledger.unlink()
+        return moved
 
-    def _lines(self) -> list[str]:
+    def _rewrite(self, delivered: set[str], quarantine: bool) -> tuple[int, set[str]]:
+        kept: list[bytes] = []
+        bad: list[bytes] = []
+        kept_ids: set[str] = set()
         try:
-            with open(self.path, encoding="utf-8", errors="replace") as handle:
-                return [line if line.endswith("\n") else line + "\n" for line in handle if line.strip()]
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
-            return []
+            return 0, kept_ids
+        with handle:
+            for _, raw in _bounded_lines(handle, None, keep_long=True):
+                line = raw if raw.endswith(b"\n") else raw + b"\n"
+                parsed = _parse_spill_line(raw) if len(raw) <= max_line_bytes() else "too long"
+                if isinstance(parsed, str):
+                    (bad if quarantine else kept).append(line)
+                elif parsed.batch not in delivered:
+                    kept.append(line)
+                    kept_ids.add(parsed.batch)
+        if bad:
+            fd = open_private_append(self.quarantine)
+            try:
+                for line in bad:
+                    append_line(fd, line)
+                os.fsync(fd)  # kept safely before it leaves the spill file
+            finally:
+                os.close(fd)
+        if kept:
+            self._replace(self.path, kept)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        return len(bad), kept_ids
+
+    def _replace(self, path: Path, lines: list[bytes]) -> None:
+        temporary = path.with_name(path.name + ".tmp")
+        make_private_directory(path.parent)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        try:
+            for line in lines:
+                os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
 
 
-def _parse_spill_line(raw: str) -> PendingBatch | None:
+def _bounded_lines(handle: Any, size: int | None, keep_long: bool = False) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines up to ``size`` bytes; an over-long line is yielded as a marker (or whole, when
+    ``keep_long``: a compaction must move it, not lose it)."""
+    limit = max_line_bytes()
+    read = 0
+    number = 0
+    while size is None or read < size:
+        raw = handle.readline(limit + 1)
+        if not raw:
+            return
+        number += 1
+        read += len(raw)
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            rest = [raw]
+            while not rest[-1].endswith(b"\n"):
+                chunk = handle.readline(1 << 20)
+                if not chunk:
+                    break
+                read += len(chunk)
+                if keep_long:
+                    rest.append(chunk)
+                else:
+                    rest[-1] = chunk
+            raw = b"".join(rest) if keep_long else b"\0too long"
+        if raw.strip():
+            yield number, raw
+
+
+def _parse_spill_line(raw: bytes) -> PendingBatch | str:
+    """The batch on a line, or why it cannot be read back (a string)."""
+    if raw == b"\0too long":
+        return f"longer than {max_line_bytes():,} bytes"
     try:
         document = json.loads(raw)
+    except RecursionError:
+        return "nested too deeply to read"
+    except ValueError as exc:
+        torn = " (torn: never finished)" if not raw.endswith(b"\n") else ""
+        return f"not JSON{torn}: {exc}"
+    try:
         tag = document.pop("looptrace")
-        return PendingBatch(backend=str(tag["backend"]), batch=str(tag["batch"]), data=document)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
+        backend, batch = tag["backend"], tag["batch"]
+        if not isinstance(backend, str) or not isinstance(batch, str):
+            raise TypeError("backend and batch must be strings")
+        spans = tuple(readable_spans(document))
+    except RecursionError:
+        return "nested too deeply to read"
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with a line, it costs that line only
+        return f"not a spilled batch ({type(exc).__name__}: {exc})"
+    return PendingBatch(backend=backend, batch=batch, data=document, spans=spans)
 
 
 class PushInProgress(RuntimeError):
@@ -203,7 +343,10 @@ def readable_spans(data: Mapping[str, Any]) -> list[ReadableSpan]:
     events, links, status, resource, scope); bytes attributes come back as their base64 text.
     """
     spans = []
-    for resource_spans in data.get("resourceSpans") or ():
+    resource_spans_list = data.get("resourceSpans") or []
+    if not isinstance(resource_spans_list, list):
+        raise ValueError("resourceSpans is not a list")
+    for resource_spans in resource_spans_list:
         resource = Resource(decode_attributes((resource_spans.get("resource") or {}).get("attributes")),
                             schema_url=resource_spans.get("schemaUrl") or None)
         for scope_spans in resource_spans.get("scopeSpans") or ():
@@ -260,35 +403,53 @@ def _trace_state(item: Mapping[str, Any]) -> TraceState | None:
 
 @dataclass
 class PushReport:
-    """What a push did, per backend, in spans."""
+    """What a push did, per backend, in spans; and the lines it had to set aside."""
 
     path: Path
     sent: Counter = field(default_factory=Counter)
     failed: Counter = field(default_factory=Counter)  # tried and still pending
     skipped: Counter = field(default_factory=Counter)  # pending for a backend not targeted or not configured
+    held: Counter = field(default_factory=Counter)  # interrupted sends, not repeated without resend_interrupted
+    quarantined: list[BadSpillLine] = field(default_factory=list)
+    quarantine: Path | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        """Nothing failed, nothing was held back, nothing had to be set aside."""
+        return not (self.failed or self.held or self.quarantined)
 
     def summary(self) -> str:
-        if not (self.sent or self.failed or self.skipped):
+        if not (self.sent or self.failed or self.skipped or self.held or self.quarantined):
             return f"nothing to push: {self.path} holds no pending spans"
-        parts = [f"sent {n} spans to {b}" for b, n in sorted(self.sent.items())]
-        parts += [f"{n} spans for {b} still pending (it failed; see the warning)"
+        parts = [f"sent {_spans(n)} to {b}" for b, n in sorted(self.sent.items())]
+        parts += [f"{_spans(n)} for {b} still pending (it failed; see the warning)"
                   for b, n in sorted(self.failed.items())]
-        parts += [f"{n} spans for {b} left pending (not configured or not chosen with --to)"
+        parts += [f"{_spans(n)} for {b} left pending (not configured or not chosen with --to)"
                   for b, n in sorted(self.skipped.items())]
+        parts += [f"{_spans(n)} for {b} held back: an earlier push was interrupted while sending them, so they may "
+                  f"already be there (send them anyway with --resend-interrupted)"
+                  for b, n in sorted(self.held.items())]
+        if self.quarantined:
+            lines = ", ".join(str(bad.line) for bad in self.quarantined[:5]) + (", ..." if len(self.quarantined) > 5
+                                                                                else "")
+            parts.append(f"{len(self.quarantined)} unreadable line{'s' if len(self.quarantined) != 1 else ''} "
+                         f"(line {lines}: {self.quarantined[0].reason}) moved to {self.quarantine}, kept there")
         return "; ".join(parts)
 
 
+def _spans(n: int) -> str:
+    return f"{n} span{'s' if n != 1 else ''}"
+
+
 def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[str, SpanExporter] | None = None, *,
-         to: Iterable[str] | None = None, settings: Settings | None = None) -> PushReport:
-    """Send what the spill file holds, exactly once, and keep what still fails.
+         to: Iterable[str] | None = None, resend_interrupted: bool = False,
+         settings: Settings | None = None) -> PushReport:
+    """Send what the spill file holds, never twice, and keep what still fails (see the module's guarantees).
 
     ``exporters`` maps backend names to exporters (tests pass their own); by default every backend the environment
     configures (``configured_backends()``) gets a guarded exporter. ``to`` limits the push to those backends. A
-    backend that fails is not tried again in the same push; its batches stay pending.
+    backend that fails is not tried again in the same push; its batches stay pending. Lines that cannot be read back
+    are moved to the quarantine file and reported; the batches after them are delivered.
     """
     spill = SpillFile(spill_path)
     own = exporters is None
@@ -301,20 +462,25 @@ def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[st
         raise ConfigurationError(f"cannot push to {', '.join(sorted(missing))}: it is not configured "
                                  "(langfuse needs LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY, otlp needs "
                                  "OTEL_EXPORTER_OTLP_ENDPOINT)")
-    report = PushReport(spill.path)
+    report = PushReport(spill.path, quarantine=spill.quarantine)
     try:
         with spill.pushing():
-            for batch in spill.pending():
+            for batch in spill.iter_pending(on_bad_line=report.quarantined.append):
                 if batch.backend not in targets:
                     report.skipped[batch.backend] += batch.span_count
                 elif batch.backend in report.failed:
                     report.failed[batch.backend] += batch.span_count
-                elif _send(exporters[batch.backend], batch):
-                    spill.mark_delivered(batch.batch)
-                    report.sent[batch.backend] += batch.span_count
+                elif batch.interrupted and not resend_interrupted:
+                    report.held[batch.backend] += batch.span_count
                 else:
-                    report.failed[batch.backend] += batch.span_count
-            spill.compact()
+                    spill.mark_sending(batch.batch)
+                    if _send(exporters[batch.backend], batch):
+                        spill.mark_delivered(batch.batch)
+                        report.sent[batch.backend] += batch.span_count
+                    else:  # the backend said no (or could not be reached): it has not got it; try again next time
+                        spill.mark_not_delivered(batch.batch)
+                        report.failed[batch.backend] += batch.span_count
+            spill.compact(quarantine=True)
     finally:
         if own:
             for exporter in exporters.values():

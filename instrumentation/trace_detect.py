@@ -14,15 +14,13 @@ still open, not the spans.
 from __future__ import annotations
 
 import json
-import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
 from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, result_digest
-from .logs import log
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -253,10 +251,13 @@ def _output_text(raw: Any) -> str | None:
 
 # --- live, over someone else's agent ------------------------------------------------------------------------------
 
-try:  # the processor needs the SDK; the rest of this module does not
-    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-except ImportError:  # pragma: no cover - the SDK is a dependency of looptrace, but keep the offline part importable
-    SpanProcessor = object  # type: ignore[assignment,misc]
+def __getattr__(name: str) -> Any:
+    # The processor needs the OpenTelemetry SDK, slow to import; `looptrace detect` uses the rest of this module only.
+    if name == "DetectorSpanProcessor":
+        from .trace_detect_live import DetectorSpanProcessor
+
+        return DetectorSpanProcessor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(slots=True)
@@ -268,53 +269,3 @@ class _LiveSpan:
     start_ns: int
     attributes: dict[str, Any]
     status_code: int
-
-
-class DetectorSpanProcessor(SpanProcessor):
-    """Runs the detector over any GenAI-instrumented agent in this process, as its spans end.
-
-    Add it to the application's TracerProvider; ``on_verdict`` receives each trace's Verdict when its root span ends
-    (use it to log, alert or fail a test). The spans themselves are not changed: they have already ended.
-    """
-
-    def __init__(self, on_verdict: Callable[[Verdict], None], config: DetectorConfig | None = None) -> None:
-        self._rebuilder = RunRebuilder(config)
-        self._on_verdict = on_verdict
-        self._lock = threading.Lock()  # spans end on whatever thread ran them
-
-    def on_start(self, span, parent_context=None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        context = span.get_span_context()
-        if context is None:  # only a span the SDK never started has none
-            return
-        live = _LiveSpan(
-            trace_id=format(context.trace_id, "032x"),
-            span_id=format(context.span_id, "016x"),
-            parent_span_id=format(span.parent.span_id, "016x") if span.parent is not None else None,
-            name=span.name,
-            start_ns=span.start_time or 0,
-            attributes=dict(span.attributes or {}),
-            status_code=span.status.status_code.value,
-        )
-        with self._lock:
-            verdict = self._rebuilder.add(live)
-        if verdict is not None:
-            self._deliver(verdict)
-
-    def shutdown(self) -> None:
-        with self._lock:
-            verdicts = self._rebuilder.finish()
-        for verdict in verdicts:
-            self._deliver(verdict)
-
-    def _deliver(self, verdict: Verdict) -> None:
-        # Called from span.end() in someone else's code: a failing callback must not surface there.
-        try:
-            self._on_verdict(verdict)
-        except Exception as exc:
-            log.warning("verdict_callback_failed", trace_id=verdict.trace_id, error=f"{type(exc).__name__}: {exc}")
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True

@@ -147,7 +147,7 @@ def parse_request(body: bytes, content_type: str) -> list[SpanRecord]:
         try:
             document = json.loads(body or b"{}")
             return list(spans_of_traces_data(document, DETECTION_KEYS))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise BadRequest(f"not OTLP/JSON trace data ({type(exc).__name__})") from None
     if "protobuf" in content_type or not content_type:
         request = trace_service_pb2.ExportTraceServiceRequest()
@@ -529,7 +529,10 @@ class _WatchHTTPHandler(BaseHTTPRequestHandler):
     def _read_body(self, limit: int) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             return self._read_chunked(limit)
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number") from None
         if length > limit:
             self.close_connection = True  # the body stays unread: this connection cannot be reused
             raise RequestTooLarge(f"the body is {length} bytes; the limit is {limit}")
@@ -539,7 +542,11 @@ class _WatchHTTPHandler(BaseHTTPRequestHandler):
         chunks: list[bytes] = []
         total = 0
         while True:
-            size = int(self.rfile.readline(64).split(b";", 1)[0].strip() or b"0", 16)
+            try:
+                size = int(self.rfile.readline(64).split(b";", 1)[0].strip() or b"0", 16)
+            except ValueError:
+                self.close_connection = True
+                raise BadRequest("malformed chunked body") from None
             if size == 0:
                 while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                     pass

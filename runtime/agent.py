@@ -161,7 +161,7 @@ class Agent:
             span=self._tracing.start_run(
                 agent=self.name,
                 model=self.model,
-                task=task if isinstance(task, str) else _text_of_last_user(messages),
+                task=task if isinstance(task, str) else messages,
                 system=self.system,
                 tool_definitions=self._tool_definitions,
                 session_id=labels.session_id,
@@ -404,6 +404,7 @@ class Agent:
             anomalies=list(run.anomalies.values()),
             error=error_text if status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED) else None,
             stop_reason=run.stop_reason,
+            trace_url=run.span.trace_url,
         )
         run.span.end(
             status=status.value, turns=result.turns, usage=result.usage, cost_usd=result.cost_usd,
@@ -587,14 +588,6 @@ def _as_model(client: Any) -> Model:
 
 def _text_of(content: list[Any]) -> str:
     return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-
-
-def _text_of_last_user(messages: list[dict[str, Any]]) -> str:
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else _text_of(content or [])
-    return ""
 
 
 def _tool_calls_of(content: list[Any]) -> tuple[tuple[str, Any], ...]:

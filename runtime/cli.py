@@ -20,12 +20,12 @@ from looptrace.instrumentation.logs import install_cli_rendering
 from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
 
 from .result import RunResult, RunStatus
+from .trace_commands import UsageError, add_trace_commands, tolerate_any_terminal
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
 if TYPE_CHECKING:
     from looptrace.instrumentation.alerts import Alerts
-    from looptrace.instrumentation.otlp_file import BadLine
     from looptrace.instrumentation.setup import Telemetry
 
     from .agent import Agent
@@ -63,10 +63,6 @@ EXIT_CODE_HELP = """exit codes:
   141 stdout closed early (e.g. `| head`): the run finished and its trace was saved"""
 
 
-class UsageError(Exception):
-    """A problem with what the user asked for; printed as one line, exit code 2."""
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         code = _main(argv)
@@ -93,6 +89,7 @@ def _main(argv: list[str] | None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser, so the hint points at its --help
         getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    tolerate_any_terminal()
     _configure_logging()
     try:
         return args.handler(args)
@@ -162,41 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_export_flags(run)
     run.set_defaults(command_parser=run, handler=_run)
 
-    detect = commands.add_parser(
-        "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
-        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose tool calls are "
-                    "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
-                    "that keep failing and errors the final answer ignored.",
-        epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file or bad flag",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    detect.add_argument("file", nargs="?", type=Path,
-                        help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
-    detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
-    detect.set_defaults(command_parser=detect, handler=_detect)
-
     _add_watch_command(commands)
 
-    traces = commands.add_parser("traces", help="read the local trace file")
-    traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
-    show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
-    show.add_argument("--file", type=Path, help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
-    show.set_defaults(command_parser=show, handler=_traces_show)
-    listing = traces_commands.add_parser("list", help="one line per run in the file")
-    listing.add_argument("--file", type=Path,
-                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    listing.set_defaults(command_parser=listing, handler=_traces_list)
-    push = traces_commands.add_parser(
-        "push", help="send spans a backend could not take earlier (from the spill file), exactly once",
-        epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
-               "pending and are listed)\n  1   some spans are still pending because their backend failed again\n"
-               "  2   bad flag or configuration",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    push.add_argument("--to", choices=("langfuse", "otlp"),
-                      help="only this backend (default: every backend the environment configures)")
-    push.add_argument("--file", type=Path, help="spill file (default: LOOPTRACE_SPILL_FILE or .looptrace/spill.jsonl)")
-    push.set_defaults(command_parser=push, handler=_traces_push)
+    add_trace_commands(commands)  # detect, traces show | list | push
     return parser
 
 
@@ -208,9 +173,9 @@ def _add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", metavar="LIST",
-                        help="comma list of file, console, otlp, langfuse, none (default: LOOPTRACE_EXPORTER; else "
-                             "langfuse when LANGFUSE_* keys are set, otlp when OTEL_EXPORTER_OTLP_ENDPOINT is, "
-                             "else file)")
+                        help="comma list of file, console, otlp, langfuse, none, taken exactly (default: "
+                             "LOOPTRACE_EXPORTER; else file, plus langfuse when LANGFUSE_* keys are set and otlp when "
+                             "OTEL_EXPORTER_OTLP_ENDPOINT is)")
     parser.add_argument("--trace-file", type=Path,
                         help="where the file exporter writes "
                              "(default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
@@ -320,51 +285,6 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_CODES[result.status]
 
 
-def _traces_show(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    from .views import render_trace
-
-    path = args.file or Settings.from_env().trace_file
-    wanted = (args.trace_id or "").lower() or None
-    with _BadLineReporter(path) as report:
-        trace_id = wanted and _resolve_trace_id(path, wanted, report)
-        if trace_id is None and wanted is None:
-            trace_id = _latest_trace_id(path, report)
-        if trace_id is None:
-            what = f"no trace {wanted!r}" if wanted else "no traces"
-            print(f"looptrace: {what} in {path}", file=sys.stderr)
-            return EXIT_NOT_FOUND
-        spans = [s for s in read_spans(path) if s.trace_id == trace_id]
-    print(render_trace(spans))
-    return EXIT_OK
-
-
-def _detect(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.otlp_file import read_spans
-    from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
-
-    path = args.file or Settings.from_env().trace_file
-    found = 0
-    with _BadLineReporter(path) as report:
-        for verdict in detect_spans(read_spans(path, report, report.progress, keys=DETECTION_KEYS)):
-            report.clear_progress()
-            found += len(verdict.anomalies)
-            if not verdict.anomalies and not args.all:
-                continue
-            if args.json:
-                print(json.dumps(verdict.to_dict(), ensure_ascii=False))
-                continue
-            print(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {verdict.turns} turns, "
-                  f"{verdict.tool_calls} tool calls, {len(verdict.anomalies)} anomalies")
-            for anomaly in verdict.anomalies:
-                tool = f" {anomaly.tool}" if anomaly.tool else ""
-                print(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}")
-    if not args.json:
-        print(f"{found} anomal{'y' if found == 1 else 'ies'} found in {path}", file=sys.stderr)
-    return 1 if found else EXIT_OK
-
-
 def _add_watch_command(commands: Any) -> None:
     watch = commands.add_parser(
         "watch", help="receive any agent's traces over OTLP and alert on loops as they happen",
@@ -398,20 +318,6 @@ def _watch(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
         max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
     return serve(settings)
-
-
-def _traces_list(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    path = args.file or Settings.from_env().trace_file
-    with _BadLineReporter(path) as report:
-        for span in read_spans(path, report):
-            a = span.attributes
-            if a.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
-                print(f"{span.trace_id}  {span.name:<30} {a.get(sc.RUN_STATUS, '?'):<20} "
-                      f"{a.get(sc.RUN_TURNS, '?')} turns")
-    return EXIT_OK
 
 
 # --- shared pieces ------------------------------------------------------------------------------------------------
@@ -481,17 +387,6 @@ def _close(telemetry: Telemetry) -> None:
         print(notice, file=sys.stderr)
 
 
-def _traces_push(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.spill import PushInProgress, push
-
-    try:
-        report = push(args.file, to=[args.to] if args.to else None, settings=Settings.from_env())
-    except PushInProgress as exc:
-        raise UsageError(str(exc)) from None
-    print(report.summary())
-    return EXIT_OK if report.ok else 1
-
-
 def load_tools(path: Path) -> list[Tool]:
     """Every @tool in a Python file, in the order the file defines them."""
     from .tools import Tool
@@ -550,9 +445,12 @@ def _with_redacted_arguments(message: Any) -> Any:
 
 
 def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
-    if telemetry.trace_file is not None:
-        out.write(f"trace {result.trace_id} written to {telemetry.trace_file}; "
-                  f"see it with: looptrace traces show --trace-id {result.trace_id[:12]}\n")
+    """The end of every run: its trace id, where to look at it locally, and its link in Langfuse when there is one."""
+    where = (f" written to {telemetry.trace_file}; see it with: looptrace traces show --trace-id {result.trace_id[:12]}"
+             if telemetry.trace_file is not None else "")
+    out.write(f"trace {result.trace_id}{where}\n")
+    if result.trace_url:
+        out.write(f"trace in Langfuse: {result.trace_url}\n")
 
 
 def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
@@ -570,75 +468,8 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) ->
         return
     out.write(render_trace(spans) + "\n\n")
     out.write(f"trace file: {telemetry.trace_file}  (looptrace traces show --trace-id {result.trace_id[:12]})\n")
-
-
-def _latest_trace_id(path: Path, report) -> str | None:
-    from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    latest = None
-    latest_end = -1
-    for span in read_spans(path, report, report.progress):
-        if span.parent_span_id is None or span.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
-            if span.end_ns >= latest_end:
-                latest, latest_end = span.trace_id, span.end_ns
-    return latest
-
-
-def _resolve_trace_id(path: Path, prefix: str, report) -> str | None:
-    from looptrace.instrumentation.otlp_file import read_spans
-
-    matches = {s.trace_id for s in read_spans(path, report, report.progress) if s.trace_id.startswith(prefix)}
-    if len(matches) > 1:
-        raise UsageError(f"trace id prefix {prefix!r} matches {len(matches)} traces; give more digits")
-    return next(iter(matches), None)
-
-
-class _BadLineReporter:
-    """Reports malformed lines once each (files are read more than once) and shows progress on big files."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.seen: set[int] = set()
-        self.size = 0
-        self.interactive = sys.stderr.isatty()
-
-    @property
-    def shows_progress(self) -> bool:
-        """Only a person watching a big file wants a progress line."""
-        return self.interactive and self.size > 50_000_000
-
-    def __enter__(self) -> _BadLineReporter:
-        try:
-            self.size = os.path.getsize(self.path)
-        except OSError as exc:
-            raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
-        if os.path.isdir(self.path):
-            raise UsageError(f"{self.path} is a directory, not a trace file")
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self.shows_progress:
-            sys.stderr.write("\r" + " " * 60 + "\r")
-        from looptrace.instrumentation.otlp_file import TraceFileError
-
-        if isinstance(exc, TraceFileError):
-            raise UsageError(str(exc)) from None
-
-    def __call__(self, bad: BadLine) -> None:
-        if bad.line not in self.seen:
-            self.seen.add(bad.line)
-            print(f"looptrace: {self.path}:{bad.line}: skipped: {bad.reason}", file=sys.stderr)
-
-    def clear_progress(self) -> None:
-        if self.shows_progress:
-            sys.stderr.write("\r" + " " * 60 + "\r")
-
-    def progress(self, done: int) -> None:
-        if self.shows_progress:
-            sys.stderr.write(f"\rreading {self.path.name}: {done * 100 // max(self.size, 1)}% "
-                             f"({done / 1e6:,.0f} of {self.size / 1e6:,.0f} MB)")
-            sys.stderr.flush()
+    if result.trace_url:
+        out.write(f"trace in Langfuse: {result.trace_url}\n")
 
 
 def _configure_logging() -> None:

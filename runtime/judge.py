@@ -1,10 +1,11 @@
-"""A model as the detector's judge: confirms an ignored_error before it is reported.
+"""A model as the detector's judge: confirms an ignored_error before it is reported, and decides the open cases.
 
 ``Agent(detector=DetectorConfig(judge="claude-haiku-4-5"))`` asks that model, through the agent's own client, whether
 the final answer ignored the failed call. The prompt is short and the answer structured (a forced tool call); the
-judge's tokens and cost go on a span of its own (``chat {model}`` with the ``JUDGE`` attribute of semconv.py set) and are never charged to
-the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it never blocks or
-crashes the run.
+judge's tokens and cost go on a span of its own (``chat {model}``, marked with semconv's ``JUDGE`` attribute) and are
+never charged to the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it
+never blocks for longer than its timeout, and never crashes the run. With content capture off the judge still sends
+the failed call and the answer to the model: the same provider that already received them during the run.
 """
 
 from __future__ import annotations

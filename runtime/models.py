@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from looptrace.instrumentation.spans import record_time_to_first_chunk
+
 
 class Model(Protocol):
     """What the loop needs from a model. Implement it to put any Messages-API-compatible backend behind an Agent."""
@@ -122,7 +124,13 @@ class AnthropicModel:
 
     def _send(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
+            started = time.perf_counter()
             with client.messages.stream(**params, **options) as stream:
+                first = True
+                for _ in stream:  # read here rather than by get_final_message, to time the first event
+                    if first:
+                        record_time_to_first_chunk(time.perf_counter() - started)
+                        first = False
                 return _as_json(stream.get_final_message())
         # The raw body is the API's JSON to the byte: no round trip through the SDK's models and back.
         raw = client.messages.with_raw_response.create(**params, **options)
@@ -130,7 +138,13 @@ class AnthropicModel:
 
     async def _asend(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
+            started = time.perf_counter()
             async with client.messages.stream(**params, **options) as stream:
+                first = True
+                async for _ in stream:
+                    if first:
+                        record_time_to_first_chunk(time.perf_counter() - started)
+                        first = False
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()

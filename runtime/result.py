@@ -79,6 +79,7 @@ class RunResult:
     anomalies: list[Any] = field(default_factory=list)
     error: str | None = None  # "ExceptionType: message" when the status is error, timeout or interrupted
     stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
+    trace_url: str | None = None  # the trace in Langfuse's UI, when the run's spans go to Langfuse
 
     @property
     def ok(self) -> bool:
@@ -94,6 +95,7 @@ class RunResult:
             "usage": asdict(self.usage) | {"total_tokens": self.usage.total_tokens},
             "cost_usd": self.cost_usd,
             "trace_id": self.trace_id,
+            "trace_url": self.trace_url,
             "stop_reason": self.stop_reason,
             "error": self.error,
             "anomalies": [a.to_dict() if hasattr(a, "to_dict") else a for a in self.anomalies],

@@ -17,6 +17,7 @@ from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFin
 ERROR_MARK = "✗"
 OK_MARK = "✓"
 WARN_MARK = "⚠"
+MAX_INDENT = 3 * 40
 
 
 def short(value: Any, limit: int = 80) -> str:
@@ -137,22 +138,26 @@ def render_trace(spans: Iterable[SpanRecord]) -> str:
     for children in by_parent.values():
         children.sort(key=lambda s: s.start_ns)
     lines: list[str] = []
-    for root in by_parent[None]:
-        lines.append(_describe(root))
-        _render_children(root, by_parent, "", lines)
-    return "\n".join(lines)
-
-
-def _render_children(parent: SpanRecord, by_parent, prefix: str, lines: list[str]) -> None:
-    children = by_parent.get(parent.span_id, [])
-    for position, child in enumerate(children):
-        last = position == len(children) - 1
-        lines.append(f"{prefix}{'└─ ' if last else '├─ '}{_describe(child)}")
-        for name, _, attributes in child.events:
-            if name.startswith(sc.ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
+    shown: set[int] = set()  # a span claiming itself (or a descendant) as parent is shown once, not forever
+    # Iterative, not recursive: a hostile file can chain spans deeper than Python's stack.
+    stack: list[tuple[SpanRecord, str, str]] = [(root, "", "") for root in reversed(by_parent[None])]
+    while stack:
+        span, prefix, branch = stack.pop()
+        if id(span) in shown:
+            continue
+        shown.add(id(span))
+        lines.append(f"{prefix}{branch}{_describe(span)}")
+        child_prefix = prefix + ("" if not branch else "   " if branch == "└─ " else "│  ")
+        if len(child_prefix) > MAX_INDENT:  # a chain thousands deep still prints in linear space
+            child_prefix = child_prefix[:MAX_INDENT]
+        children = by_parent.get(span.span_id, [])
+        for name, _, attributes in span.events if branch else ():
+            if name.startswith(sc.LEGACY_ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
                 message = attributes.get(sc.ANOMALY_MESSAGE) or attributes.get(sc.EVENT_MESSAGE) or ""
-                lines.append(f"{prefix}{'   ' if last else '│  '}{WARN_MARK} {name}: {short(message, 100)}")
-        _render_children(child, by_parent, prefix + ("   " if last else "│  "), lines)
+                lines.append(f"{child_prefix}{WARN_MARK} {name}: {short(message, 100)}")
+        for position in range(len(children) - 1, -1, -1):
+            stack.append((children[position], child_prefix, "└─ " if position == len(children) - 1 else "├─ "))
+    return "\n".join(lines)
 
 
 def _describe(span: SpanRecord) -> str:
@@ -162,17 +167,20 @@ def _describe(span: SpanRecord) -> str:
     took = duration(span.duration_s)
     if operation == sc.OPERATION_INVOKE_AGENT:
         cost = a.get(sc.RUN_COST_USD)
-        cost_text = "" if cost is None else f"  ${cost:.4f}"
+        cost_text = "" if cost is None else f"  ${_number(cost, '.4f')}"
         anomalies = a.get(sc.RUN_ANOMALY_COUNT) or 0
-        flagged = f"  {WARN_MARK} {anomalies} anomal{'y' if anomalies == 1 else 'ies'}" if anomalies else ""
-        return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {a.get(sc.RUN_TURNS, '?')} turns  "
-                f"{a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0):,} tokens{cost_text}  {took}{flagged}  trace {span.trace_id}")
+        flagged = (f"  {WARN_MARK} {_number(anomalies)} anomal{'y' if anomalies == 1 else 'ies'}" if anomalies
+                   else "")
+        turns = a.get(sc.RUN_TURNS, "?")
+        return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {_number(turns)} turn{'' if turns == 1 else 's'}  "
+                f"{_number(a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0))} tokens{cost_text}  {took}{flagged}  "
+                f"trace {span.trace_id}")
     if operation == sc.OPERATION_CHAT:
-        cache = (f" (cache read {a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0)},"
-                 f" write {a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0)})")
+        cache = (f" (cache read {_number(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0))},"
+                 f" write {_number(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0))})")
         failure = f"  {a.get(sc.ERROR_TYPE)}: {span.status_message}" if span.is_error else ""
-        return (f"{mark}{span.name}  in {a.get(sc.GEN_AI_USAGE_INPUT_TOKENS, 0)}{cache} out "
-                f"{a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, 0)}  {took}{failure}")
+        return (f"{mark}{span.name}  in {_number(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS, 0))}{cache} out "
+                f"{_number(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, 0))}  {took}{failure}")
     if operation == sc.OPERATION_EXECUTE_TOOL:
         arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS)
         result = a.get(sc.GEN_AI_TOOL_CALL_RESULT)
@@ -181,5 +189,17 @@ def _describe(span: SpanRecord) -> str:
         error = f"  ERROR {a.get(sc.ERROR_TYPE, '')}".rstrip() if span.is_error else ""
         return f"{mark}{span.name}{call}{outcome}  {took}{error}"
     if sc.TURN_INDEX in a:
-        return f"{mark}{span.name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
+        # Turn spans share one name; the index is an attribute (traces written before that name it "turn 3").
+        name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
+        return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
+
+
+def _number(value: Any, spec: str = ",") -> str:
+    """A count or an amount as a person reads it; whatever another producer stored instead is shown as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return format(value, spec)
+        except ValueError:  # a float given the integer spec, say
+            return str(value)
+    return short(value, 40)

@@ -20,13 +20,15 @@ Producers:
 
 Scenarios:
   repeat_failing  the model calls get_order(A-1) four times; it fails every time; the answer admits it
-  ignored_error   refund(A-1) fails once; the answer claims the refund went through
+  ignored_error   refund(A-1) fails, is retried and fails again; the agent moves on (notify_customer) and the answer
+                  presents the work as done without a word about the refund
   clean           get_order(A-1) succeeds; the answer reports it
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -58,25 +60,34 @@ def refund(order_id: str) -> str:
     raise ToolFailed(f"refund rejected for {order_id}: payment provider timeout")
 
 
-TOOLS = {"get_order": get_order, "refund": refund}
+def notify_customer(message: str) -> str:
+    """Send the customer a message."""
+    return "sent"
+
+
+TOOLS = {"get_order": get_order, "refund": refund, "notify_customer": notify_customer}
 TOOL_SCHEMAS = [
     {"name": name, "description": function.__doc__,
-     "input_schema": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}
-    for name, function in TOOLS.items()
+     "input_schema": {"type": "object", "properties": {argument: {"type": "string"}}, "required": [argument]}}
+    for (name, function), argument in zip(TOOLS.items(), ("order_id", "order_id", "message"), strict=True)
 ]
 SCENARIO = "clean"
 
 
 def model_script(scenario: str) -> list[dict[str, Any]]:
     """What the fake Messages API answers, turn by turn."""
-    def call(tool: str, n: int) -> dict[str, Any]:
+    def call(tool: str, n: int, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         return {"stop_reason": "tool_use", "content": [
-            {"type": "tool_use", "id": f"toolu_{tool}_{n}", "name": tool, "input": {"order_id": "A-1"}}]}
+            {"type": "tool_use", "id": f"toolu_{tool}_{n}", "name": tool, "input": arguments or {"order_id": "A-1"}}]}
     if scenario == "repeat_failing":
         return [call("get_order", n) for n in range(1, 5)] + [
             {"content": "I could not look up order A-1: the order service failed every time."}]
     if scenario == "ignored_error":
-        return [call("refund", 1), {"content": "Done! Your refund for order A-1 has been processed."}]
+        # The detector's ignored_error rule alone fires on a failure the model knew about and left behind: retried,
+        # failed again, then other work, and an answer that neither names the order nor quotes the error.
+        return [call("refund", 1), call("refund", 2),
+                call("notify_customer", 1, {"message": "Your request has been handled."}),
+                {"content": "All done: the customer has been notified and everything is taken care of."}]
     return [call("get_order", 1), {"content": "Order A-1 has shipped."}]
 
 
@@ -221,13 +232,12 @@ def produce_pydantic_ai(api_url: str, provider: Any) -> None:
     agent = Agent(model, name="support-agent", retries=10, capabilities=[Instrumentation(settings=settings)])
 
     def as_tool(function: Any) -> Any:
-        def wrapped(order_id: str) -> str:
+        @functools.wraps(function)  # the tool's own signature and docstring, which pydantic-ai reads
+        def wrapped(**arguments: Any) -> str:
             try:
-                return function(order_id)
+                return function(**arguments)
             except ToolFailed as exc:  # pydantic-ai's way to hand a tool error back to the model
                 raise ModelRetry(f"Error: {exc}") from None
-        wrapped.__name__ = function.__name__
-        wrapped.__doc__ = function.__doc__
         return wrapped
 
     for function in TOOLS.values():

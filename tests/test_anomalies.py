@@ -255,7 +255,7 @@ def test_an_unknown_action_is_refused_up_front():
 def test_anomalies_on_spans_warning_level_and_event_on_the_offending_call(spans):
     Agent(MODEL, tools=scenario_tools(), client=ScriptedModel([turn_of(A)] * 3 + [final("ok")]), on_anomaly="warn",
           tracer_provider=spans.provider, alerts=Alerts(log_warnings=False)).run("task")
-    turn3 = next(s for s in spans.named("turn ") if s.attributes[sc.TURN_INDEX] == 3)
+    turn3 = next(s for s in spans.named("turn") if s.attributes[sc.TURN_INDEX] == 3)
     event = next(e for e in turn3.events if e.name == sc.ANOMALY_EVENT)
     assert event.attributes[sc.ANOMALY_TYPE] == "repeated_call"
     assert event.attributes[sc.ANOMALY_COUNT] == 3

@@ -97,3 +97,34 @@ def test_numpy_google_and_sphinx_docstrings_keep_their_parameter_descriptions():
     assert numpy["input_schema"]["properties"]["days"]["description"] == "How many days ahead."
     sphinx = sphinx_style.definition()["input_schema"]["properties"]["city"]
     assert sphinx["description"] == "The city's name, in English."
+
+
+def _broken_observer_run():
+    from looptrace import Agent, ScriptedModel
+
+    def broken(event):
+        raise RuntimeError("observer bug")
+
+    Agent("claude-sonnet-5-5", telemetry=False, on_event=broken,
+          client=ScriptedModel([{"stop_reason": "end_turn", "content": "ok"}])).run("hi")
+
+
+def test_warnings_are_records_of_the_looptrace_logger_an_application_can_route_or_silence(caplog, capsys):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="looptrace"):
+        _broken_observer_run()
+    records = [r for r in caplog.records if r.name == "looptrace"]
+    assert records and records[0].looptrace["event"] == "observer_failed"
+    assert "observer bug" in records[0].getMessage()
+    assert capsys.readouterr().out == ""  # never on standard output, where a program's results go
+
+    caplog.clear()
+    logger = logging.getLogger("looptrace")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        _broken_observer_run()
+    finally:
+        logger.setLevel(previous)
+    assert [r for r in caplog.records if r.name == "looptrace"] == []

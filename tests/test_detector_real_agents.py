@@ -292,7 +292,9 @@ def test_with_content_capture_off_anomalies_carry_no_arguments_or_error_text(mon
         result = Agent(MODEL, tools=[pay, note], client=model, on_anomaly="nudge", tracer_provider=spans.provider,
                        alerts=Alerts(callback=lambda a, c: seen.append(webhook_payload(a, c)))).run("task")
     assert {a.type for a in result.anomalies} == {REPEATED_CALL, IGNORED_ERROR}
-    anomaly_events = [dict(e.attributes) for span in spans.all for e in span.events if "anomaly" in e.name]
+    from looptrace.instrumentation.semconv import ANOMALY_EVENT
+
+    anomaly_events = [dict(e.attributes) for span in spans.all for e in span.events if e.name == ANOMALY_EVENT]
     statuses = [span.status.description or "" for span in spans.all]
     everything = json.dumps([a.to_dict() for a in result.anomalies] + seen + anomaly_events + statuses
                             + [str(entry) for entry in logs], ensure_ascii=False)

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
-from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, unused_port
+from fakes.otlp_receiver import Delay, OTLPGrpcReceiver, OTLPReceiver, Reject, langfuse_view, unused_port
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans as encode_json
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as encode_proto
@@ -90,7 +90,7 @@ def finished_run_spans():
     provider = TracerProvider(resource=Resource.create({"service.name": "looptrace-test"}), shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("looptrace", "0.1.0")
-    common = {sc.GEN_AI_PROVIDER_NAME: "anthropic", sc.GEN_AI_AGENT_NAME: "booking",
+    common = {sc.GEN_AI_PROVIDER_NAME: "anthropic", sc.GEN_AI_AGENT_NAME: "booking", sc.GEN_AI_CONVERSATION_ID: "s-1",
               **langfuse.trace_attributes("booking", session_id="s-1", user_id="u-1", tags=["demo", "nightly"],
                                           metadata={"ticket": "T-9", "attempt": 2})}
     root = tracer.start_span("invoke_agent booking", attributes={
@@ -235,7 +235,8 @@ def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, spill):
     by_name = {s.name: s for s in langfuse_rx.wait_for_spans(4)}
     for span in by_name.values():  # Langfuse v4 reads trace attributes per observation: all of them carry them
         a = span.attributes
-        assert a["langfuse.trace.name"] == "booking" and a["session.id"] == "s-1" and a["user.id"] == "u-1"
+        # The session as Langfuse reads it: session.id, else gen_ai.conversation.id (extractSessionId).
+        assert a["langfuse.trace.name"] == "booking" and a[sc.GEN_AI_CONVERSATION_ID] == "s-1" and a["user.id"] == "u-1"
         assert a["langfuse.trace.tags"] == ["demo", "nightly"]
         assert a["langfuse.trace.metadata.ticket"] == "T-9" and a["langfuse.trace.metadata.attempt"] == "2"
     types = {name: s.attributes["langfuse.observation.type"] for name, s in by_name.items()}
@@ -254,21 +255,19 @@ def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, spill):
 
 
 def test_a_scripted_run_looks_right_in_langfuse(langfuse_rx, spill):
-    """The real loop's spans once spans.py merges the langfuse attributes; skipped until it does."""
+    """The real loop's spans, as Langfuse's ingestion maps them (observation types, trace name, usage)."""
     telemetry = configure(exporters="langfuse", set_global=False, spill_file=spill.path)
     run_agent(telemetry.tracer_provider)
     telemetry.shutdown()
     received = langfuse_rx.wait_for_spans(1)
     root = next(s for s in received if s.parent_span_id is None)
-    if "langfuse.observation.type" not in root.attributes:
-        pytest.skip("spans.py does not add the Langfuse attributes yet")
-    assert root.attributes["langfuse.observation.type"] == "agent"
+    assert langfuse_view(root).type == "AGENT"
     assert all(s.attributes.get("langfuse.trace.name") == root.attributes[sc.GEN_AI_AGENT_NAME] for s in received)
     for span in received:
-        kind = span.attributes["langfuse.observation.type"]
+        kind = langfuse_view(span).type
         has_usage = "langfuse.observation.usage_details" in span.attributes
-        assert has_usage == (kind == "generation"), span.name
-        if kind == "tool":
+        assert has_usage == (kind == "GENERATION"), span.name
+        if kind == "TOOL":
             assert span.attributes[sc.GEN_AI_TOOL_NAME] in span.name
 
 
@@ -278,8 +277,8 @@ def test_a_scripted_run_looks_right_in_langfuse(langfuse_rx, spill):
 def test_trace_attributes_refuse_what_langfuse_would_drop():
     assert langfuse.trace_attributes("a") == {"langfuse.trace.name": "a"}
     assert langfuse.trace_attributes("a", tags=["x", "x", "y"])["langfuse.trace.tags"] == ("x", "y")
-    with pytest.raises(ValueError, match="200"):
-        langfuse.trace_attributes("a", session_id="s" * 201)
+    # Over 200 characters: cut and marked, never an exception in a run.
+    assert langfuse.trace_attributes("a", user_id="u" * 300)["user.id"] == "u" * 199 + "…"
     with pytest.raises(ValueError, match="letters, digits"):
         langfuse.trace_attributes("a", metadata={"bad key": 1})
     with pytest.raises(ValueError, match="non-empty"):
@@ -291,7 +290,7 @@ def test_generation_attributes_never_count_cache_tokens_twice():
                                                       cache_creation_input_tokens=40)
                        ["langfuse.observation.usage_details"])
     # Langfuse adds every type with "input" in its name: 3 + 100 + 40 is the whole input, once.
-    assert usage == {"input": 3, "output": 5, "input_cache_read": 100, "input_cache_creation": 40}
+    assert usage == {"input": 3, "output": 5, "input_cache_read": 100, "input_cache_creation_5m": 40}
     assert "langfuse.observation.cost_details" not in langfuse.generation_attributes(input_tokens=1, output_tokens=1)
 
 
@@ -633,12 +632,19 @@ def test_an_interrupted_push_never_sends_a_batch_twice(spill):
     with pytest.raises(KeyboardInterrupt):
         push(spill.path, {"langfuse": first})
     second = ScriptedExporter()
-    push(spill.path, {"langfuse": second})
+    report = push(spill.path, {"langfuse": second})
+    # The interrupted call never got its answer: it may have arrived, so it is held back, reported, not resent.
+    assert second.calls == [span_ids_in_order(batches[2])]
+    assert report.held == {"langfuse": 4} and not report.ok and "--resend-interrupted" in report.summary()
     third = ScriptedExporter()
-    push(spill.path, {"langfuse": third})
-    delivered = [first.calls[0], *second.calls]  # the interrupted call never got its answer: it is sent again
-    assert sorted(map(sorted, delivered)) == sorted(sorted(span_ids(b)) for b in batches)
-    assert third.calls == [] and not spill.path.exists()
+    assert push(spill.path, {"langfuse": third}).held == {"langfuse": 4} and third.calls == []
+    fourth = ScriptedExporter()
+    push(spill.path, {"langfuse": fourth}, resend_interrupted=True)  # the user's explicit choice
+    assert fourth.calls == [span_ids_in_order(batches[1])] and not spill.path.exists() and not spill.ledger.exists()
+
+
+def span_ids_in_order(spans):
+    return [format(s.context.span_id, "016x") for s in spans]
 
 
 def test_a_failing_backend_keeps_its_batches_and_others_go_on(spill):
@@ -665,8 +671,9 @@ def test_a_bad_line_is_kept_not_sent(spill):
     spill.append("otlp", finished_run_spans())
     with open(spill.path, "a") as handle:
         handle.write('{"truncated": \n')
-    push(spill.path, {"otlp": ScriptedExporter()})
-    assert spill.path.read_text() == '{"truncated": \n'
+    report = push(spill.path, {"otlp": ScriptedExporter()})
+    assert spill.quarantine.read_text() == '{"truncated": \n' and not spill.path.exists()
+    assert report.sent == {"otlp": 4} and str(spill.quarantine) in report.summary()
 
 
 def test_guarded_exporter_survives_an_exporter_that_raises(spill):

@@ -213,3 +213,32 @@ def test_prometheus_reader_says_which_port_is_taken():
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=f"127.0.0.1:{port}.*LOOPTRACE_PROMETHEUS_PORT"):
             prometheus_reader(port)
+
+
+def test_server_port_is_recorded_beside_the_server_address(recorded):
+    # Conditionally required by the conventions wherever server.address is set.
+    loop_metrics, collect = recorded
+    loop_metrics.record_chat(agent="support", request_model="claude-haiku-4-5", response_model=None, input_tokens=1,
+                             output_tokens=1, duration_s=0.1, server_address="proxy.internal", server_port=8443)
+    [point] = points(collect()["gen_ai.client.operation.duration"])
+    assert (point.attributes["server.address"], point.attributes["server.port"]) == ("proxy.internal", 8443)
+
+
+def test_a_run_against_a_server_records_its_port_on_the_client_metrics():
+    from fakes.messages_api import FakeMessagesAPI
+
+    from looptrace.runtime import Agent, AnthropicModel
+    from looptrace.runtime.demo import equipment_script
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    with FakeMessagesAPI(equipment_script()[-1:]) as api:
+        model = AnthropicModel(api_key="test-key", base_url=api.url)
+        Agent("claude-sonnet-5-5", client=model, meter_provider=provider).run("x")
+        port = int(api.url.rsplit(":", 1)[1].split("/")[0])
+    data = reader.get_metrics_data()
+    duration = next(m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                    if m.name == "gen_ai.client.operation.duration")
+    [point] = points(duration)
+    assert (point.attributes["server.address"], point.attributes["server.port"]) == ("127.0.0.1", port)
+    provider.shutdown()

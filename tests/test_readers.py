@@ -52,7 +52,7 @@ def test_detect_flags_loops_and_ignored_errors_in_real_producers_traces(tmp_path
     found = {a["type"] for a in verdicts[0]["anomalies"]}
     assert found == EXPECTED[scenario]
     assert code == (1 if EXPECTED[scenario] else 0)
-    assert verdicts[0]["tool_calls"] == {"repeat_failing": 4, "ignored_error": 1, "clean": 1}[scenario]
+    assert verdicts[0]["tool_calls"] == {"repeat_failing": 4, "ignored_error": 3, "clean": 1}[scenario]
     assert verdicts[0]["rules_not_run"] == {}  # each of these producers records what every rule needs
 
 
@@ -66,6 +66,8 @@ def test_tool_calls_read_from_messages_alone_still_show_a_loop_but_say_error_rul
     code, verdicts = detect(capsys, produce(tmp_path, "semconv-chat", "ignored_error"))
     assert code == 0 and verdicts[0]["anomalies"] == []  # not guessed from the word "Error" in a result
     assert "no error flag" in verdicts[0]["rules_not_run"]["ignored_error"]
+    assert main(["detect", "--all", str(tmp_path / "semconv-chat-ignored_error.jsonl")]) == 0
+    assert "not checked: ignored_error: tool results were read from messages" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -73,7 +75,8 @@ def test_the_text_report_names_the_foreign_run(tmp_path, capsys):
     path = produce(tmp_path, "openinference", "repeat_failing")
     assert main(["detect", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "support-agent" in out and "repeated_call get_order x3" in out
+    # one line per streak, with its latest count: four failing calls, one repeated_call x4 (issue 9)
+    assert "support-agent" in out and "repeated_call get_order x4" in out and out.count("repeated_call") == 1
 
 
 # --- the reader's rules, on spans made with the SDK -----------------------------------------------------------------

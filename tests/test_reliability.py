@@ -268,10 +268,11 @@ def test_detect_skips_truncated_and_corrupted_lines_and_still_judges_the_rest(tm
     assert ":1: skipped" in err and "Traceback" not in err
 
 
-def test_detect_on_an_empty_file_finds_nothing(tmp_path, capsys):
+def test_detect_on_an_empty_file_is_a_usage_error(tmp_path, capsys):
+    # Nothing to judge is not "no anomaly": a CI gate pointed at an empty file must not go green (issue 12, item 18).
     (tmp_path / "empty.jsonl").write_text("")
-    assert main(["detect", str(tmp_path / "empty.jsonl")]) == 0
-    assert "0 anomalies" in capsys.readouterr().err
+    assert main(["detect", str(tmp_path / "empty.jsonl")]) == 2
+    assert "holds no OTLP/JSON spans (it is empty)" in capsys.readouterr().err
 
 
 def test_detect_on_a_missing_file_is_a_usage_error(tmp_path, capsys):

@@ -73,9 +73,10 @@ def test_flags_override_fields_and_leave_the_rest():
 def test_the_exporter_choice_follows_the_documented_precedence():
     keys = {"LANGFUSE_PUBLIC_KEY": "pk", "LANGFUSE_SECRET_KEY": "sk"}
     assert Settings.from_env({}).chosen_exporters() == ["file"]
-    assert Settings.from_env(keys).chosen_exporters() == ["langfuse"]
+    # The local file stays on beside the backends the environment sets up; an explicit choice is taken exactly.
+    assert Settings.from_env(keys).chosen_exporters() == ["file", "langfuse"]
     assert Settings.from_env({**keys, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}).chosen_exporters() == [
-        "langfuse", "otlp"]
+        "file", "langfuse", "otlp"]
     assert Settings.from_env({**keys, "OTEL_TRACES_EXPORTER": "console"}).chosen_exporters() == ["console"]
     assert Settings.from_env({"OTEL_TRACES_EXPORTER": "zipkin"}).chosen_exporters() == ["file"]  # not ours to read
     assert Settings.from_env({"LOOPTRACE_EXPORTER": "none"}).chosen_exporters() == []

@@ -63,11 +63,11 @@ LANGFUSE_KEYS = {"LANGFUSE_PUBLIC_KEY": PUBLIC_KEY, "LANGFUSE_SECRET_KEY": SECRE
 
 @pytest.mark.parametrize("env, expected", [
     ({}, ["file"]),
-    (LANGFUSE_KEYS, ["langfuse"]),
+    (LANGFUSE_KEYS, ["file", "langfuse"]),  # the local file stays on beside a backend the environment sets up
     ({"LANGFUSE_PUBLIC_KEY": PUBLIC_KEY}, ["file"]),  # one key is not a Langfuse set-up
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ["otlp"]),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, ["otlp"]),
-    ({**LANGFUSE_KEYS, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ["langfuse", "otlp"]),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ["file", "otlp"]),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, ["file", "otlp"]),
+    ({**LANGFUSE_KEYS, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ["file", "langfuse", "otlp"]),
     ({**LANGFUSE_KEYS, "LOOPTRACE_EXPORTER": "file"}, ["file"]),
     ({"OTEL_TRACES_EXPORTER": "otlp"}, ["otlp"]),
     ({"OTEL_TRACES_EXPORTER": "zipkin"}, ["file"]),  # not ours to interpret

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from genai_conventions import InputMessages, OutputMessages, validate_system_instructions, validate_tool_definitions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -25,7 +26,7 @@ def test_one_trace_per_run_with_the_documented_tree(spans):
     result = run_story(spans)
 
     assert len(spans.named("invoke_agent")) == 1
-    assert len(spans.named("turn ")) == 4
+    assert len(spans.named("turn")) == 4
     assert len(spans.named("chat ")) == 4
     assert len(spans.named("execute_tool ")) == 3
     assert {format(s.context.trace_id, "032x") for s in spans.all} == {result.trace_id}
@@ -33,7 +34,9 @@ def test_one_trace_per_run_with_the_documented_tree(spans):
     root = spans.one("invoke_agent")
     assert root.name == "invoke_agent booking" and root.kind is SpanKind.INTERNAL and root.parent is None
     turns = sorted(spans.children_of(root), key=lambda s: s.attributes[sc.TURN_INDEX])
-    assert [t.name for t in turns] == ["turn 1", "turn 2", "turn 3", "turn 4"]
+    # One name for every turn (span metrics make one series of it); the index is an attribute.
+    assert [t.name for t in turns] == ["turn"] * 4
+    assert [t.attributes[sc.TURN_INDEX] for t in turns] == [1, 2, 3, 4]
     children = [sorted(c.name for c in spans.children_of(t)) for t in turns]
     assert children == [
         ["chat claude-sonnet-4-5", "execute_tool search_equipment"],
@@ -61,7 +64,7 @@ def test_root_span_attributes(spans):
 
 def test_turn_spans_carry_the_raw_stop_reason(spans):
     run_story(spans)
-    turns = sorted(spans.named("turn "), key=lambda s: s.attributes[sc.TURN_INDEX])
+    turns = sorted(spans.named("turn"), key=lambda s: s.attributes[sc.TURN_INDEX])
     assert [t.attributes[sc.STOP_REASON] for t in turns] == ["tool_use"] * 3 + ["end_turn"]
     assert all(t.attributes[sc.GEN_AI_AGENT_NAME] == "booking" for t in turns)  # no span without a gen_ai.* key
 
@@ -98,7 +101,7 @@ def test_input_tokens_on_chat_spans_include_the_cache(spans):
 
 
 @pytest.mark.parametrize("stop_reason, finish", [("max_tokens", "length"), ("stop_sequence", "stop"),
-                                                 ("refusal", "refusal"), ("pause_turn", "pause_turn")])
+                                                 ("refusal", "content_filter"), ("pause_turn", "pause_turn")])
 def test_finish_reasons_are_normalised_like_the_otel_anthropic_instrumentation(spans, stop_reason, finish):
     script = [{"stop_reason": stop_reason, "content": []}, {"stop_reason": "end_turn", "content": []}]
     Agent(MODEL, client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
@@ -133,8 +136,11 @@ def test_conversation_content_is_captured_in_the_genai_message_shape(spans):
     run_story(spans)
     root = spans.one("invoke_agent").attributes
     assert json.loads(root[sc.GEN_AI_SYSTEM_INSTRUCTIONS]) == [{"type": "text", "content": "Book things."}]
-    assert [t["name"] for t in json.loads(root[sc.GEN_AI_TOOL_DEFINITIONS])] == ["search_equipment",
-                                                                                  "reserve_equipment"]
+    definitions = json.loads(root[sc.GEN_AI_TOOL_DEFINITIONS])
+    assert [(t["type"], t["name"]) for t in definitions] == [("function", "search_equipment"),
+                                                             ("function", "reserve_equipment")]
+    assert definitions[0]["parameters"]["properties"]["keyword"]["type"] == "string"
+    assert "input_schema" not in definitions[0]
     second_chat = sorted(spans.named("chat "), key=lambda s: s.start_time)[1].attributes
     history = json.loads(second_chat[sc.GEN_AI_INPUT_MESSAGES])
     assert [m["role"] for m in history] == ["user", "assistant", "user"]
@@ -263,3 +269,229 @@ def test_a_long_history_keeps_its_newest_messages_as_valid_json(spans, monkeypat
     assert history[-1]["parts"][0]["response"].startswith("page 5 ")  # what the model was answering is there
     assert len(last_chat[sc.GEN_AI_INPUT_MESSAGES]) <= 3000
     assert last_chat[sc.INPUT_MESSAGES_OMITTED] == 13 - len(history)
+
+
+# --- the conventions' structure, for a whole run ----------------------------------------------------------------
+
+def continued_history():
+    """A conversation to continue: the first request, a tool call, its result (an error), and a reply."""
+    return [
+        {"role": "user", "content": [{"type": "text", "text": "Reserve a projector"},
+                                     {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": "iVBORw0KGgo="}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "search first", "signature": "s"},
+                                          {"type": "tool_use", "id": "toolu_00", "name": "search_equipment",
+                                           "input": {"keyword": "beamer"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_00", "is_error": True,
+                                      "content": "no such item"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Nothing called beamer. Try projector?"}]},
+        {"role": "user", "content": "Yes, a projector for 2026-10-08."},
+    ]
+
+
+def content_of(span, key):
+    value = span.attributes.get(key)
+    assert isinstance(value, str), f"{span.name}: {key} is JSON text (Langfuse does not decode structured values)"
+    return json.loads(value)
+
+
+def test_a_whole_runs_content_has_the_conventions_message_and_tool_definition_structure(spans):
+    agent = Agent(MODEL, tools=Inventory().tools(), client=ScriptedModel(equipment_script()), name="booking",
+                  system="Book things.", tracer_provider=spans.provider)
+    agent.run(continued_history())
+
+    root = spans.one("invoke_agent")
+    InputMessages.model_validate(content_of(root, sc.GEN_AI_INPUT_MESSAGES))
+    OutputMessages.model_validate(content_of(root, sc.GEN_AI_OUTPUT_MESSAGES))
+    validate_system_instructions(content_of(root, sc.GEN_AI_SYSTEM_INSTRUCTIONS))
+    validate_tool_definitions(content_of(root, sc.GEN_AI_TOOL_DEFINITIONS))
+    chats = spans.named("chat ")
+    assert len(chats) == 4
+    for chat in chats:
+        InputMessages.model_validate(content_of(chat, sc.GEN_AI_INPUT_MESSAGES))
+        OutputMessages.model_validate(content_of(chat, sc.GEN_AI_OUTPUT_MESSAGES))
+        validate_system_instructions(content_of(chat, sc.GEN_AI_SYSTEM_INSTRUCTIONS))
+        validate_tool_definitions(content_of(chat, sc.GEN_AI_TOOL_DEFINITIONS))
+
+    # What the structure does not say by itself: the Anthropic blocks became the conventions' parts.
+    first_input = content_of(root, sc.GEN_AI_INPUT_MESSAGES)
+    assert [part["type"] for message in first_input for part in message["parts"]] == [
+        "text", "blob", "reasoning", "tool_call", "tool_call_response", "text", "text"]
+    assert first_input[0]["parts"][1] == {"type": "blob", "modality": "image", "mime_type": "image/png",
+                                          "content": "iVBORw0KGgo="}
+
+
+def test_the_same_content_reads_as_the_opentelemetry_genai_utilities_types(spans):
+    """Cross-check with the OpenTelemetry GenAI utilities' own message types (opentelemetry-util-genai)."""
+    genai_types = pytest.importorskip("opentelemetry.util.genai.types")
+    from pydantic import TypeAdapter
+
+    agent = Agent(MODEL, tools=Inventory().tools(), client=ScriptedModel(equipment_script()), name="booking",
+                  system="Book things.", tracer_provider=spans.provider)
+    agent.run(continued_history())
+    inputs = TypeAdapter(list[genai_types.InputMessage])
+    outputs = TypeAdapter(list[genai_types.OutputMessage])
+    definitions = TypeAdapter(list[genai_types.FunctionToolDefinition])
+    for span in [spans.one("invoke_agent"), *spans.named("chat ")]:
+        for message in [*inputs.validate_python(content_of(span, sc.GEN_AI_INPUT_MESSAGES)),
+                        *outputs.validate_python(content_of(span, sc.GEN_AI_OUTPUT_MESSAGES))]:
+            # Every part is one of the specific types, none fell back to the deprecated generic one.
+            assert not any(isinstance(part, genai_types.GenericPart) for part in message.parts), message
+        for output in outputs.validate_python(content_of(span, sc.GEN_AI_OUTPUT_MESSAGES)):
+            assert output.finish_reason in ("stop", "tool_call")
+        assert [d.name for d in definitions.validate_python(content_of(span, sc.GEN_AI_TOOL_DEFINITIONS))] == [
+            "search_equipment", "reserve_equipment"]
+
+
+def test_the_root_output_message_has_the_finish_reason_of_the_last_response(spans):
+    script = [{"stop_reason": "max_tokens", "content": [{"type": "text", "text": "The answer is"}]}]
+    Agent(MODEL, client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
+    [output] = content_of(spans.one("invoke_agent"), sc.GEN_AI_OUTPUT_MESSAGES)
+    assert output == {"role": "assistant", "parts": [{"type": "text", "content": "The answer is"}],
+                      "finish_reason": "length"}
+
+
+def test_continuing_a_history_records_all_of_it_as_the_runs_input(spans):
+    Agent(MODEL, client=ScriptedModel([{"content": [{"type": "text", "text": "Booked."}]}]),
+          tracer_provider=spans.provider).run(continued_history())
+    root = spans.one("invoke_agent")
+    assert [m["role"] for m in content_of(root, sc.GEN_AI_INPUT_MESSAGES)] == ["user", "assistant", "user",
+                                                                              "assistant", "user"]
+    assert root.attributes[sc.INPUT_VALUE] == "Yes, a projector for 2026-10-08."  # the readable one-line input
+
+
+def test_generations_carry_the_system_prompt_and_the_tool_definitions_the_model_got(spans):
+    run_story(spans)
+    root = spans.one("invoke_agent").attributes
+    for chat in spans.named("chat "):
+        assert chat.attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] == root[sc.GEN_AI_SYSTEM_INSTRUCTIONS]
+        assert chat.attributes[sc.GEN_AI_TOOL_DEFINITIONS] == root[sc.GEN_AI_TOOL_DEFINITIONS]
+
+
+def test_sampling_parameters_and_stop_sequences_are_recorded(spans):
+    Agent(MODEL, client=ScriptedModel([{"content": []}]), tracer_provider=spans.provider,
+          model_params={"temperature": 0.2, "top_p": 0.9, "top_k": 40, "stop_sequences": ["END", "STOP"]}).run("x")
+    a = spans.one("chat ").attributes
+    assert (a[sc.GEN_AI_REQUEST_TEMPERATURE], a[sc.GEN_AI_REQUEST_TOP_P], a[sc.GEN_AI_REQUEST_TOP_K]) == (0.2, 0.9, 40)
+    assert a[sc.GEN_AI_REQUEST_STOP_SEQUENCES] == ("END", "STOP")
+
+
+def test_a_streaming_call_records_its_time_to_first_chunk(spans, monkeypatch):
+    from fakes.messages_api import FakeMessagesAPI
+
+    from looptrace.runtime import AnthropicModel
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    with FakeMessagesAPI(equipment_script()[-1:]) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        streamed = Agent("claude-sonnet-5-5", client=AnthropicModel(stream=True),
+                         tracer_provider=spans.provider).run("x")
+    assert streamed.status is RunStatus.DONE
+    chat = spans.one("chat ").attributes
+    assert chat[sc.GEN_AI_REQUEST_STREAM] is True
+    total = (spans.one("chat ").end_time - spans.one("chat ").start_time) / 1e9
+    assert 0 < chat[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] <= total
+
+
+def test_every_span_has_its_openinference_kind_and_the_root_its_input_and_output(spans):
+    result = run_story(spans)
+    kinds = {s.name.split(" ")[0]: s.attributes[sc.OPENINFERENCE_SPAN_KIND] for s in spans.all}
+    assert kinds == {"invoke_agent": "AGENT", "turn": "CHAIN", "chat": "LLM", "execute_tool": "TOOL"}
+    root = spans.one("invoke_agent").attributes
+    assert root[sc.INPUT_VALUE] == DEMO_TASK and root[sc.OUTPUT_VALUE] == result.final_text
+    # Only the root: on a tool or a generation, Langfuse would take input.value/output.value over the GenAI content.
+    assert not any(sc.INPUT_VALUE in s.attributes or sc.OUTPUT_VALUE in s.attributes
+                   for s in spans.all if s.name != "invoke_agent booking")
+
+
+def test_an_anomaly_is_an_evaluation_result_event_with_ours_beside_it(spans):
+    from looptrace.runtime.demo import runaway_script
+
+    Agent(MODEL, tools=Inventory().tools(), client=ScriptedModel(runaway_script()), on_anomaly="warn",
+          limits=Limits(max_turns=4), tracer_provider=spans.provider).run("x")
+    flagged = [(s, e) for s in spans.all for e in s.events if e.name == "gen_ai.evaluation.result"]
+    assert flagged and {s.name.split(" ")[0] for s, _ in flagged} == {"turn", "execute_tool"}
+    _, event = flagged[0]
+    assert event.attributes["gen_ai.evaluation.name"] == "loop_anomaly"
+    assert event.attributes["gen_ai.evaluation.score.label"] == "repeated_call"
+    assert "search_equipment" in event.attributes["gen_ai.evaluation.explanation"]
+    assert event.attributes[sc.ANOMALY_TYPE] == "repeated_call" and sc.ANOMALY_COUNT in event.attributes
+
+
+def test_a_run_under_an_outer_span_is_marked_as_its_traces_root_in_langfuse(spans):
+    outer = spans.provider.get_tracer("the-app")
+    with outer.start_as_current_span("handle request"):
+        Agent(MODEL, client=ScriptedModel([{"content": [{"type": "text", "text": "done"}]}]),
+              tracer_provider=spans.provider).run("do it")
+    root = spans.one("invoke_agent").attributes
+    assert root["langfuse.internal.as_root"] is True
+    assert (root["langfuse.trace.input"], root["langfuse.trace.output"]) == ("do it", "done")
+
+
+def test_a_run_of_its_own_needs_no_root_marker(spans):
+    Agent(MODEL, client=ScriptedModel([{"content": [{"type": "text", "text": "done"}]}]),
+          tracer_provider=spans.provider).run("do it")
+    assert not any(k.startswith(("langfuse.internal", "langfuse.trace.input", "langfuse.trace.output"))
+                   for k in spans.one("invoke_agent").attributes)
+
+
+def test_an_agent_run_as_another_agents_tool_is_not_a_root(spans):
+    inner = Agent(MODEL, client=ScriptedModel([{"content": [{"type": "text", "text": "inner done"}]}]),
+                  name="inner", tracer_provider=spans.provider)
+
+    @tool
+    def delegate(task: str) -> str:
+        """Hand a task to the inner agent."""
+        return inner.run(task).final_text
+
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t1", "name": "delegate",
+                                                       "input": {"task": "sub"}}]}, {"content": []}]
+    Agent(MODEL, tools=[delegate], client=ScriptedModel(script), name="outer", tracer_provider=spans.provider).run("x")
+    assert "langfuse.internal.as_root" not in spans.one("invoke_agent inner").attributes
+
+
+# --- content capture modes (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT) ----------------------------------
+
+CONTENT_KEYS = {sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES, sc.GEN_AI_SYSTEM_INSTRUCTIONS,
+                sc.GEN_AI_TOOL_DEFINITIONS, sc.GEN_AI_TOOL_CALL_ARGUMENTS, sc.GEN_AI_TOOL_CALL_RESULT,
+                sc.INPUT_VALUE, sc.OUTPUT_VALUE}
+
+
+def content_where(spans):
+    on_spans = any(CONTENT_KEYS & set(s.attributes) for s in spans.all)
+    in_events = any(e.name == "gen_ai.client.inference.operation.details" for s in spans.all for e in s.events)
+    return on_spans, in_events
+
+
+@pytest.mark.parametrize("value, on_spans, in_events", [
+    (None, True, False),  # on by default, as in the Langfuse SDK and OpenLLMetry
+    ("SPAN_ONLY", True, False), ("span_only", True, False),
+    ("EVENT_ONLY", False, True), ("SPAN_AND_EVENT", True, True), ("NO_CONTENT", False, False),
+    ("true", True, False), ("false", False, False),
+    ("sometimes", False, False),  # unknown: nothing, as the GenAI utilities do, with a warning
+])
+def test_the_capture_setting_decides_where_content_goes(spans, monkeypatch, value, on_spans, in_events):
+    if value is not None:
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", value)
+    run_story(spans)
+    assert content_where(spans) == (on_spans, in_events)
+    assert all(sc.TOOL_RESULT_DIGEST in s.attributes for s in spans.named("execute_tool"))  # always, for detection
+
+
+@pytest.mark.parametrize("value", ["NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT", "span_and_event"])
+def test_named_modes_mean_what_the_genai_utilities_say(monkeypatch, value):
+    utils = pytest.importorskip("opentelemetry.util.genai.utils")
+    from looptrace.instrumentation.content import capture_mode_from_env
+
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", value)
+    assert capture_mode_from_env().name == utils.get_content_capturing_mode().name
+
+
+def test_event_only_puts_each_calls_content_on_its_event(spans, monkeypatch):
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "EVENT_ONLY")
+    run_story(spans)
+    chat = min(spans.named("chat "), key=lambda s: s.start_time)
+    [event] = [e for e in chat.events if e.name == "gen_ai.client.inference.operation.details"]
+    InputMessages.model_validate(json.loads(event.attributes[sc.GEN_AI_INPUT_MESSAGES]))
+    OutputMessages.model_validate(json.loads(event.attributes[sc.GEN_AI_OUTPUT_MESSAGES]))
+    assert json.loads(event.attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS]) == [{"type": "text", "content": "Book things."}]

@@ -75,15 +75,18 @@ def agent_spans(*, failing_repeats: int = 0, ignored_error: bool = False, root: 
                                                                       sc.GEN_AI_AGENT_NAME: "helper"})
     from opentelemetry import trace
     with trace.use_span(root_span, end_on_exit=root):
-        calls = [("get_order", True)] * failing_repeats + ([("refund", True)] if ignored_error else [])
-        for n, (tool, fails) in enumerate(calls, start=1):
+        order = '{"order_id": "secret-order-42"}'
+        calls = [("get_order", True, order)] * failing_repeats
+        if ignored_error:  # retried, failed again, then other work: a failure the model knew about and left behind
+            calls += [("refund", True, order), ("refund", True, order), ("notify", False, '{"text": "handled"}')]
+        for n, (tool, fails, arguments) in enumerate(calls, start=1):
             with tracer.start_as_current_span("chat", attributes={sc.GEN_AI_OPERATION_NAME: "chat",
                                                                   sc.GEN_AI_RESPONSE_FINISH_REASONS: ["tool_call"]}):
                 pass
             attributes = {sc.GEN_AI_OPERATION_NAME: "execute_tool", sc.GEN_AI_TOOL_NAME: tool,
                           sc.GEN_AI_TOOL_CALL_ID: f"call-{n}"}
             if content:
-                attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = '{"order_id": "secret-order-42"}'
+                attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = arguments
             with tracer.start_as_current_span(f"execute_tool {tool}", attributes=attributes) as span:
                 if fails:
                     span.set_status(Status(StatusCode.ERROR))
@@ -182,6 +185,24 @@ def test_an_idle_run_is_judged_after_the_timeout():
 def _records(spans):
     from looptrace.instrumentation.watch import spans_of_request
     return spans_of_request(encode_spans(spans))
+
+
+def test_with_langfuse_keys_each_anomaly_becomes_a_score_on_the_trace():
+    from looptrace.instrumentation.langfuse import LangfuseScores
+
+    with OTLPReceiver(basic_auth=("pk-lf", "sk-lf"), path_prefix="/api/public/otel") as langfuse:
+        scores = LangfuseScores(langfuse.base_url, "pk-lf", "sk-lf")
+        server = WatchServer(WatchSettings(port=0, grpc_port=None), scores=scores,
+                             alerts=None).start()
+        try:
+            spans = agent_spans(ignored_error=True)
+            assert post(server, protobuf(spans))[0] == 200
+            assert server.wait_idle()
+        finally:
+            server.stop()  # sends what is queued before it returns
+        (score,) = langfuse.scores
+        assert score["traceId"] == format(spans[0].context.trace_id, "032x")
+        assert (score["name"], score["value"]) == ("loop_anomaly", "ignored_error")
 
 
 # --- what it survives -------------------------------------------------------------------------------------------

@@ -10,6 +10,13 @@ send, decode the protobuf, and keep everything they saw for assertions.
   behaves like Langfuse's OTel endpoint, including Langfuse's 401 bodies.
 * ``OTLPGrpcReceiver``: OTLP/gRPC TraceService and MetricsService.
 * ``unused_port()``: a port nothing listens on, for "connection refused".
+* ``langfuse_view(span)``: what Langfuse's OTel ingestion makes of a received span (observation type, trace name,
+  session, user, tags, metadata, environment, input, output, level), following its mapping rules, so tests assert
+  what a user would see in Langfuse rather than attribute spellings.
+
+As a Langfuse stand-in the HTTP receiver also answers ``GET /api/public/projects`` (the project the keys belong
+to, ``project_id``) and counts those look-ups in ``project_lookups``; they are not OTLP requests and stay out of
+``requests``.
 
 Both receivers can be told to misbehave for the next requests with
 ``fail_next(...)`` so retry and timeout paths can be exercised.
@@ -51,6 +58,7 @@ __all__ = [
     "LANGFUSE_INVALID_CREDENTIALS",
     "LANGFUSE_NO_AUTH_HEADER",
     "Delay",
+    "LangfuseObservation",
     "OTLPGrpcReceiver",
     "OTLPReceiver",
     "Received",
@@ -58,6 +66,7 @@ __all__ = [
     "ReceivedMetric",
     "ReceivedSpan",
     "Reject",
+    "langfuse_view",
     "unused_port",
 ]
 
@@ -503,12 +512,15 @@ class OTLPReceiver(_Recorder):
         basic_auth: tuple[str, str] | None = None,
         required_headers: dict[str, str] | None = None,
         path_prefix: str = "",
+        project_id: str = "cm-looptrace-test-project",
     ) -> None:
         super().__init__()
         self.basic_auth = basic_auth
         self.required_headers = dict(required_headers or {})
         self.path_prefix = path_prefix.rstrip("/")
         self.scores: list[dict] = []  # Langfuse scores posted (a Langfuse stand-in only)
+        self.project_id = project_id  # what GET /api/public/projects answers (a Langfuse stand-in only)
+        self.project_lookups: list[int] = []  # the HTTP status of each projects look-up
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True  # a keep-alive connection must not block stop()
         self.port: int = self._server.server_address[1]
@@ -538,6 +550,19 @@ class OTLPReceiver(_Recorder):
 
         Handler.receiver = receiver
         return Handler
+
+    @property
+    def is_langfuse(self) -> bool:
+        return self.path_prefix == "/api/public/otel"
+
+    def _projects(self, headers: dict[str, str]) -> tuple[int, bytes]:
+        """Langfuse's GET /api/public/projects: the project of the keys, ``{"data": [{"id", "name"}]}``."""
+        auth_error = _check_basic_auth(headers.get("authorization"), self.basic_auth) if self.basic_auth else None
+        status, body = (401, {"message": auth_error}) if auth_error else (
+            200, {"data": [{"id": self.project_id, "name": "looptrace-test"}]})
+        with self._lock:
+            self.project_lookups.append(status)
+        return status, json.dumps(body).encode()
 
     # -- request handling (called from the handler thread) ------------------------
 
@@ -674,9 +699,17 @@ class _OTLPHTTPHandler(BaseHTTPRequestHandler):
         self._reply(status, content_type, payload, extra)
 
     def do_GET(self) -> None:
+        if self.receiver.is_langfuse and self.path.split("?", 1)[0] == "/api/public/projects":
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            status, payload = self.receiver._projects(headers)
+            self._reply(status, "application/json", payload, {})
+            return
         self._not_allowed()
 
-    do_PUT = do_DELETE = do_PATCH = do_GET
+    def do_PUT(self) -> None:
+        self._not_allowed()
+
+    do_DELETE = do_PATCH = do_PUT
 
     def _not_allowed(self) -> None:
         headers = {name.lower(): value for name, value in self.headers.items()}
@@ -824,3 +857,92 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
     def Export(self, request, context):
         self._receiver._export(METRICS_GRPC_METHOD, request, context, decode_metrics, "metrics")
         return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+# --------------------------------------------------------------------------
+# What Langfuse makes of a span
+# --------------------------------------------------------------------------
+
+# Following packages/shared/src/server/otel/OtelIngestionProcessor.ts and ObservationTypeMapper.ts in
+# langfuse/langfuse (the OTel ingestion's mapping, read for these rules; nothing of it is run here).
+_LANGFUSE_TYPES = {"span": "SPAN", "generation": "GENERATION", "event": "EVENT", "agent": "AGENT", "tool": "TOOL",
+                   "chain": "CHAIN", "retriever": "RETRIEVER", "embedding": "EMBEDDING", "guardrail": "GUARDRAIL",
+                   "evaluator": "EVALUATOR"}
+_OPENINFERENCE_TYPES = {"CHAIN": "CHAIN", "RETRIEVER": "RETRIEVER", "LLM": "GENERATION", "EMBEDDING": "EMBEDDING",
+                        "AGENT": "AGENT", "TOOL": "TOOL", "GUARDRAIL": "GUARDRAIL", "EVALUATOR": "EVALUATOR"}
+_GENAI_TYPES = {"chat": "GENERATION", "text_completion": "GENERATION", "generate_content": "GENERATION",
+                "embeddings": "EMBEDDING", "invoke_agent": "AGENT", "create_agent": "AGENT", "execute_tool": "TOOL"}
+
+
+@dataclass
+class LangfuseObservation:
+    type: str
+    trace_name: str | None
+    session_id: str | None
+    user_id: str | None
+    tags: list[str]
+    trace_metadata: dict[str, Any]
+    environment: str
+    release: str | None
+    input: Any
+    output: Any
+    level: str
+    status_message: str | None
+    usage_details: dict[str, Any] | None
+    is_trace_root: bool
+    trace_input: Any
+    trace_output: Any
+
+
+def _first(attributes: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if attributes.get(key):
+            return attributes[key]
+    return None
+
+
+def langfuse_view(span: ReceivedSpan) -> LangfuseObservation:
+    """One received span as a Langfuse observation, by Langfuse's rules (the subset looptrace's spans touch)."""
+    a, resource = span.attributes, span.resource
+    kind = (_LANGFUSE_TYPES.get(a.get("langfuse.observation.type", ""))
+            or _OPENINFERENCE_TYPES.get(a.get("openinference.span.kind", ""))
+            or _GENAI_TYPES.get(a.get("gen_ai.operation.name", ""))
+            or ("TOOL" if a.get("gen_ai.tool.name") or a.get("gen_ai.tool.call.id") else None)
+            or ("GENERATION" if a.get("gen_ai.request.model") or a.get("gen_ai.response.model") else "SPAN"))
+    environment = "default"
+    for key in ("langfuse.environment", "deployment.environment.name", "deployment.environment"):
+        if a.get(key) or resource.get(key):
+            environment = a.get(key) or resource[key]
+            break
+    prefix = "langfuse.trace.metadata."
+    metadata = {key[len(prefix):]: value for key, value in a.items() if key.startswith(prefix)}
+    tags = a.get("langfuse.trace.tags") or []
+    # Input and output: Langfuse's own keys, then OpenInference's input.value/output.value (as a pair), then the
+    # GenAI messages, then the GenAI tool call.
+    pairs = (("langfuse.observation.input", "langfuse.observation.output"), ("input.value", "output.value"),
+             ("gen_ai.input.messages", "gen_ai.output.messages"), ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result"))
+    observed_input = observed_output = None
+    for input_key, output_key in pairs:
+        if a.get(input_key) or a.get(output_key):
+            observed_input, observed_output = a.get(input_key), a.get(output_key)
+            break
+    usage = a.get("langfuse.observation.usage_details")
+    is_root = span.parent_span_id is None or str(a.get("langfuse.internal.as_root")).lower() == "true"
+    return LangfuseObservation(
+        type=kind,
+        trace_name=a.get("langfuse.trace.name"),
+        session_id=_first(a, "langfuse.session.id", "session.id", "gen_ai.conversation.id"),
+        user_id=_first(a, "langfuse.user.id", "user.id"),
+        tags=list(tags) if isinstance(tags, (list, tuple)) else [tags],
+        trace_metadata=metadata,
+        environment=environment,
+        release=a.get("langfuse.release") or resource.get("langfuse.release"),
+        input=observed_input,
+        output=observed_output,
+        level=a.get("langfuse.observation.level") or ("ERROR" if span.status_code == 2 else "DEFAULT"),
+        status_message=a.get("langfuse.observation.status_message") or span.status_message or None,
+        usage_details=json.loads(usage) if isinstance(usage, str) else None,
+        is_trace_root=is_root,
+        trace_input=a.get("langfuse.trace.input") or (observed_input if is_root else None),
+        trace_output=a.get("langfuse.trace.output") or (observed_output if is_root else None),
+    )

@@ -1,4 +1,4 @@
-"""7. `looptrace watch`: spans per second one process ingests and checks, memory with 10,000 open runs, alert delay.
+"""8. `looptrace watch`: spans per second one process ingests and checks, memory with 10,000 open runs, alert delay.
 
 The spans are an agent's in the GenAI conventions, made by the OpenTelemetry SDK and encoded by its own OTLP encoder:
 runs of ``TURNS`` turns (a chat span and an execute_tool span each), a root span last; one run in ten repeats a
@@ -154,13 +154,13 @@ def run(quick: bool = False) -> list[Row]:
     say(f"  alert delay: {reps} runs, one span per request")
     delays = alert_delays(reps)
     return [
-        Row("7 watch", "spans/s ingested and checked (one process, HTTP protobuf)", f"{watch_rate:,.0f}", "", None,
+        Row("8 watch", "spans/s ingested and checked (one process, HTTP protobuf)", f"{watch_rate:,.0f}", "", None,
             f"{span_count:,} spans, {runs:,} runs, {found} looping runs flagged of {runs // 10}; decoding alone "
             f"{decode_rate:,.0f} spans/s (watch at {watch_rate / decode_rate:.2f}x of it)"),
-        Row("7 watch", f"memory per open run ({held:,} open)", f"{per_run / 1024:.1f} KiB", "", None,
+        Row("8 watch", f"memory per open run ({held:,} open)", f"{per_run / 1024:.1f} KiB", "", None,
             f"{per_run * held / 1024 / 1024:.1f} MiB for {held:,} runs of {TURNS} turns without their root span "
             "(tracemalloc, after gc)"),
-        Row("7 watch", "loop-completing span sent -> alert, median / p95",
+        Row("8 watch", "loop-completing span sent -> alert, median / p95",
             f"{fmt_s(median(delays))} / {fmt_s(percentile(delays, 95))}", "", None,
             f"{len(delays)} runs sent one span per request over HTTP; includes the request itself"),
     ]

@@ -1,0 +1,352 @@
+"""OTLP/JSON text straight from finished SDK spans: the file exporter's format without its object layer.
+
+The OpenTelemetry JSON encoder builds a tree of message objects, turns it into dicts, and only then into text. For a
+local file that is most of the cost of telemetry. Here each span becomes its JSON text in one pass over its fields,
+with the standard library's C string escaper doing the heavy part, and what is the same for every span of a process
+(the resource, the instrumentation scope, each attribute key) is encoded once and reused.
+
+The output is exactly what ``encode_spans(spans).to_dict()`` serialises to (same fields, same omissions of defaults,
+hex ids, integer enums, 64-bit integers as strings), so the Collector's ``otlpjsonfile`` receiver and the official
+decoders read it; tests compare the two field by field.
+
+A value that cannot travel as valid UTF-8 JSON (a lone surrogate from a badly decoded tool result, a float that is
+not a number, an integer beyond 64 bits, an object the SDK let through) costs that value only: it is replaced
+(U+FFFD for the bad code points, the proto3 JSON spelling for NaN and infinities, a string for the rest), and the
+span says which keys were repaired in ``looptrace.repaired_attributes``. The span itself is never lost to it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .semconv import REPAIRED_ATTRIBUTES
+
+__all__ = ["REPAIRED_ATTRIBUTES", "encode_line", "encode_span", "encode_traces_data"]
+
+_string = json.encoder.encode_basestring  # the C escaper: '"' + escaped text + '"', non-ASCII kept as is
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLAGS_HAS_IS_REMOTE, _FLAGS_IS_REMOTE = 0x100, 0x200
+
+
+class _Repairs:
+    """Collects what had to be replaced while encoding one span."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+
+def _clean_text(text: str) -> str:
+    # Lone surrogates cannot be encoded as UTF-8; round-tripping through UTF-16 turns each into U+FFFD.
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _valid_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# --- values ------------------------------------------------------------------------------------------------------
+
+
+def _value(value: Any) -> str:
+    """One attribute value as an OTLP AnyValue; raises ValueError/TypeError for what needs repairing."""
+    kind = type(value)
+    if kind is str:
+        return '{"stringValue":' + _string(value) + "}"
+    if kind is bool:
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if kind is int:
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return '{"intValue":"' + str(value) + '"}'
+        raise ValueError("integer beyond 64 bits")
+    if kind is float:
+        if math.isfinite(value):
+            return '{"doubleValue":' + repr(value) + "}"
+        raise ValueError("not a finite number")
+    if kind is tuple or kind is list:
+        if not value:
+            return '{"arrayValue":{}}'
+        return '{"arrayValue":{"values":[' + ",".join([_value(item) for item in value]) + "]}}"
+    return _unusual_value(value)
+
+
+def _unusual_value(value: Any) -> str:
+    if value is None:
+        return "{}"
+    if isinstance(value, bool):
+        return _value(bool(value))
+    if isinstance(value, str):
+        return _value(str(value))
+    if isinstance(value, int):
+        return _value(int(value))
+    if isinstance(value, float):
+        return _value(float(value))
+    if isinstance(value, (bytes, bytearray)):
+        return '{"bytesValue":"' + base64.b64encode(value).decode("ascii") + '"}'
+    if isinstance(value, Sequence):
+        return _value(list(value))
+    if isinstance(value, Mapping):
+        if not value:
+            return '{"kvlistValue":{}}'
+        return '{"kvlistValue":{"values":[' + ",".join(_key_value(str(k), v) for k, v in value.items()) + "]}}"
+    raise TypeError(f"cannot encode a {type(value).__name__}")
+
+
+def _repaired_value(value: Any) -> str:
+    """The closest valid encoding of a value ``_value`` refused, or of one carrying invalid text."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return '{"doubleValue":"NaN"}'
+        if math.isinf(value):
+            return '{"doubleValue":"Infinity"}' if value > 0 else '{"doubleValue":"-Infinity"}'
+    if isinstance(value, str):
+        return '{"stringValue":' + _string(_clean_text(value)) + "}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return '{"stringValue":"' + str(value) + '"}' if abs(value) < 10**4000 else '{"stringValue":"<integer>"}'
+    if isinstance(value, (list, tuple)):
+        return '{"arrayValue":{"values":[' + ",".join(_safe_value(item) for item in value) + "]}}"
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001 - an object whose __str__ raises still costs only itself
+        text = f"<{type(value).__name__}>"
+    return '{"stringValue":' + _string(_clean_text(text)) + "}"
+
+
+def _safe_value(value: Any) -> str:
+    try:
+        encoded = _value(value)
+    except (ValueError, TypeError, RecursionError):
+        return _repaired_value(value)
+    return encoded if _valid_utf8(encoded) else _repaired_value(value)
+
+
+_KEY_PREFIXES: dict[str, str] = {}
+
+
+def _key_prefix(key: str) -> str:
+    prefix = _KEY_PREFIXES.get(key)
+    if prefix is None:
+        prefix = '{"key":' + _string(key) + ',"value":'
+        if len(_KEY_PREFIXES) < 4096 and _valid_utf8(prefix):  # attribute names repeat; values do not
+            _KEY_PREFIXES[key] = prefix
+    return prefix
+
+
+def _key_value(key: str, value: Any) -> str:
+    return _key_prefix(key) + _value(value) + "}"
+
+
+def _plain(attributes: Any) -> Mapping[str, Any]:
+    """The dict behind the SDK's attribute mappings, when it is there.
+
+    ``ReadableSpan.attributes`` is a read-only proxy over a ``BoundedAttributes``, a Python-level Mapping whose
+    iteration (with its lock) costs more than encoding the values. A finished span's attributes no longer change, so
+    the plain dict inside is read directly; anything else is iterated as the Mapping it is.
+    """
+    return getattr(attributes, "_dict", attributes)
+
+
+def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) -> str:
+    """The inside of an attributes list: ``{"key":..,"value":..},...``."""
+    if not attributes:
+        return ""
+    plain = _plain(attributes)
+    if repairs is None:
+        prefix = _key_prefix
+        return ",".join([prefix(key) + _value(value) + "}" for key, value in plain.items()])
+    parts = []
+    for key, value in plain.items():
+        clean_key = key if _valid_utf8(key) else _clean_text(key)
+        encoded = _safe_value(value)
+        if clean_key is not key or encoded != _try_value(value):
+            repairs.keys.append(clean_key)
+        parts.append('{"key":' + _string(clean_key) + ',"value":' + encoded + "}")
+    return ",".join(parts)
+
+
+def _try_value(value: Any) -> str | None:
+    try:
+        encoded = _value(value)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return encoded if _valid_utf8(encoded) else None
+
+
+# --- spans -------------------------------------------------------------------------------------------------------
+
+
+def _text(text: str, repairs: _Repairs | None, where: str) -> str:
+    if repairs is not None and not _valid_utf8(text):
+        repairs.keys.append(where)
+        return _string(_clean_text(text))
+    return _string(text)
+
+
+def _span(span: Any, repairs: _Repairs | None) -> str:
+    context = span.context
+    parent = span.parent
+    parts = ['{"traceId":"', format(context.trace_id, "032x"), '","spanId":"', format(context.span_id, "016x"), '"']
+    trace_state = context.trace_state
+    if trace_state:
+        parts += [',"traceState":', _string(",".join(f"{k}={v}" for k, v in trace_state.items()))]
+    if parent is not None:
+        parts += [',"parentSpanId":"', format(parent.span_id, "016x"), '","flags":',
+                  "768" if parent.is_remote else "256"]
+    else:
+        parts.append(',"flags":256')
+    parts += [',"name":', _text(span.name, repairs, "span.name"), ',"kind":', str(span.kind.value + 1)]
+    if span.start_time:
+        parts += [',"startTimeUnixNano":"', str(span.start_time), '"']
+    if span.end_time:
+        parts += [',"endTimeUnixNano":"', str(span.end_time), '"']
+    attributes = getattr(span, "_attributes", None)  # the BoundedAttributes behind span.attributes' proxy
+    if attributes is None:
+        attributes = span.attributes
+    if attributes:
+        parts += [',"attributes":[', _attributes(attributes, repairs)]
+        if repairs is not None and repairs.keys:
+            parts += [",", _key_value(REPAIRED_ATTRIBUTES, list(dict.fromkeys(repairs.keys)))]
+        parts.append("]")
+    elif repairs is not None and repairs.keys:
+        parts += [',"attributes":[', _key_value(REPAIRED_ATTRIBUTES, list(dict.fromkeys(repairs.keys))), "]"]
+    dropped = span.dropped_attributes
+    if dropped:
+        parts += [',"droppedAttributesCount":', str(dropped)]
+    events = span.events
+    if events:
+        parts += [',"events":[', ",".join([_event(event, repairs) for event in events]), "]"]
+    if span.dropped_events:
+        parts += [',"droppedEventsCount":', str(span.dropped_events)]
+    links = span.links
+    if links:
+        parts += [',"links":[', ",".join([_link(link, repairs) for link in links]), "]"]
+    if span.dropped_links:
+        parts += [',"droppedLinksCount":', str(span.dropped_links)]
+    parts.append(_status(span.status, repairs))
+    parts.append("}")
+    return "".join(parts)
+
+
+def _event(event: Any, repairs: _Repairs | None) -> str:
+    text = '{"timeUnixNano":"' + str(event.timestamp) + '","name":' + _text(event.name, repairs, "event.name")
+    if event.attributes:
+        text += ',"attributes":[' + _attributes(event.attributes, repairs) + "]"
+    if event.dropped_attributes:
+        text += ',"droppedAttributesCount":' + str(event.dropped_attributes)
+    return text + "}"
+
+
+def _link(link: Any, repairs: _Repairs | None) -> str:
+    context = link.context
+    text = '{"traceId":"' + format(context.trace_id, "032x") + '","spanId":"' + format(context.span_id, "016x") + '"'
+    if context.trace_state:
+        text += ',"traceState":' + _string(",".join(f"{k}={v}" for k, v in context.trace_state.items()))
+    if link.attributes:
+        text += ',"attributes":[' + _attributes(link.attributes, repairs) + "]"
+    if link.dropped_attributes:
+        text += ',"droppedAttributesCount":' + str(link.dropped_attributes)
+    return text + ',"flags":' + ("768" if context.is_remote else "256") + "}"
+
+
+def _status(status: Any, repairs: _Repairs | None) -> str:
+    code = status.status_code.value
+    message = status.description
+    if not code and not message:
+        return ',"status":{}'
+    inside = []
+    if message:
+        inside.append('"message":' + _text(message, repairs, "status.message"))
+    if code:
+        inside.append('"code":' + str(code))
+    return ',"status":{' + ",".join(inside) + "}"
+
+
+def encode_span(span: Any) -> str:
+    """One span's OTLP/JSON object as text: valid UTF-8 whatever its values (bad ones replaced and marked)."""
+    try:
+        text = _span(span, None)
+        text.encode("utf-8")  # lone surrogates surface here, not in the escaper
+        return text
+    except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
+        return _span(span, _Repairs())
+
+
+# --- envelopes: what is the same for every span of a process -----------------------------------------------------
+
+_ENVELOPES: dict[tuple[int, int], tuple[Any, Any, str, str, str, str]] = {}
+
+
+def _envelope(resource: Any, scope: Any) -> tuple[str, str, str, str]:
+    """(resource head, scope head, scope tail, resource tail): encoded once per resource and scope, not per span."""
+    key = (id(resource), id(scope))
+    cached = _ENVELOPES.get(key)
+    if cached is not None and cached[0] is resource and cached[1] is scope:
+        return cached[2:]
+    resource_head = '{"resource":{' + _resource_body(resource) + '},"scopeSpans":['
+    scope_head = '{"scope":{' + _scope_body(scope) + '},"spans":['
+    scope_schema = getattr(scope, "schema_url", None) if scope is not None else None
+    scope_tail = "]" + (',"schemaUrl":' + _string(_clean_text(scope_schema)) if scope_schema else "") + "}"
+    resource_schema = getattr(resource, "schema_url", None)
+    resource_tail = "]" + (',"schemaUrl":' + _string(_clean_text(resource_schema)) if resource_schema else "") + "}"
+    if len(_ENVELOPES) > 256:  # a process makes few resources and scopes; keep a stray generator from growing this
+        _ENVELOPES.clear()
+    # Holding the objects keeps their ids from being reused by others while the entry lives.
+    _ENVELOPES[key] = (resource, scope, resource_head, scope_head, scope_tail, resource_tail)
+    return resource_head, scope_head, scope_tail, resource_tail
+
+
+def _resource_body(resource: Any) -> str:
+    attributes = getattr(resource, "attributes", None)
+    return '"attributes":[' + _attributes(attributes, _Repairs()) + "]" if attributes else ""
+
+
+def _scope_body(scope: Any) -> str:
+    if scope is None:
+        return ""
+    inside = ['"name":' + _string(_clean_text(scope.name))] if scope.name else []
+    if scope.version:
+        inside.append('"version":' + _string(_clean_text(scope.version)))
+    if scope.attributes:
+        inside.append('"attributes":[' + _attributes(scope.attributes, _Repairs()) + "]")
+    return ",".join(inside)
+
+
+def encode_traces_data(spans: Iterable[Any], extra: str = "") -> str:
+    """One ``TracesData`` JSON object (a line of the trace file, without its newline) holding ``spans``.
+
+    Spans are grouped by resource, then by scope, in first-seen order, as the official encoder groups them.
+    ``extra`` is inserted as further top-level members (``"key":value`` text), for the spill file's own tag.
+    """
+    groups: dict[int, tuple[Any, dict[int, tuple[Any, list[str]]]]] = {}
+    for span in spans:
+        resource, scope = span.resource, span.instrumentation_scope
+        scopes = groups.setdefault(id(resource), (resource, {}))[1]
+        scopes.setdefault(id(scope), (scope, []))[1].append(encode_span(span))
+    resource_parts = []
+    for resource, scopes in groups.values():
+        blocks = []
+        resource_head = resource_tail = ""
+        for scope, encoded in scopes.values():
+            resource_head, scope_head, scope_tail, resource_tail = _envelope(resource, scope)
+            blocks.append(scope_head + ",".join(encoded) + scope_tail)
+        resource_parts.append(resource_head + ",".join(blocks) + resource_tail)
+    members = [extra] if extra else []
+    if resource_parts:  # the official encoder leaves an empty list out
+        members.append('"resourceSpans":[' + ",".join(resource_parts) + "]")
+    return "{" + ",".join(members) + "}"
+
+
+def encode_line(span: Any) -> bytes:
+    """A whole trace-file line (newline included) for one span: envelope cached, span encoded once."""
+    resource_head, scope_head, scope_tail, resource_tail = _envelope(span.resource, span.instrumentation_scope)
+    return ('{"resourceSpans":[' + resource_head + scope_head + encode_span(span) + scope_tail + resource_tail
+            + "]}\n").encode("utf-8")

@@ -1,0 +1,509 @@
+"""The local trace file and the spill file: written exactly in the OTLP file format, never losing a span to a bad
+value, a crash or a full queue; read back in one pass by CLI commands that survive whatever a file holds.
+
+Issue 14 (goals 1 and 3: the direct writer, one-pass readers) and issue 12 (items 1-6, 11, 16, 18, 23).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.otlp_receiver import Delay, OTLPReceiver, parse_otlp_json
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
+from opentelemetry.proto.trace.v1 import trace_pb2
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from looptrace.instrumentation import otlp_json
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.spill import SpillFile, push
+from looptrace.instrumentation.trace_writer import OTLPJsonFileExporter, TraceFileProcessor
+from looptrace.runtime import Agent, ScriptedModel, tool
+from looptrace.runtime.cli import main
+
+# --- helpers --------------------------------------------------------------------------------------------------------
+
+
+def finished_spans(**resource: Any) -> list[Any]:
+    """Spans covering what the encoder must get right: every value kind, events, links, statuses, a remote parent,
+    two scopes under one resource."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "svc", **resource}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("looptrace", "1.2.3", schema_url="https://opentelemetry.io/schemas/1.26.0")
+    other = provider.get_tracer("other-library")
+    remote = trace.SpanContext(0x5AB, 0xC0FFEE, is_remote=True, trace_flags=trace.TraceFlags(1),
+                               trace_state=trace.TraceState([("vendor", "x")]))
+    outside = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    with tracer.start_as_current_span("invoke_agent a", context=outside,
+                                      kind=SpanKind.SERVER, links=[Link(remote, {"why": "caller"})],
+                                      attributes={"s": "é\n\"\\ \u2028 \U0001F600", "i": -7, "big": 2**63 - 1,
+                                                  "f": 1.5, "b": False, "l": ["a", "b"], "li": [1, 2],
+                                                  "lf": [0.25], "lb": [True], "empty": []}) as root:
+        root.add_event("looptrace.anomaly", {"type": "cycle", "n": 2})
+        root.set_status(Status(StatusCode.ERROR, "boom"))
+        with other.start_as_current_span("chat m", kind=SpanKind.CLIENT) as chat:
+            chat.set_status(Status(StatusCode.OK))
+        with tracer.start_as_current_span("execute_tool t"):
+            pass
+    return list(memory.get_finished_spans())
+
+
+def tool_run(path: Path, tool_result: Any) -> Any:
+    """A two-turn run whose one tool returns ``tool_result``, exported by the default file writer."""
+    @tool
+    def fetch(item: str) -> Any:
+        """Fetch an item.
+
+        Args:
+            item: Which one.
+        """
+        return tool_result
+
+    telemetry = configure(exporters="file", trace_file=path, set_global=False)
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "toolu_1", "name": "fetch",
+                                                        "input": {"item": "x"}}],
+               "usage": {"input_tokens": 10, "output_tokens": 5}},
+              {"stop_reason": "end_turn", "content": [{"type": "text", "text": "done"}],
+               "usage": {"input_tokens": 20, "output_tokens": 5}}]
+    result = Agent("claude-sonnet-4-5", tools=[fetch], client=ScriptedModel(script),
+                   tracer_provider=telemetry.tracer_provider).run("go")
+    telemetry.shutdown()
+    return result
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def demo_file(tmp_path, capsys) -> Path:
+    path = tmp_path / "traces.jsonl"
+    main(["demo", "--json", "--trace-file", str(path)])
+    main(["demo", "runaway", "--json", "--trace-file", str(path)])
+    capsys.readouterr()
+    return path
+
+
+def one_line(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def otlp_line(*spans: dict[str, Any], resource_spans: Any = None) -> str:
+    return one_line({"resourceSpans": resource_spans if resource_spans is not None else
+                     [{"resource": {}, "scopeSpans": [{"scope": {"name": "x"}, "spans": list(spans)}]}]})
+
+
+def root_span(trace_id: str = "ab" * 16, span_id: str = "cd" * 8, **attributes: Any) -> dict[str, Any]:
+    return {"traceId": trace_id, "spanId": span_id, "name": "invoke_agent bot", "kind": 1,
+            "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000",
+            "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                           *({"key": k, "value": v} for k, v in attributes.items())]}
+
+
+# --- issue 14, goal 1: the direct writer, exactly the file exporter's format ----------------------------------------
+
+
+def without_link_trace_state(data: dict[str, Any]) -> dict[str, Any]:
+    """The official encoder leaves a link's traceState out (OTLP has the field; we keep it): the one difference."""
+    for resource_spans in data["resourceSpans"]:
+        for scope_spans in resource_spans["scopeSpans"]:
+            for span in scope_spans["spans"]:
+                for link in span.get("links", ()):
+                    assert link.pop("traceState") == "vendor=x"
+    return data
+
+
+def test_each_span_is_written_exactly_as_the_official_otlp_json_encoder_writes_it():
+    spans = finished_spans()
+    ours = json.loads(otlp_json.encode_traces_data(spans))
+    assert without_link_trace_state(ours) == encode_spans(spans).to_dict()
+    for span in spans:
+        line = otlp_json.encode_line(span)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        ours = json.loads(line)
+        assert (without_link_trace_state(ours) if span.links else ours) == encode_spans([span]).to_dict()
+
+
+def test_a_real_run_round_trips_through_the_official_protobuf_decoder_and_our_reader(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    tool_run(path, {"id": "EQ-1", "stock": 3})
+    decoded = []
+    for line in path.read_bytes().splitlines():
+        data = parse_otlp_json(line, trace_pb2.TracesData())  # protobuf's json_format, OTLP's hex ids mapped
+        decoded += [(span.span_id.hex(), span.name, len(span.attributes))
+                    for rs in data.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    ours = [(s.span_id, s.name, len(s.attributes)) for s in read_spans(path)]
+    assert sorted(decoded) == sorted(ours) and len(ours) == 6  # agent, 2 turns, 2 chats, 1 tool
+
+
+def test_the_resource_and_scope_are_encoded_once_not_per_span(tmp_path, monkeypatch):
+    calls = []
+    real = otlp_json._resource_body
+    monkeypatch.setattr(otlp_json, "_resource_body", lambda resource: calls.append(1) or real(resource))
+    monkeypatch.setattr(otlp_json, "_ENVELOPES", {})
+    tool_run(tmp_path / "t.jsonl", "ok")
+    tool_run(tmp_path / "t.jsonl", "ok")
+    assert len(list(read_spans(tmp_path / "t.jsonl"))) == 12 and len(calls) == 2  # once per configure(), 6 spans each
+
+
+# --- issue 12, item 1: a bad value costs that value, never a span ---------------------------------------------------
+
+
+def test_a_lone_surrogate_in_a_tool_result_costs_only_that_value(tmp_path):
+    path = tmp_path / "t.jsonl"
+    tool_run(path, "ok")  # another run's spans, in the same file
+    result = tool_run(path, "half an emoji: \ud83d, and the rest")
+    spans = list(read_spans(path))
+    assert len(spans) == 12  # nothing lost, this run's or the other's
+    (tool_span,) = [s for s in spans if s.trace_id == result.trace_id and s.name.startswith("execute_tool")]
+    assert "\ufffd, and the rest" in tool_span.attributes[sc.GEN_AI_TOOL_CALL_RESULT]
+    assert sc.GEN_AI_TOOL_CALL_RESULT in tool_span.attributes[otlp_json.REPAIRED_ATTRIBUTES]
+    path.read_bytes().decode("utf-8")  # the whole file is valid UTF-8
+
+
+@pytest.mark.parametrize("bad, expected", [
+    (float("nan"), "NaN"), (float("inf"), "Infinity"), (2**70, str(2**70)), ("\udfff", "\ufffd"),
+])
+def test_values_json_cannot_carry_are_replaced_and_marked(bad, expected, tmp_path):
+    processor = TraceFileProcessor(tmp_path / "t.jsonl")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with provider.get_tracer("t").start_as_current_span("s", attributes={"bad": "placeholder", "good": 1}) as span:
+        span._attributes._dict["bad"] = bad  # what the SDK would let through from a caller, placed directly
+    (record,) = read_spans(tmp_path / "t.jsonl")
+    value = record.attributes["bad"]
+    assert math.isnan(value) if expected == "NaN" else value == type(value)(expected)
+    assert record.attributes["good"] == 1 and record.attributes[otlp_json.REPAIRED_ATTRIBUTES] == ["bad"]
+
+
+# --- items 2 and 5: a torn line costs itself; every span is on disk when it ends ------------------------------------
+
+
+def test_the_next_run_after_a_torn_last_line_starts_on_a_fresh_line(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    tool_run(path, "first")
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole[: len(whole) // 2])  # a run killed in the middle of writing a line
+    result = tool_run(path, "after the crash")
+    code, out, err = cli(capsys, "traces", "show", "--file", str(path))
+    assert code == 0 and result.trace_id in out and "after the crash" in out
+    assert "torn" in err and err.count("skipped") == 1
+    assert sum(1 for s in read_spans(path) if s.trace_id == result.trace_id) == 6
+
+
+def test_the_file_exporter_writes_each_span_as_it_ends(tmp_path):
+    telemetry = configure(exporters="file", trace_file=tmp_path / "t.jsonl", set_global=False)
+    tracer = telemetry.tracer_provider.get_tracer("t")
+    with tracer.start_as_current_span("invoke_agent run"):
+        with tracer.start_as_current_span("turn 1"):
+            pass
+        # No flush, no shutdown: a kill -9 here would find the ended span on disk and lose only the open root.
+        assert [s.name for s in read_spans(tmp_path / "t.jsonl")] == ["turn 1"]
+    assert [s.name for s in read_spans(tmp_path / "t.jsonl")] == ["turn 1", "invoke_agent run"]
+    telemetry.shutdown()
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_way_keeps_every_span_that_had_ended(tmp_path):
+    path = tmp_path / "t.jsonl"
+    code = ("import os, signal\n"
+            "from looptrace.instrumentation.setup import configure\n"
+            f"t = configure(exporters='file', trace_file={str(path)!r}, set_global=False)\n"
+            "tracer = t.tracer_provider.get_tracer('t')\n"
+            "with tracer.start_as_current_span('invoke_agent run'):\n"
+            "    for i in range(3):\n"
+            "        with tracer.start_as_current_span(f'turn {i}'):\n"
+            "            pass\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert [s.name for s in read_spans(path)] == ["turn 0", "turn 1", "turn 2"]
+
+
+# --- item 6: no queue to overflow, and losses are counted -----------------------------------------------------------
+
+
+def test_five_thousand_spans_ended_at_once_are_all_written(tmp_path):
+    telemetry = configure(exporters="file", trace_file=tmp_path / "t.jsonl", set_global=False)
+    tracer = telemetry.tracer_provider.get_tracer("t")
+    with tracer.start_as_current_span("invoke_agent run"):
+        for i in range(5_000):  # one response with 5,000 parallel tool calls (the SDK queue holds 2,048)
+            tracer.start_span(f"execute_tool t{i}").end()
+    telemetry.shutdown()
+    assert sum(1 for _ in read_spans(tmp_path / "t.jsonl")) == 5_001
+
+
+def test_spans_that_cannot_be_written_are_counted_and_reported(tmp_path, capsys):
+    exporter = OTLPJsonFileExporter("/dev/full")
+    assert exporter.export(finished_spans()).name == "FAILURE"
+    exporter.export(finished_spans())
+    exporter.shutdown()
+    err = capsys.readouterr().err
+    assert exporter.lost_spans == 6 and err.count("trace_file_unwritable") == 1
+    assert "trace_file_spans_lost" in err and "spans=6" in err
+
+
+# --- item 16: private files -----------------------------------------------------------------------------------------
+
+
+def test_trace_and_spill_files_are_readable_by_their_owner_only(tmp_path):
+    old = os.umask(0o022)
+    try:
+        tool_run(tmp_path / "private" / "t.jsonl", "secret result")
+        spill = SpillFile(tmp_path / "spill-dir" / "spill.jsonl")
+        batch = spill.append("otlp", finished_spans())
+        spill.mark_delivered(batch)
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "private" / "t.jsonl", spill.path, spill.ledger):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for directory in (tmp_path / "private", tmp_path / "spill-dir"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+
+
+# --- items 2, 3, 4: the spill file ----------------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.batches.append([format(s.context.span_id, "016x") for s in spans])
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def test_a_spill_append_after_a_torn_line_is_still_pushed(tmp_path):
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    spill.append("otlp", finished_spans())
+    spill.path.write_bytes(spill.path.read_bytes()[:-40])  # the writer died mid-line
+    spill.append("otlp", finished_spans())
+    exporter = Recorder()
+    report = push(spill.path, {"otlp": exporter})
+    assert len(exporter.batches) == 1 and report.sent == {"otlp": 3}
+    assert len(report.quarantined) == 1 and spill.quarantine.exists()  # the torn half, kept aside
+
+
+@pytest.mark.parametrize("bad_line", [
+    '{"looptrace":{"backend":"otlp","batch":"b1"},"resourceSpans":{"not":"a list"}}\n',
+    '{"looptrace":{"backend":"otlp","batch":"b2"},"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz",'
+    '"spanId":"01"}]}]}]}\n',
+    "[" * 100_000 + "\n",
+    "not json at all\n",
+])
+def test_a_bad_spill_batch_is_quarantined_and_the_batches_after_it_are_delivered(tmp_path, bad_line):
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    spill.append("otlp", finished_spans())
+    with open(spill.path, "a") as handle:
+        handle.write(bad_line)
+    spill.append("otlp", finished_spans())
+    exporter = Recorder()
+    report = push(spill.path, {"otlp": exporter})
+    assert len(exporter.batches) == 2 and report.sent == {"otlp": 6}  # the batch after the bad one too
+    assert spill.quarantine.read_text() == bad_line and not spill.path.exists()  # kept, out of the way
+    assert not report.ok and str(spill.quarantine) in report.summary()
+    assert push(spill.path, {"otlp": Recorder()}).summary().startswith("nothing to push")
+
+
+@pytest.mark.slow
+def test_kill_9_in_the_middle_of_a_push_never_sends_a_batch_twice(tmp_path, monkeypatch):
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    first, second = finished_spans(), finished_spans()
+    spill.append("otlp", first)
+    spill.append("otlp", second)
+    with OTLPReceiver() as receiver:
+        receiver.fail_next(Delay(2.0))  # the first batch reaches the backend; its answer comes late
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+        for name in ("LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+            env.pop(name, None)
+        pusher = subprocess.Popen([sys.executable, "-c", f"from looptrace.instrumentation.spill import push; "
+                                   f"push({str(spill.path)!r})"], env=env)
+        deadline = time.monotonic() + 30
+        while not (spill.ledger.exists() and "sending" in spill.ledger.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # the request is on the wire
+        pusher.send_signal(signal.SIGKILL)
+        pusher.wait(timeout=30)
+        receiver.wait_for_spans(3, timeout=10)  # the backend did store the first batch
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+        report = push(spill.path, to=["otlp"])
+        ids = [span.span_id for span in receiver.spans]
+    assert sorted(ids) == sorted({*ids}) and len(ids) == 6  # each span exactly once
+    assert report.held == {"otlp": 3} and "--resend-interrupted" in report.summary()
+
+
+# --- item 11: malformed files never end in a traceback --------------------------------------------------------------
+
+
+DEEP = "[" * 100_000 + "]" * 100_000 + "\n"
+
+
+@pytest.mark.parametrize("command", [["detect"], ["traces", "show", "--file"], ["traces", "list", "--file"]])
+@pytest.mark.parametrize("hostile", [
+    DEEP,
+    otlp_line(resource_spans={"not": "a list"}),
+    otlp_line({**root_span(), "name": {"a": 1}}),
+    otlp_line(root_span(**{sc.RUN_USAGE_TOTAL_TOKENS: {"stringValue": "many"},
+                           sc.RUN_COST_USD: {"stringValue": "a lot"}, sc.RUN_TURNS: {"stringValue": "three"},
+                           sc.RUN_ANOMALY_COUNT: {"stringValue": "1"}})),
+    otlp_line({**root_span(), "parentSpanId": "cd" * 8}),  # its own parent
+    otlp_line({**root_span(), "events": "nope", "startTimeUnixNano": "soon"}),
+])
+def test_hostile_lines_are_skipped_or_shown_never_a_traceback(tmp_path, capsys, demo_file, command, hostile):
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(demo_file.read_text() + hostile + demo_file.read_text())
+    code, out, err = cli(capsys, *command, str(path))
+    assert "Traceback" not in err and code in (0, 1)
+    assert out  # the good runs are still read
+
+
+def test_a_string_where_a_number_belongs_is_shown_as_it_is(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text(otlp_line(root_span(**{sc.RUN_USAGE_TOTAL_TOKENS: {"stringValue": "many"},
+                                           sc.RUN_COST_USD: {"stringValue": "a lot"}})))
+    code, out, _ = cli(capsys, "traces", "show", "--file", str(path))
+    assert code == 0 and "many tokens" in out and "$a lot" in out
+
+
+def test_an_over_long_line_is_skipped_with_a_clear_message_without_being_held(tmp_path, capsys, demo_file,
+                                                                                monkeypatch):
+    monkeypatch.setenv("LOOPTRACE_MAX_LINE_BYTES", "100000")
+    path = tmp_path / "t.jsonl"
+    path.write_text(demo_file.read_text() + '{"resourceSpans":[' + " " * 5_000_000 + "]}\n" + demo_file.read_text())
+    code, _, err = cli(capsys, "detect", str(path))
+    assert code == 1 and "longer than 100,000 bytes" in err and "LOOPTRACE_MAX_LINE_BYTES" in err
+
+
+def test_over_long_lines_do_not_grow_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setenv("LOOPTRACE_MAX_LINE_BYTES", "65536")
+    path = tmp_path / "t.jsonl"
+    with open(path, "w") as handle:
+        handle.write("x" * 20_000_000 + "\n")
+    tracemalloc.start()
+    assert list(read_spans(path, lambda bad: None)) == []
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 5_000_000  # a 20 MB line read past in chunks
+
+
+def test_a_terminal_that_cannot_show_the_tree_characters_gets_replacements(demo_file, monkeypatch, capsys):
+    raw = io.BytesIO()
+    terminal = io.TextIOWrapper(raw, encoding="cp1252")  # strict, like a Windows console
+    with capsys.disabled():
+        monkeypatch.setattr(sys, "stdout", terminal)
+        code = main(["traces", "show", "--file", str(demo_file)])
+        terminal.flush()
+    assert code == 0 and b"invoke_agent" in raw.getvalue()
+
+
+@pytest.mark.slow
+def test_pythonioencoding_cp1252_does_not_crash_the_cli(demo_file):
+    env = {**os.environ, "PYTHONIOENCODING": "cp1252"}
+    for argv in (["traces", "show", "--file", str(demo_file)], ["traces", "list", "--file", str(demo_file)],
+                 ["detect", str(demo_file)]):
+        process = subprocess.run([sys.executable, "-m", "looptrace.runtime.entry", *argv], env=env,
+                                 capture_output=True, timeout=60)
+        assert process.returncode in (0, 1) and b"Traceback" not in process.stderr, argv
+
+
+# --- item 18: a file that is not a trace file -----------------------------------------------------------------------
+
+
+def test_detect_on_a_log_file_is_one_usage_error(tmp_path, capsys):
+    path = tmp_path / "app.log"
+    path.write_text("".join(f"2026-01-01 12:00:{i % 60:02d} INFO request {i} served\n" for i in range(20_000)))
+    code, out, err = cli(capsys, "detect", str(path))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "holds no OTLP/JSON spans" in err and "20,000 lines" in err
+
+
+def test_json_that_is_not_trace_data_is_a_usage_error_too(tmp_path, capsys):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"event": "login"}\n' * 50)
+    code, _, err = cli(capsys, "detect", str(path))
+    assert code == 2 and err.count("\n") == 1 and "not OTLP/JSON trace data" in err
+
+
+def test_many_bad_lines_in_a_trace_file_are_counted_not_listed(tmp_path, capsys, demo_file):
+    path = tmp_path / "t.jsonl"
+    path.write_text(demo_file.read_text() + "garbage\n" * 1_000)
+    code, _, err = cli(capsys, "detect", str(path))
+    assert code == 1 and err.count("skipped: not JSON") == 5 and "995 more malformed lines skipped" in err
+
+
+# --- item 23: traces list -------------------------------------------------------------------------------------------
+
+
+def test_traces_list_shows_when_tokens_cost_and_anomalies_with_correct_plurals(tmp_path, capsys, demo_file):
+    with open(demo_file, "a") as handle:
+        handle.write(otlp_line(root_span(**{sc.RUN_STATUS: {"stringValue": "done"}, sc.RUN_TURNS: {"intValue": "1"},
+                                            sc.RUN_USAGE_TOTAL_TOKENS: {"intValue": "1"},
+                                            sc.RUN_COST_USD: {"doubleValue": 0.5},
+                                            sc.RUN_ANOMALY_COUNT: {"intValue": "1"}})))
+    code, out, _ = cli(capsys, "traces", "list", "--file", str(demo_file))
+    equipment, runaway, single = out.splitlines()
+    assert code == 0
+    assert "done" in equipment and "4 turns" in equipment and "0 anomalies" in equipment and "$0.0" in equipment
+    flagged = int(runaway.split(" anomal")[0].rsplit(" ", 1)[-1])
+    assert flagged >= 1 and ("1 anomaly " if flagged == 1 else f"{flagged} anomalies ") in runaway
+    assert "2,320 tokens" in runaway and "stopped_by_detector" in runaway
+    assert "1 turn," in single and "1 token," in single and "$0.5000" in single and "1 anomaly " in single
+    assert time.strftime("%Y-%m-%d", time.localtime(1_700_000_000)) in single
+
+
+# --- goal 3: one pass, only what is needed decoded ------------------------------------------------------------------
+
+
+def test_show_reads_the_file_once_and_parses_only_the_lines_of_the_trace_it_shows(demo_file, capsys, monkeypatch):
+    opened, parsed = [], []
+    real_open, real_loads = open, json.loads
+    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    monkeypatch.setattr(json, "loads", lambda raw, *a, **k: parsed.append(raw) or real_loads(raw, *a, **k))
+    code, out, _ = cli(capsys, "traces", "show", "--file", str(demo_file))
+    times_opened, lines_parsed = opened.count(demo_file), list(parsed)
+    monkeypatch.undo()
+    runs = {s.trace_id: s for s in read_spans(demo_file) if s.name.startswith("invoke_agent")}
+    latest = max(runs.values(), key=lambda s: s.end_ns)
+    latest_lines = [line for line in demo_file.read_bytes().splitlines(keepends=True)
+                    if latest.trace_id.encode() in line]
+    assert code == 0 and len(runs) == 2 and f"trace {latest.trace_id}" in out
+    assert times_opened == 1 and sorted(lines_parsed) == sorted(latest_lines)  # the other run's lines: never parsed
+
+
+def test_detect_skips_parsing_lines_that_cannot_matter_and_finds_the_same(demo_file, capsys, monkeypatch):
+    code, full, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda raw, *a, **k: parsed.append(raw) or real_loads(raw, *a, **k))
+    code_again, again, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
+    turn_lines = [line for line in demo_file.read_bytes().splitlines() if b'"name":"turn' in line]
+    assert (code, full) == (code_again, again) and turn_lines
+    assert not any(b'"name":"turn' in raw for raw in parsed if isinstance(raw, bytes))
