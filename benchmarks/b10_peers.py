@@ -1,4 +1,4 @@
-"""9. Side by side with the peers: extra CPU per turn over a bare loop, one conversation, one harness.
+"""10. Side by side with the peers: extra CPU per turn over a bare loop, one conversation, one harness.
 
 The conversation: 3 calls through the real ``anthropic`` SDK (``anthropic.Anthropic``, its own spans off) to the fake
 Messages API in its own process, 2 of them answered with a tool call (a no-op tool), the last with ``end_turn``.
@@ -144,13 +144,13 @@ def run(quick: bool = False) -> list[Row]:
     table = variants()
     peers = [v.peer for v in table if v.peer]
     where = os.environ.get("LOOPTRACE_BENCH_PEERS_DIR") or "~/.cache/looptrace-bench-peers"
-    say(f"  9: preparing the peers' venvs ({', '.join(peers)}) in {where}")
+    say(f"  10: preparing the peers' venvs ({', '.join(peers)}) in {where}")
     envs = ensure_all(peers)
     for variant in table:
         if variant.peer:
             variant.env = envs[variant.peer]
             if variant.env.python is None:
-                say(f"  9: {variant.peer}: {variant.env.problem}")
+                say(f"  10: {variant.peer}: {variant.env.problem}")
     measured = [v for v in table if v.env is None or v.env.python is not None]
     pythons = {"bare": sys.executable, **{v.key: (v.env.python if v.env else sys.executable) for v in measured}}
 
@@ -161,7 +161,7 @@ def run(quick: bool = False) -> list[Row]:
                "BENCH_PEERS_API_KEY": api.api_key, "BENCH_PEERS_SINK_URL": sink.url,
                # The benchmark's model name is deprecated in newer SDKs; the warning is the same in every variant.
                "PYTHONWARNINGS": "ignore::DeprecationWarning"}
-        say(f"  9: {runs} runs x {reps} rotated repetitions of {len(pythons)} workers, {conversations} conversations "
+        say(f"  10: {runs} runs x {reps} rotated repetitions of {len(pythons)} workers, {conversations} conversations "
             f"({turns_per_sample} turns) per sample")
         for number in range(runs):
             workers = _start(pythons, env)
@@ -176,7 +176,7 @@ def run(quick: bool = False) -> list[Row]:
                 paired = [a - b for a, b in zip(cpu[variant.key], cpu["bare"])]
                 variant.extras.append(statistics.median(paired) / turns_per_sample)
             bare_turn = statistics.median(cpu["bare"]) / turns_per_sample
-            say(f"  9: run {number + 1}/{runs}: bare {fmt_s(bare_turn)} CPU/turn; "
+            say(f"  10: run {number + 1}/{runs}: bare {fmt_s(bare_turn)} CPU/turn; "
                 + ", ".join(f"{v.key} +{v.extras[-1] * 1e6:,.0f} µs" for v in measured))
     rows = _rows(table, runs, reps, conversations)
     say("\n" + side_by_side(table))
@@ -211,12 +211,12 @@ def _rows(table: list[Variant], runs: int, reps: int, conversations: int) -> lis
     for variant in table:
         if not variant.extras:
             reason = variant.env.problem if variant.env else "not measured"
-            rows.append(Row("9 peers", variant.label, "not measured", "", None, reason))
+            rows.append(Row("10 peers", variant.label, "not measured", "", None, reason))
             continue
         per_turn = lambda n: "?" if n is None else f"{n / CALLS:.1f}"  # noqa: E731
         versions = ", ".join(f"{k} {v}" for k, v in variant.versions.items())
         rows.append(Row(
-            "9 peers", f"{variant.label}: extra CPU per turn over a bare loop",
+            "10 peers", f"{variant.label}: extra CPU per turn over a bare loop",
             f"{statistics.median(variant.extras) * 1e6:,.0f} µs", "", None,
             f"{per_turn(variant.spans)} spans and {per_turn(variant.attributes)} span attributes per turn; "
             f"{statistics.median(_ratios(variant, lt_file)):.2f}x looptrace file, "
@@ -225,24 +225,24 @@ def _rows(table: list[Variant], runs: int, reps: int, conversations: int) -> lis
     goal1 = _ratios(lt_file, by_key["raw-null"])
     goal2 = _ratios(lt_otlp, by_key["raw-otlp"])
     how = f"median of {runs} runs x {reps} rotated repetitions of {conversations} conversations of {CALLS} calls"
-    rows.append(Row("9 peers", "goal 1: looptrace file export / raw SDK with looptrace's spans, null exporter "
+    rows.append(Row("10 peers", "goal 1: looptrace file export / raw SDK with looptrace's spans, null exporter "
                     "(extra CPU per turn each)", f"{statistics.median(goal1):.2f}x", f"<= {GOAL_FILE}x",
                     statistics.median(goal1) <= GOAL_FILE,
                     f"runs {min(goal1):.2f}–{max(goal1):.2f}x; {how}"))
     off = by_key["looptrace-off"]
     if off.extras:
         telemetry1 = [(a - o) / r for a, o, r in zip(lt_file.extras, off.extras, by_key["raw-null"].extras)]
-        rows.append(Row("9 peers", "context for goal 1: telemetry only, (looptrace file - looptrace telemetry off) "
+        rows.append(Row("10 peers", "context for goal 1: telemetry only, (looptrace file - looptrace telemetry off) "
                         "/ raw SDK null exporter", f"{statistics.median(telemetry1):.2f}x", "", None,
                         f"runs {min(telemetry1):.2f}–{max(telemetry1):.2f}x; the runtime alone (telemetry and "
                         f"detector off) costs {statistics.median(off.extras) * 1e6:,.0f} µs/turn over the bare loop"))
-    rows.append(Row("9 peers", "goal 2: looptrace OTLP export / raw SDK with looptrace's spans, same OTLP exporter "
+    rows.append(Row("10 peers", "goal 2: looptrace OTLP export / raw SDK with looptrace's spans, same OTLP exporter "
                     "(extra CPU per turn each)", f"{statistics.median(goal2):.2f}x", f"<= {GOAL_OTLP}x",
                     statistics.median(goal2) <= GOAL_OTLP,
                     f"runs {min(goal2):.2f}–{max(goal2):.2f}x; {how}"))
     if off.extras:
         telemetry2 = [(a - o) / r for a, o, r in zip(lt_otlp.extras, off.extras, by_key["raw-otlp"].extras)]
-        rows.append(Row("9 peers", "context for goal 2: telemetry only, (looptrace OTLP - looptrace telemetry off) "
+        rows.append(Row("10 peers", "context for goal 2: telemetry only, (looptrace OTLP - looptrace telemetry off) "
                         "/ raw SDK OTLP exporter", f"{statistics.median(telemetry2):.2f}x", "", None,
                         f"runs {min(telemetry2):.2f}–{max(telemetry2):.2f}x"))
     return rows

@@ -228,7 +228,7 @@ class Looptrace(ProviderVariant):
     def __init__(self, exporter: str) -> None:
         from looptrace import configure
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench9-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench10-")
         self.trace_file = os.path.join(self._tmp.name, "traces.jsonl")
         if exporter == "otlp":
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = SINK_URL
