@@ -45,7 +45,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -143,14 +143,23 @@ class Telemetry:
         """Spans of this process's runs that sit undelivered in the spill file."""
         return sum(guard.spilled_spans for guard in self.guards)
 
+    @property
+    def dropped_spans(self) -> int:
+        """Spans a network exporter's full queue turned away: lost, and said so in spill_notice()."""
+        return sum(p.dropped_spans for p in self.processors if isinstance(p, _BoundedBatchSpanProcessor))
+
     def spill_notice(self) -> str | None:
-        """The line the CLI prints when spans could not be delivered, or None when all were."""
+        """The lines the CLI prints when spans could not be delivered, or None when all were."""
+        lines = []
         counts = [(guard.name, guard.spilled_spans) for guard in self.guards if guard.spilled_spans]
-        if not counts:
-            return None
-        each = ", ".join(f"{count} for {name}" for name, count in counts)
-        return (f"looptrace: {sum(c for _, c in counts)} spans could not be delivered ({each}); they are saved in "
-                f"{self.spill_file}. Send them later with: looptrace traces push")
+        if counts:
+            each = ", ".join(f"{count} for {name}" for name, count in counts)
+            lines.append(f"looptrace: {sum(c for _, c in counts)} spans could not be delivered ({each}); they are "
+                         f"saved in {self.spill_file}. Send them later with: looptrace traces push")
+        if self.dropped_spans:
+            lines.append(f"looptrace: {self.dropped_spans} spans were dropped because the export queue was full "
+                         "(OTEL_BSP_MAX_QUEUE_SIZE); they are lost")
+        return "\n".join(lines) or None
 
     @contextlib.contextmanager
     def _deadline(self, deadline: float) -> Iterator[None]:
@@ -198,6 +207,24 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
         arguments = {"max_queue_size": NETWORK_QUEUE_SPANS, **settings.batch.arguments()}
         super().__init__(guard, **arguments)
         self.guard = guard
+        self.max_queue_size: int = arguments["max_queue_size"]
+        self.dropped_spans = 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        # When the queue is full the SDK drops a span and logs one warning per span, which nothing adds up. Counted
+        # here instead: one warning at the first drop, the total in Telemetry.spill_notice() at the end.
+        if self._queue_length() >= self.max_queue_size:
+            self.dropped_spans += 1
+            if self.dropped_spans == 1:
+                log.warning("export_queue_full", backend=self.guard.name, queue_size=self.max_queue_size,
+                            hint="spans are dropped until the backend catches up; raise OTEL_BSP_MAX_QUEUE_SIZE")
+            return
+        super().on_end(span)
+
+    def _queue_length(self) -> int:
+        # The SDK keeps its queue private; without it (another SDK version) the SDK's own drop warning still shows.
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+        return len(queue) if queue is not None else 0
 
     def force_flush(self, timeout_millis: int | None = 30_000) -> bool:
         timeout_millis = 30_000 if timeout_millis is None else timeout_millis

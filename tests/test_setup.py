@@ -202,6 +202,26 @@ def test_shutdown_spills_what_is_still_queued(monkeypatch, tmp_path):
     telemetry.shutdown()  # idempotent
 
 
+def test_a_full_export_queue_counts_every_dropped_span_and_says_so(monkeypatch, tmp_path):
+    with OTLPReceiver() as collector:
+        slow_collector(monkeypatch, collector, 60.0)  # the first batch hangs on the wire: the queue cannot drain
+        monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+        monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+        telemetry = configure(exporters="otlp", spill_file=tmp_path / "spill.jsonl", set_global=False)
+        tracer = telemetry.tracer_provider.get_tracer("test")
+        with capture_logs() as logs:
+            for n in range(10):
+                tracer.start_span(f"span {n}").end()
+        # Whenever the worker took its batch, at most 4 + 4 of the 10 fit: the rest were turned away, and counted.
+        dropped = telemetry.dropped_spans
+        assert 2 <= dropped <= 6
+        assert [entry["event"] for entry in logs].count("export_queue_full") == 1  # one warning, not one per span
+        assert f"{dropped} spans were dropped" in telemetry.spill_notice()
+        telemetry.shutdown(timeout_ms=300)
+        spilled = {s.context.span_id for b in SpillFile(tmp_path / "spill.jsonl").pending() for s in b.readable_spans()}
+    assert len(spilled) + dropped == 10  # every span is either kept for a push or counted as lost
+
+
 # --- joining a caller's trace -------------------------------------------------------------------------------------
 
 
