@@ -1,0 +1,36 @@
+"""The detector on real recorded agent runs (../shared/trajectories), against the labels in benchmarks/.
+
+A guard against regressions on real data, not a second benchmark: the figures themselves are printed by
+``python -m benchmarks --only detector-eval``. Skipped, saying so, where the corpus is not beside the checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def evaluation():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT))
+        from benchmarks import detector_eval
+
+        corpus = detector_eval.corpus_dir()
+        if not corpus.is_dir():
+            pytest.skip(f"no trajectory corpus at {corpus} (set {detector_eval.CORPUS_ENV} to point at one)")
+        return detector_eval.evaluate(corpus)["table"]
+
+
+def test_every_anomaly_type_is_right_at_least_nine_times_in_ten_on_real_runs(evaluation):
+    for kind, line in evaluation.items():
+        assert line["true"] >= 0.9 * line["flags"], (kind, line["false_alarms"])
+
+
+def test_the_loops_people_labelled_are_caught_at_least_eight_times_in_ten(evaluation):
+    for kind in ("repeated_call", "failing_tool"):
+        line = evaluation[kind]
+        assert line["true"] >= 0.8 * line["labelled"], (kind, line["misses"])
