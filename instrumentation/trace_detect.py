@@ -258,14 +258,3 @@ def __getattr__(name: str) -> Any:
 
         return DetectorSpanProcessor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass(slots=True)
-class _LiveSpan:
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    start_ns: int
-    attributes: dict[str, Any]
-    status_code: int

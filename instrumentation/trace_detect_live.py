@@ -12,7 +12,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from .detector import DetectorConfig
 from .logs import log
-from .trace_detect import RunRebuilder, Verdict, _LiveSpan
+from .readers import NeutralSpan
+from .trace_detect import RunRebuilder, Verdict
 
 
 class DetectorSpanProcessor(SpanProcessor):
@@ -34,7 +35,7 @@ class DetectorSpanProcessor(SpanProcessor):
         context = span.get_span_context()
         if context is None:  # only a span the SDK never started has none
             return
-        live = _LiveSpan(
+        live = NeutralSpan(
             trace_id=format(context.trace_id, "032x"),
             span_id=format(context.span_id, "016x"),
             parent_span_id=format(span.parent.span_id, "016x") if span.parent is not None else None,

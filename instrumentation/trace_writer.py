@@ -119,11 +119,8 @@ class TraceFileWriter:
                         hint="these spans are not in the trace file; the warning above says why")
 
 
-class TraceFileProcessor(SpanProcessor):
-    """looptrace's default export: every span written to the trace file as it ends, on the thread that ended it.
-
-    No queue, so nothing is ever dropped for want of room and nothing waits for a flush: what has ended is on disk.
-    """
+class _OnTheTraceFile:
+    """What the processor and the exporter share: one writer, its path, and the spans it could not write."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.writer = TraceFileWriter(path)
@@ -135,6 +132,16 @@ class TraceFileProcessor(SpanProcessor):
     @property
     def lost_spans(self) -> int:
         return self.writer.lost_spans
+
+    def shutdown(self) -> None:
+        self.writer.close()
+
+
+class TraceFileProcessor(_OnTheTraceFile, SpanProcessor):
+    """looptrace's default export: every span written to the trace file as it ends, on the thread that ended it.
+
+    No queue, so nothing is ever dropped for want of room and nothing waits for a flush: what has ended is on disk.
+    """
 
     def on_start(self, span, parent_context=None) -> None:
         pass
@@ -147,26 +154,12 @@ class TraceFileProcessor(SpanProcessor):
             return
         self.writer.write(line)
 
-    def shutdown(self) -> None:
-        self.writer.close()
-
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # every span was written when it ended
 
 
-class OTLPJsonFileExporter(SpanExporter):
+class OTLPJsonFileExporter(_OnTheTraceFile, SpanExporter):
     """The same file as a ``SpanExporter`` (for a pipeline of the application's choosing): one line per batch."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.writer = TraceFileWriter(path)
-
-    @property
-    def path(self) -> Path:
-        return self.writer.path
-
-    @property
-    def lost_spans(self) -> int:
-        return self.writer.lost_spans
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -177,9 +170,6 @@ class OTLPJsonFileExporter(SpanExporter):
             self.writer.lost(len(spans), error)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS if self.writer.write(line, len(spans)) else SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self.writer.close()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # every export is written before it returns
