@@ -146,8 +146,21 @@ def _key_prefix(key: str) -> str:
 # (key, text value) -> its encoded key-value pair. Only text values: a cache keyed by value equality must not hand
 # 1's encoding to True or 1.0. Bounded: at most _PAIR_ENTRIES values of at most _PAIR_VALUE_CHARS characters.
 _TEXT_PAIRS: dict[tuple[str, str], str] = {}
+_LAST_TEXT: dict[str, str] = {}  # each key's latest text value, to tell a run's constants from one-off values
 _PAIR_ENTRIES = 2048
 _PAIR_VALUE_CHARS = 1024
+
+
+def _remember(item: tuple[str, str], text: str) -> None:
+    """Keep a pair's text when its value repeats what the same key held last time: a run's constants do, ids and
+    messages do not, so one-off values never crowd the constants out of the cache."""
+    key, value = item
+    if _LAST_TEXT.get(key) == value:
+        if len(_TEXT_PAIRS) >= _PAIR_ENTRIES:
+            _TEXT_PAIRS.clear()
+        _TEXT_PAIRS[item] = text
+    elif len(_LAST_TEXT) < 4096 or key in _LAST_TEXT:
+        _LAST_TEXT[key] = value
 
 
 def _key_value(key: str, value: Any) -> str:
@@ -181,9 +194,7 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
                 if text is None:
                     text = prefix(item[0]) + '{"stringValue":' + _string(value) + "}}"
                     if len(value) <= _PAIR_VALUE_CHARS:
-                        if len(pairs) >= _PAIR_ENTRIES:
-                            pairs.clear()
-                        pairs[item] = text
+                        _remember(item, text)
             else:
                 text = prefix(item[0]) + _value(value) + "}"
             parts.append(text)

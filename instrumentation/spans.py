@@ -9,6 +9,7 @@ telemetry switched off), every method returns before building a single attribute
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ _AS_TURN = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_CHAIN}
 _AS_GENERATION = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_LLM}
 _AS_TOOL = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_TOOL}
 CONTENT_EVENT = sc.CONTENT_EVENT
+_quote = json.encoder.encode_basestring  # a text as JSON, exactly as content.to_json writes it, without json.dumps
 
 
 class Tracing:
@@ -429,7 +431,8 @@ class ChatSpan:
             # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
             encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")}))
             self.run.messages.remember(encoded)
-            output = cap(f'[{encoded[:-1]},"finish_reason":{to_json(finish)}}}]', tracing.max_chars)
+            quoted = _quote(finish) if type(finish) is str else to_json(finish)
+            output = cap(f'[{encoded[:-1]},"finish_reason":{quoted}}}]', tracing.max_chars)
             if tracing.capture_content:
                 attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
             if tracing.capture_events:
