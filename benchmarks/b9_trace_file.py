@@ -149,7 +149,10 @@ def writing(quick: bool, tmp: str) -> list[Row]:
         path = default_path_taken()
     sdk_provider.shutdown()
     raw_provider.shutdown()
-    written = sum(1 for _ in open(default_file, "rb")) if os.path.exists(default_file) else 0
+    written = 0
+    if os.path.exists(default_file):
+        with open(default_file, "rb") as handle:
+            written = sum(1 for _ in handle)
 
     def per_turn(name: str) -> float:
         return paired_median_difference(samples[name], samples["off"]) / turns_per_sample

@@ -22,7 +22,6 @@ or its internal metrics switched on.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -40,6 +39,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util._decorator import _agnosticcontextmanager
 
 from .otlp_json import encode_line
 from .trace_writer import TraceFileWriter
@@ -359,7 +359,7 @@ class DirectTracer(trace.Tracer):
         return DirectSpan(self, name, span_context, parent, kind, attributes, links, start_time, record_exception,
                           set_status_on_exception)
 
-    @contextlib.contextmanager
+    @_agnosticcontextmanager  # the API's own decorator, as its Tracer declares (usable on coroutines too)
     def start_as_current_span(self, name: str, context: context_api.Context | None = None,
                               kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None,
                               links: Sequence[Link] | None = (), start_time: int | None = None,
