@@ -170,7 +170,8 @@ def run(quick: bool = False) -> list[Row]:
         rows.append(Row("7 detector-eval", f"{kind}: precision / recall", f"{precision} / {recall}",
                         "P>=90%, R>=80%", met,
                         f"{line['flags']} flags, {line['true']} true, {line['labelled']} labelled"))
-    for scope, what in (("run", "claimed in the run that failed"), ("later_run", "claimed in a later run (outside the rule)")):
+    for scope, what in (("run", "claimed in the run that failed"),
+                        ("later_run", "claimed in a later run (a judge's call; no judge offline)")):
         caught, labelled = result["table"][IGNORED_ERROR][f"recall_{scope}"]
         rows.append(Row("7 detector-eval", f"context: ignored_error recall, {what}", _ratio(caught, labelled),
                         context=f"{caught} of {labelled} labelled"))

@@ -116,9 +116,12 @@ ignored_error   At `end_run` with a stop reason in `ignored_error_stop_reasons` 
                    another language than the tool's name never matches b. (quiet, not wrong).
                    On the recorded trajectories, an answer written right after a single failure was
                    otherwise a report of it, so for every other unresolved, undealt-with failure the
-                   verdict is the judge's. Claims made in a *later* run of the conversation, after
-                   the failure was reported (the user says "go ahead", the model calls nothing and
-                   answers "done"), are outside this rule: each run is judged on its own errors.
+                   verdict is the judge's.
+                4. A later run of the session: a failure an earlier run left standing (reported at the
+                   time), then a run that calls no tool at all and answers (the user said "go ahead",
+                   the model answered "done" without doing anything). Words alone cannot tell that
+                   from a goodbye, so the rule never fires here on its own; with a judge, the judge is
+                   asked once for such a run, unless the answer names or quotes the failure.
                 With a `judge` configured, a firing of the rule is confirmed by it (only a clear
                 "not ignored" silences it; a judge that raises or answers nonsense leaves the rule's
                 verdict), and the cases of 3. it leaves open are decided by it (only a clear
@@ -742,6 +745,9 @@ class LoopDetector:
         self._run_ended = False
         self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
         self._batch: _Batch | None = None  # the current turn's successful results, for errors in the same turn
+        # Failures of earlier runs of the session still unresolved, the most recent; only the judge reads them.
+        self._earlier_errors: deque[tuple[str, _UnresolvedError]] = deque(maxlen=self.config.max_errors_per_tool)
+        self._calls_this_run = 0
 
     # ---- public API: thin guards around the real work
 
@@ -761,6 +767,12 @@ class LoopDetector:
 
     def _begin_run(self) -> list[Anomaly]:
         self._runs_begun += 1
+        ending = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent]
+        if ending:
+            keys = {e.key for _, e in ending}
+            self._earlier_errors = deque([item for item in self._earlier_errors if item[1].key not in keys] + ending,
+                                         maxlen=self.config.max_errors_per_tool)
+        self._calls_this_run = 0
         self._pending, self._pending_overflow, self._pending_turn = [], 0, None
         self._last_closed_turn = None
         self._call_streaks, self._failing_tools = {}, {}
@@ -794,6 +806,7 @@ class LoopDetector:
             "window": len(self._window),
             "unresolved_error_tools": len(self._unresolved),
             "unresolved_errors": sum(len(e.recent) for e in self._unresolved.values()),
+            "earlier_run_errors": len(self._earlier_errors),
             "anomalies": len(self._streaks),
             "failure_runs": len(self._failures),
         }
@@ -865,17 +878,37 @@ class LoopDetector:
             persistent = [(tool, e) for tool, e in ignored if e.failures > 1 and e.moved_on]
             passed_over = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent
                            if not e.reported and self._passed_over(tool, e, text)]
+            why = None
             if passed_over and not persistent:
                 ignored = passed_over + [item for item in ignored if item not in passed_over]
+                why = ("a final answer that states the failed operation as done while using the results that came "
+                       "back beside it")
             if persistent or passed_over:
-                anomaly = self._ignored_error_anomaly(turn, reason, ignored)
+                anomaly = self._ignored_error_anomaly(turn, reason, ignored, *([why] if why else []))
                 if self._judge_says(anomaly, ignored, text) is not False:
                     fired.append(anomaly)
             elif ignored:
                 anomaly = self._ignored_error_anomaly(turn, reason, ignored)
                 if self._judge_says(anomaly, ignored, text) is True:
                     fired.append(anomaly)
+        elif reason in ending_reasons and self._earlier_errors and not self._calls_this_run:
+            fired += self._judge_earlier_errors(turn, reason, final_text if isinstance(final_text, str) else None)
         return fired
+
+    def _judge_earlier_errors(self, turn: int, reason: str, text: str | None) -> list[Anomaly]:
+        """A run that called no tool and answered while a failure of an earlier run of the session stands: the user
+        may have said "go ahead" and the model answered "done" without doing anything. Words alone cannot tell that
+        from a polite goodbye, so only the judge decides, once per such run; without a judge nothing fires."""
+        if not callable(self.config.judge) or not text:
+            return []
+        standing = [(tool, e) for tool, e in self._earlier_errors
+                    if not answer_addresses(text, e.targets, e.error_text)]
+        if not standing:
+            return []
+        anomaly = self._ignored_error_anomaly(
+            turn, reason, standing, "an earlier run of this conversation left it standing; this run called no tool "
+            "and its answer presents the work as done (the judge's verdict)")
+        return [anomaly] if self._judge_says(anomaly, standing, text) is True else []
 
     def _passed_over(self, tool: str, error: _UnresolvedError, final_text: str | None) -> bool:
         """Whether the answer used the results that came back beside the failure and stated the failed operation as
@@ -959,10 +992,13 @@ class LoopDetector:
         return f"?unknown@{self._turn_seq}"  # unique per turn: never equal, never a loop
 
     def _track_error(self, observed: _Observed, turn: int) -> None:
+        self._calls_this_run += 1
         if self._batch is not None and self._batch.turn != turn:
             self._batch = None
         if not observed.is_error:
             self._note_batch_result(observed, turn)
+            if self._earlier_errors:
+                self._resolve_earlier(observed)
             if self._unresolved:
                 self._note_later_success(observed, turn)
             errors = self._unresolved.get(observed.tool)
@@ -993,6 +1029,13 @@ class LoopDetector:
         errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
                                               observed.key, call_targets(observed.raw_arguments), first_turn=turn,
                                               batch=self._batch))
+
+    def _resolve_earlier(self, observed: _Observed) -> None:
+        targets = call_targets(observed.raw_arguments)
+        kept = [(tool, e) for tool, e in self._earlier_errors
+                if tool != observed.tool or not _resolves(e, observed.key, targets)]
+        if len(kept) != len(self._earlier_errors):
+            self._earlier_errors = deque(kept, maxlen=self.config.max_errors_per_tool)
 
     def _note_batch_result(self, observed: _Observed, turn: int) -> None:
         """Keep the start of a success's result while its turn may still hold (or get) an error: an answer that draws
@@ -1261,7 +1304,8 @@ class LoopDetector:
 
     # ---- ignored_error
 
-    def _ignored_error_anomaly(self, turn: int, stop_reason: str, ignored: list) -> Anomaly:
+    def _ignored_error_anomaly(self, turn: int, stop_reason: str, ignored: list,
+                               why: str = "a final answer that neither names what failed nor asks the user") -> Anomaly:
         total = len(ignored) + sum(kept.total - len(kept.recent) for kept in self._unresolved.values())
         tools = {tool for tool, _ in ignored}
         content = self.config.capture_content
@@ -1280,7 +1324,7 @@ class LoopDetector:
             call_ids=tuple(e.call_id for _, e in ignored if e.call_id is not None)[-self.config.max_call_ids:],
             count=total,
             message=(f"The run ended ({stop_reason}) with {total} tool error(s) never resolved by a later success "
-                     f"on the same target, and a final answer that neither names what failed nor asks the user "
+                     f"on the same target, and {why} "
                      f"({'the most recent: ' if total > len(ignored[-5:]) else ''}{listed}). Tell the user what "
                      "failed, or retry until it succeeds before finishing."),
             streak=f"ignored_error@t{turn}",

@@ -434,6 +434,54 @@ def test_the_judge_confirms_or_silences_ignored_error(turns, verdict, fires):
     assert detector.internal_errors == 0
 
 
+def _two_runs(judge, second_run_calls=(), answer="I have made the updates to your reservation."):
+    """Run 1: an update fails and the answer reports it; run 2 (the user said "go ahead"): `second_run_calls`, then
+    `answer`. Returns what run 2's end fired."""
+    detector = LoopDetector(DetectorConfig(judge=judge))
+    detector.begin_run()
+    feed([[UPDATE_FAILS]], detector=detector)
+    assert end(detector, "Sorry, the number of passengers does not match. Shall I retry?", turn=2) == []
+    detector.begin_run()
+    feed([list(second_run_calls)] if second_run_calls else [], detector=detector)
+    return end(detector, answer, turn=2)
+
+
+@pytest.mark.parametrize("verdict, fires", [(True, True), (False, False), (RuntimeError("model down"), False)])
+def test_a_later_run_that_calls_nothing_and_answers_is_the_judges_call(verdict, fires):
+    judge = _Judge(verdict)
+    found = _two_runs(judge)
+    assert bool(found) is fires
+    (request,) = judge.requests
+    assert request.tool == "update_reservation_passengers" and "does not match" in request.error_text
+    assert request.final_text == "I have made the updates to your reservation."
+    if fires:
+        assert "earlier run" in found[0].message
+
+
+def test_without_a_judge_a_later_runs_claim_does_not_fire():
+    assert _two_runs(None) == []
+
+
+def test_the_judge_is_not_asked_about_an_earlier_failure_when_the_run_worked():
+    judge = _Judge(True)
+    assert _two_runs(judge, [FLIGHTS]) == []  # a run that called tools is judged on its own errors
+    assert judge.requests == []
+
+
+def test_an_earlier_failure_resolved_in_a_later_run_is_not_judged_again():
+    judge = _Judge(True)
+    detector = LoopDetector(DetectorConfig(judge=judge))
+    detector.begin_run()
+    feed([[UPDATE_FAILS]], detector=detector)
+    end(detector, "Sorry, that failed. Shall I retry?", turn=2)
+    detector.begin_run()
+    feed([[("update_reservation_passengers", UPDATE_FAILS[1], '{"ok": true}')]], detector=detector)
+    end(detector, "Done: the passengers are updated.", turn=2)
+    detector.begin_run()
+    assert end(detector, "You're welcome, have a good trip!", turn=1) == []
+    assert judge.requests == []
+
+
 def test_the_judge_is_not_asked_when_the_answer_deals_with_the_failure():
     judge = _Judge(True)
     detector, _ = feed(FAILED_TWICE, config=DetectorConfig(judge=judge))
