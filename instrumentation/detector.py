@@ -901,8 +901,9 @@ class LoopDetector:
         from a polite goodbye, so only the judge decides, once per such run; without a judge nothing fires."""
         if not callable(self.config.judge) or not text:
             return []
-        standing = [(tool, e) for tool, e in self._earlier_errors
-                    if not answer_addresses(text, e.targets, e.error_text)]
+        # A question does not exempt the answer here: "Is there anything else?" closes a false "done" as often as not.
+        folded = _fold(text[:2 * _ANSWER_SCAN_CHARS])
+        standing = [(tool, e) for tool, e in self._earlier_errors if not _names_or_quotes(folded, e)]
         if not standing:
             return []
         anomaly = self._ignored_error_anomaly(

@@ -458,6 +458,12 @@ def test_a_later_run_that_calls_nothing_and_answers_is_the_judges_call(verdict, 
         assert "earlier run" in found[0].message
 
 
+def test_a_closing_question_does_not_keep_the_judge_from_a_later_runs_claim():
+    judge = _Judge(True)
+    assert _two_runs(judge, answer="I have made the updates to your reservation. Anything else?")
+    assert len(judge.requests) == 1
+
+
 def test_without_a_judge_a_later_runs_claim_does_not_fire():
     assert _two_runs(None) == []
 
