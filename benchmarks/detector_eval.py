@@ -183,11 +183,16 @@ def run(quick: bool = False) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.detector_eval", description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true", help="list every false alarm and miss")
+    parser.add_argument("--judge-calls", action="store_true",
+                        help="also count what a judge would be asked: replay with a judge that records each question "
+                             "and gives no opinion, and say which labelled ignored errors reach it")
     args = parser.parse_args(argv)
     directory = corpus_dir()
     if not directory.is_dir():
         print(f"skipped: no trajectory corpus at {directory} (set {CORPUS_ENV})")
         return 0
+    if args.judge_calls:
+        _print_judge_calls(directory)
     result = evaluate(directory)
     print(f"{result['runs']} runs, {result['calls']} tool calls, replayed in {result['elapsed_s']:.2f} s\n")
     print("| type | flags | true positives | precision | labelled positives | recall |")
@@ -207,6 +212,23 @@ def main(argv: list[str] | None = None) -> int:
             for run_id in line["misses"]:
                 print(f"miss {kind} {run_id}")
     return 0
+
+
+def _print_judge_calls(directory: Path) -> None:
+    asked: dict[str, int] = defaultdict(int)
+    current = [""]
+
+    def judge(request: Any) -> None:
+        asked[current[0]] += 1
+        return None  # no opinion: every verdict stays the rule's own
+
+    for run in load_runs(directory):
+        current[0] = run["id"]
+        replay(run, DetectorConfig(judge=judge))
+    print(f"with a judge: {sum(asked.values())} questions in {len(asked)} conversations")
+    for run_id in sorted(load_labels().get(IGNORED_ERROR, set())):
+        print(f"  labelled ignored_error {run_id}: {'put to the judge' if asked.get(run_id) else 'never reaches it'}")
+    print()
 
 
 if __name__ == "__main__":
