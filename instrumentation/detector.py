@@ -145,8 +145,9 @@ Per call: canonicalise and digest the call (linear in its own size). Per turn: w
 the calls in that turn (capped at `max_calls_per_turn`) plus a fixed (period x rounds) window of
 turn-signature digests. State: streaks of the last turn only, the 15-turn window, unresolved
 errors capped per tool and in tools, call ids capped per streak, failing calls of the last
-`repeat_window` turns (capped), the last 32 texts the model wrote beside its calls, one entry per
-streak (at most `max_kept_anomalies`). A 10,000-turn run costs the same per call as a 10-turn one.
+`repeat_window` turns (capped), the last 32 texts the model wrote beside its calls, references to
+at most 8 successful results of the turn an unresolved error came back in, the unresolved errors of
+earlier runs of the session (capped), one entry per streak (at most `max_kept_anomalies`). A 10,000-turn run costs the same per call as a 10-turn one.
 The ignored_error checks read the final answer and those texts once, at the end of the run.
 
 The public methods never raise: a detector bug must not take down the agent it watches. An
@@ -690,7 +691,7 @@ class _Batch:
     """The successful results of one turn's calls, kept only while an error of that turn is unresolved."""
 
     turn: int
-    results: list[tuple[str, str]] = field(default_factory=list)  # (tool, start of the result text)
+    results: list[tuple[str, Any]] = field(default_factory=list)  # (tool, its result as given: a reference, no copy)
 
 
 @dataclass(slots=True)
