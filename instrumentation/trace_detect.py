@@ -44,6 +44,7 @@ class _Call:
     call_id: str | None
     is_error: bool
     digest: str | None
+    result: Any = None  # the recorded result (content capture on): error texts, and the batch an error came in
 
 
 @dataclass(slots=True)
@@ -159,7 +160,7 @@ class RunRebuilder:
         for turn, calls in turns:
             for call in calls:
                 detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
-                                          is_error=call.is_error, result_digest=call.digest))
+                                          is_error=call.is_error, result=call.result, result_digest=call.digest))
             detector.end_turn(turn, said.get(turn))
         last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
         _, stop_reason, model_output = run.last_model
@@ -223,7 +224,8 @@ def _call_of(span: Any) -> _Call:
         digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
     is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
     return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
-                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, digest=digest)
+                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, digest=digest,
+                 result=a.get(sc.GEN_AI_TOOL_CALL_RESULT))
 
 
 def _stop_reason(attributes: dict[str, Any]) -> str | None:
