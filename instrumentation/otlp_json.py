@@ -244,21 +244,22 @@ def _trace_hex(trace_id: int) -> str:
 def _span(span: Any, repairs: _Repairs | None) -> str:
     context = span.context
     parent = span.parent
-    parts = ['{"traceId":"', _trace_hex(context.trace_id), '","spanId":"', format(context.span_id, "016x"), '"']
+    head = f'{{"traceId":"{_trace_hex(context.trace_id)}","spanId":"{context.span_id:016x}"'
     trace_state = context.trace_state
     if trace_state:
-        parts += [',"traceState":', _string(",".join(f"{k}={v}" for k, v in trace_state.items()))]
+        head += ',"traceState":' + _string(",".join(f"{k}={v}" for k, v in trace_state.items()))
     if parent is not None:
-        parts += [',"parentSpanId":"', format(parent.span_id, "016x"), '","flags":',
-                  "768" if parent.is_remote else "256"]
+        head += f',"parentSpanId":"{parent.span_id:016x}","flags":{768 if parent.is_remote else 256}'
     else:
-        parts.append(',"flags":256')
+        head += ',"flags":256'
     kind = span.kind
-    parts += [',"name":', _text(span.name, repairs, "span.name"), ',"kind":', _KINDS.get(kind) or str(kind.value + 1)]
-    if span.start_time:
-        parts += [',"startTimeUnixNano":"', str(span.start_time), '"']
-    if span.end_time:
-        parts += [',"endTimeUnixNano":"', str(span.end_time), '"']
+    head += f',"name":{_text(span.name, repairs, "span.name")},"kind":{_KINDS.get(kind) or kind.value + 1}'
+    start, end = span.start_time, span.end_time
+    if start:
+        head += f',"startTimeUnixNano":"{start}"'
+    if end:
+        head += f',"endTimeUnixNano":"{end}"'
+    parts = [head]
     attributes = getattr(span, "_attributes", None)  # the BoundedAttributes behind span.attributes' proxy
     if attributes is None:
         attributes = span.attributes
