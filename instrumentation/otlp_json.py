@@ -151,6 +151,31 @@ _PAIR_ENTRIES = 2048
 _PAIR_VALUE_CHARS = 1024
 
 
+_GROWING: dict[str, tuple[str, str]] = {}  # key -> its latest long text value and that value's JSON string
+
+
+def _grown_string(key: str, value: str) -> str:
+    """``_string(value)`` for a long text that usually extends the key's previous one by a little.
+
+    A chat span's input messages are the conversation so far, as a JSON array: each call's is the previous call's
+    without its closing ``]``, then the newer messages. Escaping is character by character, so only the new tail
+    needs escaping; the rest is the previous escaped text, copied. Anything else is escaped whole.
+    """
+    last = _GROWING.get(key)
+    if last is not None:
+        previous, escaped = last
+        kept = len(previous) - 1
+        if kept > 0 and len(value) > kept and value.startswith(previous[:kept]):
+            dropped = len(_string(previous[kept])) - 2  # the escaped length of the previous text's last character
+            text = escaped[: len(escaped) - 1 - dropped] + _string(value[kept:])[1:]
+            _GROWING[key] = (value, text)
+            return text
+    text = _string(value)
+    if len(_GROWING) < 64 or key in _GROWING:
+        _GROWING[key] = (value, text)
+    return text
+
+
 def _remember(item: tuple[str, str], text: str) -> None:
     """Keep a pair's text when its value repeats what the same key held last time: a run's constants do, ids and
     messages do not, so one-off values never crowd the constants out of the cache."""
@@ -192,9 +217,11 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
                 # their whole key-value text is looked up rather than escaped again.
                 text = pairs.get(item)
                 if text is None:
-                    text = prefix(item[0]) + '{"stringValue":' + _string(value) + "}}"
                     if len(value) <= _PAIR_VALUE_CHARS:
+                        text = prefix(item[0]) + '{"stringValue":' + _string(value) + "}}"
                         _remember(item, text)
+                    else:
+                        text = prefix(item[0]) + '{"stringValue":' + _grown_string(item[0], value) + "}}"
             else:
                 text = prefix(item[0]) + _value(value) + "}"
             parts.append(text)

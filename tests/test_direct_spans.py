@@ -344,3 +344,23 @@ def test_odd_attribute_values_end_up_as_the_sdk_stores_them(tmp_path, caplog):
     assert span["droppedAttributesCount"] == theirs["resourceSpans"][0]["scopeSpans"][0]["spans"][0][
         "droppedAttributesCount"] > 0
     assert sorted(direct_warnings) == sorted(sdk_warnings)
+
+
+def test_a_growing_conversation_is_encoded_exactly_span_after_span(tmp_path):
+    """Each chat span's input messages extend the previous ones: the encoder escapes only what is new, and must
+    write exactly the official encoding every time, whatever the characters and however the text changes."""
+    provider = DirectTracerProvider(Resource.create({}), tmp_path / "t.jsonl")
+    tracer = provider.get_tracer("looptrace")
+    pieces = ['{"role":"user","parts":[{"type":"text","content":"é \\" \\\\ \\n 😀 \u2028 \x01"}]}', '{"a":"b"}', "x" * 700]
+    history = ["[" + pieces[2] + "]"]
+    for turn in range(12):
+        if turn == 7:  # the history capped: the oldest messages dropped, no longer an extension
+            history.append("[" + ",".join(pieces[:2]) + "]")
+        else:
+            history.append(history[-1][:-1] + "," + pieces[turn % 2] + "]")
+    for text in history:
+        span = tracer.start_span("chat m", attributes={"gen_ai.input.messages": text, "other": text + "!"})
+        span.end()
+        assert json.loads(otlp_json.encode_line(span)) == encode_spans([span]).to_dict()
+    read_back = [s.attributes["gen_ai.input.messages"] for s in read_spans(tmp_path / "t.jsonl")]
+    assert read_back == history
