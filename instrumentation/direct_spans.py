@@ -85,13 +85,13 @@ _TEXT = frozenset((str,))
 def _all_clean(attributes: Mapping[Any, Any]) -> bool:
     """Whether every key is non-empty text and every value one the SDK would store unchanged (checked by type)."""
     values = attributes.values()
-    kinds = {type(value) for value in values}
+    kinds = set(map(type, values))
     if not kinds <= _PLAIN:
         if not kinds <= _PLAIN_OR_TUPLE:
             return False
-        if not all([{type(item) for item in value} <= _PLAIN for value in values if type(value) is tuple]):
+        if not all([set(map(type, value)) <= _PLAIN for value in values if type(value) is tuple]):
             return False
-    return {type(key) for key in attributes} <= _TEXT and "" not in attributes
+    return set(map(type, attributes)) <= _TEXT and "" not in attributes
 
 
 def _put_all(into: dict[str, Any], attributes: Mapping[Any, Any], limit: int) -> int:
