@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import metrics as metrics_api
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
@@ -85,7 +86,10 @@ class Tracing:
         if providers != self._resolved:
             self._resolved = providers
             self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
-            self.metrics = LoopMetrics(providers[1]) if self.enabled else None
+            # An explicit no-op meter provider (the embedded default's when no reader would see its metrics) gets no
+            # instruments at all: the loop then skips building the metrics' attributes too.
+            wanted = self.enabled and not isinstance(providers[1], metrics_api.NoOpMeterProvider)
+            self.metrics = LoopMetrics(providers[1]) if wanted else None
 
     def flush(self, timeout_ms: int = 5_000) -> None:
         """Push out what the tracer provider buffers, if it buffers (the API's no-op provider has nothing to flush).
