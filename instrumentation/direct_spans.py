@@ -76,8 +76,6 @@ def direct_path_blockers(environ: Mapping[str, str] | None = None) -> list[str]:
 # --- attributes: the SDK's values at the cost of a type check ---------------------------------------------------------
 
 _PLAIN = frozenset((str, bool, int, float))
-
-
 _PLAIN_OR_TUPLE = _PLAIN | {tuple}
 _TEXT = frozenset((str,))
 

@@ -366,3 +366,30 @@ def test_a_growing_conversation_is_encoded_exactly_span_after_span(tmp_path):
         assert json.loads(otlp_json.encode_line(span)) == encode_spans([span]).to_dict()
     read_back = [s.attributes["gen_ai.input.messages"] for s in read_spans(tmp_path / "t.jsonl")]
     assert read_back == history
+
+
+def test_an_async_run_nests_its_spans_the_same_way(monkeypatch, tmp_path):
+    import asyncio
+
+    path = default_file(monkeypatch, tmp_path / "traces.jsonl")
+    seen = []
+
+    async def fetch(item: str) -> str:
+        """Fetch an item.
+
+        Args:
+            item: Which one.
+        """
+        seen.append(format(trace.get_current_span().get_span_context().span_id, "016x"))
+        return "ok"
+
+    script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t1", "name": "fetch",
+                                                        "input": {"item": "x"}}]},
+              {"stop_reason": "end_turn", "content": [{"type": "text", "text": "done"}]}]
+    agent = Agent("claude-sonnet-5-5", tools=[tool(fetch)], client=ScriptedModel(script), detector=False)
+    asyncio.run(agent.arun("go"))
+    spans = {s.span_id: s for s in read_spans(path)}
+    (tool_span,) = [s for s in spans.values() if s.name == "execute_tool fetch"]
+    assert seen == [tool_span.span_id]
+    turn = spans[tool_span.parent_span_id]
+    assert turn.name == "turn" and spans[turn.parent_span_id].name == "invoke_agent agent"
