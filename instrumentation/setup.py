@@ -84,7 +84,7 @@ class Telemetry:
     score) when the langfuse exporter is on, and is None otherwise.
     """
 
-    tracer_provider: TracerProvider
+    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's for the embedded file-only default
     exporters: list[str]
     settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
@@ -335,7 +335,7 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
 def _build_direct(settings: Settings) -> Telemetry:
     """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
     provider = DirectTracerProvider(_resource(settings), settings.trace_file)
-    return Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,  # type: ignore[arg-type]
+    return Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
                      trace_file=settings.trace_file, meter_provider=None)
 
 
