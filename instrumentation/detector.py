@@ -147,7 +147,8 @@ turn-signature digests. State: streaks of the last turn only, the 15-turn window
 errors capped per tool and in tools, call ids capped per streak, failing calls of the last
 `repeat_window` turns (capped), the last 32 texts the model wrote beside its calls, references to
 at most 8 successful results of the turn an unresolved error came back in, the unresolved errors of
-earlier runs of the session (capped), one entry per streak (at most `max_kept_anomalies`). A 10,000-turn run costs the same per call as a 10-turn one.
+earlier runs of the session (capped), one entry per streak (at most `max_kept_anomalies`). A
+10,000-turn run costs the same per call as a 10-turn one.
 The ignored_error checks read the final answer and those texts once, at the end of the run.
 
 The public methods never raise: a detector bug must not take down the agent it watches. An

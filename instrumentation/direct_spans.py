@@ -42,35 +42,20 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util._decorator import _agnosticcontextmanager
 
 from .otlp_json import encode_line
+from .settings import Settings
 from .trace_writer import TraceFileWriter
 
 __all__ = ["DirectTracer", "DirectTracerProvider", "direct_path_blockers"]
 
 _logger = logging.getLogger(__name__)
 
-# The variables the SDK's TracerProvider reads that change what a span records. With any of them set, the SDK runs.
-_SPAN_LIMIT_VARIABLES = (
-    "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
-    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
-    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
-)
-_DEFAULT_SAMPLER = "parentbased_always_on"
 LIMIT = 128  # the SDK's default for every span limit: attributes, events, links, attributes per event and per link
 
 
-def direct_path_blockers(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Why a run cannot take the direct path (the SDK must make its spans); empty when it can."""
-    env = os.environ if environ is None else environ
-    blockers = []
-    sampler = env.get("OTEL_TRACES_SAMPLER")
-    if sampler is not None and sampler.lower() != _DEFAULT_SAMPLER:
-        blockers.append(f"OTEL_TRACES_SAMPLER={sampler}")
-    blockers += [name for name in _SPAN_LIMIT_VARIABLES if env.get(name)]
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        blockers.append("OTEL_SDK_DISABLED")
-    if env.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true":
-        blockers.append("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED")
-    return blockers
+def direct_path_blockers(settings: Settings) -> list[str]:
+    """Why a run cannot take the direct path (the SDK must make its spans); empty when it can. What the environment
+    asks of spans that only the SDK does (a sampler, span limits, its internal metrics) is read by Settings."""
+    return list(settings.sdk_span_settings)
 
 
 # --- attributes: the SDK's values at the cost of a type check ---------------------------------------------------------

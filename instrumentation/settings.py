@@ -50,6 +50,14 @@ _DEFAULT_ENDPOINTS = {HTTP_PROTOBUF: "http://localhost:4318", GRPC: "http://loca
 CAPTURE_MODES = ("NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT")
 _CAPTURE_TRUE, _CAPTURE_FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", "none"}
 
+# The SDK's span limits (attribute, event and link counts, value lengths): only the SDK applies them.
+SPAN_LIMIT_VARIABLES = (
+    "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+)
+_DEFAULT_SAMPLER = "parentbased_always_on"
+
 # What each variable does; the README's configuration table names the same set. "[TRACES_|METRICS_]" stands for the
 # three spellings the specification defines (generic, per traces, per metrics).
 VARIABLES: dict[str, str] = {
@@ -87,6 +95,9 @@ VARIABLES: dict[str, str] = {
     "OTEL_BSP_MAX_QUEUE_SIZE": "batch span processor queue",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "batch span processor batch size",
     "OTEL_BSP_EXPORT_TIMEOUT": "batch span processor export timeout, ms",
+    "OTEL_TRACES_SAMPLER": "a sampler other than parentbased_always_on: the trace file's spans go through the SDK",
+    "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true: the trace file's spans go through the SDK",
+    **{name: "set: the trace file's spans go through the SDK, which applies it" for name in SPAN_LIMIT_VARIABLES},
     "TRACEPARENT": "W3C trace context to join",
     "TRACESTATE": "W3C trace state to join",
 }
@@ -345,6 +356,9 @@ class Settings:
     tracestate: str | None = None
     watch_token: str | None = field(default=None, repr=False)  # what `looptrace watch` requires of senders
     watch_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    # What the environment asks of the SDK's spans that only the SDK does (a sampler, span limits, its own metrics):
+    # with any of these the trace file cannot take the direct path (see direct_spans). Names, with the sampler's value.
+    sdk_span_settings: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -379,6 +393,7 @@ class Settings:
             tracestate=env.get("TRACESTATE"),
             watch_token=env.get("LOOPTRACE_WATCH_TOKEN"),
             watch_basic_auth=_watch_basic_auth(env),
+            sdk_span_settings=_sdk_span_settings(env),
         )
 
     def with_overrides(self, **changes: Any) -> Settings:
@@ -410,6 +425,17 @@ class Settings:
         if self.exporters:
             return [name for name in self.exporters if name != "none"]
         return ["file", *self.configured_backends()]
+
+
+def _sdk_span_settings(env: _Env) -> tuple[str, ...]:
+    found = []
+    sampler = env.get("OTEL_TRACES_SAMPLER")
+    if sampler and sampler.strip().lower() != _DEFAULT_SAMPLER:
+        found.append(f"OTEL_TRACES_SAMPLER={sampler}")
+    found += [name for name in SPAN_LIMIT_VARIABLES if env.get(name)]
+    if (env.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED") or "").strip().lower() == "true":
+        found.append("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED")
+    return tuple(found)
 
 
 def _explicit_exporters(env: _Env) -> tuple[str, ...] | None:

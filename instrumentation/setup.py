@@ -311,7 +311,7 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
     names = settings.chosen_exporters()
     # The trace file alone needs none of the SDK's span pipeline: its spans are written by the direct path, unless
     # the environment asks for something only the SDK does (a sampler, span limits; see direct_spans).
-    direct = names == ["file"] and not direct_path_blockers()
+    direct = names == ["file"] and not direct_path_blockers(settings)
     key = (tuple(names), direct, settings.trace_file, settings.spill_file, settings.service_name,
            repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
            settings.otlp.endpoint, settings.otlp.protocol)
