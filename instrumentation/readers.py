@@ -69,17 +69,32 @@ _MAX_OPEN_TRACES = 10_000
 
 
 class KeySelection(frozenset):
-    """The attribute keys detection decodes: an exact set plus the prefixes of indexed attributes."""
+    """The attribute keys detection decodes: an exact set plus the prefixes of indexed attributes.
+
+    ``verdicts`` remembers the answer for every key asked about (a file repeats the same few dozen keys on every
+    span), so a reader can look a key up in one dict instead of testing the prefixes each time.
+    """
 
     prefixes: tuple[str, ...] = ()
+    verdicts: dict[str, bool]
 
     def __new__(cls, keys: frozenset[str], prefixes: tuple[str, ...]) -> KeySelection:
         selection = super().__new__(cls, keys)
         selection.prefixes = prefixes
+        selection.verdicts = {}
         return selection
 
     def __contains__(self, key: object) -> bool:
         return frozenset.__contains__(self, key) or (isinstance(key, str) and key.startswith(self.prefixes))
+
+    def wants(self, key: str) -> bool:
+        """``key in self``, remembered (bounded: keys are few, but a hostile file could make them many)."""
+        verdict = self.verdicts.get(key)
+        if verdict is None:
+            verdict = key in self
+            if len(self.verdicts) < 100_000:
+                self.verdicts[key] = verdict
+        return verdict
 
 
 @dataclass(slots=True)
@@ -134,6 +149,8 @@ class ProducerReader:
         elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
                 key.startswith((OLL_PROMPT, OLL_COMPLETION)) for key in attributes):  # OpenLLMetry named no operation
             neutral = _from_openllmetry(span)
+        elif type(span) is NeutralSpan:
+            neutral = span  # already in our vocabulary and made for this reader (a file reader's, a processor's)
         else:
             neutral = _from_gen_ai(span)
         _join_session(neutral, span)

@@ -28,6 +28,8 @@ from looptrace.instrumentation.otlp_file import (
     SpanRecord,
     TraceFileError,
     decode_attributes,
+    decode_status_code,
+    decode_value,
     default_trace_file,
     raw_spans,
     read_lines,
@@ -237,6 +239,70 @@ def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
             yield from spans
 
 
+def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
+    """Every span of the file as the run rebuilder reads it (``readers.NeutralSpan``), each line parsed once.
+
+    The spans go straight from the parsed line to the rebuilder's shape, decoding only the attributes detection
+    reads (``trace_detect.DETECTION_KEYS``); the resource, the span kind and the other attributes are never decoded.
+    A line is checked as ``spans_of`` checks it, so the same lines are reported malformed.
+    """
+    from looptrace.instrumentation.readers import NeutralSpan
+    from looptrace.instrumentation.trace_detect import DETECTION_KEYS
+
+    verdicts = DETECTION_KEYS.verdicts
+    wants = DETECTION_KEYS.wants
+
+    def attributes_of(items: Any) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        if not items:
+            return found
+        for item in items:
+            key = item["key"]
+            wanted = verdicts.get(key)
+            if wanted is None:
+                wanted = wants(key)
+            if wanted:
+                value = item.get("value") or {}
+                found[key] = value["stringValue"] if "stringValue" in value else decode_value(value)
+        return found
+
+    for number, data in read_lines(path, report, report.progress, detection_parser()):
+        try:
+            spans = []
+            for span, _, _ in raw_spans(data):
+                get = span.get
+                trace_id, span_id = span["traceId"], span["spanId"]
+                if type(trace_id) is not str or type(span_id) is not str:
+                    raise ValueError("traceId and spanId must be hex strings")
+                parent = get("parentSpanId")
+                name = get("name", "")
+                status = get("status") or {}
+                message = status.get("message", "")  # noqa: F841 - read for its check: a status must be an object
+                events = get("events")
+                if events:  # not read by detection, but a line whose events are not trace data is reported
+                    for event in events:
+                        event.get("name")
+                        attributes_of(event.get("attributes"))
+                spans.append(NeutralSpan(
+                    trace_id.lower(), span_id.lower(), parent.lower() if parent and type(parent) is str else None,
+                    name if type(name) is str else json.dumps(name), _nanoseconds(get("startTimeUnixNano")),
+                    attributes_of(get("attributes")), decode_status_code(status.get("code", 0)),
+                    _nanoseconds(get("endTimeUnixNano"))))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            report(BadLine(number, _not_trace_data(exc)))
+            continue
+        if spans:
+            report.saw_span()
+            yield from spans
+
+
+def _nanoseconds(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def _not_trace_data(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "nested too deeply to read"
@@ -251,13 +317,13 @@ def _path(args: argparse.Namespace) -> Path:
 
 
 def detect_command(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.trace_detect import DETECTION_KEYS, detect_spans
+    from looptrace.instrumentation.trace_detect import detect_spans
 
     path = _path(args)
     found = 0
     write = sys.stdout.write
     with LineReporter(path) as report:
-        for verdict in detect_spans(spans_of(path, report, DETECTION_KEYS, detection_parser())):
+        for verdict in detect_spans(detection_spans(path, report)):
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
                 continue
