@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from looptrace.instrumentation.otlp_file import (
     SKIP,
@@ -39,12 +39,31 @@ from looptrace.instrumentation.otlp_file import (
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for any program whose reader went away (`| head`)
 BAD_LINES_SHOWN = 5
 MAX_OPEN_TRACES = 10_000  # `show`: traces whose root has not come yet; beyond this the oldest is forgotten
 
 
 class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line, as every other usage error is: the full usage is one --help away."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def silence_stdout() -> None:
+    """The reader of stdout is gone (`looptrace demo | head -3`): nothing more can be shown, and Python's own flush at
+    exit must not complain about it either. The command itself was not cut short."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test harness)
+        pass
 
 
 def tolerate_any_terminal() -> None:
@@ -118,9 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Same parser class, error lines and exit codes as the full CLI (``cli.main``), which offers the same commands.
     """
-    from . import cli
-
-    parser = cli._Parser(prog="looptrace")
+    parser = Parser(prog="looptrace")
     add_trace_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     try:
         args, extra = parser.parse_known_args(argv)
@@ -136,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, so that a closed pipe is noticed where it can be handled
         return code
     except BrokenPipeError:  # `looptrace traces show | head`: the reader has seen enough
-        cli._silence_stdout()
-        return cli.EXIT_CLOSED_PIPE
+        silence_stdout()
+        return EXIT_CLOSED_PIPE
 
 
 # --- reading, with bad lines reported and progress shown --------------------------------------------------------------
