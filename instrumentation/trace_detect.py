@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
-from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, result_digest
+from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, result_digest
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -38,12 +38,16 @@ _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 @dataclass(slots=True)
 class _Call:
+    """A tool call of an open run; it is also what the detector is fed (it reads a `ToolCall`'s fields by name)."""
+
     start_ns: int
     tool: str
     arguments: Any
     call_id: str | None
     is_error: bool
-    digest: str | None
+    result_digest: str | None
+    turn: int = 0  # set when the run is judged
+    result: str | None = None  # only the digest is kept
 
 
 @dataclass(slots=True)
@@ -139,8 +143,8 @@ class RunRebuilder:
         detector = LoopDetector(self.config)
         for turn, turn_calls in _assign_turns(_model_call_starts(run.model_spans), calls):
             for call in turn_calls:
-                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
-                                          is_error=call.is_error, result_digest=call.digest))
+                call.turn = turn
+                detector.observe(call)
             detector.end_turn(turn)
         return detector
 
@@ -158,8 +162,8 @@ class RunRebuilder:
         said = _texts_by_turn(model_starts, run.model_outputs) if any(c.is_error for c in run.calls) else {}
         for turn, calls in turns:
             for call in calls:
-                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
-                                          is_error=call.is_error, result_digest=call.digest))
+                call.turn = turn
+                detector.observe(call)
             detector.end_turn(turn, said.get(turn))
         last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
         _, stop_reason, model_output = run.last_model
@@ -223,7 +227,7 @@ def _call_of(span: Any) -> _Call:
         digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
     is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
     return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
-                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, digest=digest)
+                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest)
 
 
 def _stop_reason(attributes: dict[str, Any]) -> str | None:
