@@ -71,8 +71,8 @@ _MAX_OPEN_TRACES = 10_000
 class KeySelection(frozenset):
     """The attribute keys detection decodes: an exact set plus the prefixes of indexed attributes.
 
-    ``verdicts`` remembers the answer for every key asked about (a file repeats the same few dozen keys on every
-    span), so a reader can look a key up in one dict instead of testing the prefixes each time.
+    ``verdicts[key]`` is ``key in selection``, remembered: a file repeats the same few dozen keys on every span, and
+    one dict look-up is cheaper than testing the prefixes each time.
     """
 
     prefixes: tuple[str, ...] = ()
@@ -81,20 +81,29 @@ class KeySelection(frozenset):
     def __new__(cls, keys: frozenset[str], prefixes: tuple[str, ...]) -> KeySelection:
         selection = super().__new__(cls, keys)
         selection.prefixes = prefixes
-        selection.verdicts = {}
+        selection.verdicts = _Verdicts(selection)
         return selection
 
     def __contains__(self, key: object) -> bool:
         return frozenset.__contains__(self, key) or (isinstance(key, str) and key.startswith(self.prefixes))
 
-    def wants(self, key: str) -> bool:
-        """``key in self``, remembered (bounded: keys are few, but a hostile file could make them many)."""
-        verdict = self.verdicts.get(key)
-        if verdict is None:
-            verdict = key in self
-            if len(self.verdicts) < 100_000:
-                self.verdicts[key] = verdict
+
+class _Verdicts(dict):
+    """Whether a selection holds a key, worked out once per key (at most ``_MAX_VERDICTS`` kept: a hostile file could
+    make keys without end)."""
+
+    def __init__(self, selection: KeySelection) -> None:
+        super().__init__()
+        self.selection = selection
+
+    def __missing__(self, key: str) -> bool:
+        verdict = key in self.selection
+        if len(self) < _MAX_VERDICTS:
+            self[key] = verdict
         return verdict
+
+
+_MAX_VERDICTS = 100_000
 
 
 @dataclass(slots=True)

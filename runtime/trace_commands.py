@@ -267,21 +267,12 @@ def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
     from looptrace.instrumentation.trace_detect import DETECTION_KEYS
 
     verdicts = DETECTION_KEYS.verdicts
-    wants = DETECTION_KEYS.wants
 
     def attributes_of(items: Any) -> dict[str, Any]:
-        found: dict[str, Any] = {}
         if not items:
-            return found
-        for item in items:
-            key = item["key"]
-            wanted = verdicts.get(key)
-            if wanted is None:
-                wanted = wants(key)
-            if wanted:
-                value = item.get("value") or {}
-                found[key] = value["stringValue"] if "stringValue" in value else decode_value(value)
-        return found
+            return {}
+        return {key: value["stringValue"] if "stringValue" in value else decode_value(value)
+                for item in items if verdicts[key := item["key"]] for value in (item.get("value") or {},)}
 
     for number, data in read_lines(path, report, report.progress, detection_parser()):
         try:
