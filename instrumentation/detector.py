@@ -989,6 +989,8 @@ class LoopDetector:
         self._call_streaks = streaks  # calls absent from this turn end their streak here
 
         firing = [s for s in streaks.values() if s.count >= self.config.repeat_threshold]
+        if not firing:
+            return [], set()
         anomalies = [self._repeated_call_anomaly(turn, group) for group in _group_streaks(firing)]
         return anomalies, {s.key for s in firing}
 
@@ -1067,15 +1069,18 @@ class LoopDetector:
 
     def _find_cycle(self) -> _CycleRun | None:
         cfg = self.config
+        window = self._window
+        if len(window) < cfg.cycle_min_period * cfg.cycle_repeats or not window[-1].digest:
+            return None  # too few turns yet, or this one had no tool calls: no cycle ends here
         # The digests of the whole window, once per turn, rather than a copy of the window for every period tried.
-        digests = [s.digest for s in self._window]
+        digests = [s.digest for s in window]
         for period in range(cfg.cycle_min_period, cfg.cycle_max_period + 1):
             span = period * cfg.cycle_repeats
             if len(digests) < span:
                 break
-            recent = digests[-span:]
-            if recent[-1] != recent[-1 - period]:
+            if digests[-1] != digests[-1 - period]:
                 continue  # the cheap test first: most turns end every candidate period right here
+            recent = digests[-span:]
             if "" in recent:
                 continue  # a turn without tool calls is no part of a tool loop
             periodic = all(recent[i] == recent[i - period] for i in range(period, span))
@@ -1110,6 +1115,9 @@ class LoopDetector:
     def _update_failing_tools(self, turn: int, calls: dict[str, _TurnCall],
                               repeating_keys: set[str]) -> list[Anomaly]:
         threshold = self.config.failing_tool_threshold
+        if not any(_ERROR_OUTCOME in c.outcomes for c in calls.values()):
+            self._failing_tools = {}  # no call failed in this turn: every tool's streak ends here
+            return []
         by_tool: dict[str, list[_TurnCall]] = {}
         for call in calls.values():
             by_tool.setdefault(call.tool, []).append(call)
