@@ -285,6 +285,11 @@ def reading(quick: bool, tmp: str) -> list[Row]:
     return rows
 
 
+ONLY_ENV = "LOOPTRACE_BENCH_ONLY"  # "reading" or "writing": one half of this benchmark (both when unset)
+
+
 def run(quick: bool = False) -> list[Row]:
+    only = os.environ.get(ONLY_ENV, "").strip().lower()
     with tempfile.TemporaryDirectory(prefix="looptrace-bench6-") as tmp:
-        return writing(quick, tmp) + reading(quick, tmp)
+        return ((writing(quick, tmp) if only in ("", "writing") else [])
+                + (reading(quick, tmp) if only in ("", "reading") else []))
