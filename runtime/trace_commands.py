@@ -365,7 +365,7 @@ def detection_parser() -> Any:
 
     wanted = [name.encode() for name in (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_CONVERSATION_ID)]
     ours = b'"scope":{"name":"' + sc.SCOPE_NAME.encode() + b'"'
-    loads = json.loads
+    loads = fast_json_loads()
 
     def parse(raw: bytes) -> Any:
         if (ours not in raw or any(name in raw for name in wanted) or b'"parentSpanId":""' in raw
@@ -374,6 +374,26 @@ def detection_parser() -> Any:
         return SKIP
 
     return parse
+
+
+def fast_json_loads() -> Any:
+    """json.loads, through msgspec's JSON decoder when msgspec is installed: it parses trace lines two to three times
+    faster. msgspec is stricter than json (no NaN, no lone surrogate, no byte order mark): a line it refuses goes to
+    json.loads, whose value or error is then the one used, so what is read and what is reported stay json's."""
+    try:
+        from msgspec import DecodeError
+        from msgspec.json import Decoder
+    except ImportError:
+        return json.loads
+    decode = Decoder().decode
+
+    def loads(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except DecodeError:
+            return json.loads(raw)
+
+    return loads
 
 
 def plural(count: int, noun: str) -> str:
