@@ -67,13 +67,15 @@ def load_runs(directory: Path) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
 
 
-def load_labels(path: Path = LABELS) -> dict[str, set[str]]:
-    """{anomaly type: run ids labelled positive}."""
+def load_labels(path: Path = LABELS, scope: str | None = None) -> dict[str, set[str]]:
+    """{anomaly type: run ids labelled positive}; with `scope`, only the labels of that scope ("run": the anomaly is
+    in the run where the failure happened, the default; "later_run": a false claim in a later run of the
+    conversation)."""
     positives: dict[str, set[str]] = defaultdict(set)
     with path.open(encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)
-            if "run" in record:
+            if "run" in record and scope in (None, record.get("scope", "run")):
                 positives[record["type"]].add(record["run"])
     return positives
 
@@ -141,6 +143,10 @@ def evaluate(directory: Path, config: DetectorConfig | None = None) -> dict[str,
         flags, labelled = set(flagged[kind]), positives.get(kind, set())
         table[kind] = {"flags": len(flags), "true": len(flags & labelled), "labelled": len(labelled),
                        "false_alarms": sorted(flags - labelled), "misses": sorted(labelled - flags)}
+    for scope in ("run", "later_run"):  # ignored_error's recall, split by where the false claim was made
+        labelled = load_labels(scope=scope).get(IGNORED_ERROR, set())
+        caught = set(flagged[IGNORED_ERROR]) & labelled
+        table[IGNORED_ERROR][f"recall_{scope}"] = (len(caught), len(labelled))
     return {"runs": runs, "calls": calls, "elapsed_s": elapsed, "table": table, "flagged": flagged}
 
 
@@ -164,6 +170,11 @@ def run(quick: bool = False) -> list[Row]:
         rows.append(Row("7 detector-eval", f"{kind}: precision / recall", f"{precision} / {recall}",
                         "P>=90%, R>=80%", met,
                         f"{line['flags']} flags, {line['true']} true, {line['labelled']} labelled"))
+    for scope, what in (("run", "claimed in the run that failed"),
+                        ("later_run", "claimed in a later run (a judge's call; no judge offline)")):
+        caught, labelled = result["table"][IGNORED_ERROR][f"recall_{scope}"]
+        rows.append(Row("7 detector-eval", f"context: ignored_error recall, {what}", _ratio(caught, labelled),
+                        context=f"{caught} of {labelled} labelled"))
     rows.append(Row("7 detector-eval", "replay time", f"{result['elapsed_s']:.2f} s",
                     context=f"{result['runs']} runs, {result['calls']} tool calls"))
     return rows
@@ -172,11 +183,16 @@ def run(quick: bool = False) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.detector_eval", description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true", help="list every false alarm and miss")
+    parser.add_argument("--judge-calls", action="store_true",
+                        help="also count what a judge would be asked: replay with a judge that records each question "
+                             "and gives no opinion, and say which labelled ignored errors reach it")
     args = parser.parse_args(argv)
     directory = corpus_dir()
     if not directory.is_dir():
         print(f"skipped: no trajectory corpus at {directory} (set {CORPUS_ENV})")
         return 0
+    if args.judge_calls:
+        _print_judge_calls(directory)
     result = evaluate(directory)
     print(f"{result['runs']} runs, {result['calls']} tool calls, replayed in {result['elapsed_s']:.2f} s\n")
     print("| type | flags | true positives | precision | labelled positives | recall |")
@@ -184,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     for kind, line in result["table"].items():
         print(f"| `{kind}` | {line['flags']} | {line['true']} | {_ratio(line['true'], line['flags'])} | "
               f"{line['labelled']} | {_ratio(line['true'], line['labelled'])} |")
+    for scope in ("run", "later_run"):
+        caught, labelled = result["table"][IGNORED_ERROR][f"recall_{scope}"]
+        print(f"\nignored_error labelled with scope {scope!r}: {caught} of {labelled} caught", end="")
+    print()
     if args.list:
         for kind, line in result["table"].items():
             for run_id in line["false_alarms"]:
@@ -192,6 +212,23 @@ def main(argv: list[str] | None = None) -> int:
             for run_id in line["misses"]:
                 print(f"miss {kind} {run_id}")
     return 0
+
+
+def _print_judge_calls(directory: Path) -> None:
+    asked: dict[str, int] = defaultdict(int)
+    current = [""]
+
+    def judge(request: Any) -> None:
+        asked[current[0]] += 1
+        return None  # no opinion: every verdict stays the rule's own
+
+    for run in load_runs(directory):
+        current[0] = run["id"]
+        replay(run, DetectorConfig(judge=judge))
+    print(f"with a judge: {sum(asked.values())} questions in {len(asked)} conversations")
+    for run_id in sorted(load_labels().get(IGNORED_ERROR, set())):
+        print(f"  labelled ignored_error {run_id}: {'put to the judge' if asked.get(run_id) else 'never reaches it'}")
+    print()
 
 
 if __name__ == "__main__":

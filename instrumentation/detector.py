@@ -95,11 +95,33 @@ ignored_error   At `end_run` with a stop reason in `ignored_error_stop_reasons` 
                    naming what the failed call acted on (one of its targets), or quoting the error
                    (two words in a row of it, a token of it with a digit, or three characters in a
                    row for scripts written without spaces). No list of words.
-                3. Evidence: the rule alone fires only for a failure the model knew about and left
-                   behind: the same call failed again after a retry and the model then went on to
-                   other calls. On the recorded trajectories, an answer written right after a
-                   single failure was a report of it in every case but one, so for every other
-                   unresolved, undealt-with failure the verdict is the judge's.
+                3. Evidence: the rule alone fires only where the structure shows that the answer
+                   passed over a failure it had seen, in one of two ways:
+                   a. persisted: the same call failed again after a retry and the model then went
+                      on to other calls;
+                   b. passed over in its batch (`_passed_over`): the failure came back beside other
+                      tools' results, the answer draws on those results (repeats a token with a
+                      digit from them: a flight number, an id, an amount), one of its statements
+                      (a sentence without a question mark) names the failed operation by the words
+                      of the tool's name (`update_reservation_passengers` -> "updated the passenger
+                      list"), and nothing said after the failure quotes the error or names its
+                      target. Here (2.) a question elsewhere in the answer does not count: a
+                      question about the next step does not undo a statement that the failed step
+                      was done. A batch where the same tool succeeded on another target is left
+                      out: the statement may be about that success.
+                   Known blind spot of b.: an answer that admits the failure in its own words
+                   without quoting the error or naming its target ("the passenger change did not go
+                   through") would be a false alarm; on the recorded trajectories b. fired once,
+                   rightly, but a judge is the cure where this matters. An answer in
+                   another language than the tool's name never matches b. (quiet, not wrong).
+                   On the recorded trajectories, an answer written right after a single failure was
+                   otherwise a report of it, so for every other unresolved, undealt-with failure the
+                   verdict is the judge's.
+                4. A later run of the session: a failure an earlier run left standing (reported at the
+                   time), then a run that calls no tool at all and answers (the user said "go ahead",
+                   the model answered "done" without doing anything). Words alone cannot tell that
+                   from a goodbye, so the rule never fires here on its own; with a judge, the judge is
+                   asked once for such a run, unless the answer names or quotes the failure.
                 With a `judge` configured, a firing of the rule is confirmed by it (only a clear
                 "not ignored" silences it; a judge that raises or answers nonsense leaves the rule's
                 verdict), and the cases of 3. it leaves open are decided by it (only a clear
@@ -123,8 +145,9 @@ Per call: canonicalise and digest the call (linear in its own size). Per turn: w
 the calls in that turn (capped at `max_calls_per_turn`) plus a fixed (period x rounds) window of
 turn-signature digests. State: streaks of the last turn only, the 15-turn window, unresolved
 errors capped per tool and in tools, call ids capped per streak, failing calls of the last
-`repeat_window` turns (capped), the last 32 texts the model wrote beside its calls, one entry per
-streak (at most `max_kept_anomalies`). A 10,000-turn run costs the same per call as a 10-turn one.
+`repeat_window` turns (capped), the last 32 texts the model wrote beside its calls, references to
+at most 8 successful results of the turn an unresolved error came back in, the unresolved errors of
+earlier runs of the session (capped), one entry per streak (at most `max_kept_anomalies`). A 10,000-turn run costs the same per call as a 10-turn one.
 The ignored_error checks read the final answer and those texts once, at the end of the run.
 
 The public methods never raise: a detector bug must not take down the agent it watches. An
@@ -191,7 +214,9 @@ class ToolCall:
     call_id: str | None = None
     is_error: bool = False
     result: str | None = None  # the result text, if known
-    result_digest: str | None = None  # used when result is None (offline, content capture off)
+    # The result's digest, when the caller has it already (offline, from the trace): the outcome is compared on it,
+    # and the result text, if also given, is read only for error texts and the batch an error came back in.
+    result_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +484,54 @@ def _names_or_quotes(folded: str, error: _UnresolvedError) -> bool:
     return bool(error.error_text) and not _echo_units(_fold(error.error_text)).isdisjoint(_echo_units(folded))
 
 
+def states_operation(text: str, tool: str) -> bool:
+    """Whether a statement in `text` (a sentence without a question mark) names the operation `tool` performs.
+
+    The operation's words are those of the tool's name (`update_reservation_passengers`: update, reservation,
+    passengers; camelCase and dotted names split too; words under four letters left out); a sentence names the
+    operation when it holds two of them (the one, for a one-word name), each matched on its stem so that "updated"
+    and "passenger list" count. This compares the answer with the failed call, not with a list of words.
+    """
+    words = _name_words(tool)
+    needed = min(2, len(words))
+    if not needed:
+        return False
+    for sentence in _SENTENCE.findall(_fold(text[:2 * _ANSWER_SCAN_CHARS])):
+        if any(mark in sentence for mark in _QUESTION_MARKS):
+            continue
+        said = set(_LETTERS.findall(sentence))
+        if sum(1 for word in words if any(_same_stem(word, other) for other in said)) >= needed:
+            return True
+    return False
+
+
+def draws_on(text: str, results: list[Any]) -> bool:
+    """Whether an answer repeats something distinctive from the given results: a token with a digit in it (an id, a
+    flight number, an amount, a date) that the result holds too."""
+    answer = {unit for unit in _echo_units(_fold(text[:2 * _ANSWER_SCAN_CHARS])) if " " not in unit}
+    if not answer:
+        return False
+    return any(not answer.isdisjoint(_echo_units(_fold(_safe_text(result)[:_BATCH_RESULT_CHARS])))
+               for result in results)
+
+
+def _name_words(tool: str) -> list[str]:
+    spaced = _CAMEL_BOUNDARY.sub(" ", tool)
+    return [word for word in _LETTERS.findall(_fold(spaced)) if len(word) >= 4]
+
+
+def _same_stem(word: str, other: str) -> bool:
+    """Two words share a stem when they agree on all but their last two letters, and on four letters at least."""
+    shorter = min(len(word), len(other))
+    shared = next((i for i in range(shorter) if word[i] != other[i]), shorter)
+    return shared >= 4 and shared >= shorter - 2
+
+
+_SENTENCE = re.compile(r"[^.!?\n\u3002\uff01\uff1f\u061f]+[.!?\u3002\uff01\uff1f\u061f]?")
+_LETTERS = re.compile(r"[^\W\d_]+")
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z])(?=[A-Z])")
+
+
 def _strings_in(value: Any, depth: int = 0) -> Iterator[str]:
     """Every string in a JSON-like value (arguments given as JSON text are parsed), to a bounded depth."""
     if depth > 8:
@@ -507,6 +580,8 @@ def _is_unspaced_script(char: str) -> bool:
 
 _ANSWER_SCAN_CHARS = 20_000  # of each end of a huge final answer
 _MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
+_MAX_BATCH_RESULTS = 8  # successful results kept per turn while an error of that turn stands
+_BATCH_RESULT_CHARS = 20_000  # of each, read when the run ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,6 +614,7 @@ class _Observed:
     call_id: str | None
     error_text: str  # start of the error text, for the ignored_error message
     raw_arguments: Any = None  # as given, for the targets of a failed call (parsed only when needed)
+    raw_result: Any = None  # as given: a success's text, read only if an error of the same batch stays unresolved
 
 
 @dataclass(slots=True)
@@ -608,6 +684,15 @@ class _UnresolvedError:
     moved_on: bool = False  # another call in a later turn: the model saw the failure and went on with other work
     reported: bool = False  # a later successful call named its target or quoted its error (a ticket, a hand-off)
     first_turn: int = 0  # where this call first failed: anything the model said after that may report it
+    batch: _Batch | None = None  # the calls that came back with this failure (a parallel batch)
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The successful results of one turn's calls, kept only while an error of that turn is unresolved."""
+
+    turn: int
+    results: list[tuple[str, Any]] = field(default_factory=list)  # (tool, its result as given: a reference, no copy)
 
 
 @dataclass(slots=True)
@@ -661,6 +746,10 @@ class LoopDetector:
         self._unresolved: dict[str, _ToolErrors] = {}
         self._run_ended = False
         self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
+        self._batch: _Batch | None = None  # the current turn's successful results, for errors in the same turn
+        # Failures of earlier runs of the session still unresolved, the most recent; only the judge reads them.
+        self._earlier_errors: deque[tuple[str, _UnresolvedError]] = deque(maxlen=self.config.max_errors_per_tool)
+        self._calls_this_run = 0
 
     # ---- public API: thin guards around the real work
 
@@ -680,6 +769,12 @@ class LoopDetector:
 
     def _begin_run(self) -> list[Anomaly]:
         self._runs_begun += 1
+        ending = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent]
+        if ending:
+            keys = {e.key for _, e in ending}
+            self._earlier_errors = deque([item for item in self._earlier_errors if item[1].key not in keys] + ending,
+                                         maxlen=self.config.max_errors_per_tool)
+        self._calls_this_run = 0
         self._pending, self._pending_overflow, self._pending_turn = [], 0, None
         self._last_closed_turn = None
         self._call_streaks, self._failing_tools = {}, {}
@@ -688,6 +783,7 @@ class LoopDetector:
         self._unresolved = {}
         self._streaks = {}
         self._said.clear()
+        self._batch = None
         self._run_ended = False
         return []
 
@@ -712,6 +808,7 @@ class LoopDetector:
             "window": len(self._window),
             "unresolved_error_tools": len(self._unresolved),
             "unresolved_errors": sum(len(e.recent) for e in self._unresolved.values()),
+            "earlier_run_errors": len(self._earlier_errors),
             "anomalies": len(self._streaks),
             "failure_runs": len(self._failures),
         }
@@ -781,15 +878,57 @@ class LoopDetector:
             # saw it fail again, and went on to other calls. Any other unaddressed failure (above all a single one
             # seen just before the answer, which the answer is most likely about) is for a judge to decide.
             persistent = [(tool, e) for tool, e in ignored if e.failures > 1 and e.moved_on]
-            if persistent:
-                anomaly = self._ignored_error_anomaly(turn, reason, ignored)
+            passed_over = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent
+                           if not e.reported and self._passed_over(tool, e, text)]
+            why = None
+            if passed_over and not persistent:
+                ignored = passed_over + [item for item in ignored if item not in passed_over]
+                why = ("a final answer that states the failed operation as done while using the results that came "
+                       "back beside it")
+            if persistent or passed_over:
+                anomaly = self._ignored_error_anomaly(turn, reason, ignored, *([why] if why else []))
                 if self._judge_says(anomaly, ignored, text) is not False:
                     fired.append(anomaly)
             elif ignored:
                 anomaly = self._ignored_error_anomaly(turn, reason, ignored)
                 if self._judge_says(anomaly, ignored, text) is True:
                     fired.append(anomaly)
+        elif reason in ending_reasons and self._earlier_errors and not self._calls_this_run:
+            fired += self._judge_earlier_errors(turn, reason, final_text if isinstance(final_text, str) else None)
         return fired
+
+    def _judge_earlier_errors(self, turn: int, reason: str, text: str | None) -> list[Anomaly]:
+        """A run that called no tool and answered while a failure of an earlier run of the session stands: the user
+        may have said "go ahead" and the model answered "done" without doing anything. Words alone cannot tell that
+        from a polite goodbye, so only the judge decides, once per such run; without a judge nothing fires."""
+        if not callable(self.config.judge) or not text:
+            return []
+        # A question does not exempt the answer here: "Is there anything else?" closes a false "done" as often as not.
+        folded = _fold(text[:2 * _ANSWER_SCAN_CHARS])
+        standing = [(tool, e) for tool, e in self._earlier_errors if not _names_or_quotes(folded, e)]
+        if not standing:
+            return []
+        anomaly = self._ignored_error_anomaly(
+            turn, reason, standing, "an earlier run of this conversation left it standing; this run called no tool "
+            "and its answer presents the work as done (the judge's verdict)")
+        return [anomaly] if self._judge_says(anomaly, standing, text) is True else []
+
+    def _passed_over(self, tool: str, error: _UnresolvedError, final_text: str | None) -> bool:
+        """Whether the answer used the results that came back beside the failure and stated the failed operation as
+        done: it draws on another tool's result of the same batch, one of its statements names the operation, and
+        nothing the model said after the failure quotes the error or names what the call acted on.
+
+        A batch where the same tool also succeeded (on another target: one of several candidate ids) is left out:
+        the operation did succeed there, and a statement naming it may be about that success."""
+        if not final_text or error.batch is None:
+            return False
+        if any(other == tool for other, _ in error.batch.results):
+            return False
+        beside = [text for _, text in error.batch.results]
+        if not beside or not states_operation(final_text, tool) or not draws_on(final_text, beside):
+            return False
+        said = [text for turn, text in self._said if turn > error.first_turn]
+        return not any(_names_or_quotes(_fold(text), error) for text in [final_text, *said])
 
     def _addressed(self, error: _UnresolvedError, final_text: str | None) -> bool:
         """Whether anything the model said after seeing the failure (the final answer, or text beside later tool
@@ -841,21 +980,28 @@ class LoopDetector:
             call_id=None if call_id is None else _shorten(_safe_text(call_id), 200),
             error_text=_shorten(_safe_text(result), 500) if is_error and result is not None else "",
             raw_arguments=getattr(call, "arguments", None),
+            raw_result=result,
         )
 
     def _success_outcome(self, call: Any) -> str:
-        result = getattr(call, "result", None)
-        if result is not None:
-            return result_digest(result)
         digest = getattr(call, "result_digest", None)
         if digest is not None:
             return _shorten(_safe_text(digest), 64)
+        result = getattr(call, "result", None)
+        if result is not None:
+            return result_digest(result)
         if self.config.assume_unknown_results_unchanged:
             return "?unknown"
         return f"?unknown@{self._turn_seq}"  # unique per turn: never equal, never a loop
 
     def _track_error(self, observed: _Observed, turn: int) -> None:
+        self._calls_this_run += 1
+        if self._batch is not None and self._batch.turn != turn:
+            self._batch = None
         if not observed.is_error:
+            self._note_batch_result(observed, turn)
+            if self._earlier_errors:
+                self._resolve_earlier(observed)
             if self._unresolved:
                 self._note_later_success(observed, turn)
             errors = self._unresolved.get(observed.tool)
@@ -881,8 +1027,27 @@ class LoopDetector:
                                                   moved_on=same.moved_on, first_turn=same.first_turn))
             return
         errors.total += 1
+        if self._batch is None:
+            self._batch = _Batch(turn)
         errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
-                                              observed.key, call_targets(observed.raw_arguments), first_turn=turn))
+                                              observed.key, call_targets(observed.raw_arguments), first_turn=turn,
+                                              batch=self._batch))
+
+    def _resolve_earlier(self, observed: _Observed) -> None:
+        targets = call_targets(observed.raw_arguments)
+        kept = [(tool, e) for tool, e in self._earlier_errors
+                if tool != observed.tool or not _resolves(e, observed.key, targets)]
+        if len(kept) != len(self._earlier_errors):
+            self._earlier_errors = deque(kept, maxlen=self.config.max_errors_per_tool)
+
+    def _note_batch_result(self, observed: _Observed, turn: int) -> None:
+        """Keep the start of a success's result while its turn may still hold (or get) an error: an answer that draws
+        on these and passes over the failure beside them is what `_passed_over` looks for. Only references are kept,
+        and only until the next turn unless an error of this turn holds on to them."""
+        if self._batch is None:
+            self._batch = _Batch(turn, [])
+        if len(self._batch.results) < _MAX_BATCH_RESULTS and observed.raw_result is not None:
+            self._batch.results.append((observed.tool, observed.raw_result))
 
     def _note_later_call(self, observed: _Observed, turn: int) -> None:
         for errors in self._unresolved.values():
@@ -1154,7 +1319,8 @@ class LoopDetector:
 
     # ---- ignored_error
 
-    def _ignored_error_anomaly(self, turn: int, stop_reason: str, ignored: list) -> Anomaly:
+    def _ignored_error_anomaly(self, turn: int, stop_reason: str, ignored: list,
+                               why: str = "a final answer that neither names what failed nor asks the user") -> Anomaly:
         total = len(ignored) + sum(kept.total - len(kept.recent) for kept in self._unresolved.values())
         tools = {tool for tool, _ in ignored}
         content = self.config.capture_content
@@ -1173,7 +1339,7 @@ class LoopDetector:
             call_ids=tuple(e.call_id for _, e in ignored if e.call_id is not None)[-self.config.max_call_ids:],
             count=total,
             message=(f"The run ended ({stop_reason}) with {total} tool error(s) never resolved by a later success "
-                     f"on the same target, and a final answer that neither names what failed nor asks the user "
+                     f"on the same target, and {why} "
                      f"({'the most recent: ' if total > len(ignored[-5:]) else ''}{listed}). Tell the user what "
                      "failed, or retry until it succeeds before finishing."),
             streak=f"ignored_error@t{turn}",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
-from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, result_digest
+from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, result_digest
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -46,8 +46,8 @@ class _Call:
     call_id: str | None
     is_error: bool
     result_digest: str | None
+    result: Any = None  # the recorded result (content capture on): error texts, and the batch an error came in
     turn: int = 0  # set when the run is judged
-    result: str | None = None  # only the digest is kept
 
 
 @dataclass(slots=True)
@@ -142,9 +142,9 @@ class RunRebuilder:
     def _replay(self, run: _OpenRun, calls: list[_Call]) -> LoopDetector:
         detector = LoopDetector(self.config)
         for turn, turn_calls in _assign_turns(_model_call_starts(run.model_spans), calls):
-            for call in turn_calls:
-                call.turn = turn
-                detector.observe(call)
+            for call in turn_calls:  # (a check for `watch`, not the hot path: without the results, as before)
+                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
+                                          is_error=call.is_error, result_digest=call.result_digest))
             detector.end_turn(turn)
         return detector
 
@@ -227,7 +227,8 @@ def _call_of(span: Any) -> _Call:
         digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
     is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
     return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
-                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest)
+                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest,
+                 result=a.get(sc.GEN_AI_TOOL_CALL_RESULT))
 
 
 def _stop_reason(attributes: dict[str, Any]) -> str | None:

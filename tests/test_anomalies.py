@@ -112,6 +112,12 @@ SCENARIOS: dict[str, tuple[list[list[tuple[str, dict]]], str, list[tuple[str, in
     # Without naming the target or asking, wording alone cannot clear it: that is the judge's call.
     "error retried, then an unnamed report": ([[FAIL], [FAIL], [A]], "I could not reserve it.",
                                               [("ignored_error", 4)]),
+    # ... or by an answer that draws on the results beside the failure and states the failed operation as done
+    "an error in a batch, passed over": ([[FAIL, ("read_file", {"path": "r42.txt"})]],
+                                         "The flaky item is reserved, and r42.txt is read. Anything else?",
+                                         [("ignored_error", 2)]),
+    "an error in a batch, reported": ([[FAIL, ("read_file", {"path": "r42.txt"})]],
+                                      "The upstream refused EQ-001; r42.txt is read. Anything else?", []),
     "the same failing call x3, different error texts": ([[FAIL]] * 3, "EQ-001 failed.", [("repeated_call", 3)]),
 }
 

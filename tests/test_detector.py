@@ -350,6 +350,50 @@ def test_ignored_error(name, turns, final_text, fires):
         assert anomaly in detector.anomalies
 
 
+UPDATE_FAILS = ("update_reservation_passengers",
+                {"reservation_id": "H9ZU1C", "passengers": [{"first_name": "James", "last_name": "Moore"}]},
+                "Error: Number of passengers does not match", "error")
+FLIGHTS = ("search_onestop_flight", {"origin": "JFK", "destination": "LAX", "date": "2024-05-20"},
+           '[{"flight_number": "HAT014", "origin": "JFK"}, {"flight_number": "HAT050", "origin": "JFK"}]')
+UPDATE_OTHER = ("update_reservation_passengers", {"reservation_id": "K2LL9Q", "passengers": []}, '{"ok": true}')
+CLAIM = "I've updated the passenger list to remove Ethan. Here are flights for you: HAT014 and HAT050. Book one?"
+
+
+# A failure that came back beside other results, an answer built on those results that states the failed operation
+# as done: the rule fires on its own (recorded in tau2-bench, run 5ab79f23).
+@pytest.mark.parametrize("name, batch, final_text, fires", [
+    ("states the failed update, draws on the search beside it", [UPDATE_FAILS, FLIGHTS], CLAIM, True),
+    ("the same with the failure observed last", [FLIGHTS, UPDATE_FAILS], CLAIM, True),
+    ("quotes the error", [UPDATE_FAILS, FLIGHTS],
+     "The number of passengers does not match, so nothing changed. Flights: HAT014, HAT050.", False),
+    ("names the reservation it failed on", [UPDATE_FAILS, FLIGHTS],
+     "Reservation H9ZU1C keeps its passengers. Flights: HAT014, HAT050.", False),
+    ("asks about the operation", [UPDATE_FAILS, FLIGHTS],
+     "Shall I update the passenger list again? Flights: HAT014, HAT050.", False),
+    ("never states the operation", [UPDATE_FAILS, FLIGHTS], "Here are flights for you: HAT014 and HAT050.", False),
+    ("does not draw on the results beside it", [UPDATE_FAILS, FLIGHTS],
+     "I've updated the passenger list to remove Ethan.", False),
+    ("the same operation succeeded beside it, on another reservation", [UPDATE_FAILS, UPDATE_OTHER, FLIGHTS],
+     CLAIM, False),
+    ("no results beside it: the judge's call", [UPDATE_FAILS], "I've updated the passenger list (ref HAT014).", False),
+])
+def test_an_answer_that_passes_over_a_failure_in_its_batch(name, batch, final_text, fires):
+    detector, _ = feed([batch])
+    assert detector.end_turn(2) == []
+    found = end(detector, final_text, turn=2)
+    assert bool(found) is fires, name
+    if fires:
+        (anomaly,) = found
+        assert anomaly.type == IGNORED_ERROR and anomaly.tool == "update_reservation_passengers"
+
+
+def test_a_later_turn_that_quotes_the_error_keeps_a_passed_over_failure_quiet():
+    detector, _ = feed([[UPDATE_FAILS, FLIGHTS]])
+    detector.observe(ToolCall(2, *FLIGHTS[:2], call_id="t2", result=FLIGHTS[2]))
+    detector.end_turn(2, "The number of passengers does not match; let me look again.")
+    assert end(detector, CLAIM, turn=3) == []
+
+
 def test_text_beside_a_later_tool_call_can_report_the_failure():
     detector = LoopDetector()
     for turn, said in ((1, None), (2, "在庫が0です。別の備品を探します。"), (3, None)):
@@ -388,6 +432,60 @@ def test_the_judge_confirms_or_silences_ignored_error(turns, verdict, fires):
     assert request.tool == "reserve_equipment" and "在庫が0" in request.error_text
     assert request.final_text == "I have reserved projector A for October 8."
     assert detector.internal_errors == 0
+
+
+def _two_runs(judge, second_run_calls=(), answer="I have made the updates to your reservation."):
+    """Run 1: an update fails and the answer reports it; run 2 (the user said "go ahead"): `second_run_calls`, then
+    `answer`. Returns what run 2's end fired."""
+    detector = LoopDetector(DetectorConfig(judge=judge))
+    detector.begin_run()
+    feed([[UPDATE_FAILS]], detector=detector)
+    assert end(detector, "Sorry, the number of passengers does not match. Shall I retry?", turn=2) == []
+    detector.begin_run()
+    feed([list(second_run_calls)] if second_run_calls else [], detector=detector)
+    return end(detector, answer, turn=2)
+
+
+@pytest.mark.parametrize("verdict, fires", [(True, True), (False, False), (RuntimeError("model down"), False)])
+def test_a_later_run_that_calls_nothing_and_answers_is_the_judges_call(verdict, fires):
+    judge = _Judge(verdict)
+    found = _two_runs(judge)
+    assert bool(found) is fires
+    (request,) = judge.requests
+    assert request.tool == "update_reservation_passengers" and "does not match" in request.error_text
+    assert request.final_text == "I have made the updates to your reservation."
+    if fires:
+        assert "earlier run" in found[0].message
+
+
+def test_a_closing_question_does_not_keep_the_judge_from_a_later_runs_claim():
+    judge = _Judge(True)
+    assert _two_runs(judge, answer="I have made the updates to your reservation. Anything else?")
+    assert len(judge.requests) == 1
+
+
+def test_without_a_judge_a_later_runs_claim_does_not_fire():
+    assert _two_runs(None) == []
+
+
+def test_the_judge_is_not_asked_about_an_earlier_failure_when_the_run_worked():
+    judge = _Judge(True)
+    assert _two_runs(judge, [FLIGHTS]) == []  # a run that called tools is judged on its own errors
+    assert judge.requests == []
+
+
+def test_an_earlier_failure_resolved_in_a_later_run_is_not_judged_again():
+    judge = _Judge(True)
+    detector = LoopDetector(DetectorConfig(judge=judge))
+    detector.begin_run()
+    feed([[UPDATE_FAILS]], detector=detector)
+    end(detector, "Sorry, that failed. Shall I retry?", turn=2)
+    detector.begin_run()
+    feed([[("update_reservation_passengers", UPDATE_FAILS[1], '{"ok": true}')]], detector=detector)
+    end(detector, "Done: the passengers are updated.", turn=2)
+    detector.begin_run()
+    assert end(detector, "You're welcome, have a good trip!", turn=1) == []
+    assert judge.requests == []
 
 
 def test_the_judge_is_not_asked_when_the_answer_deals_with_the_failure():

@@ -34,3 +34,8 @@ def test_the_loops_people_labelled_are_caught_at_least_eight_times_in_ten(evalua
     for kind in ("repeated_call", "failing_tool"):
         line = evaluation[kind]
         assert line["true"] >= 0.8 * line["labelled"], (kind, line["misses"])
+
+
+def test_an_answer_that_claims_a_failed_operation_in_its_own_run_is_caught(evaluation):
+    caught, labelled = evaluation["ignored_error"]["recall_run"]
+    assert labelled and caught >= 0.8 * labelled, evaluation["ignored_error"]["misses"]

@@ -379,6 +379,25 @@ def test_the_judge_end_to_end_against_the_messages_api_fake(judge_answer, fires)
     assert [a.type for a in result.anomalies] == ([IGNORED_ERROR] if fires else [])
 
 
+def test_a_later_turn_that_claims_an_earlier_failure_done_is_caught_by_the_judge_against_the_fake_api():
+    # Turn 1 of a conversation: the reservation fails and the answer says so. Turn 2, the user says "go ahead": the
+    # model calls nothing and answers that it is done. Only the judge can tell that from a goodbye; it is asked once.
+    fail = {"stop_reason": "tool_use", "content": [
+        {"type": "tool_use", "id": "toolu_f1", "name": "reserve", "input": {"item": "EQ-001"}}]}
+    script = [fail, {"content": "EQ-001 is out of stock, sorry. Shall I try again?"},
+              {"content": "Done! Your item is reserved."}, _verdict(True)]
+    with FakeMessagesAPI(script) as api:
+        client = anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
+        agent = Agent(MODEL, tools=[reserve], client=client, on_anomaly="warn", telemetry=False,
+                      detector=DetectorConfig(judge="claude-haiku-4-5"), alerts=Alerts(log_warnings=False))
+        first = agent.run("reserve EQ-001", session_id="conversation-7")
+        second = agent.run("yes, go ahead", session_id="conversation-7")
+        judge_request = api.requests[-1]
+    assert first.anomalies == [] and first.status is RunStatus.DONE
+    assert [a.type for a in second.anomalies] == [IGNORED_ERROR]
+    assert judge_request["model"] == "claude-haiku-4-5" and "Done! Your item is reserved." in json.dumps(judge_request)
+
+
 def test_a_judge_that_errors_leaves_the_rule_and_never_breaks_the_run():
     broken = ModelJudge(ScriptedModel([]), "claude-haiku-4-5")  # raises: no response left
     detector = LoopDetector(DetectorConfig(judge=broken))
