@@ -25,14 +25,14 @@ from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, Pro
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 # The only span attributes detection reads: a reader can skip decoding everything else.
-DETECTION_KEYS = frozenset({
+_OWN_KEYS = frozenset({
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_CALL_ARGUMENTS,
     sc.GEN_AI_TOOL_CALL_RESULT, sc.TOOL_ARGUMENTS_DIGEST, sc.TOOL_RESULT_DIGEST, sc.TOOL_IS_ERROR, sc.ERROR_TYPE,
     sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
     sc.GEN_AI_CONVERSATION_ID,
 })
 # ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
-DETECTION_KEYS = KeySelection(DETECTION_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
+DETECTION_KEYS = KeySelection(_OWN_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
 _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 
@@ -163,7 +163,7 @@ class RunRebuilder:
         for turn, calls in turns:
             for call in calls:
                 call.turn = turn
-                detector.observe(call)
+                detector.observe(call)  # type: ignore[arg-type]  # read field by field: _Call has ToolCall's fields
             detector.end_turn(turn, said.get(turn))
         last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
         _, stop_reason, model_output = run.last_model
