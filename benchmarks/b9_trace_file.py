@@ -3,15 +3,21 @@
 Goal 1, writing. One scripted run (``TURNS`` turns, a no-op tool per turn), interleaved samples of:
 
 * off: ``Agent(..., telemetry=False, detector=False)``: the loop alone.
-* on: looptrace's default telemetry, as ``configure()`` sets it up: a ``TracerProvider`` with the trace file processor
-  (each span written to the file as it ends), the detector on, content capture on.
+* on: looptrace's default telemetry as a user gets it: an ``Agent`` given no provider, in an environment that sets
+  nothing but ``LOOPTRACE_TRACE_FILE`` (a temporary file), so the embedded default writes the trace file, by the
+  direct path (``instrumentation/direct_spans.py``); content capture on, detector off (it is not telemetry).
+* on+detector: the same with the detector on, the Agent as it comes: its difference to "on" is the detector's share.
+* sdk: the same file written through the SDK's spans (``TracerProvider`` + ``TraceFileProcessor``), as it is when an
+  application's provider or ``configure()`` is in play: for comparison.
 * raw: the very spans that run made (names, kinds, parents, attributes given at start and set at the end, events,
   statuses, recorded from a run, content included) created straight through the SDK tracer, into a provider whose
-  ``BatchSpanProcessor`` hands them to an exporter that does nothing: the SDK's own cost of those spans, no export.
+  ``BatchSpanProcessor`` hands them to an exporter that does nothing: the SDK's own cost of those spans, no export,
+  and none of the work of building the attributes (they are replayed prebuilt).
 
 Per-turn telemetry cost = median over paired samples of (on - off) / turns; raw = median(raw) / turns; goal: the
-ratio at or below 1.0. For context, the export alone: the same finished spans encoded and written by our writer
-against the OpenTelemetry OTLP/JSON encoder (``encode_spans(...).to_dict()`` then ``json.dumps``).
+ratio at or below 1.0. For context, the SDK path and the detector against the same baseline, and the export alone:
+the same finished spans encoded and written by our writer against the OpenTelemetry OTLP/JSON encoder
+(``encode_spans(...).to_dict()`` then ``json.dumps``).
 
 Goal 3, reading. Trace files of about 10 MB and 100 MB made of real runs' spans (replays of a recorded run written by
 the trace file processor; the 100 MB file repeats the 10 MB one with new trace ids). Each command runs as its own
@@ -22,6 +28,7 @@ FILE` <= 2x the baseline's time; peak memory (max RSS) of the 100 MB read close 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -30,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
@@ -73,68 +80,120 @@ def record_run(turns: int) -> Recording:
 # --- goal 1: writing --------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def default_trace_file(path: str) -> Iterator[None]:
+    """The environment of a user who configured nothing but where the trace file goes (LOOPTRACE_TRACE_FILE, read by
+    ``Settings.from_env`` as the CLI and configure() read it): no backend, sampler or limit variables."""
+    saved = dict(os.environ)
+    for name in list(os.environ):
+        if name.startswith(("OTEL_", "LANGFUSE_", "LOOPTRACE_")):
+            del os.environ[name]
+    os.environ["LOOPTRACE_TRACE_FILE"] = path
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def writing(quick: bool, tmp: str) -> list[Row]:
     runs_per_sample = 2 if quick else 5
     reps = 8 if quick else 40
     turns_per_sample = runs_per_sample * TURNS
     recording = record_run(TURNS)
 
-    on_provider = TracerProvider()
-    on_provider.add_span_processor(TraceFileProcessor(os.path.join(tmp, "on.jsonl")))
+    sdk_provider = TracerProvider()
+    sdk_provider.add_span_processor(TraceFileProcessor(os.path.join(tmp, "sdk.jsonl")))
     raw_provider = TracerProvider()
     raw_provider.add_span_processor(BatchSpanProcessor(NullExporter()))
     raw_tracer = raw_provider.get_tracer("looptrace")
+    default_file = os.path.join(tmp, "default.jsonl")
 
     def agent(**options: Any) -> Agent:
         return Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="bench",
                      limits=scenario.LIMITS, **options)
 
-    agents = {"off": agent(telemetry=False, detector=False), "on": agent(tracer_provider=on_provider)}
-    responses = scenario.script(TURNS)
-    task = scenario.task("run-0")
+    with default_trace_file(default_file):
+        agents = {
+            "off": agent(telemetry=False, detector=False),  # the bare loop
+            "on": agent(detector=False),  # default telemetry: no provider anywhere, the trace file by default
+            "on+detector": agent(),  # the Agent as it comes: default telemetry and the detector
+            "sdk": agent(tracer_provider=sdk_provider, detector=False),  # the same file through the SDK's spans
+        }
+        responses = scenario.script(TURNS)
+        task = scenario.task("run-0")
 
-    def looptrace_sample(name: str):
-        target = agents[name]
+        def looptrace_sample(name: str):
+            target = agents[name]
 
-        def sample() -> float:
-            models = [ScriptedModel(responses) for _ in range(runs_per_sample)]
+            def sample() -> float:
+                models = [ScriptedModel(responses) for _ in range(runs_per_sample)]
+                started = clock()
+                for model in models:
+                    target.client = model
+                    target.run(task)
+                return clock() - started
+
+            return sample
+
+        def raw_sample() -> float:
             started = clock()
-            for model in models:
-                target.client = model
-                target.run(task)
+            for _ in range(runs_per_sample):
+                replay(raw_tracer, recording)
+            raw_provider.force_flush()  # the null export is paid inside the sample, as the file write is in "on"
             return clock() - started
 
-        return sample
-
-    def raw_sample() -> float:
-        started = clock()
-        for _ in range(runs_per_sample):
-            replay(raw_tracer, recording)
-        raw_provider.force_flush()  # the null export is paid inside the sample, as the file write is in "on"
-        return clock() - started
-
-    say(f"  9: writing: {reps} x (off, on, raw), {runs_per_sample} runs of {TURNS} turns "
-        f"({recording.span_count} spans per run)")
-    samples = interleave({"off": looptrace_sample("off"), "on": looptrace_sample("on"), "raw": raw_sample}, reps=reps)
-    on_provider.shutdown()
+        say(f"  9: writing: {reps} x (off, on, on+detector, sdk, raw), {runs_per_sample} runs of {TURNS} turns "
+            f"({recording.span_count} spans per run)")
+        variants = {name: looptrace_sample(name) for name in agents}
+        samples = interleave({**variants, "raw": raw_sample}, reps=reps)
+        path = default_path_taken()
+    sdk_provider.shutdown()
     raw_provider.shutdown()
+    written = 0
+    if os.path.exists(default_file):
+        with open(default_file, "rb") as handle:
+            written = sum(1 for _ in handle)
 
-    cost = paired_median_difference(samples["on"], samples["off"]) / turns_per_sample
+    def per_turn(name: str) -> float:
+        return paired_median_difference(samples[name], samples["off"]) / turns_per_sample
+
+    cost, sdk_cost = per_turn("on"), per_turn("sdk")
+    detector = paired_median_difference(samples["on+detector"], samples["on"]) / turns_per_sample
     raw = median(samples["raw"]) / turns_per_sample
     ratio = cost / raw
     ours, official = export_only(recording, 5 if quick else 30)
     spans_per_turn = recording.span_count / TURNS
+    conditions = f"{reps} interleaved samples of {runs_per_sample}x{TURNS} turns"
     return [
         Row("9 trace file", "default telemetry per turn (file export) / raw SDK spans per turn (null exporter)",
             f"{ratio:.2f}x", f"<= {GOAL_WRITE:.1f}x", ratio <= GOAL_WRITE,
-            f"ours {fmt_s(cost)}/turn (on - off, detector and content capture on), raw SDK {fmt_s(raw)}/turn "
-            f"(same spans and attributes, BatchSpanProcessor + null exporter); {spans_per_turn:.2f} spans/turn; "
-            f"{reps} interleaved samples of {runs_per_sample}x{TURNS} turns"),
+            f"ours {fmt_s(cost)}/turn (Agent given no provider, trace file by default [{path}], content capture on, "
+            f"detector off, minus the bare loop), raw SDK {fmt_s(raw)}/turn (the same spans and attributes replayed, "
+            f"prebuilt, BatchSpanProcessor + null exporter, no file); {spans_per_turn:.2f} spans/turn, {written:,} "
+            f"lines written; {conditions}"),
+        Row("9 trace file", "context: the same file through the SDK's spans (TracerProvider + TraceFileProcessor) "
+            "/ raw SDK spans", f"{sdk_cost / raw:.2f}x", "", None,
+            f"SDK path {fmt_s(sdk_cost)}/turn over the bare loop; the default path above is "
+            f"{cost / sdk_cost:.2f}x of it"),
+        Row("9 trace file", "context: the detector's share per turn (default agent - default telemetry) / raw SDK",
+            f"{detector / raw:.2f}x", "", None,
+            f"detector {fmt_s(detector)}/turn on top of default telemetry; the Agent as it comes (telemetry + "
+            f"detector) costs {fmt_s(cost + detector)}/turn = {(cost + detector) / raw:.2f}x raw"),
         Row("9 trace file", "context: export alone per span, our writer / the OTel OTLP/JSON encoder + json.dumps",
             f"{ours / official:.2f}x", "", None,
             f"ours {fmt_s(ours)}/span (encode + one append write), OTel {fmt_s(official)}/span (encode_spans, "
             f"to_dict, json.dumps; no write)"),
     ]
+
+
+def default_path_taken() -> str:
+    """Which provider the default telemetry of this environment uses: the direct path's, or the SDK's."""
+    from looptrace.instrumentation.direct_spans import DirectTracerProvider
+    from looptrace.instrumentation.setup import default_telemetry
+
+    provider = default_telemetry().tracer_provider
+    return "direct path" if isinstance(provider, DirectTracerProvider) else f"SDK path: {type(provider).__name__}"
 
 
 def export_only(recording: Recording, reps: int) -> tuple[float, float]:

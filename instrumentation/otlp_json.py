@@ -23,6 +23,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.trace import SpanKind, StatusCode
+
 from .semconv import REPAIRED_ATTRIBUTES
 
 __all__ = ["REPAIRED_ATTRIBUTES", "encode_line", "encode_span", "encode_traces_data"]
@@ -141,6 +143,51 @@ def _key_prefix(key: str) -> str:
     return prefix
 
 
+# (key, text value) -> its encoded key-value pair. Only text values: a cache keyed by value equality must not hand
+# 1's encoding to True or 1.0. Bounded: at most _PAIR_ENTRIES values of at most _PAIR_VALUE_CHARS characters.
+_TEXT_PAIRS: dict[tuple[str, str], str] = {}
+_LAST_TEXT: dict[str, str] = {}  # each key's latest text value, to tell a run's constants from one-off values
+_PAIR_ENTRIES = 2048
+_PAIR_VALUE_CHARS = 1024
+
+
+_GROWING: dict[str, tuple[str, str]] = {}  # key -> its latest long text value and that value's JSON string
+
+
+def _grown_string(key: str, value: str) -> str:
+    """``_string(value)`` for a long text that usually extends the key's previous one by a little.
+
+    A chat span's input messages are the conversation so far, as a JSON array: each call's is the previous call's
+    without its closing ``]``, then the newer messages. Escaping is character by character, so only the new tail
+    needs escaping; the rest is the previous escaped text, copied. Anything else is escaped whole.
+    """
+    last = _GROWING.get(key)
+    if last is not None:
+        previous, escaped = last
+        kept = len(previous) - 1
+        if kept > 0 and len(value) > kept and value.startswith(previous[:kept]):
+            dropped = len(_string(previous[kept])) - 2  # the escaped length of the previous text's last character
+            text = escaped[: len(escaped) - 1 - dropped] + _string(value[kept:])[1:]
+            _GROWING[key] = (value, text)
+            return text
+    text = _string(value)
+    if len(_GROWING) < 64 or key in _GROWING:
+        _GROWING[key] = (value, text)
+    return text
+
+
+def _remember(item: tuple[str, str], text: str) -> None:
+    """Keep a pair's text when its value repeats what the same key held last time: a run's constants do, ids and
+    messages do not, so one-off values never crowd the constants out of the cache."""
+    key, value = item
+    if _LAST_TEXT.get(key) == value:
+        if len(_TEXT_PAIRS) >= _PAIR_ENTRIES:
+            _TEXT_PAIRS.clear()
+        _TEXT_PAIRS[item] = text
+    elif len(_LAST_TEXT) < 4096 or key in _LAST_TEXT:
+        _LAST_TEXT[key] = value
+
+
 def _key_value(key: str, value: Any) -> str:
     return _key_prefix(key) + _value(value) + "}"
 
@@ -161,8 +208,24 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
         return ""
     plain = _plain(attributes)
     if repairs is None:
-        prefix = _key_prefix
-        return ",".join([prefix(key) + _value(value) + "}" for key, value in plain.items()])
+        prefix, pairs = _key_prefix, _TEXT_PAIRS
+        parts = []
+        for item in plain.items():
+            value = item[1]
+            if type(value) is str:
+                # Most text values repeat on every span of a run (agent, model, operation, tool definitions...):
+                # their whole key-value text is looked up rather than escaped again.
+                text = pairs.get(item)
+                if text is None:
+                    if len(value) <= _PAIR_VALUE_CHARS:
+                        text = prefix(item[0]) + '{"stringValue":' + _string(value) + "}}"
+                        _remember(item, text)
+                    else:
+                        text = prefix(item[0]) + '{"stringValue":' + _grown_string(item[0], value) + "}}"
+            else:
+                text = prefix(item[0]) + _value(value) + "}"
+            parts.append(text)
+        return ",".join(parts)
     parts = []
     for key, value in plain.items():
         clean_key = key if _valid_utf8(key) else _clean_text(key)
@@ -191,23 +254,39 @@ def _text(text: str, repairs: _Repairs | None, where: str) -> str:
     return _string(text)
 
 
+_KINDS = {kind: str(kind.value + 1) for kind in SpanKind}  # OTLP's enum counts from UNSPECIFIED = 0
+_last_trace: tuple[int, str] = (0, "0" * 32)  # the spans of a trace arrive together: its id is formatted once
+
+
+def _trace_hex(trace_id: int) -> str:
+    global _last_trace
+    last = _last_trace  # one tuple, replaced whole: threads never see an id beside another id's text
+    if last[0] == trace_id:
+        return last[1]
+    text = format(trace_id, "032x")
+    _last_trace = (trace_id, text)
+    return text
+
+
 def _span(span: Any, repairs: _Repairs | None) -> str:
     context = span.context
     parent = span.parent
-    parts = ['{"traceId":"', format(context.trace_id, "032x"), '","spanId":"', format(context.span_id, "016x"), '"']
+    head = f'{{"traceId":"{_trace_hex(context.trace_id)}","spanId":"{context.span_id:016x}"'
     trace_state = context.trace_state
     if trace_state:
-        parts += [',"traceState":', _string(",".join(f"{k}={v}" for k, v in trace_state.items()))]
+        head += ',"traceState":' + _string(",".join(f"{k}={v}" for k, v in trace_state.items()))
     if parent is not None:
-        parts += [',"parentSpanId":"', format(parent.span_id, "016x"), '","flags":',
-                  "768" if parent.is_remote else "256"]
+        head += f',"parentSpanId":"{parent.span_id:016x}","flags":{768 if parent.is_remote else 256}'
     else:
-        parts.append(',"flags":256')
-    parts += [',"name":', _text(span.name, repairs, "span.name"), ',"kind":', str(span.kind.value + 1)]
-    if span.start_time:
-        parts += [',"startTimeUnixNano":"', str(span.start_time), '"']
-    if span.end_time:
-        parts += [',"endTimeUnixNano":"', str(span.end_time), '"']
+        head += ',"flags":256'
+    kind = span.kind
+    head += f',"name":{_text(span.name, repairs, "span.name")},"kind":{_KINDS.get(kind) or kind.value + 1}'
+    start, end = span.start_time, span.end_time
+    if start:
+        head += f',"startTimeUnixNano":"{start}"'
+    if end:
+        head += f',"endTimeUnixNano":"{end}"'
+    parts = [head]
     attributes = getattr(span, "_attributes", None)  # the BoundedAttributes behind span.attributes' proxy
     if attributes is None:
         attributes = span.attributes
@@ -258,8 +337,10 @@ def _link(link: Any, repairs: _Repairs | None) -> str:
 
 
 def _status(status: Any, repairs: _Repairs | None) -> str:
-    code = status.status_code.value
     message = status.description
+    if status.status_code is StatusCode.UNSET and not message:
+        return ',"status":{}'
+    code = status.status_code.value
     if not code and not message:
         return ',"status":{}'
     inside = []
@@ -345,8 +426,22 @@ def encode_traces_data(spans: Iterable[Any], extra: str = "") -> str:
     return "{" + ",".join(members) + "}"
 
 
+_LINES: dict[tuple[int, int], tuple[Any, Any, str, str]] = {}
+
+
 def encode_line(span: Any) -> bytes:
-    """A whole trace-file line (newline included) for one span: envelope cached, span encoded once."""
-    resource_head, scope_head, scope_tail, resource_tail = _envelope(span.resource, span.instrumentation_scope)
-    return ('{"resourceSpans":[' + resource_head + scope_head + encode_span(span) + scope_tail + resource_tail
-            + "]}\n").encode("utf-8")
+    """A whole trace-file line (newline included) for one span: envelope cached, span encoded once, the line
+    encoded to UTF-8 once (a lone surrogate surfaces there, and only then is the span encoded again, repaired)."""
+    resource, scope = span.resource, span.instrumentation_scope
+    cached = _LINES.get((id(resource), id(scope)))
+    if cached is None or cached[0] is not resource or cached[1] is not scope:
+        resource_head, scope_head, scope_tail, resource_tail = _envelope(resource, scope)
+        if len(_LINES) > 256:
+            _LINES.clear()
+        cached = _LINES[(id(resource), id(scope))] = (
+            resource, scope, '{"resourceSpans":[' + resource_head + scope_head, scope_tail + resource_tail + "]}\n")
+    head, tail = cached[2], cached[3]
+    try:
+        return "".join((head, _span(span, None), tail)).encode("utf-8")
+    except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
+        return "".join((head, _span(span, _Repairs()), tail)).encode("utf-8")

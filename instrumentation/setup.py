@@ -9,7 +9,9 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
   says how to add looptrace's exporters to it; the returned provider is looptrace's own, used only where passed.
 * No ``configure()`` at all: an ``Agent`` joins the application's global provider when there is one, and otherwise
   writes through ``default_telemetry()``, a provider of looptrace's own built from the same settings as the CLI and
-  never installed globally.
+  never installed globally. When the trace file is its only exporter, that provider is the direct path's
+  (``direct_spans``: API spans that write their own line of the same file, no SDK span pipeline), unless the
+  environment sets a sampler or span limits, which the SDK then applies.
 
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
@@ -50,6 +52,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .delivery import GuardedExporter, GuardedMetricExporter
+from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
@@ -81,7 +84,7 @@ class Telemetry:
     score) when the langfuse exporter is on, and is None otherwise.
     """
 
-    tracer_provider: TracerProvider
+    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's for the embedded file-only default
     exporters: list[str]
     settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
@@ -92,6 +95,7 @@ class Telemetry:
     processors: list[SpanProcessor] = field(default_factory=list)
     guards: list[GuardedExporter] = field(default_factory=list)
     metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
+    _metric_readers: int = 0  # how many readers the meter provider was given (none: nothing ever sees its metrics)
     _stopped: bool = False
 
     def flush(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> bool:
@@ -304,7 +308,11 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
     anything. One per distinct configuration, made on first use, never installed globally, shut down at exit.
     Serves no Prometheus port (only configure() opens one: two defaults could not share it)."""
     settings = settings or Settings.from_env()
-    key = (tuple(settings.chosen_exporters()), settings.trace_file, settings.spill_file, settings.service_name,
+    names = settings.chosen_exporters()
+    # The trace file alone needs none of the SDK's span pipeline: its spans are written by the direct path, unless
+    # the environment asks for something only the SDK does (a sampler, span limits; see direct_spans).
+    direct = names == ["file"] and not direct_path_blockers()
+    key = (tuple(names), direct, settings.trace_file, settings.spill_file, settings.service_name,
            repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
            settings.otlp.endpoint, settings.otlp.protocol)
     with _default_lock:
@@ -312,10 +320,23 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
         if telemetry is None:
             import dataclasses
 
-            telemetry = _build(dataclasses.replace(settings, prometheus_port=None), None, None)
+            embedded = dataclasses.replace(settings, prometheus_port=None)
+            telemetry = _build_direct(embedded) if direct else _build(embedded, None, None)
+            if telemetry.meter_provider is not None and not telemetry._metric_readers:
+                # Metrics no reader can ever collect (an SDK MeterProvider takes its readers at creation) cost the
+                # loop SDK calls every turn for nothing: runs on this default record into the API's no-op instead.
+                _quietly(telemetry.meter_provider.shutdown)
+                telemetry.meter_provider = None
             atexit.register(telemetry.shutdown)
             _defaults[key] = telemetry
         return telemetry
+
+
+def _build_direct(settings: Settings) -> Telemetry:
+    """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
+    provider = DirectTracerProvider(_resource(settings), settings.trace_file)
+    return Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
+                     trace_file=settings.trace_file, meter_provider=None)
 
 
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
@@ -406,6 +427,7 @@ def _meter_provider(telemetry: Telemetry, resource: Resource, settings: Settings
         from .metrics import prometheus_reader
 
         readers.append(prometheus_reader(settings.prometheus_port))
+    telemetry._metric_readers = len(readers)
     return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
 
 

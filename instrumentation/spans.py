@@ -9,11 +9,13 @@ telemetry switched off), every method returns before building a single attribute
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import metrics as metrics_api
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
@@ -44,6 +46,7 @@ _AS_TURN = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_CHAIN}
 _AS_GENERATION = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_LLM}
 _AS_TOOL = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_TOOL}
 CONTENT_EVENT = sc.CONTENT_EVENT
+_quote = json.encoder.encode_basestring  # a text as JSON, exactly as content.to_json writes it, without json.dumps
 
 
 class Tracing:
@@ -83,7 +86,10 @@ class Tracing:
         if providers != self._resolved:
             self._resolved = providers
             self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
-            self.metrics = LoopMetrics(providers[1]) if self.enabled else None
+            # An explicit no-op meter provider (the embedded default's when no reader would see its metrics) gets no
+            # instruments at all: the loop then skips building the metrics' attributes too.
+            wanted = self.enabled and not isinstance(providers[1], metrics_api.NoOpMeterProvider)
+            self.metrics = LoopMetrics(providers[1]) if wanted else None
 
     def flush(self, timeout_ms: int = 5_000) -> None:
         """Push out what the tracer provider buffers, if it buffers (the API's no-op provider has nothing to flush).
@@ -429,7 +435,8 @@ class ChatSpan:
             # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
             encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")}))
             self.run.messages.remember(encoded)
-            output = cap(f'[{encoded[:-1]},"finish_reason":{to_json(finish)}}}]', tracing.max_chars)
+            quoted = _quote(finish) if type(finish) is str else to_json(finish)
+            output = cap(f'[{encoded[:-1]},"finish_reason":{quoted}}}]', tracing.max_chars)
             if tracing.capture_content:
                 attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
             if tracing.capture_events:

@@ -1,0 +1,419 @@
+"""The trace file's direct path: spans of the OpenTelemetry *API*, written as one OTLP/JSON line each when they end.
+
+When looptrace sets up its own default telemetry and the local trace file is the only exporter, nothing needs what the
+SDK's span pipeline provides (processors, exporters, a span's lock and its ``BoundedAttributes``, a ``ReadableSpan``
+copy per span): a finished span only has to become a line of the file. The SDK's spans cost more than writing the
+file (issue 14), so here a span keeps its attributes in a plain dict and, at ``end()``, hands itself to the same
+encoder and writer the SDK path uses (``otlp_json.encode_line``, ``trace_writer.TraceFileWriter``).
+
+What the file holds is what the SDK path writes: the same resource (built by the same ``setup._resource``), the SDK's
+``InstrumentationScope``, random ids from the same generator, the default sampler's decision (ParentBased(ALWAYS_ON):
+a root is sampled, a child follows its parent's sampled flag, the parent's trace state carried over), the default
+span limits (128 attributes, events, links, attributes per event and link; the oldest dropped first and counted), and
+attribute values as the SDK stores them: the common case (str, bool, int, float, tuples of those) is checked by type
+and kept as is; anything else goes through the API's own ``BoundedAttributes`` cleaning, warnings included (lists
+become tuples, unsupported objects their ``str``).
+
+The spans are real API spans: ``trace.set_span_in_context`` / ``trace.get_current_span`` and W3C propagation work
+with them as with any other. Whatever this path does not reproduce sends the whole run to the SDK instead (see
+``direct_path_blockers``): a sampler other than the default, span limits set in the environment, the SDK switched off
+or its internal metrics switched on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import traceback
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from time import time_ns
+from types import MappingProxyType
+from typing import Any
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util._decorator import _agnosticcontextmanager
+
+from .otlp_json import encode_line
+from .trace_writer import TraceFileWriter
+
+__all__ = ["DirectTracer", "DirectTracerProvider", "direct_path_blockers"]
+
+_logger = logging.getLogger(__name__)
+
+# The variables the SDK's TracerProvider reads that change what a span records. With any of them set, the SDK runs.
+_SPAN_LIMIT_VARIABLES = (
+    "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+)
+_DEFAULT_SAMPLER = "parentbased_always_on"
+LIMIT = 128  # the SDK's default for every span limit: attributes, events, links, attributes per event and per link
+
+
+def direct_path_blockers(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Why a run cannot take the direct path (the SDK must make its spans); empty when it can."""
+    env = os.environ if environ is None else environ
+    blockers = []
+    sampler = env.get("OTEL_TRACES_SAMPLER")
+    if sampler is not None and sampler.lower() != _DEFAULT_SAMPLER:
+        blockers.append(f"OTEL_TRACES_SAMPLER={sampler}")
+    blockers += [name for name in _SPAN_LIMIT_VARIABLES if env.get(name)]
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        blockers.append("OTEL_SDK_DISABLED")
+    if env.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true":
+        blockers.append("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED")
+    return blockers
+
+
+# --- attributes: the SDK's values at the cost of a type check ---------------------------------------------------------
+
+_PLAIN = frozenset((str, bool, int, float))
+_PLAIN_OR_TUPLE = _PLAIN | {tuple}
+_TEXT = frozenset((str,))
+
+
+def _all_clean(attributes: Mapping[Any, Any]) -> bool:
+    """Whether every key is non-empty text and every value one the SDK would store unchanged (checked by type)."""
+    values = attributes.values()
+    kinds = set(map(type, values))
+    if not kinds <= _PLAIN:
+        if not kinds <= _PLAIN_OR_TUPLE:
+            return False
+        if not all([set(map(type, value)) <= _PLAIN for value in values if type(value) is tuple]):
+            return False
+    return set(map(type, attributes)) <= _TEXT and "" not in attributes
+
+
+def _put_all(into: dict[str, Any], attributes: Mapping[Any, Any], limit: int) -> int:
+    """Store ``attributes`` as the SDK's ``BoundedAttributes`` would; returns how many were dropped."""
+    if len(into) + len(attributes) <= limit and into.keys().isdisjoint(attributes) and _all_clean(attributes):
+        into.update(attributes)  # the usual case: clean values, new keys, room for all
+        return 0
+    dropped = 0
+    for key, value in attributes.items():
+        kind = type(value)
+        plain = kind in _PLAIN or (kind is tuple and all([type(item) in _PLAIN for item in value]))
+        if not plain or type(key) is not str or not key:
+            # The SDK's own cleaning for the rare rest: None kept, lists as tuples, odd objects as str, bad keys
+            # dropped, each with the SDK's warning.
+            cleaned = BoundedAttributes(None, {key: value})
+            dropped += 1 - len(cleaned)
+            if not cleaned:
+                continue
+            (key, value), = cleaned.copy().items()
+        if key in into:
+            del into[key]  # a key set again moves to the end, as in the SDK
+        elif len(into) >= limit:
+            _logger.warning("Attributes dict is full. Dropping the oldest key-value pair from attributes to make "
+                            "space for the new key-value pair.")
+            del into[next(iter(into))]
+            dropped += 1
+        into[key] = value
+    return dropped
+
+
+class _Event:
+    """A span event as the encoder reads it (the SDK's Event's fields)."""
+
+    __slots__ = ("attributes", "dropped_attributes", "name", "timestamp")
+
+    def __init__(self, name: str, attributes: Mapping[str, Any] | None, timestamp: int | None) -> None:
+        self.name = name
+        self.timestamp = time_ns() if timestamp is None else timestamp
+        self.attributes: dict[str, Any] = {}
+        self.dropped_attributes = _put_all(self.attributes, attributes, LIMIT) if attributes else 0
+
+
+class _Link:
+    __slots__ = ("attributes", "context", "dropped_attributes")
+
+    def __init__(self, context: SpanContext, attributes: Mapping[str, Any] | None) -> None:
+        self.context = context
+        self.attributes: dict[str, Any] = {}
+        self.dropped_attributes = _put_all(self.attributes, attributes, LIMIT) if attributes else 0
+
+
+def _valid_link(context: Any, attributes: Any) -> bool:
+    return bool(context and (context.is_valid or (attributes or context.trace_state)))
+
+
+# --- spans ------------------------------------------------------------------------------------------------------------
+
+_UNSET = Status(StatusCode.UNSET)
+_END_LOCK = threading.Lock()  # ending is the one step two threads must not both take; setting values is GIL-atomic
+
+
+class DirectSpan(trace.Span):
+    """An API span that records into plain containers and writes itself to the trace file when it ends.
+
+    It has the fields of the SDK's ``ReadableSpan`` that the encoder reads (``context``, ``parent``, ``kind``,
+    ``attributes``, ``events``, ``links``, ``status``, ``resource``, ``instrumentation_scope``, times and drop counts).
+    """
+
+    __slots__ = ("_attributes", "_record_exception", "_set_status_on_exception", "_writer", "context",
+                 "dropped_attributes", "dropped_events", "dropped_links", "end_time", "events",
+                 "instrumentation_scope", "kind", "links", "name", "parent", "resource", "start_time", "status")
+
+    def __init__(self, tracer: DirectTracer, name: str, context: SpanContext, parent: SpanContext | None,
+                 kind: SpanKind, attributes: Mapping[str, Any] | None, links: Sequence[Link] | None,
+                 start_time: int | None, record_exception: bool, set_status_on_exception: bool) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.resource = tracer.provider.resource
+        self.instrumentation_scope = tracer.scope
+        self._writer = tracer.provider.writer
+        self._record_exception = record_exception
+        self._set_status_on_exception = set_status_on_exception
+        self._attributes: dict[str, Any] = {}
+        self.dropped_attributes = _put_all(self._attributes, attributes, LIMIT) if attributes else 0
+        self.events: list[_Event] | tuple[()] = ()  # a list from the first event on: most spans have none
+        self.dropped_events = 0
+        self.links: list[_Link] | tuple[()] = ()
+        self.dropped_links = 0
+        for link in links or ():
+            if link and _valid_link(link.context, link.attributes):
+                self._append_link(_Link(link.context, link.attributes))
+        self.status = _UNSET  # Status objects are not changed, only replaced
+        self.end_time: int | None = None
+        self.start_time = start_time if start_time is not None else time_ns()
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}(name="{self.name}", context={self.context})'
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._attributes)
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def _ended(self, what: str) -> bool:
+        if self.end_time is None:
+            return False
+        _logger.warning("Tried calling %s on an ended span.", what)
+        return True
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self.end_time is not None:
+            _logger.warning("Setting attribute on ended span.")
+            return
+        self.dropped_attributes += _put_all(self._attributes, attributes, LIMIT)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.end_time is not None:
+            _logger.warning("Setting attribute on ended span.")
+            return
+        if not key or not isinstance(key, str):  # set_attribute drops a key that is not text, set_attributes not
+            _logger.warning("invalid key `%s`. must be non-empty string. Dropping key from attributes.", key)
+            self.dropped_attributes += 1
+            return
+        self.dropped_attributes += _put_all(self._attributes, {key: value}, LIMIT)
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
+                  timestamp: int | None = None) -> None:
+        event = _Event(name, attributes, timestamp)
+        if self._ended("_add_event"):
+            return
+        events = self.events
+        if not events:
+            events = self.events = []
+        elif len(events) >= LIMIT:
+            del events[0]
+            self.dropped_events += 1
+        events.append(event)
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        if not _valid_link(context, attributes):
+            return
+        link = _Link(context, attributes)
+        if not self._ended("_add_link"):
+            self._append_link(link)
+
+    def _append_link(self, link: _Link) -> None:
+        links = self.links
+        if not links:
+            links = self.links = []
+        elif len(links) >= LIMIT:
+            del links[0]
+            self.dropped_links += 1
+        links.append(link)
+
+    def update_name(self, name: str) -> None:
+        if not self._ended("update_name"):
+            self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._ended("set_status"):
+            return
+        # As the SDK: an OK status is final, and UNSET never replaces anything.
+        if self.status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is StatusCode.UNSET:
+                return
+            if description is not None:
+                _logger.warning("Description %s ignored. Use either `Status` or `(StatusCode, Description)`",
+                                description)
+            self.status = status
+        elif isinstance(status, StatusCode) and status is not StatusCode.UNSET:
+            self.status = Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        module = type(exception).__module__
+        qualname = type(exception).__qualname__
+        recorded: dict[str, Any] = {
+            "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            recorded.update(attributes)
+        self.add_event("exception", recorded, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        with _END_LOCK:
+            if self.end_time is not None:
+                _logger.warning("Calling end() on an ended span.")
+                return
+            self.end_time = end_time if end_time is not None else time_ns()
+        try:
+            line = encode_line(self)
+        except Exception as error:  # noqa: BLE001 - a bug of ours costs this span (counted), never the agent
+            self._writer.lost(1, error)
+            return
+        self._writer.write(line)
+
+    def __exit__(self, exc_type: Any, exc_val: BaseException | None, exc_tb: Any) -> None:
+        if exc_val is not None and self.is_recording():
+            if self._record_exception:
+                self.record_exception(exception=exc_val, escaped=True)
+            if self._set_status_on_exception:
+                self.set_status(Status(StatusCode.ERROR, f"{type(exc_val).__name__}: {exc_val}"))
+        super().__exit__(exc_type, exc_val, exc_tb)
+
+
+# --- the tracer and its provider ------------------------------------------------------------------------------------
+
+
+def _span_id() -> int:
+    span_id = random.getrandbits(64)  # as the SDK's RandomIdGenerator
+    while not span_id:
+        span_id = random.getrandbits(64)
+    return span_id
+
+
+def _trace_id() -> int:
+    trace_id = random.getrandbits(128)
+    while not trace_id:
+        trace_id = random.getrandbits(128)
+    return trace_id
+
+
+_ROOT_FLAGS = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)  # the SDK's ids are random
+_FLAGS = {(True, True): _ROOT_FLAGS, (True, False): TraceFlags(TraceFlags.SAMPLED),
+          (False, True): TraceFlags(TraceFlags.RANDOM_TRACE_ID), (False, False): TraceFlags(TraceFlags.DEFAULT)}
+
+
+class DirectTracer(trace.Tracer):
+    """Starts ``DirectSpan``s: the default sampler's decisions and the SDK's ids, without the SDK's pipeline."""
+
+    def __init__(self, provider: DirectTracerProvider, scope: InstrumentationScope) -> None:
+        self.provider = provider
+        self.scope = scope
+
+    def start_span(self, name: str, context: context_api.Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+                   attributes: Mapping[str, Any] | None = None, links: Sequence[Link] | None = (),
+                   start_time: int | None = None, record_exception: bool = True,
+                   set_status_on_exception: bool = True) -> trace.Span:
+        parent: SpanContext | None = trace.get_current_span(context).get_span_context()
+        if parent is not None and not isinstance(parent, SpanContext):
+            raise TypeError("parent_span_context must be a SpanContext or None.")
+        if parent is None or not parent.is_valid:
+            parent = None
+            span_context = SpanContext(_trace_id(), _span_id(), False, _ROOT_FLAGS)
+        else:
+            # ParentBased(ALWAYS_ON): a child is sampled exactly when its parent is; the parent's state carries over.
+            flags = parent.trace_flags
+            sampled = flags.sampled
+            span_context = SpanContext(parent.trace_id, _span_id(), False,
+                                       _FLAGS[sampled, flags.random_trace_id], parent.trace_state)
+            if not sampled:
+                return trace.NonRecordingSpan(span_context)
+        return DirectSpan(self, name, span_context, parent, kind, attributes, links, start_time, record_exception,
+                          set_status_on_exception)
+
+    @_agnosticcontextmanager  # the API's own decorator, as its Tracer declares (usable on coroutines too)
+    def start_as_current_span(self, name: str, context: context_api.Context | None = None,
+                              kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None,
+                              links: Sequence[Link] | None = (), start_time: int | None = None,
+                              record_exception: bool = True, set_status_on_exception: bool = True,
+                              end_on_exit: bool = True) -> Iterator[trace.Span]:
+        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
+                               set_status_on_exception)
+        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
+                            set_status_on_exception=set_status_on_exception) as current:
+            yield current
+
+
+class DirectTracerProvider(trace.TracerProvider):
+    """A provider of ``DirectTracer``s writing to one trace file. ``force_flush`` has nothing to do (a span is on disk
+    when it has ended); ``shutdown`` closes the file and reports spans that could not be written."""
+
+    def __init__(self, resource: Resource, trace_file: str | os.PathLike[str]) -> None:
+        self.resource = resource
+        self.writer = TraceFileWriter(trace_file)
+        self._tracers: dict[InstrumentationScope, DirectTracer] = {}
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):  # as the SDK: a forked child's process-dependent resource is its own
+            weak = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (method := weak()) and method())
+
+    @property
+    def trace_file(self) -> os.PathLike[str]:
+        return self.writer.path
+
+    @property
+    def lost_spans(self) -> int:
+        return self.writer.lost_spans
+
+    def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
+                   schema_url: str | None = None, attributes: Mapping[str, Any] | None = None) -> trace.Tracer:
+        if not instrumenting_module_name:
+            instrumenting_module_name = ""
+            _logger.error("get_tracer called with missing module name.")
+        scope = InstrumentationScope(instrumenting_module_name, instrumenting_library_version or "", schema_url,
+                                     attributes)
+        with self._lock:
+            tracer = self._tracers.get(scope)
+            if tracer is None:
+                tracer = self._tracers[scope] = DirectTracer(self, scope)
+            return tracer
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self.writer.close()
+
+    def _after_fork(self) -> None:
+        try:
+            from opentelemetry.sdk.resources import _get_process_dependent_resource
+        except ImportError:  # another SDK version: the resource stays the parent's
+            return
+        self.resource = self.resource.merge(_get_process_dependent_resource())
+
