@@ -600,6 +600,7 @@ class JudgeRequest:
 
 
 _ERROR_OUTCOME = "!error"  # not a hex digest, so no result can collide with it
+_ERROR_ONLY = frozenset({_ERROR_OUTCOME})  # the outcomes of a call that failed every time in a turn
 
 
 @dataclass(slots=True)
@@ -629,7 +630,8 @@ class _TurnCall:
 
     @property
     def outcome(self) -> tuple[str, ...]:
-        return tuple(sorted(self.outcomes))
+        outcomes = self.outcomes
+        return (next(iter(outcomes)),) if len(outcomes) == 1 else tuple(sorted(outcomes))
 
 
 @dataclass(slots=True)
@@ -659,8 +661,7 @@ class _FailingToolStreak:
 class _TurnSignature:
     turn: int
     digest: str  # "" for a turn without tool calls
-    tools: frozenset[str]
-    description: str
+    calls: tuple[tuple[str, str, bool], ...]  # (tool, arguments, failed) per distinct call: described only in a cycle
     call_ids: tuple[str, ...]
 
 
@@ -1091,7 +1092,7 @@ class LoopDetector:
         oldest = self._turn_seq - cfg.repeat_window + 1
         fired: list[Anomaly] = []
         for key, call in calls.items():
-            if call.outcomes != {_ERROR_OUTCOME}:
+            if call.outcomes != _ERROR_ONLY:
                 self._failures.pop(key, None)  # it worked (or did something else): no longer failing
                 continue
             run = self._failures.pop(key, None) or _FailureRun(
@@ -1144,15 +1145,18 @@ class LoopDetector:
         streaks: dict[str, _CallStreak] = {}
         for key, call in calls.items():
             streak = self._call_streaks.get(key)
-            if streak is None or streak.outcome != call.outcome:  # new call, or it made progress
+            outcome = call.outcome
+            if streak is None or streak.outcome != outcome:  # new call, or it made progress
                 streak = _CallStreak(call.tool, key, call.arguments, turn, self._turn_seq, 0,
-                                     call.outcome, deque(maxlen=self.config.max_call_ids))
+                                     outcome, deque(maxlen=self.config.max_call_ids))
             streak.count += 1
             streak.call_ids.extend(call.call_ids)
             streaks[key] = streak
         self._call_streaks = streaks  # calls absent from this turn end their streak here
 
         firing = [s for s in streaks.values() if s.count >= self.config.repeat_threshold]
+        if not firing:
+            return [], set()
         anomalies = [self._repeated_call_anomaly(turn, group) for group in _group_streaks(firing)]
         return anomalies, {s.key for s in firing}
 
@@ -1191,21 +1195,24 @@ class LoopDetector:
     def _signature(self, turn: int, observed: list[_Observed], calls: dict[str, _TurnCall],
                    overflow: int) -> _TurnSignature:
         if not observed:
-            return _TurnSignature(turn, "", frozenset(), "(no tool calls)", ())
+            return _TurnSignature(turn, "", (), ())
         # a multiset: the order of parallel calls does not matter, their number does
-        items = sorted(f"{o.key}={o.outcome}" for o in observed)
+        items = sorted([o.key + "=" + o.outcome for o in observed])
         items.append(f"+{overflow}")
-        description = ", ".join(
-            f"{self._describe_call(c.tool, c.arguments)}{' failed' if _ERROR_OUTCOME in c.outcomes else ''}"
-            for c in calls.values()
-        )
         return _TurnSignature(
             turn=turn,
             digest=_digest("\n".join(items)),
-            tools=frozenset(c.tool for c in calls.values()),
-            description=_shorten(description, 200),
-            call_ids=tuple(o.call_id for o in observed if o.call_id is not None)[-self.config.max_call_ids:],
+            calls=tuple([(c.tool, c.arguments, _ERROR_OUTCOME in c.outcomes) for c in calls.values()]),
+            call_ids=tuple([o.call_id for o in observed if o.call_id is not None])[-self.config.max_call_ids:],
         )
+
+    def _describe_turn(self, signature: _TurnSignature) -> str:
+        """A turn's calls for a cycle's message; made only when a cycle fires, not for every turn."""
+        if not signature.calls:
+            return "(no tool calls)"
+        description = ", ".join(f"{self._describe_call(tool, arguments)}{' failed' if failed else ''}"
+                                for tool, arguments, failed in signature.calls)
+        return _shorten(description, 200)
 
     def _update_cycle(self, signature: _TurnSignature) -> list[Anomaly]:
         self._window.append(signature)
@@ -1228,15 +1235,18 @@ class LoopDetector:
 
     def _find_cycle(self) -> _CycleRun | None:
         cfg = self.config
+        window = self._window
+        if len(window) < cfg.cycle_min_period * cfg.cycle_repeats or not window[-1].digest:
+            return None  # too few turns yet, or this one had no tool calls: no cycle ends here
         # The digests of the whole window, once per turn, rather than a copy of the window for every period tried.
-        digests = [s.digest for s in self._window]
+        digests = [s.digest for s in window]
         for period in range(cfg.cycle_min_period, cfg.cycle_max_period + 1):
             span = period * cfg.cycle_repeats
             if len(digests) < span:
                 break
-            recent = digests[-span:]
-            if recent[-1] != recent[-1 - period]:
+            if digests[-1] != digests[-1 - period]:
                 continue  # the cheap test first: most turns end every candidate period right here
+            recent = digests[-span:]
             if "" in recent:
                 continue  # a turn without tool calls is no part of a tool loop
             periodic = all(recent[i] == recent[i - period] for i in range(period, span))
@@ -1249,9 +1259,9 @@ class LoopDetector:
     def _cycle_anomaly(self, run: _CycleRun) -> Anomaly:
         block = list(self._window)[-run.period:]
         covered = list(self._window)[-min(run.length, len(self._window)):]
-        tools = set().union(*(s.tools for s in block))
+        tools = {tool for s in block for tool, _, _ in s.calls}
         rounds = run.length // run.period
-        pattern = " -> ".join(f"[{s.description}]" for s in block)
+        pattern = " -> ".join(f"[{self._describe_turn(s)}]" for s in block)
         return Anomaly(
             type=CYCLE,
             turn=block[-1].turn,
@@ -1271,13 +1281,16 @@ class LoopDetector:
     def _update_failing_tools(self, turn: int, calls: dict[str, _TurnCall],
                               repeating_keys: set[str]) -> list[Anomaly]:
         threshold = self.config.failing_tool_threshold
+        if not any(_ERROR_OUTCOME in c.outcomes for c in calls.values()):
+            self._failing_tools = {}  # no call failed in this turn: every tool's streak ends here
+            return []
         by_tool: dict[str, list[_TurnCall]] = {}
         for call in calls.values():
             by_tool.setdefault(call.tool, []).append(call)
         streaks: dict[str, _FailingToolStreak] = {}
         fired: list[Anomaly] = []
         for tool, tool_calls in by_tool.items():
-            if any(c.outcomes != {_ERROR_OUTCOME} for c in tool_calls):
+            if any(c.outcomes != _ERROR_ONLY for c in tool_calls):
                 continue  # a success (or no failure) in this turn ends the tool's streak
             streak = self._failing_tools.get(tool) or _FailingToolStreak(
                 tool, turn, 0, tool_calls[0].key, False, deque(maxlen=self.config.max_call_ids))

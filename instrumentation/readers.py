@@ -69,17 +69,41 @@ _MAX_OPEN_TRACES = 10_000
 
 
 class KeySelection(frozenset):
-    """The attribute keys detection decodes: an exact set plus the prefixes of indexed attributes."""
+    """The attribute keys detection decodes: an exact set plus the prefixes of indexed attributes.
+
+    ``verdicts[key]`` is ``key in selection``, remembered: a file repeats the same few dozen keys on every span, and
+    one dict look-up is cheaper than testing the prefixes each time.
+    """
 
     prefixes: tuple[str, ...] = ()
+    verdicts: dict[str, bool]
 
     def __new__(cls, keys: frozenset[str], prefixes: tuple[str, ...]) -> KeySelection:
         selection = super().__new__(cls, keys)
         selection.prefixes = prefixes
+        selection.verdicts = _Verdicts(selection)
         return selection
 
     def __contains__(self, key: object) -> bool:
         return frozenset.__contains__(self, key) or (isinstance(key, str) and key.startswith(self.prefixes))
+
+
+class _Verdicts(dict):
+    """Whether a selection holds a key, worked out once per key (at most ``_MAX_VERDICTS`` kept: a hostile file could
+    make keys without end)."""
+
+    def __init__(self, selection: KeySelection) -> None:
+        super().__init__()
+        self.selection = selection
+
+    def __missing__(self, key: str) -> bool:
+        verdict = key in self.selection
+        if len(self) < _MAX_VERDICTS:
+            self[key] = verdict
+        return verdict
+
+
+_MAX_VERDICTS = 100_000
 
 
 @dataclass(slots=True)
@@ -134,6 +158,8 @@ class ProducerReader:
         elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
                 key.startswith((OLL_PROMPT, OLL_COMPLETION)) for key in attributes):  # OpenLLMetry named no operation
             neutral = _from_openllmetry(span)
+        elif type(span) is NeutralSpan:
+            neutral = span  # already in our vocabulary and made for this reader (a file reader's, a processor's)
         else:
             neutral = _from_gen_ai(span)
         _join_session(neutral, span)

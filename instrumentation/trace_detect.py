@@ -25,26 +25,29 @@ from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, Pro
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 # The only span attributes detection reads: a reader can skip decoding everything else.
-DETECTION_KEYS = frozenset({
+_OWN_KEYS = frozenset({
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_CALL_ARGUMENTS,
     sc.GEN_AI_TOOL_CALL_RESULT, sc.TOOL_ARGUMENTS_DIGEST, sc.TOOL_RESULT_DIGEST, sc.TOOL_IS_ERROR, sc.ERROR_TYPE,
     sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
     sc.GEN_AI_CONVERSATION_ID,
 })
 # ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
-DETECTION_KEYS = KeySelection(DETECTION_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
+DETECTION_KEYS = KeySelection(_OWN_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
 _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 
 @dataclass(slots=True)
 class _Call:
+    """A tool call of an open run; it is also what the detector is fed (it reads a `ToolCall`'s fields by name)."""
+
     start_ns: int
     tool: str
     arguments: Any
     call_id: str | None
     is_error: bool
-    digest: str | None
+    result_digest: str | None
     result: Any = None  # the recorded result (content capture on): error texts, and the batch an error came in
+    turn: int = 0  # set when the run is judged
 
 
 @dataclass(slots=True)
@@ -139,9 +142,9 @@ class RunRebuilder:
     def _replay(self, run: _OpenRun, calls: list[_Call]) -> LoopDetector:
         detector = LoopDetector(self.config)
         for turn, turn_calls in _assign_turns(_model_call_starts(run.model_spans), calls):
-            for call in turn_calls:
+            for call in turn_calls:  # (a check for `watch`, not the hot path: without the results, as before)
                 detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
-                                          is_error=call.is_error, result_digest=call.digest))
+                                          is_error=call.is_error, result_digest=call.result_digest))
             detector.end_turn(turn)
         return detector
 
@@ -159,8 +162,8 @@ class RunRebuilder:
         said = _texts_by_turn(model_starts, run.model_outputs) if any(c.is_error for c in run.calls) else {}
         for turn, calls in turns:
             for call in calls:
-                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
-                                          is_error=call.is_error, result=call.result, result_digest=call.digest))
+                call.turn = turn
+                detector.observe(call)  # type: ignore[arg-type]  # read field by field: _Call has ToolCall's fields
             detector.end_turn(turn, said.get(turn))
         last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
         _, stop_reason, model_output = run.last_model
@@ -224,7 +227,7 @@ def _call_of(span: Any) -> _Call:
         digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
     is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
     return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
-                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, digest=digest,
+                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest,
                  result=a.get(sc.GEN_AI_TOOL_CALL_RESULT))
 
 

@@ -1,7 +1,7 @@
-"""``python -m looptrace``: the same CLI as the ``looptrace`` command."""
+"""``python -m looptrace``: the same CLI as the ``looptrace`` command (`detect` and `traces` without the runtime)."""
 
 import sys
 
-from looptrace.runtime.cli import main
+from looptrace.runtime.entry import main
 
 sys.exit(main())

@@ -13,14 +13,19 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace import __version__
 from looptrace.instrumentation.logs import install_cli_rendering
 from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
 
 from .result import RunResult, RunStatus
-from .trace_commands import UsageError, add_trace_commands, tolerate_any_terminal
+
+# The parser class and the closed-pipe handling live with the trace commands, which start without this module
+# (`looptrace detect` must not pay for the settings, logging and result modules imported here).
+from .trace_commands import EXIT_CLOSED_PIPE, UsageError, add_trace_commands, tolerate_any_terminal
+from .trace_commands import Parser as _Parser
+from .trace_commands import silence_stdout as _silence_stdout
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
@@ -36,7 +41,6 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, an unreadable trace file
 EXIT_NOT_FOUND = 3  # traces show: no such trace
 EXIT_INTERRUPTED = 130
-EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for any program whose reader went away (`| head`)
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report it
 EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.DONE: EXIT_OK,
@@ -73,17 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CLOSED_PIPE
 
 
-def _silence_stdout() -> None:
-    """The reader of stdout is gone (`looptrace demo | head -3`): nothing more can be shown, and Python's own flush at
-    exit must not complain about it either. The run itself was not cut short, and its telemetry was closed."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test harness)
-        pass
-
-
 def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -105,13 +98,6 @@ def _main(argv: list[str] | None) -> int:
         print(f"looptrace: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""),
               file=sys.stderr)
         return EXIT_USAGE
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line, as every other usage error is: the full usage is one --help away."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:

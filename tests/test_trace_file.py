@@ -499,11 +499,14 @@ def test_show_reads_the_file_once_and_parses_only_the_lines_of_the_trace_it_show
 
 
 def test_detect_skips_parsing_lines_that_cannot_matter_and_finds_the_same(demo_file, capsys, monkeypatch):
+    from looptrace.runtime import trace_commands
+
     code, full, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     parsed = []
     real_loads = json.loads
-    monkeypatch.setattr(json, "loads", lambda raw, *a, **k: parsed.append(raw) or real_loads(raw, *a, **k))
+    # detect parses with whatever fast_json_loads gives (msgspec's decoder, or json.loads): record what it is given
+    monkeypatch.setattr(trace_commands, "fast_json_loads", lambda: lambda raw: parsed.append(raw) or real_loads(raw))
     code_again, again, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     turn_lines = [line for line in demo_file.read_bytes().splitlines() if b'"name":"turn' in line]
-    assert (code, full) == (code_again, again) and turn_lines
+    assert (code, full) == (code_again, again) and turn_lines and parsed
     assert not any(b'"name":"turn' in raw for raw in parsed if isinstance(raw, bytes))
