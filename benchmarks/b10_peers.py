@@ -8,9 +8,9 @@ process CPU time, all threads included, so a background export thread's work cou
 
 Variants, each against the same bare loop (no instrumentation at all):
 
-* looptrace, file export (``configure(exporters="file")``, the default) and OTLP export (``exporters="otlp"`` to a local
-  OTLP/HTTP sink that accepts and discards): ``Agent`` with the detector and content capture on, traces only (no
-  MeterProvider given to the Agent).
+* looptrace, file export (the default: an ``Agent`` given no provider, writing the trace file the environment names)
+  and OTLP export (``configure(exporters="otlp")`` to a local OTLP/HTTP sink that accepts and discards): ``Agent``
+  with the detector and content capture on, traces only (no MeterProvider given to the Agent).
 * the peers, each exporting over OTLP/HTTP (protobuf, batched) to the same sink: OpenLLMetry's anthropic
   instrumentation (content on: its default), OpenTelemetry's genai-anthropic instrumentation (content on the span:
   ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY``, not its default), OpenInference's anthropic

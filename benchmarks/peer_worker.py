@@ -221,7 +221,9 @@ def looptrace_agent(provider, **options: Any):
 
 
 class Looptrace(ProviderVariant):
-    """looptrace's Agent through the same client; its exporters as ``configure`` sets them up (traces only)."""
+    """looptrace's Agent through the same client. File export: the Agent as it comes, given no provider, writing
+    the default trace file (the environment names its path), as a library user gets it. OTLP export: the exporters
+    as ``configure`` sets them up (traces only)."""
 
     packages = ("looptrace",)
 
@@ -230,13 +232,19 @@ class Looptrace(ProviderVariant):
 
         self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench10-")
         self.trace_file = os.path.join(self._tmp.name, "traces.jsonl")
+        self.exporter = exporter
+        if exporter == "file":
+            os.environ["LOOPTRACE_TRACE_FILE"] = self.trace_file
+            os.environ["LOOPTRACE_SPILL_FILE"] = os.path.join(self._tmp.name, "spill.jsonl")
+            self.telemetry = self.provider = None
+            self.agent = looptrace_agent(None)
+            return
         if exporter == "otlp":
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = SINK_URL
             os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
         self.telemetry = configure(exporters=exporter, trace_file=self.trace_file, set_global=False,
                                    spill_file=os.path.join(self._tmp.name, "spill.jsonl"))
         self.provider = self.telemetry.tracer_provider
-        self.exporter = exporter
         # No meter_provider: like the other rows, traces only (configure's metrics would add their own cost).
         self.agent = looptrace_agent(self.provider)
 
@@ -244,13 +252,18 @@ class Looptrace(ProviderVariant):
         result = self.agent.run(CONFIG["task"])
         assert result.status.value == "done" and result.turns == CONFIG["calls"], (result.status, result.error)
 
+    def flush(self) -> None:
+        if self.provider is not None:  # the default file path writes each span as it ends: nothing to flush
+            super().flush()
+
     def count(self) -> dict[str, int | None]:
         if self.exporter != "file":
             return super().count()
         return _count_file(self.trace_file, lambda: (self.run_once(), self.flush()))
 
     def shutdown(self) -> None:
-        self.telemetry.shutdown()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
         self._tmp.cleanup()
 
 
