@@ -41,7 +41,6 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util._decorator import _agnosticcontextmanager
 
-from .otlp_json import encode_line
 from .settings import Settings
 from .trace_writer import TraceFileWriter
 
@@ -276,12 +275,7 @@ class DirectSpan(trace.Span):
                 _logger.warning("Calling end() on an ended span.")
                 return
             self.end_time = end_time if end_time is not None else time_ns()
-        try:
-            line = encode_line(self)
-        except Exception as error:  # noqa: BLE001 - a bug of ours costs this span (counted), never the agent
-            self._writer.lost(1, error)
-            return
-        self._writer.write(line)
+        self._writer.write_span(self)
 
     def __exit__(self, exc_type: Any, exc_val: BaseException | None, exc_tb: Any) -> None:
         if exc_val is not None and self.is_recording():

@@ -219,24 +219,20 @@ def span_record(span: dict[str, Any], resource: dict[str, Any], scope: Any,
                 keys: frozenset[str] | None = None) -> SpanRecord:
     """One OTLP/JSON span object as a SpanRecord; raises ValueError (or kin) when it is not one."""
     get = span.get
-    trace_id, span_id = span["traceId"], span["spanId"]
-    if type(trace_id) is not str or type(span_id) is not str:
-        raise ValueError("traceId and spanId must be hex strings")
-    parent = get("parentSpanId")
-    name = get("name", "")
+    trace_id, span_id, parent, name = span_identity(span)
     status = get("status") or {}
     events = get("events")
     message = status.get("message", "")
     return SpanRecord(
-        trace_id.lower(),
-        span_id.lower(),
-        parent.lower() if parent and type(parent) is str else None,
-        name if type(name) is str else json.dumps(name),
+        trace_id,
+        span_id,
+        parent,
+        name,
         decode_span_kind(get("kind", 0)),
-        _nanoseconds(get("startTimeUnixNano")),
-        _nanoseconds(get("endTimeUnixNano")),
+        nanoseconds(get("startTimeUnixNano")),
+        nanoseconds(get("endTimeUnixNano")),
         decode_attributes(get("attributes"), keys),
-        [(str(e.get("name", "")), _nanoseconds(e.get("timeUnixNano")), decode_attributes(e.get("attributes"), keys))
+        [(str(e.get("name", "")), nanoseconds(e.get("timeUnixNano")), decode_attributes(e.get("attributes"), keys))
          for e in events] if events else [],
         decode_status_code(status.get("code", 0)),
         message if type(message) is str else str(message),
@@ -245,7 +241,19 @@ def span_record(span: dict[str, Any], resource: dict[str, Any], scope: Any,
     )
 
 
-def _nanoseconds(value: Any) -> int:
+def span_identity(span: dict[str, Any]) -> tuple[str, str, str | None, str]:
+    """A span object's trace id, span id, parent span id (None for a root) and name, normalised; raises ValueError
+    (or kin) when they are not what OTLP/JSON says they are."""
+    trace_id, span_id = span["traceId"], span["spanId"]
+    if type(trace_id) is not str or type(span_id) is not str:
+        raise ValueError("traceId and spanId must be hex strings")
+    parent = span.get("parentSpanId")
+    name = span.get("name", "")
+    return (trace_id.lower(), span_id.lower(), parent.lower() if parent and type(parent) is str else None,
+            name if type(name) is str else json.dumps(name))
+
+
+def nanoseconds(value: Any) -> int:
     try:
         return int(value or 0)
     except (TypeError, ValueError):

@@ -17,6 +17,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -93,6 +94,16 @@ class TraceFileWriter:
                 return False
         return True
 
+    def write_span(self, span: Any) -> bool:
+        """Append one finished span (an SDK ``ReadableSpan`` or a direct span) as its own line. A span that cannot be
+        encoded is a bug of ours: it costs that span, counted and reported, never the agent."""
+        try:
+            line = encode_line(span)
+        except Exception as error:  # noqa: BLE001 - see above
+            self.lost(1, error)
+            return False
+        return self.write(line)
+
     def lost(self, spans: int, error: BaseException) -> None:
         with self._lock:
             self.lost_spans += spans
@@ -147,12 +158,7 @@ class TraceFileProcessor(_OnTheTraceFile, SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
-        try:
-            line = encode_line(span)
-        except Exception as error:  # noqa: BLE001 - a bug of ours costs this span (counted), never the agent
-            self.writer.lost(1, error)
-            return
-        self.writer.write(line)
+        self.writer.write_span(span)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # every span was written when it ended

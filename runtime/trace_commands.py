@@ -31,8 +31,10 @@ from looptrace.instrumentation.otlp_file import (
     decode_status_code,
     decode_value,
     default_trace_file,
+    nanoseconds,
     raw_spans,
     read_lines,
+    span_identity,
     span_record,
 )
 
@@ -279,11 +281,7 @@ def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
             spans = []
             for span, _, _ in raw_spans(data):
                 get = span.get
-                trace_id, span_id = span["traceId"], span["spanId"]
-                if type(trace_id) is not str or type(span_id) is not str:
-                    raise ValueError("traceId and spanId must be hex strings")
-                parent = get("parentSpanId")
-                name = get("name", "")
+                trace_id, span_id, parent, name = span_identity(span)
                 status = get("status") or {}
                 message = status.get("message", "")  # noqa: F841 - read for its check: a status must be an object
                 events = get("events")
@@ -292,23 +290,15 @@ def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
                         event.get("name")
                         attributes_of(event.get("attributes"))
                 spans.append(NeutralSpan(
-                    trace_id.lower(), span_id.lower(), parent.lower() if parent and type(parent) is str else None,
-                    name if type(name) is str else json.dumps(name), _nanoseconds(get("startTimeUnixNano")),
+                    trace_id, span_id, parent, name, nanoseconds(get("startTimeUnixNano")),
                     attributes_of(get("attributes")), decode_status_code(status.get("code", 0)),
-                    _nanoseconds(get("endTimeUnixNano"))))
+                    nanoseconds(get("endTimeUnixNano"))))
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
             report(BadLine(number, _not_trace_data(exc)))
             continue
         if spans:
             report.saw_span()
             yield from spans
-
-
-def _nanoseconds(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _not_trace_data(exc: BaseException) -> str:
