@@ -690,10 +690,15 @@ class _UnresolvedError:
 
 @dataclass(slots=True)
 class _Batch:
-    """The successful results of one turn's calls, kept only while an error of that turn is unresolved."""
+    """The successful results of a turn that returned an error, kept while an error of that turn is unresolved. Made
+    at the turn's first error (a turn without errors makes none), from the successes the turn had returned so far."""
 
     turn: int
     results: list[tuple[str, Any]] = field(default_factory=list)  # (tool, its result as given: a reference, no copy)
+
+    def add(self, observed: _Observed) -> None:
+        if len(self.results) < _MAX_BATCH_RESULTS and observed.raw_result is not None:
+            self.results.append((observed.tool, observed.raw_result))
 
 
 @dataclass(slots=True)
@@ -747,7 +752,7 @@ class LoopDetector:
         self._unresolved: dict[str, _ToolErrors] = {}
         self._run_ended = False
         self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
-        self._batch: _Batch | None = None  # the current turn's successful results, for errors in the same turn
+        self._batch: _Batch | None = None  # the current turn's successful results, once the turn returned an error
         # Failures of earlier runs of the session still unresolved, the most recent; only the judge reads them.
         self._earlier_errors: deque[tuple[str, _UnresolvedError]] = deque(maxlen=self.config.max_errors_per_tool)
         self._calls_this_run = 0
@@ -1000,7 +1005,8 @@ class LoopDetector:
         if self._batch is not None and self._batch.turn != turn:
             self._batch = None
         if not observed.is_error:
-            self._note_batch_result(observed, turn)
+            if self._batch is not None:  # this turn already returned an error: its batch keeps this result too
+                self._batch.add(observed)
             if self._earlier_errors:
                 self._resolve_earlier(observed)
             if self._unresolved:
@@ -1028,8 +1034,11 @@ class LoopDetector:
                                                   moved_on=same.moved_on, first_turn=same.first_turn))
             return
         errors.total += 1
-        if self._batch is None:
+        if self._batch is None:  # the turn's first error: its batch starts with the successes already returned
             self._batch = _Batch(turn)
+            for earlier in self._pending:
+                if not earlier.is_error:
+                    self._batch.add(earlier)
         errors.recent.append(_UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
                                               observed.key, call_targets(observed.raw_arguments), first_turn=turn,
                                               batch=self._batch))
@@ -1040,15 +1049,6 @@ class LoopDetector:
                 if tool != observed.tool or not _resolves(e, observed.key, targets)]
         if len(kept) != len(self._earlier_errors):
             self._earlier_errors = deque(kept, maxlen=self.config.max_errors_per_tool)
-
-    def _note_batch_result(self, observed: _Observed, turn: int) -> None:
-        """Keep the start of a success's result while its turn may still hold (or get) an error: an answer that draws
-        on these and passes over the failure beside them is what `_passed_over` looks for. Only references are kept,
-        and only until the next turn unless an error of this turn holds on to them."""
-        if self._batch is None:
-            self._batch = _Batch(turn, [])
-        if len(self._batch.results) < _MAX_BATCH_RESULTS and observed.raw_result is not None:
-            self._batch.results.append((observed.tool, observed.raw_result))
 
     def _note_later_call(self, observed: _Observed, turn: int) -> None:
         for errors in self._unresolved.values():
