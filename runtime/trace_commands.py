@@ -241,15 +241,26 @@ class LineReporter:
 def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
              parse: Any = None) -> Iterator[SpanRecord]:
     """Every span of the file, each line decoded once; a line that is JSON but not trace data is reported."""
+
+    def records(data: Any) -> list[SpanRecord]:
+        decoded_resource: dict[str, Any] = {}
+        last_resource: Any = None
+        spans = []
+        for span, resource, scope in raw_spans(data):
+            if keys is None and resource is not last_resource:
+                decoded_resource, last_resource = decode_attributes(resource), resource
+            spans.append(span_record(span, decoded_resource, scope, keys))
+        return spans
+
+    return _spans_by_line(path, report, parse, records)
+
+
+def _spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -> Iterator[Any]:
+    """The spans ``spans_in`` makes of each parsed line, in file order; a line it refuses (it raises: JSON, but not
+    trace data) is reported and skipped whole, so one bad span never leaves half a line read."""
     for number, data in read_lines(path, report, report.progress, parse):
         try:
-            decoded_resource: dict[str, Any] = {}
-            last_resource: Any = None
-            spans = []
-            for span, resource, scope in raw_spans(data):
-                if keys is None and resource is not last_resource:
-                    decoded_resource, last_resource = decode_attributes(resource), resource
-                spans.append(span_record(span, decoded_resource, scope, keys))
+            spans = spans_in(data)
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
             report(BadLine(number, _not_trace_data(exc)))
             continue
@@ -276,29 +287,25 @@ def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
         return {key: value["stringValue"] if "stringValue" in value else decode_value(value)
                 for item in items if verdicts[key := item["key"]] for value in (item.get("value") or {},)}
 
-    for number, data in read_lines(path, report, report.progress, detection_parser()):
-        try:
-            spans = []
-            for span, _, _ in raw_spans(data):
-                get = span.get
-                trace_id, span_id, parent, name = span_identity(span)
-                status = get("status") or {}
-                message = status.get("message", "")  # noqa: F841 - read for its check: a status must be an object
-                events = get("events")
-                if events:  # not read by detection, but a line whose events are not trace data is reported
-                    for event in events:
-                        event.get("name")
-                        attributes_of(event.get("attributes"))
-                spans.append(NeutralSpan(
-                    trace_id, span_id, parent, name, nanoseconds(get("startTimeUnixNano")),
-                    attributes_of(get("attributes")), decode_status_code(status.get("code", 0)),
-                    nanoseconds(get("endTimeUnixNano"))))
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-            report(BadLine(number, _not_trace_data(exc)))
-            continue
-        if spans:
-            report.saw_span()
-            yield from spans
+    def neutral_spans(data: Any) -> list[NeutralSpan]:
+        spans = []
+        for span, _, _ in raw_spans(data):
+            get = span.get
+            trace_id, span_id, parent, name = span_identity(span)
+            status = get("status") or {}
+            status.get("message", "")  # read for its check: a status must be an object
+            events = get("events")
+            if events:  # not read by detection, but a line whose events are not trace data is reported
+                for event in events:
+                    event.get("name")
+                    attributes_of(event.get("attributes"))
+            spans.append(NeutralSpan(
+                trace_id, span_id, parent, name, nanoseconds(get("startTimeUnixNano")),
+                attributes_of(get("attributes")), decode_status_code(status.get("code", 0)),
+                nanoseconds(get("endTimeUnixNano"))))
+        return spans
+
+    return _spans_by_line(path, report, detection_parser(), neutral_spans)
 
 
 def _not_trace_data(exc: BaseException) -> str:
