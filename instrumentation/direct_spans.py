@@ -129,6 +129,20 @@ def _valid_link(context: Any, attributes: Any) -> bool:
     return bool(context and (context.is_valid or (attributes or context.trace_state)))
 
 
+def _appended(items: list[Any] | tuple[()], item: Any) -> tuple[list[Any], int]:
+    """``items`` with ``item`` added last, as the SDK keeps events and links: a list from the first item on (most
+    spans have none), the oldest dropped beyond the limit. Returns the list and how many were dropped (0 or 1)."""
+    if not items:
+        return [item], 0
+    assert isinstance(items, list)
+    dropped = 0
+    if len(items) >= LIMIT:
+        del items[0]
+        dropped = 1
+    items.append(item)
+    return items, dropped
+
+
 # --- spans ------------------------------------------------------------------------------------------------------------
 
 _UNSET = Status(StatusCode.UNSET)
@@ -211,13 +225,8 @@ class DirectSpan(trace.Span):
         event = _Event(name, attributes, timestamp)
         if self._ended("_add_event"):
             return
-        events = self.events
-        if not events:
-            events = self.events = []
-        elif len(events) >= LIMIT:
-            del events[0]
-            self.dropped_events += 1
-        events.append(event)
+        self.events, dropped = _appended(self.events, event)
+        self.dropped_events += dropped
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
         if not _valid_link(context, attributes):
@@ -227,13 +236,8 @@ class DirectSpan(trace.Span):
             self._append_link(link)
 
     def _append_link(self, link: _Link) -> None:
-        links = self.links
-        if not links:
-            links = self.links = []
-        elif len(links) >= LIMIT:
-            del links[0]
-            self.dropped_links += 1
-        links.append(link)
+        self.links, dropped = _appended(self.links, link)
+        self.dropped_links += dropped
 
     def update_name(self, name: str) -> None:
         if not self._ended("update_name"):
