@@ -88,23 +88,9 @@ def run(quick: bool = False) -> list[Row]:
             "on+metrics": agent(tracer_provider=metrics_provider, meter_provider=meter_provider),
             "on-unexported": agent(tracer_provider=bare_provider),
         }
-        responses = scenario.script(TURNS)
-        task = scenario.task("run-0")
-
         def looptrace_sample(name: str, provider: TracerProvider | None):
-            target = agents[name]
-
-            def sample() -> float:
-                models = [ScriptedModel(responses) for _ in range(runs_per_sample)]
-                started = clock()
-                for model in models:
-                    target.client = model
-                    target.run(task)
-                if provider is not None:
-                    provider.force_flush()
-                return clock() - started
-
-            return sample
+            return scenario.scripted_runs(agents[name], TURNS, runs_per_sample,
+                                          provider.force_flush if provider is not None else None)
 
         def raw_sample(tracer, provider: TracerProvider | None):
             def sample() -> float:

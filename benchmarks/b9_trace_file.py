@@ -120,22 +120,6 @@ def writing(quick: bool, tmp: str) -> list[Row]:
             "on+detector": agent(),  # the Agent as it comes: default telemetry and the detector
             "sdk": agent(tracer_provider=sdk_provider, detector=False),  # the same file through the SDK's spans
         }
-        responses = scenario.script(TURNS)
-        task = scenario.task("run-0")
-
-        def looptrace_sample(name: str):
-            target = agents[name]
-
-            def sample() -> float:
-                models = [ScriptedModel(responses) for _ in range(runs_per_sample)]
-                started = clock()
-                for model in models:
-                    target.client = model
-                    target.run(task)
-                return clock() - started
-
-            return sample
-
         def raw_sample() -> float:
             started = clock()
             for _ in range(runs_per_sample):
@@ -145,7 +129,7 @@ def writing(quick: bool, tmp: str) -> list[Row]:
 
         say(f"  9: writing: {reps} x (off, on, on+detector, sdk, raw), {runs_per_sample} runs of {TURNS} turns "
             f"({recording.span_count} spans per run)")
-        variants = {name: looptrace_sample(name) for name in agents}
+        variants = {name: scenario.scripted_runs(agent, TURNS, runs_per_sample) for name, agent in agents.items()}
         samples = interleave({**variants, "raw": raw_sample}, reps=reps)
         path = default_path_taken()
     sdk_provider.shutdown()

@@ -6,6 +6,7 @@ the full distance; only the thing a benchmark varies differs between its variant
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from looptrace.runtime import Limits, tool
@@ -94,3 +95,27 @@ def respond(request: dict[str, Any], turns: int) -> dict[str, Any]:
 
 def task(run: str) -> str:
     return f"{run}: look up every widget, one step at a time."
+
+
+def scripted_runs(agent: Any, turns: int, runs: int, flush: Any = None) -> Callable[[], float]:
+    """A benchmark sample: ``runs`` runs of ``agent`` through the scripted conversation of ``turns`` turns (a fresh
+    ScriptedModel each, made before the clock starts), then ``flush()`` if given, so an export is paid inside the
+    sample; returns the seconds it took."""
+    from looptrace.runtime.models import ScriptedModel
+
+    from .common import clock
+
+    responses, request = script(turns), task("run-0")
+
+    def sample() -> float:
+        models = [ScriptedModel(responses) for _ in range(runs)]
+        started = clock()
+        for model in models:
+            agent.client = model
+            agent.run(request)
+        if flush is not None:
+            flush()
+        return clock() - started
+
+    return sample
+
