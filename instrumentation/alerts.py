@@ -1,9 +1,12 @@
-"""Where an anomaly goes besides the spans and the metric: a log line, a webhook, your own callback.
+"""Where an anomaly goes besides the spans and the metric: a log line, a webhook, your own callback, a Langfuse score.
 
+``AnomalySinks`` is the whole fan-out, built once from the settings by each entry point (``configure()``, the embedded
+default an Agent falls back on, ``looptrace watch``), so an anomaly reaches the same places whoever set things up.
 Every sink is on by default where it costs nothing (the structlog WARNING); the webhook is on when a URL is given
-(``LOOPTRACE_ALERT_WEBHOOK``). A webhook posts at most once per run and anomaly type, from a background thread, with
-a timeout: an alert channel that is slow or down never holds up the agent. Webhook URLs are credentials (a Slack
-incoming-webhook URL is enough to post to the channel), so only their host is ever logged.
+(``LOOPTRACE_ALERT_WEBHOOK``); the score when the spans go to Langfuse. A webhook posts at most once per run and
+anomaly type, from a background thread, with a timeout: an alert channel that is slow or down never holds up the
+agent. Webhook URLs are credentials (a Slack incoming-webhook URL is enough to post to the channel), so only their
+host is ever logged.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ import urllib.error
 import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .detector import Anomaly
+from .interface import Action
 from .logs import log
+
+if TYPE_CHECKING:
+    from .langfuse import LangfuseScores
+    from .settings import Settings
 
 _MAX_REMEMBERED_POSTS = 10_000
 
@@ -30,7 +39,10 @@ class AlertContext:
     agent: str
     trace_id: str
     span_id: str
-    action: str  # warn | nudge | stop
+    action: Action
+
+
+AlertCallback = Callable[[Anomaly, AlertContext], None]
 
 
 class Alerts:
@@ -41,13 +53,9 @@ class Alerts:
         *,
         webhook_url: str | None = None,
         webhook_timeout_s: float = 5.0,
-        callback: Callable[[Any, AlertContext], None] | None = None,
+        callback: AlertCallback | None = None,
         log_warnings: bool = True,
     ) -> None:
-        if webhook_url is None:
-            from .settings import Settings
-
-            webhook_url = Settings.from_env().alert_webhook
         self.webhook_url = webhook_url or None
         if self.webhook_url and urlsplit(self.webhook_url).scheme not in ("http", "https"):
             # Said without the URL: the URL is the credential.
@@ -60,7 +68,12 @@ class Alerts:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def send(self, anomaly: Any, context: AlertContext) -> None:
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> Alerts:
+        """The log line, and the webhook when the settings name one (``LOOPTRACE_ALERT_WEBHOOK``)."""
+        return cls(webhook_url=settings.alert_webhook or None, **options)
+
+    def send(self, anomaly: Anomaly, context: AlertContext) -> None:
         if self.log_warnings:
             log.warning(
                 "loop_anomaly",
@@ -124,7 +137,32 @@ class Alerts:
         log.warning("alert_webhook_failed", host=urlsplit(self.webhook_url).hostname, cause=cause)
 
 
-def webhook_payload(anomaly: Any, context: AlertContext) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class AnomalySinks:
+    """Every place an anomaly report goes besides the trace: the alerts (log line, webhook, callback) and, when the
+    spans go to Langfuse, the ``loop_anomaly`` score on the run's trace. One report, one call of ``send``."""
+
+    alerts: Alerts
+    scores: LangfuseScores | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, scores: LangfuseScores | None = None) -> AnomalySinks:
+        return cls(alerts=Alerts.from_settings(settings), scores=scores)
+
+    def with_alerts(self, alerts: Alerts | None) -> AnomalySinks:
+        """The same sinks with the alerts an Agent was given (``Agent(alerts=...)``) in place of these."""
+        return self if alerts is None or alerts is self.alerts else replace(self, alerts=alerts)
+
+    def send(self, anomaly: Anomaly, context: AlertContext) -> None:
+        self.alerts.send(anomaly, context)
+        if self.scores is not None:
+            try:
+                self.scores.anomaly(context.trace_id, anomaly.type, anomaly.message, span_id=context.span_id)
+            except Exception as exc:  # a score that cannot even be queued must not fail the run it describes
+                log.warning("langfuse_score_failed", error=type(exc).__name__)
+
+
+def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
     """A JSON body that Slack (and anything reading a ``text`` field) shows as is, with the details beside it."""
     tool = f" in `{anomaly.tool}`" if anomaly.tool else ""
     text = (f":warning: looptrace: {anomaly.type}{tool} (agent `{context.agent}`, turn {anomaly.turn}, "

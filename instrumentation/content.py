@@ -46,14 +46,17 @@ def capture_mode(value: str | None) -> CaptureMode | None:
     return CaptureMode[name]
 
 
-def capture_mode_from_env() -> CaptureMode:
-    """Content is captured on spans unless switched off: seeing a tool's arguments is the point of tracing an agent
-    (the Langfuse SDK and OpenLLMetry capture by default too). LOOPTRACE_CAPTURE_CONTENT wins over the conventions'
-    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; both take the modes above or true/false."""
-    from .settings import Settings
-
-    return capture_mode(Settings.from_env().capture_setting) or CaptureMode.SPAN_ONLY
-
+def resolve_capture(setting: bool | str | CaptureMode | None) -> CaptureMode:
+    """The capture mode of an Agent's ``capture_content`` argument or of the settings' capture variable. Content is
+    captured on spans unless switched off: seeing a tool's arguments is the point of tracing an agent (the Langfuse SDK
+    and OpenLLMetry capture by default too). LOOPTRACE_CAPTURE_CONTENT wins over the conventions'
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (settings.py reads both); both take the modes above or
+    true/false."""
+    if isinstance(setting, CaptureMode):
+        return setting
+    if isinstance(setting, bool):
+        return CaptureMode.SPAN_ONLY if setting else CaptureMode.NO_CONTENT
+    return capture_mode(setting) or CaptureMode.SPAN_ONLY
 
 
 def cap(text: str, limit: int) -> str:

@@ -67,3 +67,19 @@ def install_cli_rendering() -> None:
     if not any(isinstance(handler, _StructlogHandler) for handler in logger.handlers):
         logger.addHandler(_StructlogHandler())
     logger.propagate = False  # rendered once, by structlog, not again by a root handler
+
+
+_failures_said: set[tuple[str, str]] = set()
+telemetry_failures = 0  # spans (or parts of them) that could not be recorded, since the process started
+
+
+def telemetry_failed(where: str, exc: BaseException) -> None:
+    """Telemetry that failed to record ``where`` (a span, an attribute): counted, and said once per place and cause,
+    never raised into the run it describes."""
+    global telemetry_failures
+    telemetry_failures += 1
+    said = (where, type(exc).__qualname__)
+    if said not in _failures_said:
+        _failures_said.add(said)
+        log.warning("telemetry_failed", where=where, error=type(exc).__qualname__,
+                    hint="the run goes on; this part of its trace is missing")

@@ -51,10 +51,12 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .alerts import AnomalySinks
 from .delivery import GuardedExporter, GuardedMetricExporter
 from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log
+from .providers import register_sinks
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
 from .spill import SpillFile
 from .trace_writer import TraceFileProcessor
@@ -81,7 +83,8 @@ class Telemetry:
 
     ``owns_provider`` is False when looptrace's processors were added to the application's provider: flush and shutdown
     then touch looptrace's processors only, never the application's. ``scores`` sends Langfuse scores (the anomaly
-    score) when the langfuse exporter is on, and is None otherwise.
+    score) when the langfuse exporter is on, and is None otherwise. ``sinks`` is the anomaly fan-out of every run on
+    ``tracer_provider`` (log line, webhook, score), registered with the provider so any Agent's runs on it use it.
     """
 
     tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's for the embedded file-only default
@@ -91,6 +94,7 @@ class Telemetry:
     meter_provider: MeterProvider | None = None
     spill_file: Path | None = None
     scores: Any = None  # langfuse.LangfuseScores | None
+    sinks: AnomalySinks | None = None  # where the anomalies of runs on this provider go (built once, from settings)
     owns_provider: bool = True
     processors: list[SpanProcessor] = field(default_factory=list)
     guards: list[GuardedExporter] = field(default_factory=list)
@@ -335,8 +339,16 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
 def _build_direct(settings: Settings) -> Telemetry:
     """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
     provider = DirectTracerProvider(_resource(settings), settings.trace_file)
-    return Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
-                     trace_file=settings.trace_file, meter_provider=None)
+    telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
+                          trace_file=settings.trace_file, meter_provider=None)
+    _register_sinks(telemetry)
+    return telemetry
+
+
+def _register_sinks(telemetry: Telemetry) -> None:
+    """The anomaly fan-out of the runs on this telemetry's provider, built once from its settings."""
+    telemetry.sinks = AnomalySinks.from_settings(telemetry.settings, scores=telemetry.scores)
+    register_sinks(telemetry.tracer_provider, telemetry.sinks)
 
 
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
@@ -368,6 +380,7 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         # Runs on this provider get a link to their trace in Langfuse's UI (RunResult.trace_url).
         register_trace_links(provider, TraceLinks(settings.langfuse))
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
+    _register_sinks(telemetry)
     return telemetry
 
 

@@ -9,6 +9,7 @@ telemetry switched off), every method returns before building a single attribute
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,19 +22,21 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 
 from . import langfuse
 from . import semconv as sc
+from .alerts import AlertContext, Alerts, AnomalySinks
 from .content import (
     CaptureMode,
     MessageLog,
     cap,
-    capture_mode,
     genai_message,
     genai_tool_definition,
     last_user_text,
     redact,
+    resolve_capture,
     to_json,
 )
-from .detector import canonical_arguments, result_digest
-from .interface import ToolTrace
+from .detector import Anomaly, canonical_arguments, result_digest
+from .instrumented_model import InstrumentedModel
+from .interface import Action, CostOf, ModelLike, ToolTrace, Usage
 from .langfuse import generation_attributes, trace_attributes
 from .metrics import LoopMetrics
 from .providers import providers_for_run
@@ -50,20 +53,25 @@ _quote = json.encoder.encode_basestring  # a text as JSON, exactly as content.to
 
 
 class Tracing:
-    """Span factory for an agent (``interface.AgentTracing`` with OpenTelemetry). Cheap to create; holds no per-run
-    state. Where spans go is decided per run (``providers.providers_for_run``)."""
+    """Span factory for an agent (``interface.AgentTelemetry`` with OpenTelemetry). Cheap to create; holds no per-run
+    state. Where spans and anomaly reports go is decided per run (``providers.providers_for_run``).
+
+    ``sinks`` are the anomaly sinks the Agent's own settings describe, used on a provider that has none registered;
+    ``alerts``, when given (``Agent(alerts=...)``), takes the place of the alerts part of whichever sinks a run uses.
+    """
 
     def __init__(
         self,
+        settings: Settings,
         *,
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool | str | CaptureMode | None = None,
         max_attribute_chars: int | None = None,
         meter_provider: Any = None,
         enabled: bool = True,
-        settings: Settings | None = None,
+        sinks: AnomalySinks | None = None,
+        alerts: Alerts | None = None,
     ) -> None:
-        settings = settings or Settings.from_env()
         self.enabled = enabled
         self.settings = settings
         self._tracer_provider = tracer_provider
@@ -71,7 +79,11 @@ class Tracing:
         self._resolved: tuple[Any, Any] | None = None  # the providers of the latest run ...
         self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
         self.metrics: LoopMetrics | None = None
-        self.capture = _capture_mode(settings.capture_setting if capture_content is None else capture_content)
+        self.alerts = alerts
+        self._own_sinks = (sinks or AnomalySinks.from_settings(settings)).with_alerts(alerts)
+        self.sinks = self._own_sinks  # the latest run's
+        self.captures_content = settings.capture_content if capture_content is None else bool(capture_content)
+        self.capture = resolve_capture(settings.capture_setting if capture_content is None else capture_content)
         self.capture_content = self.capture.on_spans  # content attributes on spans
         self.capture_events = self.capture.in_events  # content on each chat span's content event
         self.max_chars = max_attribute_chars or settings.max_attribute_chars
@@ -81,8 +93,15 @@ class Tracing:
         """The tracer of the current run's provider."""
         return self._tracer
 
+    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
+        """``model`` with a chat span per call, opened under the turn current while it runs."""
+        return InstrumentedModel(model, cost_of=cost_of, judge=judge)
+
     def _select_providers(self) -> None:
-        providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
+        tracer_provider, meter_provider, sinks = providers_for_run(self._tracer_provider, self._meter_provider,
+                                                                   self.settings)
+        self.sinks = self._own_sinks if sinks is None else sinks.with_alerts(self.alerts)
+        providers = (tracer_provider, meter_provider)
         if providers != self._resolved:
             self._resolved = providers
             self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
@@ -159,15 +178,6 @@ class Tracing:
         return RunSpan(self, span, agent, common, run_content, joins)
 
 
-def _capture_mode(setting: bool | str | CaptureMode | None) -> CaptureMode:
-    """An Agent's capture_content argument, or the settings' capture variable when None: SPAN_ONLY unless set."""
-    if isinstance(setting, CaptureMode):
-        return setting
-    if isinstance(setting, bool):
-        return CaptureMode.SPAN_ONLY if setting else CaptureMode.NO_CONTENT
-    return capture_mode(setting) or CaptureMode.SPAN_ONLY
-
-
 def _joins_outer_trace() -> bool:
     """Whether the run starts under a span that is not looptrace's: one from another process (a traceparent) or one
     the application made, which may never reach Langfuse. Such a run must still be its trace's root there."""
@@ -184,7 +194,8 @@ def _joins_outer_trace() -> bool:
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "span", "tracing")
+    __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "sinks", "span",
+                 "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
                  content: dict[str, str] | None = None, joins: bool = False) -> None:
@@ -197,6 +208,7 @@ class RunSpan:
         self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
         self.joins = joins  # the run joined an outer trace: its trace output is set explicitly too
         self.finish_reason = "error"  # of the newest model response, for the run's output message
+        self.sinks = tracing.sinks  # where this run's anomalies are reported, decided at its start
 
     @property
     def trace_url(self) -> str | None:
@@ -222,7 +234,7 @@ class RunSpan:
         )
         return TurnSpan(self, span)
 
-    def end(self, *, status: str, turns: int, usage: Any, cost_usd: float | None, anomalies: int,
+    def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
         metrics = self.tracing.metrics
         if metrics is not None:
@@ -265,13 +277,22 @@ class TurnSpan:
         self.recording = span.is_recording()
         self.flagged: str | None = None
 
-    def anomaly(self, anomaly: Any, action: str, tool_spans: Sequence[ToolTrace]) -> None:
-        """Record an anomaly where it happened: an event on this turn and on each offending call, and the metric."""
+    def activate(self) -> contextlib.AbstractContextManager:
+        """This turn current while its model call runs: the instrumented model opens the chat span under it."""
+        return _activate(self.span, self)
+
+    def report(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
+        """The one report of an anomaly: an event on this turn and on each offending call, the metric, and the run's
+        sinks (log line, webhook, Langfuse score). A sink that fails is the sink's business, never the run's."""
         metrics = self.run.tracing.metrics
         if metrics is not None:
             metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
-        if not self.recording:
-            return
+        if self.recording:
+            self._record_anomaly(anomaly, action, tool_spans)
+        self.run.sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=self.run.trace_id,
+                                                  span_id=self.run.span_id, action=action))
+
+    def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
         event = {
             # The conventions' evaluation verdict, with looptrace's own attributes beside it.
             sc.GEN_AI_EVALUATION_NAME: langfuse.ANOMALY_SCORE,
@@ -298,8 +319,11 @@ class TurnSpan:
             self.span.set_attribute(sc.NUDGE_TEXT, text)
 
     def start_chat(self, params: Mapping[str, Any], *, server_address: str | None, server_port: int | None,
-                   stream: bool) -> ChatSpan:
+                   stream: bool, judge: bool = False) -> ChatSpan | JudgeSpan:
+        """The span of one model call of this turn (see instrumented_model); ``judge`` for the detector's judge."""
         model = params.get("model", "")
+        if judge:
+            return JudgeSpan.start(self, model)
         if not self.recording:
             return ChatSpan(self.run, _NON_RECORDING, model, server_address, server_port)
         attributes = {
@@ -398,9 +422,14 @@ class ChatSpan:
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
 
-    def end(self, response: Mapping[str, Any], usage: Any, *, cost_usd: float | None) -> None:
+    def first_chunk(self, seconds: float) -> None:
+        """A streaming call's first chunk arrived ``seconds`` after the request was sent."""
+        if self.span.is_recording():
+            self.span.set_attribute(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, seconds)
+
+    def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None:
         # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
-        input_tokens = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+        input_tokens = usage.all_input_tokens
         metrics = self.run.tracing.metrics
         if metrics is not None:
             metrics.record_chat(agent=self.run.agent, request_model=self.model, response_model=response.get("model"),
@@ -429,7 +458,7 @@ class ChatSpan:
             input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
             cache_read_input_tokens=usage.cache_read_input_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            cache_creation_1h_input_tokens=_one_hour_cache_writes(response), cost_usd=cost_usd))
+            cache_creation_1h_input_tokens=Usage.one_hour_cache_writes(response), cost_usd=cost_usd))
         tracing = self.run.tracing
         if tracing.capture_content or tracing.capture_events:
             # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
@@ -459,17 +488,46 @@ class ChatSpan:
         self.span.end()
 
 
-def _one_hour_cache_writes(response: Mapping[str, Any]) -> int:
-    """Anthropic splits cache writes by lifetime in usage.cache_creation; without it every write is a 5-minute one."""
-    creation = (response.get("usage") or {}).get("cache_creation")
-    return (creation.get("ephemeral_1h_input_tokens") or 0) if isinstance(creation, Mapping) else 0
+class JudgeSpan:
+    """The span of one call of the detector's judge: a chat span of its own kind, marked ``looptrace.judge``, with
+    its tokens and cost (``looptrace.judge.cost_usd``), which are never the run's (no generation cost, no metric)."""
 
+    __slots__ = ("span",)
 
-def record_time_to_first_chunk(seconds: float) -> None:
-    """For a streaming model call: the time its first chunk took, on the chat span current while it runs."""
-    span = trace.get_current_span()
-    if span.is_recording():
-        span.set_attribute(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, seconds)
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    @classmethod
+    def start(cls, turn: TurnSpan, model: str) -> JudgeSpan:
+        if not turn.recording:
+            return cls(_NON_RECORDING)
+        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
+                      sc.GEN_AI_REQUEST_MODEL: model, sc.JUDGE: True, **turn.run.common}
+        return cls(turn.run.tracing.tracer.start_span(sc.chat_span_name(model),
+                                                      context=trace.set_span_in_context(turn.span),
+                                                      kind=SpanKind.CLIENT, attributes=attributes))
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        return _activate(self.span)
+
+    def first_chunk(self, seconds: float) -> None:
+        pass
+
+    def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None:
+        if not self.span.is_recording():
+            return
+        attributes: dict[str, Any] = {sc.GEN_AI_RESPONSE_ID: response.get("id") or "",
+                                      sc.GEN_AI_USAGE_INPUT_TOKENS: usage.all_input_tokens,
+                                      sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens}
+        if cost_usd is not None:
+            attributes[sc.JUDGE_COST_USD] = cost_usd
+        self.span.set_attributes(attributes)
+        self.span.end()
+
+    def fail(self, exc: BaseException) -> None:
+        if self.span.is_recording():
+            _record_error(self.span, exc)
+            self.span.end()
 
 
 class ToolSpan:
@@ -527,26 +585,41 @@ def _record_error(span: Span, exc: BaseException) -> None:
     span.record_exception(exc)
 
 
+_current_turn: contextvars.ContextVar[TurnSpan | None] = contextvars.ContextVar("looptrace_turn", default=None)
+
+
+def current_turn() -> TurnSpan | None:
+    """The turn whose model call is running here (``TurnSpan.activate``), if any."""
+    return _current_turn.get()
+
+
 class _activate:
-    """Makes ``span`` current while a model or tool call runs, so spans made inside it nest under it.
+    """Makes ``span`` current while a model or tool call runs, so spans made inside it nest under it; for a turn, the
+    turn is current too, for the instrumented model.
 
     A plain class rather than trace.use_span: the loop enters one per call, and use_span's generator machinery and
     exception handling (which we do not want here: failures are recorded by the caller) cost more than the attach.
     """
 
-    __slots__ = ("span", "token")
+    __slots__ = ("span", "token", "turn", "turn_token")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, turn: TurnSpan | None = None) -> None:
         self.span = span
+        self.turn = turn
         self.token: Any = None  # contextvars.Token of the attach
+        self.turn_token: Any = None
 
     def __enter__(self) -> None:
+        if self.turn is not None:
+            self.turn_token = _current_turn.set(self.turn)
         if self.span.is_recording():
             self.token = otel_context.attach(trace.set_span_in_context(self.span))
 
     def __exit__(self, *exc_info: Any) -> None:
         if self.token is not None:
             otel_context.detach(self.token)
+        if self.turn_token is not None:
+            _current_turn.reset(self.turn_token)
 
 
 

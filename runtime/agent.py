@@ -16,13 +16,19 @@ import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from looptrace.instrumentation.alerts import AlertContext, Alerts
-from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors, ToolCall
-from looptrace.instrumentation.interface import AgentTracing, ChatTrace, NoTracing, RunTrace, ToolTrace, TurnTrace
-from looptrace.instrumentation.logs import log
-from looptrace.instrumentation.settings import Settings
+from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall
+from looptrace.instrumentation.interface import (
+    AgentTelemetry,
+    ModelLike,
+    RunTrace,
+    ToolTrace,
+    TurnTrace,
+    Usage,
+    agent_telemetry,
+    log,
+)
 
 from . import policy as policies
 from . import tools as toolkit
@@ -30,7 +36,11 @@ from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFin
 from .limits import Budget, Limits
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
-from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus, Usage
+from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
+
+if TYPE_CHECKING:  # only handed through to the telemetry, which owns them
+    from looptrace.instrumentation.alerts import Alerts
+    from looptrace.instrumentation.settings import Settings
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -83,29 +93,44 @@ class Agent:
         self.model_params = dict(model_params or {})
         self.max_tool_result_chars = max_tool_result_chars
         self.on_event = on_event
-        self.client: Model = _as_model(client)
-        self._price = price_for(model, DEFAULT_PRICES if prices is None else prices)
+        self._prices = DEFAULT_PRICES if prices is None else prices
+        self._price = price_for(model, self._prices)
         if self.limits.max_cost_usd is not None and self._price is None:
             raise ValueError(
                 f"max_cost_usd needs a price for {model!r}, and the price table has none: "
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
         self.policy = policies.AnomalyPolicy(on_anomaly)
-        settings = settings or Settings.from_env()
-        self.alerts = alerts or Alerts(webhook_url=settings.alert_webhook or "")
+        # The one door to telemetry: spans, metrics and every anomaly sink, from the settings (the environment's,
+        # read once here, when none are given) or from what configure() registered for the run's provider.
+        self._tracing: AgentTelemetry = agent_telemetry(
+            enabled=telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
+            capture_content=capture_content, alerts=alerts, settings=settings)
+        self.client = _as_model(client)  # wrapped by the telemetry: the loop opens no chat span itself
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
-        self._tracing = _tracing(settings, telemetry, tracer_provider, meter_provider, capture_content)
         if self._detector_config is not None:  # anomaly messages leave the process: no content when capture is off
             judge = self._detector_config.judge
             if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
                 from .judge import ModelJudge
-                judge = ModelJudge(self.client, judge, tracer_provider=tracer_provider)
-            captured = settings.capture_content if capture_content is None else capture_content
-            self._detector_config = _replace(self._detector_config, capture_content=captured, judge=judge)
+                judge = ModelJudge(self.client, judge)
+            judge = self._traced_judge(judge)
+            self._detector_config = _replace(self._detector_config, capture_content=self._tracing.captures_content,
+                                             judge=judge)
         self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._server_address: tuple[str | None, int | None] | None = None
+
+    @property
+    def client(self) -> Model:
+        """The model the agent calls (an AnthropicModel, a ScriptedModel, your own). Assignable."""
+        return self._client
+
+    @client.setter
+    def client(self, model: Model) -> None:
+        self._client = model
+        self._model: ModelLike = self._tracing.instrument(model, cost_of=self._cost_of)
+        self._server_address = None
 
     # --- drivers ---------------------------------------------------------------------------------------------------
 
@@ -157,7 +182,6 @@ class Agent:
             detector=None if self._detector_config is None else (
                 self._sessions.detector_for(labels.session_id) if labels.session_id
                 else LoopDetector(self._detector_config)),
-            server=self._server(),
             span=self._tracing.start_run(
                 agent=self.name,
                 model=self.model,
@@ -199,12 +223,9 @@ class Agent:
         if self.on_event is not None:
             self._emit(TurnStarted(index))
         params = self._request(run.messages, run.budget)
-        chat = turn.start_chat(params, server_address=run.server[0], server_port=run.server[1],
-                               stream=self.client.stream)
         started = time.perf_counter()
-        outcome = yield _ModelCall(params, chat, run.budget.remaining_s())
-        if isinstance(outcome, _Raised):
-            chat.fail(outcome.exc)
+        outcome = yield _ModelCall(params, turn, run.budget.remaining_s())
+        if isinstance(outcome, _Raised):  # the instrumented model already ended its chat span with the error
             turn.end(stop_reason=None)
             if not isinstance(outcome.exc, Exception):
                 raise outcome.exc
@@ -212,8 +233,7 @@ class Agent:
             return RunStatus.TIMEOUT if run.budget.timed_out() else RunStatus.ERROR
         response: dict[str, Any] = outcome
         run.budget.turns = index
-        usage, cost = self._charge(run, response)
-        chat.end(response, usage, cost_usd=cost)
+        usage = self._charge(run, response)
         content = response.get("content") or []
         run.messages.append({"role": "assistant", "content": content})
         stop_reason = response.get("stop_reason")
@@ -242,7 +262,8 @@ class Agent:
             run.messages.append({"role": "user", "content": results})
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
-            stopped, _ = self._react(run, turn, run.detector.end_turn(index), []) if run.detector else (False, [])
+            stopped, _ = (self._react(run, turn, _detected(turn, run.detector.end_turn, index), [])
+                          if run.detector else (False, []))
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
         status = STATUS_FOR_STOP_REASON.get(stop_reason) if stop_reason is not None else None
         if status is None or stop_reason is None:
@@ -255,7 +276,8 @@ class Agent:
         """The model says it is finished: the moment to look for errors it never dealt with."""
         if run.detector is None:
             return status
-        stopped, nudges = self._react(run, turn, run.detector.end_run(stop_reason, run.final_text, index), [])
+        stopped, nudges = self._react(run, turn, _detected(turn, run.detector.end_run, stop_reason, run.final_text,
+                                                           index), [])
         if stopped:
             return RunStatus.STOPPED_BY_DETECTOR
         if nudges and status is RunStatus.DONE:
@@ -281,7 +303,8 @@ class Agent:
         stopped, nudges = False, list[str]()
         if run.detector is not None:
             # with what the model said beside its calls: the user sees it, and it may already report a failure
-            stopped, nudges = self._react(run, turn, run.detector.end_turn(index, run.final_text), calls)
+            stopped, nudges = self._react(run, turn, _detected(turn, run.detector.end_turn, index, run.final_text),
+                                          calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
                           error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
@@ -332,8 +355,9 @@ class Agent:
             block["is_error"] = True
         return block
 
-    def _react(self, run: _Run, turn: TurnTrace, anomalies: list[Any], calls: list[_Call]) -> tuple[bool, list[str]]:
-        """Alert on each anomaly and apply the policy. Returns whether to stop and the nudges to send."""
+    def _react(self, run: _Run, turn: TurnTrace, anomalies: list[Anomaly],
+               calls: list[_Call]) -> tuple[bool, list[str]]:
+        """Report each anomaly once and apply the policy. Returns whether to stop and the nudges to send."""
         stop, nudges = False, []
         turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
         for anomaly in anomalies:
@@ -344,9 +368,8 @@ class Agent:
             if anomaly.is_update and action != policies.STOP:
                 continue  # the streak already alerted: updated, summarised in the result, not alerted again
             involved = set(anomaly.call_ids)
-            turn.anomaly(anomaly, action, [c.span for c in calls if c.call_id in involved])
-            self.alerts.send(anomaly, AlertContext(agent=self.name, trace_id=run.span.trace_id,
-                                                   span_id=run.span.span_id, action=action))
+            # The one report: span events, metric, log line, webhook, Langfuse score, wherever telemetry routes it.
+            turn.report(anomaly, action, [c.span for c in calls if c.call_id in involved])
             self._emit(AnomalyDetected(anomaly, action))
             if action == policies.NUDGE:
                 run.nudged.add(anomaly.streak)
@@ -371,23 +394,35 @@ class Agent:
         params["messages"] = list(messages)  # a snapshot: the history grows after the call
         return params
 
-    def _charge(self, run: _Run, response: Mapping[str, Any]) -> tuple[Usage, float | None]:
-        raw = response.get("usage")
-        raw = raw if isinstance(raw, Mapping) else {}
-        usage = Usage(
-            input_tokens=_token_count(raw.get("input_tokens")),
-            output_tokens=_token_count(raw.get("output_tokens")),
-            cache_read_input_tokens=_token_count(raw.get("cache_read_input_tokens")),
-            cache_creation_input_tokens=_token_count(raw.get("cache_creation_input_tokens")),
-        )
-        cost = None
-        if self._price is not None:
-            cache_creation = raw.get("cache_creation")
-            one_hour = _token_count(cache_creation.get("ephemeral_1h_input_tokens")
-                                    if isinstance(cache_creation, Mapping) else None)
-            cost = cost_usd(usage, self._price, cache_write_1h_tokens=min(one_hour, usage.cache_creation_input_tokens))
-        run.budget.charge(usage, cost)
-        return usage, cost
+    def _charge(self, run: _Run, response: Mapping[str, Any]) -> Usage:
+        usage = Usage.from_response(response)
+        run.budget.charge(usage, self._cost_of(response, usage))
+        return usage
+
+    def _cost_of(self, response: Mapping[str, Any], usage: Usage | None = None) -> float | None:
+        """What a response of this agent's model cost, by its price table; None when the model has no price."""
+        if self._price is None:
+            return None
+        return cost_usd(usage or Usage.from_response(response), self._price,
+                        cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
+
+    def _traced_judge(self, judge: Any) -> Any:
+        """A model judge whose calls are traced as the judge's (a copy: the one passed in is left as it was)."""
+        from .judge import ModelJudge
+
+        if not isinstance(judge, ModelJudge):
+            return judge  # any other callable judges without a model call of ours to trace
+        client = self._tracing.instrument(judge.client, cost_of=self._judge_cost(judge.model), judge=True)
+        return ModelJudge(client, judge.model, timeout_s=judge.timeout_s)
+
+    def _judge_cost(self, model: str) -> Callable[[Mapping[str, Any]], float | None]:
+        """The judge's responses priced by the same table (its cost is shown, never charged to the run)."""
+        price = price_for(model, self._prices)
+
+        def cost(response: Mapping[str, Any]) -> float | None:
+            return None if price is None else cost_usd(Usage.from_response(response), price,
+                                                       cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
+        return cost
 
     def _finish(self, run: _Run, status: RunStatus, *, error: BaseException | None = None) -> RunResult:
         error = error if error is not None else run.error
@@ -415,15 +450,6 @@ class Agent:
         self._emit(RunFinished(result))
         return result
 
-    def _server(self) -> tuple[str | None, int | None]:
-        """Where model calls go, for server.address/port; looked up once, and never allowed to fail a run."""
-        if self._server_address is None:
-            try:
-                self._server_address = self.client.server()
-            except Exception:
-                self._server_address = (None, None)
-        return self._server_address
-
     def _emit(self, event: Event) -> None:
         if self.on_event is None:
             return
@@ -449,9 +475,8 @@ class _Run:
     stop_reason: str | None = None
     error: BaseException | None = None
     detector: LoopDetector | None = None
-    anomalies: dict[str, Any] = field(default_factory=dict)  # streak key -> its latest firing
+    anomalies: dict[str, Anomaly] = field(default_factory=dict)  # streak key -> its latest firing
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
-    server: tuple[str | None, int | None] = (None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,17 +533,19 @@ class _Effect:
 
 @dataclass(slots=True)
 class _ModelCall(_Effect):
+    """The turn's model call, made with the turn current so that the instrumented model opens its chat span there."""
+
     params: dict[str, Any]
-    span: ChatTrace
+    turn: TurnTrace
     timeout_s: float | None
 
     def perform_sync(self, agent: Agent) -> Any:
-        with self.span.activate():
-            return agent.client.create(self.params, timeout=self.timeout_s)
+        with self.turn.activate():
+            return agent._model.create(self.params, timeout=self.timeout_s)
 
     async def perform_async(self, agent: Agent) -> Any:
-        with self.span.activate():
-            return await agent.client.acreate(self.params, timeout=self.timeout_s)
+        with self.turn.activate():
+            return await agent._model.acreate(self.params, timeout=self.timeout_s)
 
 
 @dataclass(slots=True)
@@ -562,15 +589,10 @@ def _timed(call: _Call, work: Callable[[], Any]) -> None:
 # --- small pure helpers -------------------------------------------------------------------------------------------
 
 
-def _tracing(settings: Settings, telemetry: bool, tracer_provider: Any, meter_provider: Any,
-             capture_content: bool | None) -> AgentTracing:
-    """The agent's telemetry: nothing at all when switched off (``telemetry=False``, ``OTEL_SDK_DISABLED=true``)."""
-    if not telemetry or settings.telemetry_disabled:
-        return NoTracing()
-    from looptrace.instrumentation.spans import Tracing  # the OpenTelemetry side loads only when something records
-
-    return Tracing(tracer_provider=tracer_provider, meter_provider=meter_provider, capture_content=capture_content,
-                   settings=settings)
+def _detected(turn: TurnTrace, check: Callable[..., list[Anomaly]], *args: Any) -> list[Anomaly]:
+    """A detector check, made with the turn current: a judge it asks opens its span under the turn."""
+    with turn.activate():
+        return check(*args)
 
 
 def _as_model(client: Any) -> Model:
@@ -626,20 +648,6 @@ def _where(exc: BaseException) -> str:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return "" if tb is None else f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
-
-
-def _token_count(value: Any) -> int:
-    """A usage figure as a count: a backend that sends "12" or 12.0 still gets counted, and one that sends garbage
-    (null, a negative number, text) counts as zero rather than ending the run."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return max(value, 0)
-    if isinstance(value, float):
-        return max(int(value), 0) if value == value and abs(value) != float("inf") else 0
-    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 18:
-        return int(value.strip())
-    return 0
 
 
 def _truncate_result(text: str, limit: int) -> str:

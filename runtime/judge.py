@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import trace
-
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.detector import JudgeRequest
-
-from .pricing import DEFAULT_PRICES, cost_usd, price_for
-from .result import Usage
 
 JUDGE_TIMEOUT_S = 20.0
 JUDGE_MAX_TOKENS = 200
@@ -42,15 +36,13 @@ _PROMPT = ("An agent's tool call failed and was never retried successfully. Did 
 
 
 class ModelJudge:
-    """Callable judge over a `Model` (the agent's client): True = ignored, False = not ignored, None = no opinion."""
+    """Callable judge over a `Model` (the agent's client, instrumented as a judge's: its calls get spans of their own):
+    True = ignored, False = not ignored, None = no opinion."""
 
-    def __init__(self, client: Any, model: str, *, tracer_provider: Any = None,
-                 timeout_s: float = JUDGE_TIMEOUT_S) -> None:
+    def __init__(self, client: Any, model: str, *, timeout_s: float = JUDGE_TIMEOUT_S) -> None:
         self.client = client
         self.model = model
         self.timeout_s = timeout_s
-        provider = tracer_provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer(sc.JUDGE)
 
     def __call__(self, request: JudgeRequest) -> bool | None:
         params = {
@@ -60,34 +52,8 @@ class ModelJudge:
                 tool=request.tool, arguments=request.arguments[:1000], error=request.error_text[:1000],
                 answer=request.final_text[:4000])}],
         }
-        with self._tracer.start_as_current_span(f"{sc.OPERATION_CHAT} {self.model}") as span:
-            span.set_attribute(sc.GEN_AI_OPERATION_NAME, sc.OPERATION_CHAT)
-            span.set_attribute(sc.GEN_AI_PROVIDER_NAME, "anthropic")
-            span.set_attribute(sc.GEN_AI_REQUEST_MODEL, self.model)
-            span.set_attribute(sc.JUDGE, True)
-            response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
-            usage = _usage(response)
-            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens + usage.cache_read_input_tokens
-                               + usage.cache_creation_input_tokens)
-            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
-            price = price_for(self.model, DEFAULT_PRICES)
-            if price is not None:
-                span.set_attribute(sc.JUDGE_COST_USD, cost_usd(usage, price))
-            verdict = _verdict(response)
-            span.set_attribute(sc.JUDGE_VERDICT, "none" if verdict is None else str(verdict).lower())
-            return verdict
-
-
-def _usage(response: dict[str, Any]) -> Usage:
-    raw = response.get("usage") or {}
-
-    def number(key: str) -> int:  # a count that is not an int (garbage, None) counts as 0
-        value = raw.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    return Usage(input_tokens=number("input_tokens"), output_tokens=number("output_tokens"),
-                 cache_read_input_tokens=number("cache_read_input_tokens"),
-                 cache_creation_input_tokens=number("cache_creation_input_tokens"))
+        response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
+        return _verdict(response)
 
 
 def _verdict(response: dict[str, Any]) -> bool | None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from looptrace.instrumentation.spans import record_time_to_first_chunk
+from looptrace.instrumentation.interface import report_first_chunk
 
 
 class Model(Protocol):
@@ -129,7 +129,7 @@ class AnthropicModel:
                 first = True
                 for _ in stream:  # read here rather than by get_final_message, to time the first event
                     if first:
-                        record_time_to_first_chunk(time.perf_counter() - started)
+                        report_first_chunk(time.perf_counter() - started)
                         first = False
                 return _as_json(stream.get_final_message())
         # The raw body is the API's JSON to the byte: no round trip through the SDK's models and back.
@@ -143,7 +143,7 @@ class AnthropicModel:
                 first = True
                 async for _ in stream:
                     if first:
-                        record_time_to_first_chunk(time.perf_counter() - started)
+                        report_first_chunk(time.perf_counter() - started)
                         first = False
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)

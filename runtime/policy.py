@@ -9,22 +9,26 @@ again; a tool that keeps failing is nudged once; an ignored error is reported.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Final, Literal
 
-from looptrace.instrumentation.logs import log
+from looptrace.instrumentation.detector import Anomaly
+from looptrace.instrumentation.interface import Action, log
 
-WARN, NUDGE, STOP = "warn", "nudge", "stop"
-ESCALATE = "escalate"  # nudge the first time a streak fires, stop if it fires again
-ACTIONS = (WARN, NUDGE, STOP, ESCALATE)
+WARN: Final = "warn"
+NUDGE: Final = "nudge"
+STOP: Final = "stop"
+ESCALATE: Final = "escalate"  # nudge the first time a streak fires, stop if it fires again
+Rule = Action | Literal["escalate"]  # what a policy may say; ESCALATE becomes NUDGE or STOP per firing
+ACTIONS: tuple[Rule, ...] = (WARN, NUDGE, STOP, ESCALATE)
 
-DEFAULT_ACTIONS: dict[str, str] = {
+DEFAULT_ACTIONS: dict[str, Rule] = {
     "repeated_call": ESCALATE,
     "cycle": ESCALATE,
     "failing_tool": NUDGE,
     "ignored_error": WARN,
 }
 
-Policy = str | Mapping[str, str] | Callable[[Any], str] | None
+Policy = str | Mapping[str, str] | Callable[[Anomaly], str] | None
 
 
 class AnomalyPolicy:
@@ -40,7 +44,7 @@ class AnomalyPolicy:
                 actions.update({kind: _checked(action) for kind, action in on_anomaly.items()})
         self._actions = actions
 
-    def decide(self, anomaly: Any, nudged_before: bool) -> str:
+    def decide(self, anomaly: Anomaly, nudged_before: bool) -> Action:
         """The action for this firing; ``nudged_before`` says whether its streak was already nudged.
 
         A policy callable that raises or answers nonsense is logged and treated as "warn": a bug in the user's policy
@@ -59,12 +63,13 @@ class AnomalyPolicy:
         return action
 
 
-def nudge_text(anomaly: Any) -> str:
+def nudge_text(anomaly: Anomaly) -> str:
     """The corrective message the model receives, in the user turn after the tool results."""
     return f"[looptrace loop detector] {anomaly.message}"
 
 
-def _checked(action: Any) -> str:
-    if action not in ACTIONS:
-        raise ValueError(f"unknown anomaly action {action!r}; choose from {', '.join(ACTIONS)}")
-    return action
+def _checked(action: object) -> Rule:
+    for known in ACTIONS:
+        if action == known:
+            return known
+    raise ValueError(f"unknown anomaly action {action!r}; choose from {', '.join(ACTIONS)}")

@@ -6,6 +6,11 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from looptrace.instrumentation.detector import Anomaly
+from looptrace.instrumentation.interface import Usage
+
+__all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "Usage"]
+
 
 class RunStatus(enum.StrEnum):
     """How a run ended. Exactly one per run; the CLI maps each to its own exit code."""
@@ -35,33 +40,6 @@ STATUS_FOR_STOP_REASON: dict[str, RunStatus] = {
 
 
 @dataclass(slots=True)
-class Usage:
-    """Token counts the Anthropic way: ``input_tokens`` excludes the cache, which is counted apart."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_input_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        """Everything the budget counts: input, output, cache reads and cache writes."""
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_input_tokens
-            + self.cache_creation_input_tokens
-        )
-
-    def add(self, other: Usage) -> None:
-        """Count ``other`` in as well."""
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
-        self.cache_read_input_tokens += other.cache_read_input_tokens
-        self.cache_creation_input_tokens += other.cache_creation_input_tokens
-
-
-@dataclass(slots=True)
 class RunResult:
     """What a run returns: how it ended, what it cost, what the model said last, and the trace to look it up by.
 
@@ -76,7 +54,7 @@ class RunResult:
     cost_usd: float | None
     trace_id: str  # 32 lower-case hex digits; all zeros when no tracer provider records spans
     messages: list[dict[str, Any]]
-    anomalies: list[Any] = field(default_factory=list)
+    anomalies: list[Anomaly] = field(default_factory=list)
     error: str | None = None  # "ExceptionType: message" when the status is error, timeout or interrupted
     stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
     trace_url: str | None = None  # the trace in Langfuse's UI, when the run's spans go to Langfuse
@@ -98,6 +76,6 @@ class RunResult:
             "trace_url": self.trace_url,
             "stop_reason": self.stop_reason,
             "error": self.error,
-            "anomalies": [a.to_dict() if hasattr(a, "to_dict") else a for a in self.anomalies],
+            "anomalies": [a.to_dict() for a in self.anomalies],
             "messages": self.messages,
         }

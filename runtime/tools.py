@@ -20,7 +20,7 @@ from typing import Any, get_type_hints
 
 import pydantic
 
-from looptrace.instrumentation import content
+from looptrace.instrumentation.interface import redact
 
 NO_RESULT = "(the tool returned no result)"
 EMPTY_RESULT = "(the tool returned an empty string)"
@@ -79,7 +79,7 @@ class Tool:
             # Quoted back redacted: this message lands on spans, in anomaly messages and in the model's history.
             raise InvalidArguments(
                 f"{self.name} takes a JSON object of arguments, got {type(arguments).__name__}: "
-                f"{_short(content.to_json(content.redact(arguments)))}"
+                f"{_short(json.dumps(redact(arguments), ensure_ascii=False, default=str, separators=(',', ':')))}"
             )
         if self.arguments_model is None:
             return dict(arguments)

@@ -331,7 +331,7 @@ def reserve(item: str) -> str:
 @pytest.mark.parametrize("ignored, fires", [(True, True), (False, False)])
 def test_a_model_judge_decides_offline_with_a_scripted_model(spans, ignored, fires):
     judge_model = ScriptedModel([_verdict(ignored)])
-    judge = ModelJudge(judge_model, "claude-haiku-4-5", tracer_provider=spans.provider)
+    judge = ModelJudge(judge_model, "claude-haiku-4-5")
     agent = Agent(MODEL, tools=[reserve], client=ScriptedModel(_judged_script("Reserved it for you.")),
                   on_anomaly="warn", detector=DetectorConfig(judge=judge), alerts=Alerts(log_warnings=False),
                   tracer_provider=spans.provider)

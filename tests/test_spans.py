@@ -481,10 +481,11 @@ def test_the_capture_setting_decides_where_content_goes(spans, monkeypatch, valu
 @pytest.mark.parametrize("value", ["NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT", "span_and_event"])
 def test_named_modes_mean_what_the_genai_utilities_say(monkeypatch, value):
     utils = pytest.importorskip("opentelemetry.util.genai.utils")
-    from looptrace.instrumentation.content import capture_mode_from_env
+    from looptrace.instrumentation.content import resolve_capture
+    from looptrace.instrumentation.settings import Settings
 
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", value)
-    assert capture_mode_from_env().name == utils.get_content_capturing_mode().name
+    assert resolve_capture(Settings.from_env().capture_setting).name == utils.get_content_capturing_mode().name
 
 
 def test_event_only_puts_each_calls_content_on_its_event(spans, monkeypatch):

@@ -1,0 +1,105 @@
+"""A model with its calls traced: the chat span of every Messages API call, opened around the model, not by the loop.
+
+``Tracing.instrument(model)`` returns an ``InstrumentedModel``; the loop calls it exactly as it would the model. Each
+call looks up the turn that is current (``TurnSpan.activate``), opens its chat span there, keeps it current while the
+model runs (so the HTTP client's own spans nest under it, and a streaming model's first chunk is timed on it through
+``interface.report_first_chunk``), and ends it with the response, its usage and its cost, or with the exception.
+A call made outside any run (the model used on its own) is passed through untraced.
+
+The judge's calls (``judge=True``) get a span of their own kind, marked ``looptrace.judge``: their tokens and cost are
+never the run's, so they are not counted as one of its generations.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .interface import CostOf, ModelLike, Usage, first_chunk_receiver
+from .logs import telemetry_failed
+
+if TYPE_CHECKING:
+    from .spans import TurnSpan
+
+__all__ = ["InstrumentedModel"]
+
+
+class InstrumentedModel:
+    """Wraps a model (``runtime.models.Model``): same calls, same results, with a chat span per call."""
+
+    __slots__ = ("_server", "cost_of", "judge", "model", "stream")
+
+    def __init__(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> None:
+        self.model = model
+        self.stream = bool(getattr(model, "stream", False))
+        self.cost_of = cost_of
+        self.judge = judge
+        self._server: tuple[str | None, int | None] | None = None
+
+    def server(self) -> tuple[str | None, int | None]:
+        """Where calls go (server.address/port), looked up once; a model that cannot say is never allowed to fail."""
+        if self._server is None:
+            try:
+                self._server = self.model.server()
+            except Exception:
+                self._server = (None, None)
+        return self._server
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        chat = self._start(params)
+        if chat is None:
+            return self.model.create(params, timeout=timeout)
+        with chat.activate():
+            receiver = first_chunk_receiver.set(chat.first_chunk)
+            try:
+                response = self.model.create(params, timeout=timeout)
+            except BaseException as exc:
+                chat.fail(exc)
+                raise
+            finally:
+                first_chunk_receiver.reset(receiver)
+        self._end(chat, response)
+        return response
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        chat = self._start(params)
+        if chat is None:
+            return await self.model.acreate(params, timeout=timeout)
+        with chat.activate():
+            receiver = first_chunk_receiver.set(chat.first_chunk)
+            try:
+                response = await self.model.acreate(params, timeout=timeout)
+            except BaseException as exc:
+                chat.fail(exc)
+                raise
+            finally:
+                first_chunk_receiver.reset(receiver)
+        self._end(chat, response)
+        return response
+
+    def _start(self, params: dict[str, Any]) -> Any:
+        from .spans import current_turn
+
+        turn: TurnSpan | None = current_turn()
+        if turn is None:
+            return None
+        address, port = self.server()
+        return turn.start_chat(params, server_address=address, server_port=port, stream=self.stream,
+                               judge=self.judge)
+
+    def _end(self, chat: Any, response: dict[str, Any]) -> None:
+        cost = None
+        if self.cost_of is not None:
+            try:
+                cost = self.cost_of(response)
+            except Exception:  # a price table that cannot price this response leaves the cost unknown, not the run
+                cost = None
+        try:
+            chat.end(response, Usage.from_response(response), cost_usd=cost)
+        except Exception as exc:  # telemetry never raises into a run: the span is lost, counted and said
+            telemetry_failed("chat span", exc)
+
+    def __getattr__(self, name: str) -> Any:
+        # What else the model offers (ScriptedModel.remaining, AnthropicModel.sync_client) stays reachable.
+        if name == "model":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
