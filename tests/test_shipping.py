@@ -20,7 +20,6 @@ from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, u
 
 from looptrace.instrumentation import langfuse as langfuse_module
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import configure, context_from_traceparent
 from looptrace.runtime import Agent, ScriptedModel, tool
@@ -245,8 +244,7 @@ def run_into_langfuse(tmp_path, script, *, task=DEMO_TASK, tools=None, parent=No
     telemetry = configure(exporters="langfuse", set_global=False, spill_file=tmp_path / "spill.jsonl")
     agent = Agent("claude-sonnet-5-5", tools=Inventory().tools() if tools is None else tools, system=DEMO_SYSTEM,
                   client=ScriptedModel(script), tracer_provider=telemetry.tracer_provider,
-                  meter_provider=telemetry.meter_provider, alerts=Alerts(callback=telemetry.scores.alert_callback),
-                  on_anomaly="warn")
+                  meter_provider=telemetry.meter_provider, on_anomaly="warn")
     token = context.attach(parent) if parent is not None else None
     try:
         result = agent.run(task, **labels)

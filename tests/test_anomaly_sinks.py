@@ -1,0 +1,167 @@
+"""An anomaly reaches the same sinks whoever set telemetry up: configure() in an application, the embedded default an
+Agent falls back on, or the CLI. Each sink gets it once: the Langfuse score, the webhook, the metric, the log line.
+
+The Langfuse stand-in is a local HTTP server that speaks the OTLP ingestion and score endpoints with Basic auth; the
+webhook is a local HTTP server too; the metric is scraped from the Prometheus endpoint configure() serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from fakes.otlp_receiver import OTLPReceiver, unused_port
+from opentelemetry import trace
+from opentelemetry.util._once import Once
+
+from looptrace import Agent, ScriptedModel, configure, tool
+from looptrace.instrumentation.langfuse import _score_id
+from looptrace.instrumentation.settings import Settings
+from looptrace.instrumentation.setup import default_telemetry
+
+PUBLIC, SECRET = "pk-lf-sinks", "sk-lf-sinks"
+
+
+@tool
+def reserve_equipment(item_id: str) -> str:
+    """Reserve one item."""
+    raise RuntimeError(f"{item_id} is out of stock")
+
+
+def _failing_three_times() -> list[dict]:
+    calls = [{"id": f"msg_{n}", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5",
+              "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "reserve_equipment",
+                           "input": {"item_id": "EQ-001"}}],
+              "stop_reason": "tool_use", "usage": {"input_tokens": 100, "output_tokens": 20}} for n in range(3)]
+    answer = {"id": "msg_end", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5",
+              "content": [{"type": "text", "text": "EQ-001 could not be reserved: it is out of stock."}],
+              "stop_reason": "end_turn", "usage": {"input_tokens": 100, "output_tokens": 20}}
+    return [*calls, answer]
+
+
+class _Webhook:
+    """A webhook receiver on loopback that keeps every JSON body posted to it."""
+
+    def __init__(self) -> None:
+        received = self.received = list[dict]()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def environment(monkeypatch, tmp_path):
+    """A clean environment with the README's Langfuse settings and a webhook, and no global tracer provider."""
+    for name in list(os.environ):
+        if name.startswith(("LANGFUSE_", "OTEL_", "LOOPTRACE_", "TRACEPARENT")):
+            monkeypatch.delenv(name)
+    # configure() installs its provider globally, as an application's would: give it a process of its own.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.chdir(tmp_path)
+    webhook = _Webhook()
+    with OTLPReceiver(basic_auth=(PUBLIC, SECRET), path_prefix="/api/public/otel") as langfuse:
+        monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", PUBLIC)
+        monkeypatch.setenv("LANGFUSE_SECRET_KEY", SECRET)
+        monkeypatch.setenv("LANGFUSE_BASE_URL", langfuse.base_url)
+        monkeypatch.setenv("LOOPTRACE_ALERT_WEBHOOK", webhook.url)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        yield langfuse, webhook
+    webhook.close()
+
+
+def _anomaly_count(metrics_text: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("looptrace_anomalies_total{") and 'anomaly_type="repeated_call"' in line)
+
+
+def _expected_score(result) -> dict:
+    """The body the live path posts for the run's one anomaly: what the CLI posts too (the same sinks build it)."""
+    [anomaly] = result.anomalies
+    return {"id": _score_id(result.trace_id, "loop_anomaly", anomaly.type, None),  # deterministic: a retry updates
+            "traceId": result.trace_id, "name": "loop_anomaly", "value": "repeated_call",
+            "dataType": "CATEGORICAL", "comment": anomaly.message}
+
+
+def test_configure_langfuse_posts_one_score_one_webhook_and_one_metric_per_anomaly(environment):
+    langfuse, webhook = environment
+    port = unused_port()
+    telemetry = configure(exporters="langfuse", prometheus_port=port)
+    try:
+        agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+                      on_anomaly="warn")
+        result = agent.run("Reserve EQ-001")
+        assert [a.type for a in result.anomalies] == ["repeated_call"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert _anomaly_count(response.read().decode()) == 1
+        telemetry.flush()
+        _wait_for(lambda: webhook.received, "the webhook post")
+    finally:
+        telemetry.shutdown()
+    [score] = langfuse.scores
+    expected = _expected_score(result)
+    assert {k: score[k] for k in expected} == expected
+    assert set(score) - set(expected) <= {"metadata", "environment"}
+    assert score["metadata"] == {"span_id": next(s.span_id for s in langfuse.spans if s.parent_span_id is None)}
+    [post] = webhook.received
+    assert (post["anomaly"]["type"], post["trace_id"]) == ("repeated_call", result.trace_id)
+
+
+def test_the_embedded_default_with_only_langfuse_keys_posts_the_score_and_the_webhook(environment):
+    langfuse, webhook = environment
+    agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+                  on_anomaly="warn")
+    result = agent.run("Reserve EQ-001")
+    default = default_telemetry(Settings.from_env())  # the one the run used: same settings, same instance
+    default.shutdown()  # delivers everything now, rather than at exit into a stand-in that is gone
+    _wait_for(lambda: langfuse.scores and webhook.received, "the score and the webhook post")
+    [score] = langfuse.scores
+    expected = _expected_score(result)
+    assert {k: score[k] for k in expected} == expected
+    [post] = webhook.received
+    assert post["anomaly"]["type"] == "repeated_call"
+
+
+def test_an_agents_own_alerts_replace_the_log_and_webhook_but_keep_the_score(environment):
+    from looptrace import Alerts
+
+    langfuse, webhook = environment
+    seen = []
+    telemetry = configure(exporters="langfuse")
+    try:
+        Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+              on_anomaly="warn", alerts=Alerts(callback=lambda anomaly, context: seen.append(anomaly.type),
+                                               log_warnings=False)).run("Reserve EQ-001")
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert seen == ["repeated_call"]
+    assert [s["value"] for s in langfuse.scores] == ["repeated_call"]
+    assert webhook.received == []  # the Agent's alerts name no webhook
