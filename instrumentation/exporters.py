@@ -97,10 +97,8 @@ def _grpc_arguments(settings: OtlpSettings) -> dict[str, Any]:
     }
 
 
-def network_exporter(name: str, settings: Settings | None = None, *, spill: SpillSink | None = None
-                     ) -> GuardedExporter:
-    """The guarded span exporter for ``"langfuse"`` or ``"otlp"`` (settings from the environment unless given)."""
-    settings = settings or Settings.from_env()
+def network_exporter(name: str, settings: Settings, *, spill: SpillSink | None = None) -> GuardedExporter:
+    """The guarded span exporter for ``"langfuse"`` or ``"otlp"``."""
     probe = OutcomeProbe()
     if name == "langfuse":
         langfuse = settings.langfuse
@@ -117,9 +115,9 @@ def network_exporter(name: str, settings: Settings | None = None, *, spill: Spil
     raise ConfigurationError(f"{name!r} is not a network exporter; choose langfuse or otlp")
 
 
-def network_metric_exporter(settings: Settings | None = None) -> GuardedMetricExporter:
-    """The guarded OTLP metric exporter (settings from the environment unless given)."""
-    otlp = (settings or Settings.from_env()).otlp_metrics
+def network_metric_exporter(settings: Settings) -> GuardedMetricExporter:
+    """The guarded OTLP metric exporter."""
+    otlp = settings.otlp_metrics
     probe = OutcomeProbe()
     return GuardedMetricExporter("otlp", otlp_metric_exporter(otlp, probe=probe), endpoint=otlp.endpoint,
                                  probe=probe, timeout_s=otlp.timeout_s)

@@ -256,25 +256,14 @@ class LangfuseScores:
         self.sent = 0
 
     @classmethod
-    def from_settings(cls, settings: LangfuseSettings, *, timeout_s: float | None = None,
-                      resource: Any = None) -> LangfuseScores:
+    def from_settings(cls, settings: LangfuseSettings, *, resource: Any, timeout_s: float | None = None
+                      ) -> LangfuseScores:
         """Scores for the project of ``settings``, filed in the environment of the runs' observations: ``resource``
-        is the tracer provider's (its attributes are read); without it, the one the environment describes."""
-        if resource is None:
-            from .settings import Settings
-
-            attributes: Mapping[str, Any] = Settings.from_env().resource_attributes
-        else:
-            attributes = getattr(resource, "attributes", resource)
+        is the tracer provider's resource, or the resource attributes (``Settings.resource_attributes``)."""
+        attributes: Mapping[str, Any] = getattr(resource, "attributes", resource)
         return cls(settings.base_url, settings.public_key, settings.secret_key,
                    timeout_s=timeout_s if timeout_s is not None else min(settings.timeout_s, 5.0),
                    environment=run_environment(settings, attributes))
-
-    @classmethod
-    def from_env(cls) -> LangfuseScores | None:
-        """None when the Langfuse keys are not set."""
-        settings = LangfuseSettings.from_env()
-        return None if settings is None else cls.from_settings(settings)
 
     def send(self, trace_id: str, *, name: str, value: float | str, comment: str | None = None,
              data_type: str | None = None, observation_id: str | None = None, score_id: str | None = None,
@@ -369,7 +358,6 @@ def _score_id(trace_id: str, name: str, value: Any, observation_id: str | None) 
 
 PROJECTS_PATH = "/api/public/projects"  # "Get Project associated with API key": {"data": [{"id", "name"}]}
 PROJECT_LOOKUP_TIMEOUT_S = 2.0
-CACHE_DIR_ENV = "XDG_CACHE_HOME"
 
 
 class TraceLinks:
@@ -389,7 +377,7 @@ class TraceLinks:
         self.base_url = settings.base_url.rstrip("/")
         self._settings = settings
         self._key = hashlib.sha256(f"{self.base_url}\n{settings.public_key}".encode()).hexdigest()[:32]
-        self._cache_file = _cache_file(cache_dir)
+        self._cache_file = _cache_file(cache_dir if cache_dir is not None else settings.cache_home, cache_dir is None)
         self.project_id: str | None = self._cached()
         self._thread: threading.Thread | None = None
         if self.project_id is None:
@@ -451,13 +439,13 @@ class TraceLinks:
             pass  # an unwritable cache costs one lookup per process, nothing more
 
 
-def _cache_file(cache_dir: str | os.PathLike[str] | None):
+def _cache_file(directory: str | os.PathLike[str] | None, cache_home: bool):
+    """The cache file in ``directory`` itself, or under a cache home (XDG_CACHE_HOME's, or ~/.cache)."""
     from pathlib import Path
 
-    if cache_dir is not None:
-        return Path(cache_dir) / "langfuse-projects.json"
-    base = os.environ.get(CACHE_DIR_ENV, "").strip()
-    root = Path(base) if base else Path.home() / ".cache"
+    if not cache_home and directory is not None:
+        return Path(directory) / "langfuse-projects.json"
+    root = Path(directory) if directory is not None else Path.home() / ".cache"
     return root / "looptrace" / "langfuse-projects.json"
 
 

@@ -79,6 +79,7 @@ VARIABLES: dict[str, str] = {
     "LANGFUSE_TIMEOUT": "Langfuse export timeout, seconds",
     "LANGFUSE_TRACING_ENVIRONMENT": "Langfuse environment of traces and scores",
     "LANGFUSE_RELEASE": "Langfuse release of traces",
+    "XDG_CACHE_HOME": "where the Langfuse project id of trace links is cached",
     "OTEL_SDK_DISABLED": "true switches telemetry off",
     "OTEL_TRACES_EXPORTER": "otlp, console or none",
     "OTEL_METRICS_EXPORTER": "none keeps metrics off OTLP",
@@ -265,6 +266,7 @@ class LangfuseSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     environment: str | None = None  # LANGFUSE_TRACING_ENVIRONMENT: where traces and scores are filed
     release: str | None = None  # LANGFUSE_RELEASE
+    cache_home: Path | None = None  # XDG_CACHE_HOME: where the project id behind trace links is remembered
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LangfuseSettings | None:
@@ -275,6 +277,7 @@ class LangfuseSettings:
         base = env.get("LANGFUSE_BASE_URL") or env.get("LANGFUSE_HOST") or LANGFUSE_DEFAULT_BASE_URL
         timeout = env.get("LANGFUSE_TIMEOUT")
         environment, release = env.get("LANGFUSE_TRACING_ENVIRONMENT"), env.get("LANGFUSE_RELEASE")
+        cache_home = (env.get("XDG_CACHE_HOME") or "").strip()
         if not (public and secret):
             return None
         try:
@@ -282,7 +285,7 @@ class LangfuseSettings:
         except ValueError:
             raise ConfigurationError(f"LANGFUSE_TIMEOUT={timeout!r} is not a number of seconds") from None
         return cls(public_key=public, secret_key=secret, base_url=base.rstrip("/"), timeout_s=timeout_s,
-                   environment=environment, release=release)
+                   environment=environment, release=release, cache_home=Path(cache_home) if cache_home else None)
 
     @property
     def traces_url(self) -> str:

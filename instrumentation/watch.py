@@ -646,7 +646,13 @@ def serve(settings: WatchSettings) -> int:
     prometheus_client.disable_created_metrics()  # a _created series beside every counter only doubles the scrape
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    server = WatchServer(settings, scores=LangfuseScores.from_env()).start()
+    # (the lead's seam branch: the watch entry's own settings decide the scores; the watch branch replaces this)
+    from .settings import Settings as _Settings
+
+    every = _Settings.from_env()
+    scores = (LangfuseScores.from_settings(every.langfuse, resource=every.resource_attributes)
+              if every.langfuse is not None else None)
+    server = WatchServer(settings, scores=scores).start()
     try:
         while not stop.wait(1.0):
             pass

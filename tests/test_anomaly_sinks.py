@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from fakes.otlp_receiver import OTLPReceiver, unused_port
 from opentelemetry import trace
+from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
 
 from looptrace import Agent, ScriptedModel, configure, tool
@@ -85,6 +86,8 @@ def environment(monkeypatch, tmp_path):
     # configure() installs its provider globally, as an application's would: give it a process of its own.
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", None)
+    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER_SET_ONCE", Once())
     monkeypatch.chdir(tmp_path)
     webhook = _Webhook()
     with OTLPReceiver(basic_auth=(PUBLIC, SECRET), path_prefix="/api/public/otel") as langfuse:

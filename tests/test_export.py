@@ -31,7 +31,7 @@ from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
 from looptrace.instrumentation.otlp_file import read_spans
-from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings
+from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.spill import PushInProgress, SpillFile, push
 from looptrace.testing import capture_logs
@@ -223,7 +223,7 @@ def test_a_run_reaches_langfuse_with_its_keys_the_ingestion_version_and_every_pa
 def test_langfuse_never_receives_the_collectors_headers(langfuse_rx, monkeypatch, spill):
     # OTEL_EXPORTER_OTLP_HEADERS is for the collector; the HTTP exporter would merge it into every request.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer collector-token,x-tenant=acme")
-    exporter = network_exporter("langfuse", spill=spill)
+    exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
     assert exporter.export(finished_run_spans()) == SpanExportResult.SUCCESS
     headers = langfuse_rx.requests[0].headers
     assert headers["authorization"] == BASIC and "x-tenant" not in headers
@@ -231,7 +231,7 @@ def test_langfuse_never_receives_the_collectors_headers(langfuse_rx, monkeypatch
 
 
 def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, spill):
-    assert network_exporter("langfuse", spill=spill).export(finished_run_spans()) == SpanExportResult.SUCCESS
+    assert network_exporter("langfuse", Settings.from_env(), spill=spill).export(finished_run_spans()) == SpanExportResult.SUCCESS
     by_name = {s.name: s for s in langfuse_rx.wait_for_spans(4)}
     for span in by_name.values():  # Langfuse v4 reads trace attributes per observation: all of them carry them
         a = span.attributes
@@ -392,7 +392,7 @@ def test_collector_over_http_gets_the_headers_and_compression_from_the_environme
         use_collector(monkeypatch, rx.url, OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k%201",
                       OTEL_EXPORTER_OTLP_COMPRESSION="gzip")
         spans = finished_run_spans()
-        assert network_exporter("otlp", spill=spill).export(spans) == SpanExportResult.SUCCESS
+        assert network_exporter("otlp", Settings.from_env(), spill=spill).export(spans) == SpanExportResult.SUCCESS
         assert {s.span_id for s in rx.wait_for_spans(4)} == span_ids(spans)
         request = rx.requests[0]
     assert request.path == "/v1/traces" and request.headers["content-encoding"] == "gzip"
@@ -403,7 +403,7 @@ def test_collector_over_grpc(monkeypatch, spill):
         use_collector(monkeypatch, rx.url, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k1",
                       OTEL_EXPORTER_OTLP_COMPRESSION="gzip")
         spans = finished_run_spans()
-        assert network_exporter("otlp", spill=spill).export(spans) == SpanExportResult.SUCCESS
+        assert network_exporter("otlp", Settings.from_env(), spill=spill).export(spans) == SpanExportResult.SUCCESS
         received = rx.wait_for_spans(4)
     assert {s.span_id for s in received} == span_ids(spans)
     assert_parents_arrive(received)
@@ -421,7 +421,7 @@ def test_grpc_failures_are_classified(monkeypatch, spill, fault, cause):
         if fault:
             rx.fail_next(fault)
         use_collector(monkeypatch, url, timeout_ms=60_000, OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
-        exporter = network_exporter("otlp", spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
         with capture_logs() as logs:
             result, _ = exported_within(exporter, finished_run_spans(), 60)  # not retried until the timeout
             assert result == SpanExportResult.FAILURE
@@ -446,7 +446,7 @@ def exported_within(exporter, spans, slow_path_s: float):
 def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spill):
     port = unused_port()
     use_langfuse(monkeypatch, f"http://127.0.0.1:{port}", timeout_s=60)
-    exporter = network_exporter("langfuse", spill=spill)
+    exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
     batches = [finished_run_spans() for _ in range(3)]
     with capture_logs() as logs:
         for batch in batches:
@@ -476,7 +476,7 @@ def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spi
 
 def test_503_then_success_is_delivered_without_a_warning(langfuse_rx, spill):
     langfuse_rx.fail_next(Reject(503, retry_after=0.1))
-    exporter = network_exporter("langfuse", spill=spill)
+    exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
     spans = finished_run_spans()
     with capture_logs() as logs:
         result = exporter.export(spans)
@@ -489,7 +489,7 @@ def test_a_slow_backend_costs_the_timeout_then_the_batch_is_spilled(monkeypatch,
     with OTLPReceiver() as rx:
         rx.fail_next(Delay(60))  # ended when the receiver stops
         use_collector(monkeypatch, rx.url, timeout_ms=400)
-        exporter = network_exporter("otlp", spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
         spans = finished_run_spans()
         with capture_logs() as logs:
             result, elapsed = exported_within(exporter, spans, 60)
@@ -507,7 +507,7 @@ def test_a_slow_backend_costs_the_timeout_then_the_batch_is_spilled(monkeypatch,
 def test_401_names_the_keys_and_never_prints_them(monkeypatch, spill):
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url, secret="sk-lf-wrong-and-secret", timeout_s=60)
-        exporter = network_exporter("langfuse", spill=spill)
+        exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
         with capture_logs() as logs:
             result, _ = exported_within(exporter, finished_run_spans(), 60)  # rejected keys end the wait at once
         assert rx.requests[0].status == 401
@@ -523,7 +523,7 @@ def test_a_success_resets_the_warnings(monkeypatch, spill):
     monkeypatch.setattr(delivery, "RETRY_AFTER_FAILURE_S", 0.0)
     with OTLPReceiver() as rx:
         use_collector(monkeypatch, rx.url)
-        exporter = network_exporter("otlp", spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
         with capture_logs() as logs:
             for fault in (500, 500, None, 500):  # 500 is not retried by the exporter; 503 would be
                 if fault:
@@ -536,7 +536,7 @@ def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeyp
     with OTLPReceiver() as rx:
         rx.fail_next(Delay(1.5))
         use_collector(monkeypatch, rx.url, timeout_ms=30_000)
-        exporter = network_exporter("otlp", spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
         exporter.set_deadline(time.monotonic() + 0.1)  # a flush with 0.1 s left
         result = exporter.export(finished_run_spans())
         # Still pending: the export gave up at the deadline, before the answer came (which would mark it delivered).

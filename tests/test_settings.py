@@ -16,7 +16,7 @@ from looptrace.instrumentation.settings import VARIABLES, ConfigurationError, ex
 from looptrace.instrumentation.setup import configure
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("LOOPTRACE_", "LANGFUSE_", "OTEL_", "TRACEPARENT", "TRACESTATE")
+OURS = ("LOOPTRACE_", "LANGFUSE_", "OTEL_", "TRACEPARENT", "TRACESTATE", "XDG_CACHE_HOME")
 
 
 class RecordingEnvironment(dict):
