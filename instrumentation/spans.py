@@ -241,7 +241,7 @@ class RunSpan:
             metrics.record_run(agent=self.agent, status=status, turns=turns)
         if not self.recording:
             return
-        attributes = {
+        attributes: dict[str, Any] = {
             sc.RUN_STATUS: status,
             sc.RUN_TURNS: turns,
             sc.RUN_USAGE_INPUT_TOKENS: usage.input_tokens,
@@ -293,7 +293,7 @@ class TurnSpan:
                                                   span_id=self.run.span_id, action=action))
 
     def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
-        event = {
+        event: dict[str, Any] = {
             # The conventions' evaluation verdict, with looptrace's own attributes beside it.
             sc.GEN_AI_EVALUATION_NAME: langfuse.ANOMALY_SCORE,
             sc.GEN_AI_EVALUATION_SCORE_LABEL: anomaly.type,
