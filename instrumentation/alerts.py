@@ -15,6 +15,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .detector import Anomaly
-from .interface import Action
 from .logs import log
+from .seam_types import Action
 
 if TYPE_CHECKING:
     from .langfuse import LangfuseScores
@@ -175,3 +176,20 @@ def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
         "span_id": context.span_id,
         "action": context.action,
     }
+
+
+# The sinks of each tracer provider that configure() or the embedded default built: a run on that provider reports
+# there (providers.providers_for_run looks them up). Weak keys: a provider that is gone takes its sinks with it.
+_SINKS: weakref.WeakKeyDictionary[Any, AnomalySinks] = weakref.WeakKeyDictionary()
+
+
+def register_sinks(tracer_provider: Any, sinks: AnomalySinks) -> None:
+    """Runs on ``tracer_provider`` report their anomalies to ``sinks``."""
+    _SINKS[tracer_provider] = sinks
+
+
+def sinks_for(tracer_provider: Any) -> AnomalySinks | None:
+    try:
+        return _SINKS.get(tracer_provider)
+    except TypeError:  # a provider that cannot be weakly referenced was never registered
+        return None

@@ -7,11 +7,14 @@ everything below (spans, the embedded default's exporters, the anomaly sinks). N
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .alerts import Alerts, AnomalySinks
-from .interface import AgentTelemetry, NoTracing
+from .no_tracing import NoTracing
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .interface import AgentTelemetry
 
 
 def agent_telemetry(*, enabled: bool = True, tracer_provider: Any = None, meter_provider: Any = None,

@@ -12,15 +12,19 @@ never the run's, so they are not counted as one of its generations.
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any
 
-from .interface import CostOf, ModelLike, Usage, first_chunk_receiver
 from .logs import telemetry_failed
+from .seam_types import CostOf, ModelLike, Usage, first_chunk_receiver
 
 if TYPE_CHECKING:
     from .spans import TurnSpan
 
-__all__ = ["InstrumentedModel"]
+__all__ = ["InstrumentedModel", "current_turn_var"]
+
+# The turn whose model call runs in this context: set by TurnSpan.activate() around the call, read by the wrapper.
+current_turn_var: contextvars.ContextVar[TurnSpan | None] = contextvars.ContextVar("looptrace_turn", default=None)
 
 
 class InstrumentedModel:
@@ -77,9 +81,7 @@ class InstrumentedModel:
         return response
 
     def _start(self, params: dict[str, Any]) -> Any:
-        from .spans import current_turn
-
-        turn: TurnSpan | None = current_turn()
+        turn = current_turn_var.get()
         if turn is None:
             return None
         address, port = self.server()

@@ -9,9 +9,9 @@
    straight to the file, no SDK span pipeline.
 
 The anomaly sinks go with the provider: ``configure()`` and the embedded default register the ones they built from
-their settings (``register_sinks``), so a run on their provider reports to them (the Langfuse score included) whether
-the CLI, an application's ``Agent`` or a test built it. A provider nobody registered (the application's own SDK) gets
-the sinks the Agent's own settings describe.
+their settings (``alerts.register_sinks``), so a run on their provider reports to them (the Langfuse score included)
+whether the CLI, an application's ``Agent`` or a test built it. A provider nobody registered (the application's own
+SDK) gets the sinks the Agent's own settings describe.
 
 Decided per run, not per Agent: an application may build its agents at import time and set up its SDK afterwards.
 Only the API is imported here; the SDK loads when the embedded default is first needed.
@@ -19,10 +19,11 @@ Only the API is imported here; the SDK loads when the embedded default is first 
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import metrics, trace
+
+from .alerts import sinks_for
 
 if TYPE_CHECKING:
     from .alerts import AnomalySinks
@@ -52,18 +53,3 @@ def providers_for_run(tracer_provider: Any, meter_provider: Any, settings: Setti
 
 
 _NO_METRICS = metrics.NoOpMeterProvider()
-
-# Weak keys: a provider that is gone takes its sinks with it.
-_SINKS: weakref.WeakKeyDictionary[Any, AnomalySinks] = weakref.WeakKeyDictionary()
-
-
-def register_sinks(tracer_provider: Any, sinks: AnomalySinks) -> None:
-    """Runs on ``tracer_provider`` report their anomalies to ``sinks`` (what configure() built for it)."""
-    _SINKS[tracer_provider] = sinks
-
-
-def sinks_for(tracer_provider: Any) -> AnomalySinks | None:
-    try:
-        return _SINKS.get(tracer_provider)
-    except TypeError:  # a provider that cannot be weakly referenced was never registered
-        return None

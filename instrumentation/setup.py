@@ -51,12 +51,11 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .alerts import AnomalySinks
+from .alerts import AnomalySinks, register_sinks
 from .delivery import GuardedExporter, GuardedMetricExporter
 from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log
-from .providers import register_sinks
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
 from .spill import SpillFile
 from .trace_writer import TraceFileProcessor

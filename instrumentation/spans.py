@@ -9,11 +9,10 @@ telemetry switched off), every method returns before building a single attribute
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as metrics_api
@@ -35,8 +34,11 @@ from .content import (
     to_json,
 )
 from .detector import Anomaly, canonical_arguments, result_digest
-from .instrumented_model import InstrumentedModel
-from .interface import Action, CostOf, ModelLike, ToolTrace, Usage
+from .instrumented_model import InstrumentedModel, current_turn_var
+from .seam_types import Action, CostOf, ModelLike, Usage
+
+if TYPE_CHECKING:
+    from .interface import ToolTrace
 from .langfuse import generation_attributes, trace_attributes
 from .metrics import LoopMetrics
 from .providers import providers_for_run
@@ -585,14 +587,6 @@ def _record_error(span: Span, exc: BaseException) -> None:
     span.record_exception(exc)
 
 
-_current_turn: contextvars.ContextVar[TurnSpan | None] = contextvars.ContextVar("looptrace_turn", default=None)
-
-
-def current_turn() -> TurnSpan | None:
-    """The turn whose model call is running here (``TurnSpan.activate``), if any."""
-    return _current_turn.get()
-
-
 class _activate:
     """Makes ``span`` current while a model or tool call runs, so spans made inside it nest under it; for a turn, the
     turn is current too, for the instrumented model.
@@ -611,7 +605,7 @@ class _activate:
 
     def __enter__(self) -> None:
         if self.turn is not None:
-            self.turn_token = _current_turn.set(self.turn)
+            self.turn_token = current_turn_var.set(self.turn)
         if self.span.is_recording():
             self.token = otel_context.attach(trace.set_span_in_context(self.span))
 
@@ -619,7 +613,7 @@ class _activate:
         if self.token is not None:
             otel_context.detach(self.token)
         if self.turn_token is not None:
-            _current_turn.reset(self.turn_token)
+            current_turn_var.reset(self.turn_token)
 
 
 
