@@ -1,19 +1,197 @@
 """The structure a newcomer relies on: names in one place, the detector free of OpenTelemetry, one narrow interface
-between the loop and telemetry."""
+between the loop and telemetry, no import cycle, and the environment read only where the program starts.
+
+The import graph is read from the source (``ast``), as Python would import it: every ``import`` and ``from ... import``
+at any depth (the lazy ones inside functions too), but not those under ``if TYPE_CHECKING:``, which never run.
+"""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from looptrace import Agent, ScriptedModel, tool
-from looptrace.instrumentation import interface
+from looptrace.instrumentation import detector, interface
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = [*(ROOT / "instrumentation").glob("*.py"), *(ROOT / "runtime").glob("*.py")]
+# Where each package's source sits in the checkout (pyproject.toml's package-dir).
+PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "runtime",
+                "looptrace.instrumentation": ROOT / "instrumentation"}
+PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
+
+# The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
+# the embedded default (setup), an Agent built without telemetry (embedded), the CLI, and `looptrace watch`.
+ENTRY_POINTS = {
+    "looptrace.instrumentation.settings",
+    "looptrace.instrumentation.setup",
+    "looptrace.instrumentation.embedded",
+    "looptrace.runtime.cli",
+    "looptrace.runtime.trace_commands",
+    "looptrace.instrumentation.watch",
+}
+
+
+def module_sources() -> dict[str, Path]:
+    """Every module of the product by its import name."""
+    modules = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in folder.rglob("*.py"):
+            parts = [part for part in path.relative_to(folder).with_suffix("").parts if part != "__init__"]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], source: str | None = None) -> set[str]:
+    """The product modules ``name`` imports: ``from . import x`` counts as importing x when x is a module."""
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    never_run = {id(node) for branch in ast.walk(tree)
+                 if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+                 for statement in branch.body for node in ast.walk(statement)}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    named: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in never_run:
+            continue
+        if isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = (".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])])
+                    if node.level else node.module or "")
+            named.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+    found = set()
+    for module in named:
+        while module and module not in modules:
+            module = module.rpartition(".")[0]
+        if module and module != name:
+            found.add(module)
+    return found
+
+
+def import_graph(overrides: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Module -> the product modules it imports; ``overrides`` replaces modules' source (to test the test)."""
+    modules = module_sources()
+    return {name: imports_of(name, path, modules, (overrides or {}).get(name)) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def runtime_reaches_into_instrumentation(graph: dict[str, set[str]],
+                                         sources: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """What each runtime module takes from instrumentation beyond the interface and the detector's public names."""
+    allowed = {"looptrace.instrumentation.interface"}
+    public_detector = set(detector.__all__)
+    modules = module_sources()
+    wrong: dict[str, list[str]] = {}
+    for name, imported in graph.items():
+        if not name.startswith("looptrace.runtime"):
+            continue
+        tree = ast.parse((sources or {}).get(name) or modules[name].read_text(encoding="utf-8"))
+        taken = {(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and (node.module or "").startswith("looptrace.instrumentation") for alias in node.names}
+        bad = sorted(f"{module}.{what}" for module, what in taken
+                     if module not in allowed and not (module.startswith("looptrace.instrumentation.detector")
+                                                      and what in public_detector))
+        bad += sorted(module for module in imported if module.startswith("looptrace.instrumentation")
+                      and module not in allowed and not module.startswith("looptrace.instrumentation.detector"))
+        if bad:
+            wrong[name] = sorted(set(bad))
+    return wrong
+
+
+ENVIRONMENT_READ = re.compile(r"\bos\.environ\b|\bgetenv\(|\.from_env\(")
+
+
+def environment_readers(sources: dict[str, str] | None = None) -> list[str]:
+    """Modules outside the entry points that read the environment or call a from_env()."""
+    modules = module_sources()
+    return sorted(name for name, path in modules.items() if name not in ENTRY_POINTS
+                  and ENVIRONMENT_READ.search((sources or {}).get(name) or path.read_text(encoding="utf-8")))
+
+
+def test_the_import_graph_has_no_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_a_cycle_added_on_purpose_is_caught():
+    # The interface imports content; a lazy import back, inside a function, closes a cycle all the same.
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
+    sneaky = {"looptrace.instrumentation.content": content + "\n\ndef _later():\n    from .interface import Usage\n"}
+    both = {"looptrace.instrumentation.content", "looptrace.instrumentation.interface"}
+    assert any(both <= set(group) for group in cycles(import_graph(sneaky)))
+
+
+def test_the_runtime_reaches_telemetry_only_through_the_interface():
+    assert runtime_reaches_into_instrumentation(import_graph()) == {}
+
+
+@pytest.mark.parametrize("forbidden", [
+    "from looptrace.instrumentation.spans import Tracing",
+    "from looptrace.instrumentation.detector import _state",  # not among the detector's public names
+    "from looptrace.instrumentation import setup",
+])
+def test_a_forbidden_runtime_import_is_caught(forbidden):
+    path = PACKAGE_DIRS["looptrace.runtime"] / "limits.py"
+    source = path.read_text(encoding="utf-8") + f"\n\ndef _later():\n    {forbidden}\n"
+    overrides = {"looptrace.runtime.limits": source}
+    assert "looptrace.runtime.limits" in runtime_reaches_into_instrumentation(import_graph(overrides), overrides)
+
+
+def test_only_the_entry_points_read_the_environment():
+    assert environment_readers() == []
+
+
+def test_an_environment_read_below_the_entry_points_is_caught():
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
+    assert "looptrace.instrumentation.content" not in environment_readers()
+    reading = {"looptrace.instrumentation.content": content + "\nimport os\nos.environ.get('X')\n"}
+    assert "looptrace.instrumentation.content" in environment_readers(reading)
 
 
 def test_every_emitted_name_is_defined_in_semconv():
@@ -53,11 +231,9 @@ def test_the_detector_works_where_opentelemetry_is_not_installed():
     assert first == "True ['repeated_call']" and loaded == "[]"
 
 
-def test_agent_py_talks_to_telemetry_only_through_the_interface():
+def test_agent_py_uses_no_private_attribute_of_another_object():
     source = (ROOT / "runtime" / "agent.py").read_text(encoding="utf-8")
-    imported = set(re.findall(r"from looptrace\.instrumentation\.(\w+) import", source))
-    assert "spans" not in imported or "import Tracing" in source  # spans only as the implementation behind it
-    assert re.findall(r"\b\w+\._(?!_)\w+", _without_self(source)) == []  # no private attribute of another object
+    assert re.findall(r"\b\w+\._(?!_)\w+", _without_self(source)) == []
 
 
 def _without_self(source: str) -> str:
