@@ -119,7 +119,38 @@ def redact(value: Any) -> Any:
 
 
 def to_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    """A value as compact JSON, whatever a model put in it: an integer too long for Python to write out (over 4,300
+    digits) is written as a string that says so, and anything JSON has no form for as its ``str``."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    except ValueError:  # an integer too long to write (sys.get_int_max_str_digits), or a circular value
+        return json.dumps(_writable(value), ensure_ascii=False, default=str, separators=(",", ":"))
+    except RecursionError:
+        return '"<nested too deep to encode>"'
+
+
+def _writable(value: Any) -> Any:
+    """A copy of ``value`` that json can write: overlong integers described instead of written, cycles cut."""
+    seen: set[int] = set()
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, int) and not isinstance(item, bool):
+            try:
+                str(item)
+                return item
+            except ValueError:
+                return f"<integer of about {int(item.bit_length() * 0.30103) + 1} digits>"
+        if isinstance(item, (dict, list, tuple)):
+            if id(item) in seen:
+                return "<circular>"
+            seen.add(id(item))
+            copied: Any = ({str(k): copy(v) for k, v in item.items()} if isinstance(item, dict)
+                           else [copy(v) for v in item])
+            seen.discard(id(item))
+            return copied
+        return item
+
+    return copy(value)
 
 
 # --- Anthropic messages as GenAI conventions' messages ----------------------------------------------------------------

@@ -85,8 +85,12 @@ class InstrumentedModel:
         if turn is None:
             return None
         address, port = self.server()
-        return turn.start_chat(params, server_address=address, server_port=port, stream=self.stream,
-                               judge=self.judge)
+        try:
+            return turn.start_chat(params, server_address=address, server_port=port, stream=self.stream,
+                                   judge=self.judge)
+        except Exception as exc:  # the call goes ahead untraced rather than not at all
+            telemetry_failed("chat span", exc)
+            return None
 
     def _end(self, chat: Any, response: dict[str, Any]) -> None:
         cost = None
@@ -95,10 +99,7 @@ class InstrumentedModel:
                 cost = self.cost_of(response)
             except Exception:  # a price table that cannot price this response leaves the cost unknown, not the run
                 cost = None
-        try:
-            chat.end(response, Usage.from_response(response), cost_usd=cost)
-        except Exception as exc:  # telemetry never raises into a run: the span is lost, counted and said
-            telemetry_failed("chat span", exc)
+        chat.end(response, Usage.from_response(response), cost_usd=cost)  # never raises (spans._never_raises)
 
     def __getattr__(self, name: str) -> Any:
         # What else the model offers (ScriptedModel.remaining, AnthropicModel.sync_client) stays reachable.

@@ -9,9 +9,10 @@ telemetry switched off), every method returns before building a single attribute
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -40,6 +41,7 @@ from .seam_types import Action, CostOf, ModelLike, Usage
 if TYPE_CHECKING:
     from .interface import ToolTrace
 from .langfuse import generation_attributes, trace_attributes
+from .logs import telemetry_failed
 from .metrics import LoopMetrics
 from .providers import providers_for_run
 from .settings import Settings
@@ -51,6 +53,35 @@ _AS_TURN = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_CHAIN}
 _AS_GENERATION = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_LLM}
 _AS_TOOL = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_TOOL}
 CONTENT_EVENT = sc.CONTENT_EVENT
+
+
+def _never_raises(where: str, fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Telemetry never raises into the run it describes: a span method that fails (a value no encoder takes, an
+    exporter's bug) is counted and said once (``logs.telemetry_failed``), and ``fallback`` (called with the same
+    arguments) keeps the trace whole around it: the span still ends, a child still gets a place to hang from."""
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                telemetry_failed(where, exc)
+                return fallback(self, *args, **kwargs)
+        return guarded
+    return decorate
+
+
+def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
+    """The fallback of an ``end``: the span ends as it is, without what could not be recorded."""
+    try:
+        if owner.span.is_recording():
+            owner.span.end()
+    except Exception as exc:  # the span cannot even end (its processor fails): it is lost, and counted
+        telemetry_failed("span end", exc)
+
+
+def _nothing(owner: Any, *args: Any, **kwargs: Any) -> None:
+    return None
 _quote = json.encoder.encode_basestring  # a text as JSON, exactly as content.to_json writes it, without json.dumps
 
 
@@ -148,6 +179,15 @@ class Tracing:
         trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
+        return self._open_run(agent, model, task, system, tool_definitions, session_id, trace_level)
+
+    def _untraced_run(self, agent: str, *args: Any) -> RunSpan:
+        return RunSpan(self, trace.INVALID_SPAN, agent, {})
+
+    @_never_raises("invoke_agent span", _untraced_run)
+    def _open_run(self, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
+                  tool_definitions: list[dict[str, Any]], session_id: str | None,
+                  trace_level: dict[str, Any]) -> RunSpan:
         self._select_providers()
         # On every span of the run: Langfuse's v4 ingestion reads trace name, user, session, tags and metadata per
         # observation. The session goes once, as gen_ai.conversation.id, which Langfuse and Phoenix both read.
@@ -225,6 +265,10 @@ class RunSpan:
     def span_id(self) -> str:
         return format(self.span.get_span_context().span_id, "016x")
 
+    def _untraced_turn(self, index: int) -> TurnSpan:
+        return TurnSpan(self, _NON_RECORDING)
+
+    @_never_raises("turn span", _untraced_turn)
     def start_turn(self, index: int) -> TurnSpan:
         if not self.recording:
             return TurnSpan(self, _NON_RECORDING)
@@ -236,6 +280,7 @@ class RunSpan:
         )
         return TurnSpan(self, span)
 
+    @_never_raises("invoke_agent span", _end_span)
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
         metrics = self.tracing.metrics
@@ -291,9 +336,14 @@ class TurnSpan:
             metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
         if self.recording:
             self._record_anomaly(anomaly, action, tool_spans)
+        self._send(anomaly, action)
+
+    @_never_raises("anomaly alert", _nothing)
+    def _send(self, anomaly: Anomaly, action: Action) -> None:
         self.run.sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=self.run.trace_id,
                                                   span_id=self.run.span_id, action=action))
 
+    @_never_raises("anomaly event", _nothing)
     def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
         event: dict[str, Any] = {
             # The conventions' evaluation verdict, with looptrace's own attributes beside it.
@@ -363,6 +413,10 @@ class TurnSpan:
         return ChatSpan(self.run, span, model, server_address, server_port,
                         history if tracing.capture_events else None)
 
+    def _untraced_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
+        return ToolSpan(self.run, _NON_RECORDING, name, redact(arguments))
+
+    @_never_raises("execute_tool span", _untraced_tool)
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
         """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
         the call (spans, the detector, alerts) may quote."""
@@ -390,6 +444,7 @@ class TurnSpan:
         )
         return ToolSpan(self.run, span, name, arguments)
 
+    @_never_raises("turn span", _end_span)
     def end(self, *, stop_reason: str | None) -> None:
         if not self.recording:
             return
@@ -429,6 +484,7 @@ class ChatSpan:
         if self.span.is_recording():
             self.span.set_attribute(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, seconds)
 
+    @_never_raises("chat span", _end_span)
     def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None:
         # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
         input_tokens = usage.all_input_tokens
@@ -551,6 +607,7 @@ class ToolSpan:
             self.span.add_event(sc.ANOMALY_EVENT, anomaly_event)
             self.flagged = message
 
+    @_never_raises("execute_tool span", _end_span)
     def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
             duration_s: float = 0.0, full_length: int | None = None) -> None:
         metrics = self.run.tracing.metrics
