@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from fakes.messages_api import Error, FakeMessagesAPI
 
+from looptrace.cli.app import main
+from looptrace.cli.demo import equipment_script
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import read_spans
-from looptrace.runtime.cli import main
-from looptrace.runtime.demo import equipment_script
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from looptrace.cli import trace_commands
+from looptrace.cli.app import main
 from looptrace.instrumentation.trace_detect import DETECTION_KEYS
-from looptrace.runtime import trace_commands
-from looptrace.runtime.cli import main
 
 
 @pytest.fixture
@@ -69,11 +69,11 @@ def test_a_line_the_fast_parser_refuses_is_read_as_json_reads_it(demo_file, caps
 
 @pytest.mark.slow
 def test_detect_starts_without_the_agent_runtime_the_sdk_or_the_full_cli(demo_file):
-    probe = ("import json, sys\nfrom looptrace.runtime.entry import main\nmain(['detect', sys.argv[1]])\n"
+    probe = ("import json, sys\nfrom looptrace.cli.entry import main\nmain(['detect', sys.argv[1]])\n"
              "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe, str(demo_file)], capture_output=True, text=True, timeout=60)
     modules = set(json.loads(done.stderr.strip().splitlines()[-1]))
     assert "looptrace.instrumentation.trace_detect" in modules  # it did run detection
-    for heavy in ("looptrace.runtime.cli", "looptrace.runtime.agent", "looptrace.instrumentation.settings",
+    for heavy in ("looptrace.cli.app", "looptrace.runtime.agent", "looptrace.instrumentation.settings",
                   "opentelemetry.sdk", "anthropic", "structlog", "logging"):
         assert heavy not in modules, heavy

@@ -542,7 +542,7 @@ WATCH_DOCKERFILE = ROOT / "dashboards/watch/Dockerfile"
 
 def watch_args(compose) -> argparse.Namespace:
     """The flags compose starts watch with, parsed by the real CLI (an unknown flag fails here, not in the stack)."""
-    from looptrace.runtime.cli import _parser
+    from looptrace.cli.app import _parser
 
     entrypoint = re.search(r"ENTRYPOINT \[(.*)\]", WATCH_DOCKERFILE.read_text()).group(1)
     argv = json.loads(f"[{entrypoint}]")[1:] + compose["services"]["looptrace-watch"]["command"]

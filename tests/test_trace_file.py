@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from looptrace.cli.app import main
 from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import read_spans
@@ -36,7 +37,6 @@ from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.spill import SpillFile, push
 from looptrace.instrumentation.trace_writer import OTLPJsonFileExporter, TraceFileProcessor
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.runtime.cli import main
 
 # --- helpers --------------------------------------------------------------------------------------------------------
 
@@ -429,7 +429,7 @@ def test_pythonioencoding_cp1252_does_not_crash_the_cli(demo_file):
     env = {**os.environ, "PYTHONIOENCODING": "cp1252"}
     for argv in (["traces", "show", "--file", str(demo_file)], ["traces", "list", "--file", str(demo_file)],
                  ["detect", str(demo_file)]):
-        process = subprocess.run([sys.executable, "-m", "looptrace.runtime.entry", *argv], env=env,
+        process = subprocess.run([sys.executable, "-m", "looptrace.cli.entry", *argv], env=env,
                                  capture_output=True, timeout=60)
         assert process.returncode in (0, 1) and b"Traceback" not in process.stderr, argv
 
@@ -499,7 +499,7 @@ def test_show_reads_the_file_once_and_parses_only_the_lines_of_the_trace_it_show
 
 
 def test_detect_skips_parsing_lines_that_cannot_matter_and_finds_the_same(demo_file, capsys, monkeypatch):
-    from looptrace.runtime import trace_commands
+    from looptrace.cli import trace_commands
 
     code, full, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     parsed = []

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from looptrace import __version__
 from looptrace.instrumentation.logs import install_cli_rendering
 from looptrace.instrumentation.settings import DEFAULT_MODEL, ConfigurationError, Settings
-
-from .result import RunResult, RunStatus
+from looptrace.runtime.result import RunResult, RunStatus
 
 # The parser class and the closed-pipe handling live with the trace commands, which start without this module
 # (`looptrace detect` must not pay for the settings, logging and result modules imported here).
@@ -32,9 +31,8 @@ from .trace_commands import silence_stdout as _silence_stdout
 if TYPE_CHECKING:
     from looptrace.instrumentation.alerts import Alerts
     from looptrace.instrumentation.setup import Telemetry
-
-    from .agent import Agent
-    from .tools import Tool
+    from looptrace.runtime.agent import Agent
+    from looptrace.runtime.tools import Tool
 
 DEMO_STORIES = ("equipment", "ignored-error", "runaway")  # demo.STORIES' names (a test keeps the two equal)
 EXIT_OK = 0
@@ -176,11 +174,11 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.runtime.agent import Agent
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import ScriptedModel
 
     from . import demo as demo_story
-    from .agent import Agent
-    from .limits import Limits
-    from .models import ScriptedModel
     from .views import LiveView
 
     out = sys.stdout
@@ -217,10 +215,10 @@ def _run(args: argparse.Namespace) -> int:
 
     from looptrace.instrumentation import setup as telemetry_setup
     from looptrace.instrumentation.langfuse import trace_attributes
+    from looptrace.runtime.agent import Agent
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import AnthropicModel
 
-    from .agent import Agent
-    from .limits import Limits
-    from .models import AnthropicModel
     from .views import LiveView
 
     if not args.task.strip():
@@ -319,7 +317,7 @@ def _raise_terminated(signum, frame) -> None:
 
 def _execute(agent: Agent, task: str, telemetry: Telemetry,
              labels: dict[str, Any] | None = None) -> RunResult:
-    from .agent import RunInterrupted
+    from looptrace.runtime.agent import RunInterrupted
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -375,7 +373,7 @@ def _close(telemetry: Telemetry) -> None:
 
 def load_tools(path: Path) -> list[Tool]:
     """Every @tool in a Python file, in the order the file defines them."""
-    from .tools import Tool
+    from looptrace.runtime.tools import Tool
 
     if path.is_dir():
         raise UsageError(f"--tools {path} is a directory; give the Python file that defines the @tool functions")

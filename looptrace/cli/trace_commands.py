@@ -589,7 +589,7 @@ def push_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.settings import ConfigurationError, Settings
     from looptrace.instrumentation.spill import PushInProgress, push
 
-    from .cli import _configure_logging
+    from .app import _configure_logging
 
     _configure_logging()  # the exporters' warnings, rendered as the rest of the CLI renders them
     try:
