@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from looptrace.cli import demo
-from looptrace.cli.app import DEMO_STORIES
+from looptrace.cli.demo_command import DEMO_STORIES
 
 HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "requests", "anthropic", "pydantic", "grpc", "structlog")
 
@@ -58,7 +58,7 @@ class _Terminal:
 
 
 def test_no_color_turns_colour_off_at_a_terminal(monkeypatch):
-    from looptrace.cli.app import use_color
+    from looptrace.cli.logging_setup import use_color
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     assert use_color(_Terminal())

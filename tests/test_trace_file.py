@@ -499,13 +499,13 @@ def test_show_reads_the_file_once_and_parses_only_the_lines_of_the_trace_it_show
 
 
 def test_detect_skips_parsing_lines_that_cannot_matter_and_finds_the_same(demo_file, capsys, monkeypatch):
-    from looptrace.cli import trace_commands
+    from looptrace.cli import detect_command
 
     code, full, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     parsed = []
     real_loads = json.loads
     # detect parses with whatever fast_json_loads gives (msgspec's decoder, or json.loads): record what it is given
-    monkeypatch.setattr(trace_commands, "fast_json_loads", lambda: lambda raw: parsed.append(raw) or real_loads(raw))
+    monkeypatch.setattr(detect_command, "fast_json_loads", lambda: lambda raw: parsed.append(raw) or real_loads(raw))
     code_again, again, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     turn_lines = [line for line in demo_file.read_bytes().splitlines() if b'"name":"turn' in line]
     assert (code, full) == (code_again, again) and turn_lines and parsed
