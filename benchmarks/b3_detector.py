@@ -175,12 +175,12 @@ def write_trace_file(path: str, spans: int) -> tuple[int, int]:
 
 def detect_file(path: str, verdicts: list[int] | None = None) -> float:
     """``looptrace detect PATH --json`` in this process, its output kept in memory; the seconds it took."""
-    from looptrace.runtime import cli
+    from looptrace.cli import app
 
     sink = io.StringIO()
     started = clock()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(io.StringIO()):
-        code = cli.main(["detect", path, "--json"])
+        code = app.main(["detect", path, "--json"])
     elapsed = clock() - started
     assert code in (0, 1), code
     if verdicts is not None:

@@ -243,7 +243,7 @@ def repeat_file(source: str, target: str, times: int) -> None:
 
 def command(*argv: str) -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "looptrace")
-    return [script, *argv] if os.path.exists(script) else [sys.executable, "-m", "looptrace.runtime.entry", *argv]
+    return [script, *argv] if os.path.exists(script) else [sys.executable, "-m", "looptrace.cli.entry", *argv]
 
 
 TIME = "/usr/bin/time"  # GNU time: the child's own peak RSS (a forked child's counts the parent's pages too)

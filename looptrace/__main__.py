@@ -2,6 +2,6 @@
 
 import sys
 
-from looptrace.runtime.entry import main
+from looptrace.cli.entry import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """looptrace's agent runtime: the loop, its tools, its limits and what a run returns.
 
-The names load on first use (like the top-level ``looptrace`` package), so importing one submodule, such as the CLI,
-does not import them all.
+The names load on first use (like the top-level ``looptrace`` package), so importing one submodule, such as the
+results the CLI maps to exit codes, does not import them all.
 """
 
 from __future__ import annotations

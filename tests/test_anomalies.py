@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from looptrace.cli.app import main
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.detector import LoopDetector, ToolCall
 from looptrace.instrumentation.trace_detect import DetectorSpanProcessor, detect_spans
 from looptrace.runtime import Agent, RunStatus, ScriptedModel, tool
-from looptrace.runtime.cli import main
 
 MODEL = "claude-sonnet-5-5"
 TOOLS_FILE = Path(__file__).parent / "data" / "scenario_tools.py"

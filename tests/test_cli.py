@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from fakes.messages_api import Error, FakeMessagesAPI
 
+from looptrace.cli.app import main
+from looptrace.cli.demo import equipment_script
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import read_spans
-from looptrace.runtime.cli import main
-from looptrace.runtime.demo import equipment_script
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 
@@ -163,6 +163,19 @@ def test_a_bad_flag_exits_2(capsys):
 def test_an_unknown_exporter_is_a_usage_error(workdir, capsys):
     code, _, err = run_cli(capsys, "demo", "--exporter", "file,carrier-pigeon")
     assert code == 2 and "unknown exporter 'carrier-pigeon'" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["detect"], ["traces", "list"], ["traces", "show"]])
+def test_a_bad_setting_read_for_the_default_trace_file_is_one_line(workdir, argv):
+    # The trace commands start without the full CLI, and read the settings only for the default file: a value the
+    # settings refuse is still one line and exit 2, as in every other command.
+    env = {**os.environ, "LOOPTRACE_EXPORTER": "carrier-pigeon"}
+    done = subprocess.run([sys.executable, "-m", "looptrace", *argv], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("looptrace: error: unknown exporter 'carrier-pigeon'")
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_demo_shows_turns_the_tree_and_the_trace_file(workdir, capsys):

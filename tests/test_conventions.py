@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from looptrace.runtime import demo
-from looptrace.runtime.cli import DEMO_STORIES
+from looptrace.cli import demo
+from looptrace.cli.demo_command import DEMO_STORIES
 
 HEAVY = ("opentelemetry.sdk", "opentelemetry.exporter", "requests", "anthropic", "pydantic", "grpc", "structlog")
 
@@ -27,7 +27,7 @@ def heavy(modules: list[str]) -> list[str]:
 
 def test_import_looptrace_and_the_help_load_nothing_heavy():
     assert heavy(modules_loaded_by("import looptrace")) == []
-    help_code = ("import contextlib, io\nfrom looptrace.runtime.cli import main\n"
+    help_code = ("import contextlib, io\nfrom looptrace.cli.app import main\n"
                  "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
                  "    main(['--help'])")
     assert heavy(modules_loaded_by(help_code)) == []
@@ -45,7 +45,7 @@ def test_version(capsys):
     import pytest
 
     from looptrace import __version__
-    from looptrace.runtime.cli import main
+    from looptrace.cli.app import main
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -58,7 +58,7 @@ class _Terminal:
 
 
 def test_no_color_turns_colour_off_at_a_terminal(monkeypatch):
-    from looptrace.runtime.cli import use_color
+    from looptrace.cli.logging_setup import use_color
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     assert use_color(_Terminal())

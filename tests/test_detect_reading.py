@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from looptrace.cli import detect_command, trace_reading
+from looptrace.cli.app import main
 from looptrace.instrumentation.trace_detect import DETECTION_KEYS
-from looptrace.runtime import trace_commands
-from looptrace.runtime.cli import main
 
 
 @pytest.fixture
@@ -31,10 +31,10 @@ def detect(capsys, path: Path) -> tuple[int, str, str]:
 
 
 def test_detect_decodes_each_span_as_the_general_reader_does(demo_file):
-    with trace_commands.LineReporter(demo_file) as report:
-        fast = list(trace_commands.detection_spans(demo_file, report))
-    with trace_commands.LineReporter(demo_file) as report:
-        general = [s for s in trace_commands.spans_of(demo_file, report, DETECTION_KEYS)
+    with trace_reading.LineReporter(demo_file) as report:
+        fast = list(detect_command.detection_spans(demo_file, report))
+    with trace_reading.LineReporter(demo_file) as report:
+        general = [s for s in trace_reading.spans_of(demo_file, report, DETECTION_KEYS)
                    if not s.name.startswith("turn")]  # the lines detection does not parse at all
     assert len(fast) == len(general) > 10
     for ours, theirs in zip(fast, general, strict=True):
@@ -46,7 +46,7 @@ def test_detect_decodes_each_span_as_the_general_reader_does(demo_file):
 
 def test_detect_finds_the_same_with_json_alone(demo_file, capsys, monkeypatch):
     found = detect(capsys, demo_file)
-    monkeypatch.setattr(trace_commands, "fast_json_loads", lambda: json.loads)
+    monkeypatch.setattr(detect_command, "fast_json_loads", lambda: json.loads)
     assert detect(capsys, demo_file) == found
     assert found[0] == 1 and '"repeated_call"' in found[1]
 
@@ -69,11 +69,11 @@ def test_a_line_the_fast_parser_refuses_is_read_as_json_reads_it(demo_file, caps
 
 @pytest.mark.slow
 def test_detect_starts_without_the_agent_runtime_the_sdk_or_the_full_cli(demo_file):
-    probe = ("import json, sys\nfrom looptrace.runtime.entry import main\nmain(['detect', sys.argv[1]])\n"
+    probe = ("import json, sys\nfrom looptrace.cli.entry import main\nmain(['detect', sys.argv[1]])\n"
              "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe, str(demo_file)], capture_output=True, text=True, timeout=60)
     modules = set(json.loads(done.stderr.strip().splitlines()[-1]))
     assert "looptrace.instrumentation.trace_detect" in modules  # it did run detection
-    for heavy in ("looptrace.runtime.cli", "looptrace.runtime.agent", "looptrace.instrumentation.settings",
-                  "opentelemetry.sdk", "anthropic", "structlog", "logging"):
+    for heavy in ("looptrace.cli.app", "looptrace.runtime", "looptrace.runtime.agent",
+                  "looptrace.instrumentation.settings", "opentelemetry.sdk", "anthropic", "structlog", "logging"):
         assert heavy not in modules, heavy

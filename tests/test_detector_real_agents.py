@@ -13,6 +13,7 @@ import anthropic
 import pytest
 from fakes.messages_api import FakeMessagesAPI
 
+from looptrace.cli.views import LiveView
 from looptrace.instrumentation.alerts import Alerts, webhook_payload
 from looptrace.instrumentation.detector import (
     IGNORED_ERROR,
@@ -28,7 +29,6 @@ from looptrace.instrumentation.readers import NeutralSpan
 from looptrace.instrumentation.trace_detect import detect_spans
 from looptrace.runtime import Agent, RunStatus, ScriptedModel, tool
 from looptrace.runtime.judge import ModelJudge
-from looptrace.runtime.views import LiveView
 
 MODEL = "claude-sonnet-5-5"
 
@@ -437,7 +437,7 @@ def test_a_judge_that_errors_against_the_fake_api_leaves_the_rule():
 def test_looptrace_run_prints_each_anomaly_once(tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
-    from looptrace.runtime.cli import main
+    from looptrace.cli.app import main
 
     tools_file = Path(__file__).parent / "data" / "scenario_tools.py"
     loop = [{"stop_reason": "tool_use", "content": [

@@ -27,6 +27,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from looptrace.cli.app import main
+from looptrace.cli.demo import DEMO_SYSTEM, Inventory, runaway_script
 from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.direct_spans import DirectTracerProvider
@@ -34,8 +36,6 @@ from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure, context_from_traceparent, default_telemetry
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.runtime.cli import main
-from looptrace.runtime.demo import DEMO_SYSTEM, Inventory, runaway_script
 
 VARIABLES = ("OTEL_", "LANGFUSE_", "LOOPTRACE_", "TRACEPARENT", "TRACESTATE")
 

@@ -185,8 +185,8 @@ def test_langfuse_settings_from_the_sdk_variables():
 
 
 def run_agent(provider, task: str = "Reserve a projector for 2026-10-08"):
+    from looptrace.cli.demo import Inventory, equipment_script
     from looptrace.runtime import Agent, ScriptedModel
-    from looptrace.runtime.demo import Inventory, equipment_script
 
     started = time.monotonic()
     result = Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(equipment_script()),

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from looptrace.cli.demo import DEMO_TASK, Inventory, equipment_script
 from looptrace.runtime import Agent, Limits, Price, RunInterrupted, RunStatus, ScriptedModel, tool
-from looptrace.runtime.demo import DEMO_TASK, Inventory, equipment_script
 
 MODEL = "claude-sonnet-4-5"
 

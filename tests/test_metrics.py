@@ -227,8 +227,8 @@ def test_server_port_is_recorded_beside_the_server_address(recorded):
 def test_a_run_against_a_server_records_its_port_on_the_client_metrics():
     from fakes.messages_api import FakeMessagesAPI
 
+    from looptrace.cli.demo import equipment_script
     from looptrace.runtime import Agent, AnthropicModel
-    from looptrace.runtime.demo import equipment_script
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])

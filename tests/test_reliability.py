@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from looptrace.cli.app import main
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter, read_spans
 from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool
-from looptrace.runtime.cli import main
 from looptrace.runtime.tools import InvalidArguments
 
 MODEL = "claude-sonnet-5-5"
@@ -733,7 +733,7 @@ class _ClosedPipe:
 
 
 def test_a_live_view_whose_reader_went_away_goes_quiet_and_the_run_goes_on():
-    from looptrace.runtime.views import LiveView
+    from looptrace.cli.views import LiveView
     from looptrace.testing import capture_logs
 
     with capture_logs() as logs:
@@ -755,7 +755,7 @@ def _until(condition, what):
 
 
 def test_a_slow_model_call_and_a_slow_tool_show_elapsed_time_on_a_live_line_at_a_terminal():
-    from looptrace.runtime.views import LiveView
+    from looptrace.cli.views import LiveView
 
     screen = _Terminal()
 
@@ -784,7 +784,7 @@ def test_a_slow_model_call_and_a_slow_tool_show_elapsed_time_on_a_live_line_at_a
 def test_piped_the_live_view_is_plain_lines_only():
     import io
 
-    from looptrace.runtime.views import LiveView
+    from looptrace.cli.views import LiveView
 
     piped = io.StringIO()
     slow_done = threading.Event()

@@ -129,7 +129,7 @@ def test_a_malformed_header_list_stops_the_otlp_exporter_naming_the_variable(mon
 
 
 def test_the_cli_reports_a_malformed_header_list_in_one_line(monkeypatch, tmp_path, capsys):
-    from looptrace.runtime.cli import main
+    from looptrace.cli.app import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", MALFORMED)

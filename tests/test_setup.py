@@ -39,8 +39,8 @@ def _isolated(monkeypatch, tmp_path):
 
 
 def run_agent(provider):
+    from looptrace.cli.demo import Inventory, equipment_script
     from looptrace.runtime import Agent, ScriptedModel
-    from looptrace.runtime.demo import Inventory, equipment_script
 
     return Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(equipment_script()),
                  tracer_provider=provider).run("Reserve a projector for 2026-10-08")

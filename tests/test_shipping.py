@@ -18,12 +18,12 @@ import pytest
 from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, unused_port
 
+from looptrace.cli.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
 from looptrace.instrumentation import langfuse as langfuse_module
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import configure, context_from_traceparent
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.runtime.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 PUBLIC, SECRET = "pk-lf-test", "sk-lf-test-secret"

@@ -9,9 +9,9 @@ from genai_conventions import InputMessages, OutputMessages, validate_system_ins
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+from looptrace.cli.demo import DEMO_TASK, Inventory, equipment_script
 from looptrace.instrumentation import semconv as sc
 from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool
-from looptrace.runtime.demo import DEMO_TASK, Inventory, equipment_script
 
 MODEL = "claude-sonnet-4-5"
 
@@ -405,7 +405,7 @@ def test_every_span_has_its_openinference_kind_and_the_root_its_input_and_output
 
 
 def test_an_anomaly_is_an_evaluation_result_event_with_ours_beside_it(spans):
-    from looptrace.runtime.demo import runaway_script
+    from looptrace.cli.demo import runaway_script
 
     Agent(MODEL, tools=Inventory().tools(), client=ScriptedModel(runaway_script()), on_anomaly="warn",
           limits=Limits(max_turns=4), tracer_provider=spans.provider).run("x")

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from looptrace.cli.app import main
 from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import read_spans
@@ -36,7 +37,6 @@ from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.spill import SpillFile, push
 from looptrace.instrumentation.trace_writer import OTLPJsonFileExporter, TraceFileProcessor
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.runtime.cli import main
 
 # --- helpers --------------------------------------------------------------------------------------------------------
 
@@ -429,7 +429,7 @@ def test_pythonioencoding_cp1252_does_not_crash_the_cli(demo_file):
     env = {**os.environ, "PYTHONIOENCODING": "cp1252"}
     for argv in (["traces", "show", "--file", str(demo_file)], ["traces", "list", "--file", str(demo_file)],
                  ["detect", str(demo_file)]):
-        process = subprocess.run([sys.executable, "-m", "looptrace.runtime.entry", *argv], env=env,
+        process = subprocess.run([sys.executable, "-m", "looptrace.cli.entry", *argv], env=env,
                                  capture_output=True, timeout=60)
         assert process.returncode in (0, 1) and b"Traceback" not in process.stderr, argv
 
@@ -499,13 +499,13 @@ def test_show_reads_the_file_once_and_parses_only_the_lines_of_the_trace_it_show
 
 
 def test_detect_skips_parsing_lines_that_cannot_matter_and_finds_the_same(demo_file, capsys, monkeypatch):
-    from looptrace.runtime import trace_commands
+    from looptrace.cli import detect_command
 
     code, full, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     parsed = []
     real_loads = json.loads
     # detect parses with whatever fast_json_loads gives (msgspec's decoder, or json.loads): record what it is given
-    monkeypatch.setattr(trace_commands, "fast_json_loads", lambda: lambda raw: parsed.append(raw) or real_loads(raw))
+    monkeypatch.setattr(detect_command, "fast_json_loads", lambda: lambda raw: parsed.append(raw) or real_loads(raw))
     code_again, again, _ = cli(capsys, "detect", "--all", "--json", str(demo_file))
     turn_lines = [line for line in demo_file.read_bytes().splitlines() if b'"name":"turn' in line]
     assert (code, full) == (code_again, again) and turn_lines and parsed

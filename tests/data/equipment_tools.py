@@ -1,5 +1,5 @@
 """The demo's equipment tools as a tools file, for `looptrace run --tools` in tests."""
 
-from looptrace.runtime.demo import Inventory
+from looptrace.cli.demo import Inventory
 
 search_equipment, reserve_equipment = Inventory().tools()

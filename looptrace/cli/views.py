@@ -11,8 +11,7 @@ from typing import Any, TextIO
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import SpanRecord
-
-from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 
 ERROR_MARK = "✗"
 OK_MARK = "✓"

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
         from .trace_commands import main as trace_main
 
         return trace_main(arguments)
-    from .cli import main as full_main
+    from .app import main as full_main
 
     return full_main(arguments)
 

@@ -1,0 +1,51 @@
+"""What every command shares, at no start-up cost (standard library only): the parser class, the usage error, the
+handling of a closed stdout and of a terminal that cannot show every character, and the words for counts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from .exit_codes import EXIT_USAGE
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line, as every other usage error is: the full usage is one --help away."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def silence_stdout() -> None:
+    """The reader of stdout is gone (`looptrace demo | head -3`): nothing more can be shown, and Python's own flush at
+    exit must not complain about it either. The command itself was not cut short."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test harness)
+        pass
+
+
+def tolerate_any_terminal() -> None:
+    """Characters the terminal cannot show (✓ on cp1252, say) become '?' instead of a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):  # a stream that cannot be reconfigured (already closed, a test's)
+                pass
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 turn``, ``2 turns``, ``3 anomalies``: a count with its noun, thousands separated."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count:,} {noun[:-1] + 'ies' if noun.endswith('y') and noun[-2:-1] not in 'aeiou' else noun + 's'}"

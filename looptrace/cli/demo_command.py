@@ -1,0 +1,99 @@
+"""`looptrace demo [STORY]`: an offline run (scripted model, real tools, no key, no network) and its trace as a tree."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .environment import read_settings
+from .exit_codes import EXIT_CODE_HELP
+from .running import (
+    EXIT_CODES,
+    add_anomaly_flag,
+    add_export_flags,
+    close,
+    execute,
+    export_overrides,
+    print_json,
+    telemetry_options,
+)
+
+if TYPE_CHECKING:
+    from looptrace.instrumentation.setup import Telemetry
+    from looptrace.runtime.result import RunResult
+
+# demo.STORIES' names (a test keeps the two equal), spelled out so that `--help` does not import the demo's tools
+DEMO_STORIES = ("equipment", "ignored-error", "runaway")
+
+
+def add_demo_command(commands: Any) -> None:
+    """Add `demo` to a subparsers object."""
+    demo = commands.add_parser("demo", help="run an offline demo (no key, no network)",
+                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("story", nargs="?", default="equipment", choices=DEMO_STORIES,
+                      help="equipment (default): a failed reservation the model recovers from; runaway: a model "
+                           "repeating itself, nudged then stopped; ignored-error: a failure the answer glosses over")
+    add_anomaly_flag(demo)
+    add_export_flags(demo)
+    demo.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    demo.set_defaults(command_parser=demo, handler=demo_command)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """Run the story; the live view on stderr, the final answer, what was flagged and the trace tree on stdout."""
+    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.runtime.agent import Agent
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import ScriptedModel
+
+    from . import demo as demo_story
+    from .views import LiveView
+
+    out = sys.stdout
+    task, script, blurb = demo_story.STORIES[args.story]
+    settings = read_settings(**export_overrides(args))
+    telemetry = telemetry_setup.configure(settings)
+    live = None if args.json else LiveView(sys.stderr)
+    agent = Agent(
+        demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
+        client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
+        on_event=live, **telemetry_options(telemetry, live_view=not args.json),
+    )
+    if live is not None:
+        live.note(f"task: {task}\n(offline: {blurb})\n")
+    result = execute(agent, task, telemetry)
+    try:
+        if args.json:
+            print_json(result, out)
+        else:
+            out.write(f"final answer: {result.final_text or '(none)'}\n")
+            for anomaly in result.anomalies:
+                first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+                turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+                out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
+            out.write("\n")
+            _show_written_trace(telemetry, result, out)
+    finally:
+        close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
+    return EXIT_CODES[result.status]
+
+
+def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+    """The run read back from the trace file, as `looptrace traces show` draws it."""
+    from looptrace.instrumentation.otlp_file import TraceFileError, read_spans
+
+    from .views import render_trace
+
+    if telemetry.trace_file is None:
+        out.write("(no trace file: the file exporter is not among --exporter)\n")
+        return
+    try:
+        spans = [s for s in read_spans(telemetry.trace_file) if s.trace_id == result.trace_id]
+    except TraceFileError as exc:
+        out.write(f"(the trace could not be read back: {exc})\n")
+        return
+    out.write(render_trace(spans) + "\n\n")
+    out.write(f"trace file: {telemetry.trace_file}  (looptrace traces show --trace-id {result.trace_id[:12]})\n")
+    if result.trace_url:
+        out.write(f"trace in Langfuse: {result.trace_url}\n")

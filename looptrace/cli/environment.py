@@ -1,0 +1,39 @@
+"""The one place the CLI reads the environment.
+
+The CLI is an entry point: each command reads looptrace's settings once (``read_settings``, the CLI's only
+``Settings.from_env()``), puts its flags over them and passes the result down, so that nothing below needs to read
+the environment. The two other variables the CLI looks at are not looptrace's: the Anthropic SDK's credentials,
+checked before a run so that a missing key is one line, and NO_COLOR (no-color.org).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .common import UsageError
+
+if TYPE_CHECKING:
+    from looptrace.instrumentation.settings import Settings
+
+
+def read_settings(**flags: Any) -> Settings:
+    """The environment's settings with the command's flags over them (``Settings.with_overrides``: a flag left unset,
+    None, keeps the environment's value). A value the settings refuse is a usage error, said in one line."""
+    # Imported here: the trace commands call this only when they need a default path, and start without it.
+    from looptrace.instrumentation.settings import ConfigurationError, Settings
+
+    try:
+        return Settings.from_env().with_overrides(**flags)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def anthropic_credentials_set() -> bool:
+    """Whether the anthropic SDK will find a key or a token (it reads them itself; the CLI only checks first)."""
+    return bool(os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+
+
+def no_color_requested() -> bool:
+    """NO_COLOR set to anything but the empty string turns colour off (no-color.org)."""
+    return bool(os.environ.get("NO_COLOR"))

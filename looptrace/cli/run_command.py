@@ -1,0 +1,192 @@
+"""`looptrace run TASK --tools FILE.py`: an agent on the real Messages API, with the @tool functions of a file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from looptrace.instrumentation.settings import DEFAULT_MODEL
+
+from .common import UsageError
+from .environment import anthropic_credentials_set, read_settings
+from .exit_codes import EXIT_CODE_HELP
+from .running import (
+    EXIT_CODES,
+    add_anomaly_flag,
+    add_export_flags,
+    close,
+    execute,
+    export_overrides,
+    print_json,
+    telemetry_options,
+)
+
+if TYPE_CHECKING:
+    from looptrace.instrumentation.setup import Telemetry
+    from looptrace.runtime.result import RunResult
+    from looptrace.runtime.tools import Tool
+
+
+def add_run_command(commands: Any) -> None:
+    """Add `run` to a subparsers object."""
+    run = commands.add_parser("run", help="run an agent on a task with the tools in a Python file",
+                              epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
+    run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL})")
+    run.add_argument("--system", help="system prompt")
+    run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
+    run.add_argument("--max-tokens", type=_positive_int, default=4096, help="max_tokens per model call")
+    run.add_argument("--max-turns", type=_positive_int, default=10, help="model calls at most (default: %(default)s)")
+    run.add_argument("--max-total-tokens", type=_positive_int, help="token budget, cache tokens included")
+    run.add_argument("--max-cost-usd", type=_positive_float, help="cost budget in USD")
+    run.add_argument("--timeout", type=_positive_float, help="wall-clock limit for the run, seconds")
+    run.add_argument("--tool-timeout", type=_positive_float, default=60.0,
+                     help="per tool call, seconds (default: %(default)s)")
+    run.add_argument("--stream", action="store_true", help="use server-sent events for model calls")
+    run.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    run.add_argument("--session-id", help="Langfuse session (and gen_ai.conversation.id) of the run's trace")
+    run.add_argument("--user-id", help="Langfuse user of the run's trace")
+    run.add_argument("--tag", action="append", default=[], metavar="TAG", help="a trace tag; repeat for more")
+    run.add_argument("--traceparent",
+                     help="W3C traceparent of a trace to join (default: TRACEPARENT), e.g. from a job scheduler")
+    add_anomaly_flag(run)
+    add_export_flags(run)
+    run.set_defaults(command_parser=run, handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the agent on the task; the final answer on stdout, the live view and where the trace went on stderr."""
+    from opentelemetry import context as otel_context
+
+    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.instrumentation.langfuse import trace_attributes
+    from looptrace.runtime.agent import Agent
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import AnthropicModel
+
+    from .views import LiveView
+
+    if not args.task.strip():
+        raise UsageError("the task is empty: say what the agent should do, e.g. looptrace run \"Summarise README.md\"")
+    if not anthropic_credentials_set():
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
+                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
+    tools = load_tools(Path(args.tools)) if args.tools else []
+    if not tools:
+        print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
+    # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
+    settings = read_settings(**export_overrides(args), model=args.model or None,
+                             traceparent=args.traceparent or None)
+    try:
+        parent = (telemetry_setup.context_from_traceparent(settings.traceparent, settings.tracestate)
+                  if settings.traceparent else None)
+    except ValueError as exc:
+        raise UsageError(f"--traceparent: {exc}") from None
+    telemetry = telemetry_setup.configure(settings)
+    try:
+        agent = Agent(
+            settings.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
+            client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
+            limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
+                          max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
+            on_event=None if args.json else LiveView(sys.stderr),
+            **telemetry_options(telemetry, live_view=not args.json),
+        )
+        labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
+        trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    token = otel_context.attach(parent) if parent is not None else None
+    try:
+        result = execute(agent, args.task, telemetry, labels)
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+    try:
+        if args.json:
+            print_json(result, sys.stdout)
+        else:
+            if result.final_text:
+                print(result.final_text)
+            if result.error:
+                print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
+            _point_at_trace(telemetry, result, sys.stderr)
+    finally:
+        close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
+    return EXIT_CODES[result.status]
+
+
+def load_tools(path: Path) -> list[Tool]:
+    """Every @tool in a Python file, in the order the file defines them."""
+    from looptrace.runtime.tools import Tool
+
+    if path.is_dir():
+        raise UsageError(f"--tools {path} is a directory; give the Python file that defines the @tool functions")
+    if not path.is_file():
+        raise UsageError(f"tools file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"looptrace_tools_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # whatever the file does wrong, the user gets one line naming it
+        line = _line_in(path, exc)
+        where = f" (line {line})" if line else ""
+        raise UsageError(f"cannot import tools file {path}{where}: {type(exc).__name__}: {exc}") from None
+    found = [value for value in vars(module).values() if isinstance(value, Tool)]
+    if not found:
+        raise UsageError(f"{path} defines no @tool functions")
+    return found
+
+
+def _line_in(path: Path, exc: BaseException) -> int | None:
+    """The line of the tools file where importing it failed: the syntax error's, or the deepest frame in that file."""
+    if isinstance(exc, SyntaxError) and exc.lineno and Path(exc.filename or "").resolve() == path.resolve():
+        return exc.lineno
+    line = None
+    target = str(path.resolve())
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if str(Path(frame.f_code.co_filename).resolve()) == target:
+            line = lineno
+    if line is None and isinstance(exc, SyntaxError):
+        return exc.lineno
+    return line
+
+
+def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+    """The end of every run: its trace id, where to look at it locally, and its link in Langfuse when there is one."""
+    where = (f" written to {telemetry.trace_file}; see it with: looptrace traces show --trace-id {result.trace_id[:12]}"
+             if telemetry.trace_file is not None else "")
+    out.write(f"trace {result.trace_id}{where}\n")
+    if result.trace_url:
+        out.write(f"trace in Langfuse: {result.trace_url}\n")
+
+
+# argparse words a failed conversion after the function's name ("invalid _positive_int value"): these say it in
+# the user's terms instead.
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value

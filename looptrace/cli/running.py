@@ -1,0 +1,143 @@
+"""What `run` and `demo` share: their export and anomaly flags, running the agent under Ctrl-C and SIGTERM, the Agent
+arguments that route its telemetry, delivering everything before the exit, and the RunResult as JSON.
+
+One rule for demo and run alike: the live view is progress, so it goes to stderr (and is left out by --json); stdout
+holds only the outcome, which a pipe or a script can take as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from looptrace.runtime.result import RunResult, RunStatus
+
+from .common import UsageError
+from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+
+# Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
+# SDK, the exporters or the anthropic client. Each command imports what it uses.
+if TYPE_CHECKING:
+    from looptrace.instrumentation.alerts import Alerts
+    from looptrace.instrumentation.setup import Telemetry
+    from looptrace.runtime.agent import Agent
+
+EXIT_CODES: dict[RunStatus, int] = {
+    RunStatus.DONE: EXIT_OK,
+    RunStatus.ERROR: 1,
+    RunStatus.MAX_TURNS: 10,
+    RunStatus.TOKEN_BUDGET: 11,
+    RunStatus.COST_BUDGET: 12,
+    RunStatus.TIMEOUT: 13,
+    RunStatus.MAX_TOKENS: 20,
+    RunStatus.STOP_SEQUENCE: 21,
+    RunStatus.REFUSAL: 22,
+    RunStatus.CONTEXT_WINDOW: 23,
+    RunStatus.STOPPED_BY_DETECTOR: 30,
+    RunStatus.INTERRUPTED: EXIT_INTERRUPTED,
+}
+
+
+def add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--on-anomaly", choices=("warn", "nudge", "stop"),
+                        help="what a loop anomaly does (default: nudge repeated calls and cycles once, stop them if "
+                             "they go on; warn about ignored errors)")
+
+
+def add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exporter", metavar="LIST",
+                        help="comma list of file, console, otlp, langfuse, none, taken exactly (default: "
+                             "LOOPTRACE_EXPORTER; else file, plus langfuse when LANGFUSE_* keys are set and otlp when "
+                             "OTEL_EXPORTER_OTLP_ENDPOINT is)")
+    parser.add_argument("--trace-file", type=Path,
+                        help="where the file exporter writes "
+                             "(default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+
+
+def export_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields the export flags set (None where a flag was not given: the environment's value stays)."""
+    return {"exporters": args.exporter, "trace_file": args.trace_file}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered the way Ctrl-C is, so the run ends its spans and they are flushed before the exit."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def execute(agent: Agent, task: str, telemetry: Telemetry,
+            labels: dict[str, Any] | None = None) -> RunResult:
+    """Run the agent; Ctrl-C or SIGTERM end the run, deliver its spans and exit with 130 or 143."""
+    from looptrace.runtime.agent import RunInterrupted
+
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return agent.run(task, **(labels or {}))
+    except RunInterrupted as interrupted:
+        close(telemetry)
+        terminated = isinstance(interrupted.__cause__, Terminated)
+        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after {interrupted.result.turns} turns; "
+              f"the trace was saved", file=sys.stderr)
+        raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        telemetry.flush()
+
+
+def telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[str, Any]:
+    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up.
+
+    With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time.
+    """
+    from looptrace.instrumentation.alerts import Alerts
+
+    callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
+    try:
+        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "",
+                        log_warnings=not live_view)
+    except ValueError as exc:
+        raise UsageError(f"LOOPTRACE_ALERT_WEBHOOK: {exc}") from None
+    _ALERTS.append(alerts)
+    return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
+            "alerts": alerts, "settings": telemetry.settings}
+
+
+_ALERTS: list[Alerts] = []  # the process's alert sinks, whose webhook posts close() waits for
+WEBHOOK_WAIT_S = 5.0
+
+
+def close(telemetry: Telemetry) -> None:
+    """Deliver or spill everything, within a bound, and say where undelivered spans went."""
+    for alerts in _ALERTS:
+        alerts.wait(WEBHOOK_WAIT_S)  # posts run on daemon threads: without this an exit would cut them off
+    _ALERTS.clear()
+    telemetry.shutdown()
+    notice = telemetry.spill_notice()
+    if notice:
+        print(notice, file=sys.stderr)
+
+
+def print_json(result: RunResult, out: TextIO) -> None:
+    """The RunResult as one JSON object on one line, tool arguments redacted as the spans hold them."""
+    shown = result.to_dict()
+    # Output is a place secrets must not reach, like a span: tool arguments are printed as the spans hold them.
+    shown["messages"] = [_with_redacted_arguments(message) for message in shown["messages"]]
+    out.write(json.dumps(shown, ensure_ascii=False, default=str) + "\n")
+
+
+def _with_redacted_arguments(message: Any) -> Any:
+    from looptrace.instrumentation.content import redact
+
+    blocks = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(blocks, list):
+        return message
+    return {**message, "content": [
+        {**block, "input": redact(block.get("input"))}
+        if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use") else block
+        for block in blocks]}

@@ -1,0 +1,99 @@
+"""`looptrace detect` and `looptrace traces show | list | push`: reading stored traces, fast and safely.
+
+These commands import only the standard library and looptrace's own readers (no OpenTelemetry SDK, no HTTP client,
+no anthropic), so that `detect` on a small file costs about what starting Python costs; `push` loads the exporters
+when it runs. Each reads the file once, line by line, in memory bounded by the longest line (``trace_reading``).
+``main`` runs them without loading the agent runtime; the full CLI (``app``) offers the same commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
+from .detect_command import detect_command
+from .exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
+from .list_command import list_command
+from .push_command import push_command
+from .show_command import show_command
+
+
+def add_trace_commands(commands: Any) -> None:
+    """Add `detect` and `traces` to a subparsers object (the full CLI's, or the light one of ``main``)."""
+    detect = commands.add_parser(
+        "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
+        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose tool calls are "
+                    "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
+                    "that keep failing and errors the final answer ignored.",
+        epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file, a file holding no "
+               "OTLP/JSON span, or a bad flag",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    detect.add_argument("file", nargs="?", type=Path,
+                        help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
+    detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
+    detect.set_defaults(command_parser=detect, handler=detect_command)
+
+    traces = commands.add_parser("traces", help="read the local trace file")
+    traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
+    show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
+    show.add_argument("--file", type=Path,
+                      help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
+    show.set_defaults(command_parser=show, handler=show_command)
+    listing = traces_commands.add_parser("list", help="one line per run in the file: when, status, turns, tokens, "
+                                                      "cost, anomalies")
+    listing.add_argument("--file", type=Path,
+                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.set_defaults(command_parser=listing, handler=list_command)
+    push = traces_commands.add_parser(
+        "push", help="send spans a backend could not take earlier (from the spill file), never twice",
+        epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
+               "pending and are listed)\n  1   some spans are still pending because their backend failed again, "
+               "were held back after an interrupted push, or unreadable lines were set aside\n"
+               "  2   bad flag or configuration",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    push.add_argument("--to", choices=("langfuse", "otlp"),
+                      help="only this backend (default: every backend the environment configures)")
+    push.add_argument("--file", type=Path, help="spill file (default: LOOPTRACE_SPILL_FILE or .looptrace/spill.jsonl)")
+    push.add_argument("--resend-interrupted", action="store_true",
+                      help="also send batches an interrupted push may or may not have delivered (a second copy "
+                           "may reach the backend)")
+    push.set_defaults(command_parser=push, handler=push_command)
+
+
+def quiet_garbage_collector() -> None:
+    """Fewer cyclic collections while a file is read: a short-lived command that makes millions of short-lived,
+    acyclic objects (parsed lines, freed by reference counting) gains nothing from them, and each full collection
+    would walk every module loaded at start-up. Memory stays flat: nothing read is kept in a cycle."""
+    gc.freeze()  # what start-up loaded is never collected anyway; keep collections from walking it
+    gc.set_threshold(50_000, 50, 100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The trace commands alone: what `looptrace detect | traces ...` runs, without loading the agent runtime.
+
+    Same parser class, error lines and exit codes as the full CLI (``app.main``), which offers the same commands.
+    """
+    parser = Parser(prog="looptrace")
+    add_trace_commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        tolerate_any_terminal()
+        quiet_garbage_collector()
+        try:
+            code = args.handler(args)
+        except UsageError as exc:
+            print(f"looptrace: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        sys.stdout.flush()  # here, so that a closed pipe is noticed where it can be handled
+        return code
+    except BrokenPipeError:  # `looptrace traces show | head`: the reader has seen enough
+        silence_stdout()
+        return EXIT_CLOSED_PIPE

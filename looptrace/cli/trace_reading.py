@@ -1,0 +1,162 @@
+"""Reading a stored trace file for the trace commands: line by line, in memory bounded by the longest line, with bad
+lines reported and progress shown.
+
+A file that is not a trace file (a log, a JSON document) is a usage error said in one line, not a stream of
+"skipped" messages and a success: a CI gate pointed at the wrong file must not go green. In a real trace file, the
+first few malformed lines are named and the rest counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from looptrace.instrumentation.otlp_file import (
+    BadLine,
+    SpanRecord,
+    TraceFileError,
+    decode_attributes,
+    raw_spans,
+    read_lines,
+    span_record,
+)
+
+from .common import UsageError
+from .environment import read_settings
+
+BAD_LINES_SHOWN = 5
+# What a line that is JSON but not trace data raises while its spans are read: it is reported, never a traceback.
+NOT_TRACE_DATA = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
+
+
+class LineReporter:
+    """Names the first malformed lines, counts the rest, and shows progress on a big file at a terminal.
+
+    Until the first span is read, messages wait: a file with no span at all is reported as one usage error instead.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.bad = 0
+        self.first_reason = ""
+        self.spans_seen = False
+        self._waiting: list[str] = []
+        self.size = 0
+        self.interactive = sys.stderr.isatty()
+
+    def __enter__(self) -> LineReporter:
+        if os.path.isdir(self.path):
+            raise UsageError(f"{self.path} is a directory, not a trace file")
+        try:
+            self.size = os.path.getsize(self.path)
+        except OSError as exc:
+            raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.clear_progress()
+        if isinstance(exc, TraceFileError):
+            raise UsageError(str(exc)) from None
+
+    def __call__(self, bad: BadLine) -> None:
+        self.bad += 1
+        if self.bad == 1:
+            self.first_reason = f"line {bad.line}: {bad.reason}"
+        if self.bad > BAD_LINES_SHOWN:
+            return
+        message = f"looptrace: {self.path}:{bad.line}: skipped: {bad.reason}"
+        if self.spans_seen:
+            self.clear_progress()
+            print(message, file=sys.stderr)
+        else:
+            self._waiting.append(message)
+
+    def saw_span(self) -> None:
+        if not self.spans_seen:
+            self.spans_seen = True
+            for message in self._waiting:
+                print(message, file=sys.stderr)
+            self._waiting.clear()
+
+    def finish(self, *, spans_required: bool) -> None:
+        """After the read: the count of lines not named, or the usage error for a file without any span."""
+        if not self.spans_seen and spans_required:
+            what = f"{self.bad:,} line{'s' if self.bad != 1 else ''} read, none of them trace data; first: " \
+                   f"{self.first_reason}" if self.bad else "it is empty"
+            raise UsageError(f"{self.path} holds no OTLP/JSON spans ({what}); is it a trace file?")
+        self.saw_span()
+        if self.bad > BAD_LINES_SHOWN:
+            print(f"looptrace: {self.path}: {self.bad - BAD_LINES_SHOWN:,} more malformed lines skipped "
+                  f"({self.bad:,} in all)", file=sys.stderr)
+
+    @property
+    def shows_progress(self) -> bool:
+        """Only a person watching a big file wants a progress line."""
+        return self.interactive and self.size > 50_000_000
+
+    def clear_progress(self) -> None:
+        if self.shows_progress:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+
+    def progress(self, done: int) -> None:
+        if self.shows_progress:
+            sys.stderr.write(f"\rreading {self.path.name}: {done * 100 // max(self.size, 1)}% "
+                             f"({done / 1e6:,.0f} of {self.size / 1e6:,.0f} MB)")
+            sys.stderr.flush()
+
+
+def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
+             parse: Any = None) -> Iterator[SpanRecord]:
+    """Every span of the file, each line decoded once; a line that is JSON but not trace data is reported."""
+
+    def records(data: Any) -> list[SpanRecord]:
+        decoded_resource: dict[str, Any] = {}
+        last_resource: Any = None
+        spans = []
+        for span, resource, scope in raw_spans(data):
+            if keys is None and resource is not last_resource:
+                decoded_resource, last_resource = decode_attributes(resource), resource
+            spans.append(span_record(span, decoded_resource, scope, keys))
+        return spans
+
+    return spans_by_line(path, report, parse, records)
+
+
+def spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -> Iterator[Any]:
+    """The spans ``spans_in`` makes of each parsed line, in file order; a line it refuses (it raises: JSON, but not
+    trace data) is reported and skipped whole, so one bad span never leaves half a line read."""
+    for number, data in read_lines(path, report, report.progress, parse):
+        try:
+            spans = spans_in(data)
+        except NOT_TRACE_DATA as exc:
+            report(BadLine(number, not_trace_data(exc)))
+            continue
+        if spans:
+            report.saw_span()
+            yield from spans
+
+
+def not_trace_data(exc: BaseException) -> str:
+    """Why a line (or a span) that is JSON was refused, in one phrase."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to read"
+    return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
+
+
+def trace_file_of(args: argparse.Namespace) -> Path:
+    """The file a trace command reads: its FILE or --file, else the settings' (LOOPTRACE_TRACE_FILE or
+    .looptrace/traces.jsonl). The environment is read only when no file is given."""
+    return getattr(args, "file", None) or read_settings().trace_file
+
+
+def is_root(span: dict[str, Any]) -> bool:
+    """Whether a span (as stored, undecoded) is a run's root."""
+    # Ours and other GenAI agents' roots are `invoke_agent {name}`, even when they join an outer trace.
+    if not span.get("parentSpanId"):
+        return True
+    name = span.get("name")
+    return type(name) is str and name.startswith("invoke_agent")
