@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from .detector import Anomaly
 from .logs import log
 from .seam_types import Action
+from .settings import ConfigurationError
 
 if TYPE_CHECKING:
     from .langfuse import LangfuseScores
@@ -60,7 +61,8 @@ class Alerts:
         self.webhook_url = webhook_url or None
         if self.webhook_url and urlsplit(self.webhook_url).scheme not in ("http", "https"):
             # Said without the URL: the URL is the credential.
-            raise ValueError("the alert webhook URL must start with http:// or https://")
+            raise ConfigurationError("the alert webhook URL (LOOPTRACE_ALERT_WEBHOOK) must start with http:// or "
+                                     "https://")
         self.webhook_timeout_s = webhook_timeout_s
         self.callback = callback
         self.log_warnings = log_warnings

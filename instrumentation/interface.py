@@ -19,26 +19,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from .alerts import Alerts
 from .content import redact
 from .detector import Anomaly
 from .logs import log
 from .no_tracing import NoTracing
 from .seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
-
-if TYPE_CHECKING:
-    from .alerts import Alerts
+from .settings import Settings
 
 __all__ = [
     "ACTIONS",
     "Action",
     "AgentTelemetry",
+    "Alerts",
     "Anomaly",
     "CostOf",
     "ModelLike",
     "NoTracing",
     "RunTrace",
+    "Settings",
     "ToolTrace",
     "TurnTrace",
     "Usage",
@@ -129,7 +130,7 @@ class AgentTelemetry(Protocol):
 
 def agent_telemetry(*, enabled: bool = True, tracer_provider: Any = None, meter_provider: Any = None,
                     capture_content: bool | None = None, alerts: Alerts | None = None,
-                    settings: Any = None) -> AgentTelemetry:
+                    settings: Settings | None = None) -> AgentTelemetry:
     """The telemetry of an ``Agent``: its entry point into instrumentation (see ``embedded.agent_telemetry``)."""
     from .embedded import agent_telemetry as build
 

@@ -16,13 +16,15 @@ import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall
 from looptrace.instrumentation.interface import (
     AgentTelemetry,
+    Alerts,
     ModelLike,
     RunTrace,
+    Settings,
     ToolTrace,
     TurnTrace,
     Usage,
@@ -37,10 +39,6 @@ from .limits import Budget, Limits
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
-
-if TYPE_CHECKING:  # only handed through to the telemetry, which owns them
-    from looptrace.instrumentation.alerts import Alerts
-    from looptrace.instrumentation.settings import Settings
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000

@@ -5,8 +5,10 @@ with telemetry off, a part of a span that cannot be recorded is counted and said
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 from looptrace import Agent, ScriptedModel, tool
@@ -31,9 +33,10 @@ HUGE = 10 ** 5000  # more digits than Python writes out (sys.get_int_max_str_dig
 
 @pytest.fixture
 def trace_file(tmp_path, monkeypatch):
-    """The embedded default writing to a file of this test's own."""
-    for name in ("LOOPTRACE_EXPORTER", "OTEL_TRACES_EXPORTER", "LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
+    """The embedded default, as in a new process with no telemetry variables, writing to a file of this test's own."""
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    for name in [n for n in os.environ if n.startswith(("OTEL_", "LANGFUSE_", "LOOPTRACE_", "TRACEPARENT"))]:
+        monkeypatch.delenv(name)
     monkeypatch.setenv("LOOPTRACE_TRACE_FILE", str(tmp_path / "traces.jsonl"))
     return tmp_path / "traces.jsonl"
 

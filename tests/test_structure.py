@@ -27,13 +27,13 @@ PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "ru
 PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
 
 # The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
-# the embedded default (setup), an Agent built without telemetry (embedded), the CLI, and `looptrace watch`.
+# the embedded default (setup), an Agent built without telemetry (embedded), the CLI's one reader, `looptrace watch`.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",
     "looptrace.instrumentation.setup",
     "looptrace.instrumentation.embedded",
-    "looptrace.runtime.cli",
-    "looptrace.runtime.trace_commands",
+    "looptrace.cli.environment",
+    "looptrace.cli.watch_command",
     "looptrace.instrumentation.watch",
 }
 

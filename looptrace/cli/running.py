@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.runtime.result import RunResult, RunStatus
 
-from .common import UsageError
 from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
@@ -91,18 +90,16 @@ def execute(agent: Agent, task: str, telemetry: Telemetry,
 
 
 def telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[str, Any]:
-    """The Agent arguments that route its spans, metrics and anomaly scores to what configure() set up.
+    """The Agent arguments that put its runs on what configure() set up: its providers, and with them the anomaly
+    sinks configure() built (log line, webhook, Langfuse score), the same as an application's Agent gets.
 
-    With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time.
+    With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time,
+    so the Agent gets the same alerts without the log line.
     """
     from looptrace.instrumentation.alerts import Alerts
 
-    callback = telemetry.scores.alert_callback if telemetry.scores is not None else None
-    try:
-        alerts = Alerts(callback=callback, webhook_url=telemetry.settings.alert_webhook or "",
-                        log_warnings=not live_view)
-    except ValueError as exc:
-        raise UsageError(f"LOOPTRACE_ALERT_WEBHOOK: {exc}") from None
+    assert telemetry.sinks is not None, "configure() builds the sinks"
+    alerts = Alerts.from_settings(telemetry.settings, log_warnings=False) if live_view else telemetry.sinks.alerts
     _ALERTS.append(alerts)
     return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
             "alerts": alerts, "settings": telemetry.settings}
