@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,9 @@ def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
     loads = parse or json.loads
     with handle:
         readline = handle.readline
+        # A regular file ends, so an over-long line in it is read past to the next one. A stream (a device, a pipe)
+        # may never end its line (/dev/zero): there, reading stops at the limit instead of skipping forever.
+        endless = not stat.S_ISREG(os.fstat(handle.fileno()).st_mode)
         number = read = 0
         while True:
             raw = readline(limit + 1)
@@ -123,6 +127,12 @@ def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
             if on_progress is not None and number % 4096 == 0:
                 on_progress(read)
             if len(raw) > limit:
+                if endless:
+                    if on_bad_line is not None:
+                        on_bad_line(BadLine(number, f"longer than {limit:,} bytes in a stream that is not a regular "
+                                                    f"file; reading stopped there (raise {MAX_LINE_BYTES_ENV} to "
+                                                    "read it)"))
+                    break
                 read += _skip_rest_of_line(readline, raw)
                 if on_bad_line is not None:
                     on_bad_line(BadLine(number, f"longer than {limit:,} bytes; skipped without reading it "
