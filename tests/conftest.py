@@ -1,16 +1,27 @@
-"""Shared fixtures: a private tracer provider whose finished spans the tests can read.
+"""Shared fixtures: a private tracer provider whose finished spans the tests can read, and the guard that keeps every
+test on this machine.
 
 Tests never set the global tracer provider (it can be set once per process); they hand the provider to the Agent.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import network_guard
 import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+# Installed for the whole process, not per test: a thread a test started (an exporter, a project look-up) is held to
+# the same rule after the test has returned. Python processes the tests start get it too, through PYTHONPATH.
+network_guard.install()
+_CHILD_GUARD = str(Path(__file__).parent / "child_network_guard")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_CHILD_GUARD, os.environ.get("PYTHONPATH")) if p)
 
 # No test may fail because the machine is busy: Hypothesis's per-example deadline and its "too slow" health check are
 # both wall-clock limits, so they are off for every property test (each still bounds its own example count).
@@ -52,3 +63,13 @@ def _fresh_structlog():
     # The CLI configures structlog for its process; in-process CLI tests must not leave that behind for the next test.
     yield
     structlog.reset_defaults()
+
+
+@pytest.fixture(autouse=True)
+def _stays_on_this_machine():
+    """Fails the test that tried to reach a host beyond loopback, even if the code under test swallowed the error."""
+    network_guard.take_attempts()  # what an earlier test's leftover thread tried is not this test's doing
+    yield
+    attempts = network_guard.take_attempts()
+    if attempts:
+        pytest.fail(f"the test tried to reach outside the machine: {', '.join(sorted(set(attempts)))}", pytrace=False)

@@ -239,13 +239,15 @@ def test_the_trace_file_survives_a_full_disk_with_one_warning(tmp_path):
         pytest.skip("no /dev/full on this system")
     from looptrace.testing import capture_logs
 
-    provider = TracerProvider()
+    provider = TracerProvider(shutdown_on_exit=False)  # shut down here, not at the suite's exit: its warning is ours
     provider.add_span_processor(SimpleSpanProcessor(OTLPJsonFileExporter("/dev/full")))
     with capture_logs() as logs:
         for _ in range(2):
             result = Agent(MODEL, client=ScriptedModel([answer()]), tracer_provider=provider).run("x")
             assert result.status is RunStatus.DONE
-    assert [e["event"] for e in logs].count("trace_file_unwritable") == 1
+        provider.shutdown()
+    events = [e["event"] for e in logs]
+    assert events.count("trace_file_unwritable") == 1 and events.count("trace_file_spans_lost") == 1
 
 
 # --- input files --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes.otlp_receiver import unused_port
 
 from looptrace import Settings
 from looptrace.instrumentation import settings as settings_module
@@ -107,6 +108,9 @@ def test_a_malformed_header_list_is_named_never_printed_when_only_langfuse_is_us
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", MALFORMED)
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk")
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk")
+    # A local port nothing listens on: without a base URL this would be Langfuse Cloud, and no test leaves the machine.
+    monkeypatch.setenv("LANGFUSE_BASE_URL", f"http://127.0.0.1:{unused_port()}")
+    monkeypatch.delenv("LANGFUSE_HOST", raising=False)
     caplog.set_level(logging.DEBUG)
     settings = Settings.from_env()
     for _ in range(5):  # what a run builds: each exporter parsed the variable again and warned with its value
