@@ -131,6 +131,8 @@ class AnthropicModel:
                     if first:
                         report_first_chunk(time.perf_counter() - started)
                         first = False
+                if first:
+                    raise ServerDidNotStream.of(stream)
                 return _as_json(stream.get_final_message())
         # The raw body is the API's JSON to the byte: no round trip through the SDK's models and back.
         raw = client.messages.with_raw_response.create(**params, **options)
@@ -145,9 +147,26 @@ class AnthropicModel:
                     if first:
                         report_first_chunk(time.perf_counter() - started)
                         first = False
+                if first:
+                    raise ServerDidNotStream.of(stream)
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
+
+
+class ServerDidNotStream(RuntimeError):
+    """A streaming call whose answer held no server-sent event: a server (a proxy, a local stand-in) that answers a
+    streaming request as if it were not one. The SDK would otherwise fail on an empty stream with a bare assertion."""
+
+    @classmethod
+    def of(cls, stream: Any) -> ServerDidNotStream:
+        try:
+            content_type = stream.response.headers.get("content-type") or "no content type"
+        except Exception:  # noqa: BLE001 - the message is all this is for; a stream without headers still has one
+            content_type = "an unknown content type"
+        return cls(f"the server did not stream: it answered a streaming request (stream=true) with {content_type} "
+                   "and no server-sent events; call it without streaming (stream=False; `looptrace run` without "
+                   "--stream), or use a server that streams")
 
 
 class ModelCallTimeout(TimeoutError):

@@ -25,7 +25,8 @@ Script items:
   plain string as shorthand for one text block. Unknown ``stop_reason`` values
   and block types are passed through untouched.
 * a callable ``f(request_body) -> item`` for answers that depend on the request.
-* ``Error``, ``Delay``, ``DropConnection`` and ``Trickle`` for failure modes.
+* ``Error``, ``Delay``, ``DropConnection``, ``NotStreamed`` and ``Trickle`` for
+  failure modes.
 
 A request with ``"stream": true`` gets the same message as a server-sent event
 stream (``stream_events``), so streaming and non-streaming calls reconstruct
@@ -56,6 +57,7 @@ __all__ = [
     "DropConnection",
     "Error",
     "FakeMessagesAPI",
+    "NotStreamed",
     "Trickle",
     "complete_message",
     "stream_events",
@@ -107,6 +109,15 @@ class DropConnection:
 
 
 @dataclass(frozen=True)
+class NotStreamed:
+    """Answer with ``item`` as one JSON body even when the request asked to
+    stream, as a proxy or a stand-in server that ignores ``"stream": true``
+    does."""
+
+    item: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class Trickle:
     """Answer with ``item`` slowly: the body (or, streaming, each event) goes out
     in ``pieces`` parts ``interval`` seconds apart, as a slow or congested
@@ -123,7 +134,7 @@ class Trickle:
 
 ScriptItem = Any  # dict | Callable[[dict], ScriptItem] | Error | Delay | DropConnection | Trickle
 
-_FAILURE_ITEMS = (Error, Delay, DropConnection)
+_FAILURE_ITEMS = (Error, Delay, DropConnection, NotStreamed)
 
 
 # --------------------------------------------------------------------------
@@ -487,6 +498,8 @@ class FakeMessagesAPI:
                 message = complete_message(item.item or {"content": "This answer is cut off"}, body)
                 handler.send_stream(message, stop_after=item.after_events)
             handler.drop()
+        elif isinstance(item, NotStreamed):
+            handler.send_json(200, complete_message(item.item, body))
         elif isinstance(item, Trickle):
             handler.send_slowly(complete_message(item.item, body), item, stream=bool(body.get("stream")),
                                 stopping=self._stopping)
