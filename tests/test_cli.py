@@ -285,7 +285,7 @@ def test_ctrl_c_mid_tool_exits_130_with_a_valid_trace(tmp_path):
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
-    assert "interrupted after 1 turns" in err
+    assert "interrupted after 1 turn;" in err
     spans = list(read_spans(tmp_path / ".looptrace" / "traces.jsonl", on_bad_line=pytest.fail))
     root = next(s for s in spans if s.name.startswith("invoke_agent"))
     assert root.attributes[sc.RUN_STATUS] == "interrupted"

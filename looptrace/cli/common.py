@@ -48,4 +48,9 @@ def plural(count: int, noun: str) -> str:
     """``1 turn``, ``2 turns``, ``3 anomalies``: a count with its noun, thousands separated."""
     if count == 1:
         return f"1 {noun}"
-    return f"{count:,} {noun[:-1] + 'ies' if noun.endswith('y') and noun[-2:-1] not in 'aeiou' else noun + 's'}"
+    return f"{count:,} {plural_of(noun)}"
+
+
+def plural_of(noun: str) -> str:
+    """``turns``, ``anomalies``: the plural of one of the CLI's nouns."""
+    return noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"

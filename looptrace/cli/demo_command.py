@@ -54,7 +54,7 @@ def demo_command(args: argparse.Namespace) -> int:
     task, script, blurb = demo_story.STORIES[args.story]
     settings = read_settings(**export_overrides(args))
     telemetry = telemetry_setup.configure(settings)
-    live = None if args.json else LiveView(sys.stderr)
+    live = None if args.json else LiveView(sys.stderr, capture_content=settings.capture_content)
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,
@@ -92,6 +92,9 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) ->
         spans = [s for s in read_spans(telemetry.trace_file) if s.trace_id == result.trace_id]
     except TraceFileError as exc:
         out.write(f"(the trace could not be read back: {exc})\n")
+        return
+    if not spans:  # a full disk, or a device such as /dev/full: the warning on stderr said why
+        out.write(f"(the run's spans are not in {telemetry.trace_file}: they could not be written there)\n")
         return
     out.write(render_trace(spans) + "\n\n")
     out.write(f"trace file: {telemetry.trace_file}  (looptrace traces show --trace-id {result.trace_id[:12]})\n")

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import OrderedDict
+from typing import Any
 
 from looptrace.instrumentation.otlp_file import BadLine, SpanRecord, raw_spans, read_lines, span_record
 
 from .common import plural
 from .exit_codes import EXIT_OK
 from .trace_reading import NOT_TRACE_DATA, LineReporter, is_root, not_trace_data, trace_file_of
+
+MAX_OPEN_RUNS = 10_000  # runs whose root has not come yet, for their turn counts; beyond this the oldest is forgotten
+TURN_SPAN_NAME = "turn"  # semconv.TURN_SPAN_NAME (semconv is imported only once the command runs)
 
 
 def list_command(args: argparse.Namespace) -> int:
@@ -18,6 +23,9 @@ def list_command(args: argparse.Namespace) -> int:
     path = trace_file_of(args)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
                       sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT})
+    # Turn spans per parent, so that a run that failed mid-turn is said to have the turn `traces show` draws; a
+    # run's entry goes when its root comes, and runs that never wrote a root are forgotten oldest first.
+    turns_under: OrderedDict[Any, int] = OrderedDict()
     with LineReporter(path) as report:
         for number, data in read_lines(path, report, report.progress):
             roots = []
@@ -26,24 +34,41 @@ def list_command(args: argparse.Namespace) -> int:
                     report.saw_span()
                     if is_root(span):
                         roots.append(span_record(span, {}, scope, keys))
+                    elif _is_turn(span):
+                        parent = span.get("parentSpanId")
+                        turns_under[parent] = turns_under.pop(parent, 0) + 1
+                        if len(turns_under) > MAX_OPEN_RUNS:
+                            turns_under.popitem(last=False)
             except NOT_TRACE_DATA as exc:
                 report(BadLine(number, not_trace_data(exc)))
                 continue
             for root in roots:
+                turns_drawn = turns_under.pop(root.span_id, 0)
                 if root.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
                     report.clear_progress()
-                    print(run_line(root))
-        report.finish(spans_required=False)
+                    print(run_line(root, turns_drawn))
+        report.finish(spans_required=True)  # a file with no span at all (a log, a binary) is a usage error
     return EXIT_OK
 
 
-def run_line(root: SpanRecord) -> str:
-    """One run at a glance: id, when, name, status, turns, tokens, cost, anomalies, duration."""
+def _is_turn(span: dict[str, Any]) -> bool:
+    name = span.get("name")
+    return type(name) is str and (name == TURN_SPAN_NAME or name.startswith(TURN_SPAN_NAME + " "))  # or "turn 3"
+
+
+def run_line(root: SpanRecord, turns_drawn: int = 0) -> str:
+    """One run at a glance: id, when, name, status, turns, tokens, cost, anomalies, duration.
+
+    ``turns_drawn``: the turn spans found under the root. The run counts the turns it completed; one it failed in is
+    still a turn of the run (`traces show` draws it), so the larger of the two is said.
+    """
     from looptrace.instrumentation import semconv as sc
 
     a = root.attributes
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.start_ns / 1e9)) if root.start_ns else "?"
     turns = a.get(sc.RUN_TURNS)
+    if turns_drawn and (not isinstance(turns, int) or isinstance(turns, bool) or turns_drawn > turns):
+        turns = turns_drawn
     tokens = a.get(sc.RUN_USAGE_TOTAL_TOKENS)
     cost = a.get(sc.RUN_COST_USD)
     anomalies = a.get(sc.RUN_ANOMALY_COUNT) or 0

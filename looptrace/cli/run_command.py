@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import traceback
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -77,11 +77,12 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
-    if not tools:
-        print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
                              traceparent=args.traceparent or None)
+    _check_priced(settings.model, args.max_cost_usd)
+    if not tools:
+        print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     try:
         parent = (telemetry_setup.context_from_traceparent(settings.traceparent, settings.tracestate)
                   if settings.traceparent else None)
@@ -94,7 +95,7 @@ def run_command(args: argparse.Namespace) -> int:
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr),
+            on_event=None if args.json else LiveView(sys.stderr, capture_content=settings.capture_content),
             **telemetry_options(telemetry, live_view=not args.json),
         )
         labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
@@ -121,28 +122,74 @@ def run_command(args: argparse.Namespace) -> int:
     return EXIT_CODES[result.status]
 
 
+MAX_TOOLS_FILE_BYTES = 16 << 20  # a tools file is source code: beyond this, it is the wrong file (or /dev/zero)
+
+
+def _check_priced(model: str, max_cost_usd: float | None) -> None:
+    """A cost budget needs the model's price. The library's answer (pass ``prices=``) is not one a command line can
+    take, so the CLI says what it can do instead."""
+    from looptrace.runtime.pricing import price_for
+
+    if max_cost_usd is None or price_for(model) is not None:
+        return
+    raise UsageError(f"--max-cost-usd needs the price of model {model!r}, and looptrace's price table has none: "
+                     f"give a model it prices (--model or LOOPTRACE_MODEL, e.g. {DEFAULT_MODEL}), or drop "
+                     "--max-cost-usd and bound the run with --max-total-tokens instead")
+
+
 def load_tools(path: Path) -> list[Tool]:
-    """Every @tool in a Python file, in the order the file defines them."""
+    """Every @tool in a Python file, in the order the file defines them.
+
+    The file is read as Python source whatever its name or kind (a pipe, /dev/null), at most
+    ``MAX_TOOLS_FILE_BYTES`` of it; whatever goes wrong while it runs, exiting included, is one line naming it.
+    """
     from looptrace.runtime.tools import Tool
 
-    if path.is_dir():
-        raise UsageError(f"--tools {path} is a directory; give the Python file that defines the @tool functions")
-    if not path.is_file():
-        raise UsageError(f"tools file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"looptrace_tools_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{path} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(f"looptrace_tools_{path.stem}")
+    module.__file__ = str(path)
+    source = _tools_source(path)
     try:
-        spec.loader.exec_module(module)
+        code = compile(source, str(path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)  # running the user's own tools file is the point of --tools
+    except SystemExit as exc:  # sys.exit() at import: its code must not become the CLI's (3 means "no such trace")
+        how = (f"with code {exc.code}" if isinstance(exc.code, int) else
+               "with code 0" if exc.code is None else f"saying {short_text(exc.code)}")
+        raise UsageError(f"tools file {path}{_where(path, exc)} exited {how} while importing; a tools file should "
+                         "only define @tool functions") from None
     except Exception as exc:  # whatever the file does wrong, the user gets one line naming it
-        line = _line_in(path, exc)
-        where = f" (line {line})" if line else ""
+        where = _where(path, exc)
         raise UsageError(f"cannot import tools file {path}{where}: {type(exc).__name__}: {exc}") from None
     found = [value for value in vars(module).values() if isinstance(value, Tool)]
     if not found:
         raise UsageError(f"{path} defines no @tool functions")
     return found
+
+
+def _tools_source(path: Path) -> bytes:
+    """The bytes of a tools file, read within the bound; what cannot be read is a usage error."""
+    if path.is_dir():
+        raise UsageError(f"--tools {path} is a directory; give the Python file that defines the @tool functions")
+    if not path.exists():
+        raise UsageError(f"tools file {path} does not exist")
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read(MAX_TOOLS_FILE_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read tools file {path}: {exc.strerror or exc}") from None
+    if len(source) > MAX_TOOLS_FILE_BYTES:
+        raise UsageError(f"tools file {path} is larger than {MAX_TOOLS_FILE_BYTES >> 20} MiB; is it a Python file?")
+    return source
+
+
+def short_text(value: object, limit: int = 200) -> str:
+    """A value quoted on one line, cut at ``limit`` characters."""
+    text = " ".join(str(value).split())
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _where(path: Path, exc: BaseException) -> str:
+    line = _line_in(path, exc)
+    return f" (line {line})" if line else ""
 
 
 def _line_in(path: Path, exc: BaseException) -> int | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.runtime.result import RunResult, RunStatus
 
+from .common import plural
 from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
@@ -81,8 +82,8 @@ def execute(agent: Agent, task: str, telemetry: Telemetry,
     except RunInterrupted as interrupted:
         close(telemetry)
         terminated = isinstance(interrupted.__cause__, Terminated)
-        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after {interrupted.result.turns} turns; "
-              f"the trace was saved", file=sys.stderr)
+        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after "
+              f"{plural(interrupted.result.turns, 'turn')}; the trace was saved", file=sys.stderr)
         raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

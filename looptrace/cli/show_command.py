@@ -11,10 +11,9 @@ import json
 import sys
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from looptrace.instrumentation.otlp_file import (
-    SKIP,
     BadLine,
     SpanRecord,
     decode_attributes,
@@ -23,9 +22,9 @@ from looptrace.instrumentation.otlp_file import (
     span_record,
 )
 
-from .common import UsageError
+from .common import UsageError, plural
 from .exit_codes import EXIT_NOT_FOUND, EXIT_OK
-from .trace_reading import NOT_TRACE_DATA, LineReporter, is_root, not_trace_data, trace_file_of
+from .trace_reading import NOT_TRACE_DATA, LineReporter, bad_line_reason, is_root, not_trace_data, trace_file_of
 
 MAX_OPEN_TRACES = 10_000  # traces whose root has not come yet; beyond this the oldest is forgotten
 
@@ -37,16 +36,46 @@ def show_command(args: argparse.Namespace) -> int:
     wanted = (args.trace_id or "").lower() or None
     with LineReporter(path) as report:
         chosen = _find_trace(path, wanted, report)
-        report.finish(spans_required=False)
+        # Lines read and none of them trace data (a log, a binary file) is a usage error, as for `detect` and `list`;
+        # an empty file simply holds no trace yet.
+        report.finish(spans_required=report.bad > 0)
     if chosen is None:
         what = f"no trace {wanted!r}" if wanted else "no traces"
         print(f"looptrace: {what} in {path}", file=sys.stderr)
         return EXIT_NOT_FOUND
+    orphans = _without_their_parent(chosen)
+    if orphans:  # said, so that a tree drawn without its root is not taken for the whole run
+        print(f"looptrace: {path}: {plural(orphans, 'span')} of this trace {'has' if orphans == 1 else 'have'} "
+              "no parent in the file (a run that never finished writing, or a line skipped above); shown at the top",
+              file=sys.stderr)
     print(render_trace(chosen))
     return EXIT_OK
 
 
-_Held = list[Any]  # a trace's spans, undecoded: raw lines (bytes), or (span object, resource attributes, scope)
+def _without_their_parent(spans: list[SpanRecord]) -> int:
+    """The spans naming a parent that is not in the file, a run's root joined to an outside trace aside."""
+    ids = {s.span_id for s in spans}
+    return sum(1 for s in spans
+               if s.parent_span_id and s.parent_span_id not in ids and not s.name.startswith("invoke_agent"))
+
+
+_Held = list[Any]  # a trace's spans, undecoded: each a _Line (read, not parsed) or a _Parsed span
+
+
+class _Line(NamedTuple):
+    """A line judged from its bytes, kept with its number so that a fault found when it is parsed names its line."""
+
+    number: int
+    raw: bytes
+
+
+class _Parsed(NamedTuple):
+    """One span of a line that was parsed (a line of several spans, say), with what it needs to be decoded."""
+
+    number: int
+    span: dict[str, Any]
+    resource: Any
+    scope: Any
 
 
 def _peek(raw: bytes) -> tuple[str, int, bool] | None:
@@ -55,8 +84,8 @@ def _peek(raw: bytes) -> tuple[str, int, bool] | None:
 
     looptrace writes one span per line: `traces show` parses only the lines of the trace it shows.
     """
-    if raw.count(b'"spanId"') != 1:
-        return None
+    if raw.count(b'"spanId"') != 1 or not raw.rstrip().endswith(b"}"):
+        return None  # (a torn line is parsed, so that read_lines reports it as `detect` and `list` do)
     start = raw.find(b'"traceId":"')
     if start < 0:
         return None
@@ -110,16 +139,18 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
         peeked = _peek(raw)
         if peeked is None:
             return json.loads(raw)
-        keep(*peeked, raw)
-        return SKIP
+        return _Peeked(*peeked, raw)  # kept below, where its line number is known
 
     for number, data in read_lines(path, report, report.progress, parse):
+        if type(data) is _Peeked:
+            keep(data.trace_id, data.end, data.root, _Line(number, data.raw))
+            continue
         try:
             for span, resource, scope in raw_spans(data):
                 trace_id = span["traceId"]
                 if type(trace_id) is not str:
                     raise ValueError("traceId is not a string")
-                keep(trace_id.lower(), _end(span), is_root(span), (span, resource, scope))
+                keep(trace_id.lower(), _end(span), is_root(span), _Parsed(number, span, resource, scope))
         except NOT_TRACE_DATA as exc:
             report(BadLine(number, not_trace_data(exc)))
     if prefix is not None:
@@ -137,14 +168,29 @@ def _end(span: dict[str, Any]) -> int:
         return 0
 
 
+class _Peeked(NamedTuple):
+    trace_id: str
+    end: int
+    root: bool
+    raw: bytes
+
+
 def _decode(held: _Held, report: LineReporter) -> list[SpanRecord]:
-    records = []
+    """The spans of the trace shown, each held line parsed now. A line that fails costs its own spans, reported with
+    its number and in the words `detect` and `list` use for it; the rest of the trace is still shown."""
+    records: list[SpanRecord] = []
     for item in held:
         try:
-            items = list(raw_spans(json.loads(item))) if isinstance(item, bytes) else [item]
-            for span, resource, scope in items:
-                records.append(span_record(span, decode_attributes(resource), scope))
+            if type(item) is _Line:
+                try:
+                    data = json.loads(item.raw)
+                except NOT_TRACE_DATA as exc:  # a torn line, say: described as read_lines describes it
+                    report(BadLine(item.number, bad_line_reason(exc, item.raw)))
+                    continue
+                records.extend(span_record(span, decode_attributes(resource), scope)
+                               for span, resource, scope in list(raw_spans(data)))
+            else:
+                records.append(span_record(item.span, decode_attributes(item.resource), item.scope))
         except NOT_TRACE_DATA as exc:
-            # A span that cannot be shown costs itself; the rest of its trace still is.
-            report(BadLine(0, f"a span of this trace is unreadable ({not_trace_data(exc)})"))
+            report(BadLine(item.number, not_trace_data(exc)))
     return records

@@ -38,15 +38,37 @@ def add_trace_commands(commands: Any) -> None:
     detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
     detect.set_defaults(command_parser=detect, handler=detect_command)
 
-    traces = commands.add_parser("traces", help="read the local trace file")
+    traces = commands.add_parser(
+        "traces", help="read the local trace file",
+        description="Read the local trace file (OTLP/JSON lines, as the file exporter writes them) or send on what a "
+                    "backend could not take.",
+        epilog="exit codes: see each subcommand's --help (looptrace traces show --help)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     traces_commands = traces.add_subparsers(dest="traces_command", required=True, metavar="SUBCOMMAND")
-    show = traces_commands.add_parser("show", help="show a run as a tree (the latest by default)")
+    show = traces_commands.add_parser(
+        "show", help="show a run as a tree (the latest by default)",
+        description="Draw one run of a trace file as a tree: the run, its turns, each model call with its tokens and "
+                    "each tool call with its arguments and result (when content was captured). Without --trace-id, "
+                    "the run that ended last. Malformed lines are named on stderr and skipped.",
+        epilog="exit codes:\n  0   the run was shown\n"
+               "  2   unreadable file, a file whose lines hold no OTLP/JSON span (a log, a binary file),\n"
+               "      a trace id prefix that matches more than one trace, or a bad flag\n"
+               "  3   no such trace (or an empty file: no trace yet)\n"
+               "  141 stdout closed early (e.g. `| head`)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     show.add_argument("--file", type=Path,
                       help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     show.add_argument("--trace-id", help="the trace to show; a unique prefix is enough")
     show.set_defaults(command_parser=show, handler=show_command)
-    listing = traces_commands.add_parser("list", help="one line per run in the file: when, status, turns, tokens, "
-                                                      "cost, anomalies")
+    listing = traces_commands.add_parser(
+        "list", help="one line per run in the file: when, status, turns, tokens, cost, anomalies",
+        description="One line per run in a trace file, in file order: trace id, when it started, agent name, status, "
+                    "turns, tokens, cost, anomalies and duration. Malformed lines are named on stderr and skipped.",
+        epilog="exit codes:\n  0   the runs were listed (none, for a file whose spans belong to no finished run)\n"
+               "  2   unreadable file, a file holding no OTLP/JSON span (empty, a log, a binary file),\n"
+               "      or a bad flag\n"
+               "  141 stdout closed early (e.g. `| head`)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     listing.add_argument("--file", type=Path,
                          help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(command_parser=listing, handler=list_command)

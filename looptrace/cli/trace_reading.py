@@ -9,6 +9,7 @@ first few malformed lines are named and the rest counted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from looptrace.instrumentation.otlp_file import (
     span_record,
 )
 
-from .common import UsageError
+from .common import UsageError, plural
 from .environment import read_settings
 
 BAD_LINES_SHOWN = 5
@@ -85,12 +86,12 @@ class LineReporter:
     def finish(self, *, spans_required: bool) -> None:
         """After the read: the count of lines not named, or the usage error for a file without any span."""
         if not self.spans_seen and spans_required:
-            what = f"{self.bad:,} line{'s' if self.bad != 1 else ''} read, none of them trace data; first: " \
+            what = f"{plural(self.bad, 'line')} read, none of them trace data; first: " \
                    f"{self.first_reason}" if self.bad else "it is empty"
             raise UsageError(f"{self.path} holds no OTLP/JSON spans ({what}); is it a trace file?")
         self.saw_span()
         if self.bad > BAD_LINES_SHOWN:
-            print(f"looptrace: {self.path}: {self.bad - BAD_LINES_SHOWN:,} more malformed lines skipped "
+            print(f"looptrace: {self.path}: {plural(self.bad - BAD_LINES_SHOWN, 'more malformed line')} skipped "
                   f"({self.bad:,} in all)", file=sys.stderr)
 
     @property
@@ -138,6 +139,17 @@ def spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -
         if spans:
             report.saw_span()
             yield from spans
+
+
+def bad_line_reason(exc: BaseException, raw: bytes) -> str:
+    """Why a line failed to parse, in the words the trace-file reader uses for the lines it parses itself (a test
+    holds `traces show`, `list` and `detect` to the same words for the same line)."""
+    if isinstance(exc, json.JSONDecodeError):
+        torn = " (torn: the line was never finished)" if raw and not raw.endswith(b"\n") else ""
+        return f"not JSON ({exc.msg} at column {exc.colno}){torn}"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return not_trace_data(exc)
 
 
 def not_trace_data(exc: BaseException) -> str:

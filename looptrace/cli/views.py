@@ -13,6 +13,8 @@ from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.otlp_file import SpanRecord
 from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 
+from .common import plural, plural_of
+
 ERROR_MARK = "✗"
 OK_MARK = "✓"
 WARN_MARK = "⚠"
@@ -40,11 +42,17 @@ class LiveView:
     At a terminal, a slow model call or tool round also gets a live line with the time it has taken so far, rewritten
     in place and erased when the call ends; written to a file or a pipe, the view is the plain lines only. A reader
     that goes away (a closed pipe) ends the view quietly; the run goes on.
+
+    With ``capture_content=False`` (content capture off, as the settings say) the view keeps content off stderr as
+    the spans keep it off the trace: a tool call shows its name, outcome, result size and digest, never its arguments
+    or result, and the model's text shows only its length.
     """
 
-    def __init__(self, out: TextIO, *, tick_s: float = 0.25) -> None:
+    def __init__(self, out: TextIO, *, tick_s: float = 0.25, capture_content: bool = True) -> None:
         self.out: TextIO | None = out
         self.tick_s = tick_s
+        self.capture_content = capture_content
+        self._turns_started = 0  # the turn a run failed in is shown; the result counts only completed turns
         self.interactive = _is_terminal(out)
         self._lock = threading.Lock()  # the ticker thread and the run's thread share the line
         self._waiting: tuple[str, float] | None = None  # what the run is waiting for, since when
@@ -58,6 +66,7 @@ class LiveView:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TurnStarted):
+            self._turns_started = max(self._turns_started, event.turn)
             self._write(f"turn {event.turn}\n", waiting_for="waiting for the model")
         elif isinstance(event, ModelResponded):
             u = event.usage
@@ -65,22 +74,35 @@ class LiveView:
                      f" cache_read={u.cache_read_input_tokens} cache_write={u.cache_creation_input_tokens}"
                      f"  {duration(event.duration_s)}\n")
             if event.text and event.stop_reason != "tool_use":
-                lines += f"  says    {short(event.text, 100)}\n"
+                said = short(event.text, 100) if self.capture_content else f"({plural(len(event.text), 'character')})"
+                lines += f"  says    {said}\n"
             names = [name for name, _ in event.tool_calls]
             running = f"running {', '.join(names[:3])}{' …' if len(names) > 3 else ''}" if names else None
             self._write(lines, waiting_for=running if event.stop_reason == "tool_use" else None)
         elif isinstance(event, ToolFinished):
             mark = ERROR_MARK if event.is_error else OK_MARK
-            self._write(f"  {mark} tool  {event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"
-                        f"  {duration(event.duration_s)}\n")
+            self._write(f"  {mark} tool  {self._tool_call(event)}  {duration(event.duration_s)}\n")
         elif isinstance(event, AnomalyDetected):
             a = event.anomaly
             self._write(f"  {WARN_MARK} {a.type} [{event.action}]  {a.message}\n")
         elif isinstance(event, RunFinished):
             r = event.result
             cost = "" if r.cost_usd is None else f"  ${r.cost_usd:.4f}"
-            self._write(f"{r.status.value}: {r.turns} turns, {r.usage.total_tokens:,} tokens{cost}\n")
+            turns = max(r.turns, self._turns_started)  # a run failing in turn 1 showed "turn 1": it had one turn
+            self._write(f"{r.status.value}: {plural(turns, 'turn')}, {plural(r.usage.total_tokens, 'token')}"
+                        f"{cost}\n")
             self._stop.set()
+
+    def _tool_call(self, event: ToolFinished) -> str:
+        """``name(arguments) -> result``, or with content capture off what can be said without them."""
+        from looptrace.instrumentation.detector import result_digest  # the digest the execute_tool span records
+
+        if self.capture_content:
+            return f"{event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"
+        count = len(event.arguments) if isinstance(event.arguments, dict) else None
+        arguments = "…" if count is None else plural(count, "argument")
+        return (f"{event.name}({arguments}) -> {event.outcome}, {plural(len(event.result), 'character')}, "
+                f"digest {result_digest(event.result)}")
 
     # --- writing ------------------------------------------------------------------------------------------------
 
@@ -145,11 +167,11 @@ def render_trace(spans: Iterable[SpanRecord]) -> str:
         if id(span) in shown:
             continue
         shown.add(id(span))
-        lines.append(f"{prefix}{branch}{_describe(span)}")
+        children = by_parent.get(span.span_id, [])
+        lines.append(f"{prefix}{branch}{_describe(span, children)}")
         child_prefix = prefix + ("" if not branch else "   " if branch == "└─ " else "│  ")
         if len(child_prefix) > MAX_INDENT:  # a chain thousands deep still prints in linear space
             child_prefix = child_prefix[:MAX_INDENT]
-        children = by_parent.get(span.span_id, [])
         for name, _, attributes in span.events if branch else ():
             if name.startswith(sc.LEGACY_ANOMALY_EVENT) or name == sc.GEN_AI_EVALUATION_RESULT_EVENT:
                 message = attributes.get(sc.ANOMALY_MESSAGE) or attributes.get(sc.EVENT_MESSAGE) or ""
@@ -159,7 +181,8 @@ def render_trace(spans: Iterable[SpanRecord]) -> str:
     return "\n".join(lines)
 
 
-def _describe(span: SpanRecord) -> str:
+def _describe(span: SpanRecord, children: list[SpanRecord]) -> str:
+    """One line of the tree for a span (``children``: those drawn under it)."""
     a = span.attributes
     operation = a.get(sc.GEN_AI_OPERATION_NAME)
     mark = f"{ERROR_MARK} " if span.is_error else ""
@@ -168,16 +191,19 @@ def _describe(span: SpanRecord) -> str:
         cost = a.get(sc.RUN_COST_USD)
         cost_text = "" if cost is None else f"  ${_number(cost, '.4f')}"
         anomalies = a.get(sc.RUN_ANOMALY_COUNT) or 0
-        flagged = (f"  {WARN_MARK} {_number(anomalies)} anomal{'y' if anomalies == 1 else 'ies'}" if anomalies
-                   else "")
+        flagged = f"  {WARN_MARK} {_count(anomalies, 'anomaly')}" if anomalies else ""
         turns = a.get(sc.RUN_TURNS, "?")
-        return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {_number(turns)} turn{'' if turns == 1 else 's'}  "
-                f"{_number(a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0))} tokens{cost_text}  {took}{flagged}  "
+        # The run counts the turns it completed; one that failed mid-turn is still drawn below, so it is counted.
+        drawn = sum(1 for child in children if sc.TURN_INDEX in child.attributes)
+        if drawn and (not _is_count(turns) or drawn > turns):
+            turns = drawn
+        return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {_count(turns, 'turn')}  "
+                f"{_count(a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0), 'token')}{cost_text}  {took}{flagged}  "
                 f"trace {span.trace_id}")
     if operation == sc.OPERATION_CHAT:
         cache = (f" (cache read {_number(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0))},"
                  f" write {_number(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0))})")
-        failure = f"  {a.get(sc.ERROR_TYPE)}: {span.status_message}" if span.is_error else ""
+        failure = f"  {_failure(a.get(sc.ERROR_TYPE), span.status_message)}" if span.is_error else ""
         return (f"{mark}{span.name}  in {_number(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS, 0))}{cache} out "
                 f"{_number(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, 0))}  {took}{failure}")
     if operation == sc.OPERATION_EXECUTE_TOOL:
@@ -192,6 +218,28 @@ def _describe(span: SpanRecord) -> str:
         name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
         return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
+
+
+def _failure(error_type: Any, message: str) -> str:
+    """``TypeError: what went wrong``, once: a status message that already starts with its type keeps it as it is."""
+    if not error_type:
+        return message or "failed"
+    if not message:
+        return str(error_type)
+    if message == str(error_type) or message.startswith(f"{error_type}:"):
+        return message
+    return f"{error_type}: {message}"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any, noun: str) -> str:
+    """``1 turn``, ``4 turns``: a count with its noun; what another producer stored instead is shown as it is."""
+    if _is_count(value):
+        return plural(value, noun)
+    return f"{_number(value)} {plural_of(noun)}"
 
 
 def _number(value: Any, spec: str = ",") -> str:
