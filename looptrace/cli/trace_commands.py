@@ -77,7 +77,7 @@ def add_trace_commands(commands: Any) -> None:
         epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
                "pending and are listed)\n  1   some spans are still pending because their backend failed again, "
                "were held back after an interrupted push, or unreadable lines were set aside\n"
-               "  2   bad flag or configuration",
+               "  2   bad flag or configuration, or a spill file that is not a regular file",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     push.add_argument("--to", choices=("langfuse", "otlp"),
                       help="only this backend (default: every backend the environment configures)")
