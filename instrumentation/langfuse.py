@@ -68,6 +68,7 @@ SESSION_ID = sc.LANGFUSE_SESSION_ID  # not sent: Langfuse reads gen_ai.conversat
 TRACE_INPUT = sc.LANGFUSE_TRACE_INPUT
 TRACE_OUTPUT = sc.LANGFUSE_TRACE_OUTPUT
 AS_ROOT = sc.LANGFUSE_AS_ROOT
+IS_APP_ROOT = sc.LANGFUSE_IS_APP_ROOT
 ENVIRONMENT = sc.LANGFUSE_ENVIRONMENT
 RELEASE = sc.LANGFUSE_RELEASE
 TRACE_TAGS = sc.LANGFUSE_TRACE_TAGS
@@ -132,10 +133,11 @@ def capped(value: str) -> str:
 
 def root_attributes(*, joins_outer_trace: bool, trace_input: str | None) -> dict[str, Any]:
     """What makes a run's agent span the root of its trace in Langfuse when it has a parent there (a traceparent, an
-    application's span): the SDK's root marker, and the trace's input set explicitly (its output at the end)."""
+    application's span): the root markers of both ingestion paths (the Langfuse SDK sets the same two on a span whose
+    parent it never exported), and the trace's input set explicitly (its output at the end)."""
     if not joins_outer_trace:
         return {}
-    attributes: dict[str, Any] = {AS_ROOT: True}
+    attributes: dict[str, Any] = {AS_ROOT: True, IS_APP_ROOT: True}
     if trace_input:
         attributes[TRACE_INPUT] = trace_input
     return attributes
