@@ -297,13 +297,14 @@ def _add_watch_command(commands: Any) -> None:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.watch import WatchSettings, serve
+    from looptrace.instrumentation.logs import configure_service_logging
+    from looptrace.instrumentation.watch.command import watch_command
 
-    settings = WatchSettings.from_env(
-        host=args.host, port=args.port, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-        idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
-        max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
-    return serve(settings)
+    settings = Settings.from_env()  # the one read of the environment; the flags override fields of it
+    configure_service_logging()
+    return watch_command(settings, host=args.host, port=args.port, grpc_port=args.grpc_port,
+                         idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
+                         max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
 
 
 # --- shared pieces ------------------------------------------------------------------------------------------------
