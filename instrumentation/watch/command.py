@@ -1,7 +1,7 @@
 """The `looptrace watch` command, apart from its parser: flags checked, settings built, the service run.
 
-The CLI reads the environment once (`Settings.from_env()`), sets up service logging, and calls `watch_command`
-with the settings and the parsed flags. Every flag, port or address that cannot work ends here as one line on
+The CLI reads the environment once, into a `Settings`, sets up service logging, and calls `watch_command` with
+the settings and the parsed flags. Every flag, port or address that cannot work ends here as one line on
 stderr naming the flag, and exit code 2; no traceback.
 """
 

@@ -1,6 +1,6 @@
 """What `looptrace watch` runs with: `WatchSettings`, built from the one `Settings` object plus the command's flags.
 
-Nothing here reads the environment. The entry point reads it once (`Settings.from_env()`) and hands the result to
+Nothing here reads the environment. The entry point reads it once, into a `Settings`, and hands that to
 `WatchSettings.from_settings`, which takes auth, content capture and the alert webhook from it; every other field is
 a flag's value or its default. An override is always a value: ``grpc_port=None`` means "no gRPC listener", never
 "keep the default".
