@@ -27,14 +27,13 @@ PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "ru
 PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
 
 # The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
-# the embedded default (setup), an Agent built without telemetry (embedded), the CLI's one reader, `looptrace watch`.
+# the embedded default (setup), an Agent built without telemetry (embedded), and the CLI's one reader, which
+# `looptrace watch` goes through too.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",
     "looptrace.instrumentation.setup",
     "looptrace.instrumentation.embedded",
     "looptrace.cli.environment",
-    "looptrace.cli.watch_command",
-    "looptrace.instrumentation.watch",
 }
 
 
