@@ -127,7 +127,6 @@ class LangfuseAPI:
         self.sleep = sleep
         self.on_wait = on_wait
         self.retries_used = 0
-        self.requests_sent = 0
         self._secrets = (public_key, secret_key)
         token = base64.b64encode(f"{public_key}:{secret_key}".encode()).decode("ascii")
         self._headers = {"Authorization": f"Basic {token}", "Accept": "application/json"}
@@ -204,7 +203,6 @@ class LangfuseAPI:
             attempt += 1
             failure: LangfuseAPIError
             try:
-                self.requests_sent += 1
                 response = self._session.request(method, url, params=_query(params), json=json_body,
                                                  headers=self._headers, timeout=self.timeout_s)
             except (requests.ConnectionError, requests.Timeout) as exc:

@@ -13,7 +13,9 @@ through the v1 endpoints instead, ``GET /api/public/traces`` (``orderBy=timestam
 /api/public/observations?traceId=``. Langfuse marks the v1 reads deprecated on Cloud; v3 self-hosted has only them.
 
 A trace is in the window when its root observation starts in it (``since`` inclusive, ``until`` exclusive, until now
-when not given: fixed when the scan starts, so a resumed scan reads the same window).
+when not given: fixed when the scan starts, so a resumed scan reads the same window). A trace whose root never
+reached Langfuse has no root observation: the v2 listing finds it only with ``ScanQuery(rootless=True)``, which lists
+every observation of the window (a trace is then in the window when any of its observations starts in it).
 
 With ``cursor`` (a path), a scan that stops (an error, Ctrl-C) resumes where it stopped: the cursor file records the
 query, the window, which API answered, the listing read so far (its traces in a ``.traces`` file beside it, one per
@@ -47,7 +49,6 @@ from .langfuse_api import (
     V1_MAX_LIMIT,
     V2_MAX_LIMIT,
     LangfuseAPI,
-    LangfuseAPIError,
     LangfuseRequestRejected,
     MalformedPage,
     is_missing_route,
@@ -66,7 +67,7 @@ V2_TRACE_FIELDS = "core,basic,io,metadata"
 EXPANDED_METADATA = ",".join(f"attributes.{key}" for key in sorted({*DETECTION_KEYS, sc.TURN_INDEX}))
 
 
-class CursorError(LangfuseAPIError):
+class CursorError(Exception):
     """A cursor file that cannot be resumed: unreadable, or written by a scan of another query or project."""
 
 
@@ -80,10 +81,15 @@ class ScanQuery:
     user_id: str | None = None
     tags: tuple[str, ...] = ()  # traces holding all of them
     environments: tuple[str, ...] = ()  # traces in any of them
+    # Also the traces whose root never reached Langfuse (a process that crashed or was killed mid-run: often the
+    # very runs that looped). The v2 listing then reads every observation of the window instead of the roots only;
+    # the v1 listing (whole traces) always has them.
+    rootless: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"since": _iso(self.since), "until": _iso(self.until), "session_id": self.session_id,
-                "user_id": self.user_id, "tags": sorted(self.tags), "environments": sorted(self.environments)}
+                "user_id": self.user_id, "tags": sorted(self.tags), "environments": sorted(self.environments),
+                "rootless": self.rootless}
 
 
 @dataclass(frozen=True)
@@ -210,10 +216,15 @@ class _Judge:
             state.save()
             self.report("reading", verdicts)
             yield from verdicts
-        verdicts = self.rebuilder.finish()  # runs whose root never came, and runs assembled from sessions
+        # Runs whose root never came, and runs assembled from sessions: judged once every trace was read. Each is
+        # marked reported before it is handed out, so a stop among them does not hand it out twice.
+        verdicts = [v for v in self.rebuilder.finish() if v.trace_id not in state.reported_last]
         self._score(verdicts)
         self.report("reading", verdicts)
-        yield from verdicts
+        for verdict in verdicts:
+            state.reported_last.append(verdict.trace_id)
+            state.save()
+            yield verdict
 
     def _to_read_again(self) -> list[int]:
         judged = self.state.judged
@@ -261,11 +272,12 @@ def _in_context(error: MalformedPage, doing: str, state: ScanState) -> Malformed
 
 
 def _root_of(spans: list[NeutralSpan]) -> str | None:
-    """The span id of the trace's root (the last span without a parent, as the spans come children first)."""
-    for span in reversed(spans):
-        if span.parent_span_id is None:
-            return span.span_id
-    return None
+    """The span that stands for the run, as the live path names it in a score: the agent span (the last, as the
+    spans come children first), else the trace's root; None when neither reached Langfuse."""
+    agents = [span for span in spans if span.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
+    roots = [span for span in spans if span.parent_span_id is None]
+    chosen = agents or roots
+    return chosen[-1].span_id if chosen else None
 
 
 def anomaly_score_body(trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None,
@@ -305,7 +317,7 @@ class _V2Source(_Source):
 
     def roots(self, query: ScanQuery, until: str, following: Any) -> Iterator[tuple[list[ListedTrace], Any]]:
         params: dict[str, Any] = {
-            "fields": "core,basic", "isRootObservation": True, "limit": self.limit,
+            "fields": "core,basic", "isRootObservation": None if query.rootless else True, "limit": self.limit,
             "fromStartTime": _iso(query.since), "toStartTime": until, "userId": query.user_id,
             "sessionId": query.session_id, "environment": list(query.environments),
         }
@@ -315,7 +327,7 @@ class _V2Source(_Source):
         for page in self.client.v2_observations(params, cursor=following):
             rows = [ListedTrace(str(item["traceId"]).lower(), str(item.get("startTime") or ""),
                                 item.get("sessionId"), item.get("environment"))
-                    for item in page.items if item.get("traceId") and _is_root(item)]
+                    for item in page.items if item.get("traceId") and (query.rootless or _is_root(item))]
             yield rows, page.following
 
     def observations(self, trace_id: str) -> list[dict[str, Any]]:
@@ -374,6 +386,7 @@ class ScanState:
     listed: list[ListedTrace] = field(default_factory=list)
     judged: int = 0
     open_runs: dict[str, list[int]] = field(default_factory=dict)
+    reported_last: list[str] = field(default_factory=list)  # runs judged after the last trace, already handed out
     scores_posted: int = 0  # this run's, not saved
 
     @classmethod
@@ -398,7 +411,8 @@ class ScanState:
                               f"{saved.get('query')}); use another cursor file, or remove it to scan from the start")
         state = replace(fresh, until=str(saved["until"]), api=saved.get("api"), listing_next=saved.get("listing_next"),
                         listing_done=bool(saved.get("listing_done")), listed=listed, judged=int(saved.get("judged", 0)),
-                        open_runs={str(k): [int(i) for i in v] for k, v in (saved.get("open_runs") or {}).items()})
+                        open_runs={str(k): [int(i) for i in v] for k, v in (saved.get("open_runs") or {}).items()},
+                        reported_last=[str(key) for key in saved.get("reported_last") or ()])
         state._write_traces(listed, append=False)  # lines past the count were written by an interrupted save
         return state
 
@@ -422,7 +436,7 @@ class ScanState:
         saved = {"format": CURSOR_FORMAT, "version": CURSOR_VERSION, "base_url": self.base_url, "query": self.query,
                  "until": self.until, "api": self.api, "listing_next": self.listing_next,
                  "listing_done": self.listing_done, "listed": len(self.listed), "judged": self.judged,
-                 "open_runs": self.open_runs}
+                 "open_runs": self.open_runs, "reported_last": self.reported_last}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(saved), encoding="utf-8")

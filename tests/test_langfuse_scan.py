@@ -264,7 +264,7 @@ def test_a_query_selects_a_window_a_session_a_user_tags_or_environments(project,
 # --- scores ---------------------------------------------------------------------------------------------------------
 
 
-def test_scoring_posts_each_finding_once_across_two_scans_with_the_live_paths_body_and_id(project):
+def test_scoring_makes_each_finding_one_score_across_two_scans_with_the_live_paths_body_and_id(project):
     with langfuse_with(project) as fake:
         first = list(scan(client_for(fake), score=True))
         stored = dict(fake.scores)
@@ -500,3 +500,44 @@ def test_other_producers_real_traces_get_the_verdicts_detect_gives_them(tmp_path
             for path in files:
                 fake.ingest_file(path)
             assert by_trace(scan(client_for(fake))) == expected, api
+
+
+def without_roots(source: Path, target: Path, count: int) -> set[str]:
+    """The file's spans minus the agent spans of its first ``count`` runs, as if those processes had been killed
+    mid-run; the ids of those traces."""
+    lines, dropped = [], set()
+    for line in source.read_text(encoding="utf-8").splitlines():
+        span = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        if not span.get("parentSpanId") and len(dropped) < count:
+            dropped.add(span["traceId"])
+            continue
+        lines.append(line)
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return dropped
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_runs_whose_root_never_reached_langfuse_are_judged_at_the_end_once_even_across_a_stop(project, tmp_path,
+                                                                                                api):
+    killed = tmp_path / "killed.jsonl"
+    rootless = without_roots(project.own, killed, 2)
+    expected = detect_file(killed, tmp=tmp_path)
+    assert rootless <= set(expected) and any(expected[t]["anomalies"] for t in rootless)
+    cursor = tmp_path / "scan.json"
+    with FakeLangfuse(v2=api == "v2") as fake:
+        fake.ingest_file(killed)
+        if api == "v2":  # found by their root observation, these traces have none: only a listing of them all
+            assert {v.trace_id for v in scan(client_for(fake))} == set(expected) - rootless
+        query = ScanQuery(rootless=True)
+        first = []
+        for verdict in scan(client_for(fake), query, cursor=cursor):
+            first.append(verdict)
+            if verdict.trace_id in rootless:
+                break  # stopped among the runs judged at the end
+        reads_before = len(fake.log)
+        rest = list(scan(client_for(fake), query, cursor=cursor))
+        read_again = {entry[2]["traceId"][0] for entry in fake.log[reads_before:] if "traceId" in entry[2]}
+    assert first[-1].trace_id in rootless and [v.trace_id for v in first[:-1]] == [
+        v.trace_id for v in first[:-1] if v.trace_id not in rootless]
+    assert by_trace(first + rest) == expected
+    assert read_again == rootless  # read again for the rebuilder's memory, reported once
