@@ -152,8 +152,8 @@ def observation_span(observation: Mapping[str, Any], *, session_id: str | None =
         attributes.update(_restored_io(attributes, stored.scope, observation.get("input"), observation.get("output")))
     else:
         attributes = _native_attributes(observation, session_id)
-    start = _epoch_ms(observation.get("startTime")) or 0
-    end = _epoch_ms(observation.get("endTime"))
+    start = epoch_ms(observation.get("startTime")) or 0
+    end = epoch_ms(observation.get("endTime"))
     parent = observation.get("parentObservationId")
     return NeutralSpan(
         trace_id=str(observation.get("traceId") or "").lower(),
@@ -404,7 +404,7 @@ def _answer(text: str) -> str:
     return as_text([{"role": "assistant", "parts": [{"type": "text", "content": text}]}]) or ""
 
 
-def _epoch_ms(value: Any) -> int | None:
+def epoch_ms(value: Any) -> int | None:
     """Milliseconds since the epoch of an ISO 8601 time (Langfuse's are in UTC, at millisecond precision)."""
     if not isinstance(value, str) or not value:
         return None

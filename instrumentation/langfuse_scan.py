@@ -53,7 +53,7 @@ from .langfuse_api import (
     MalformedPage,
     is_missing_route,
 )
-from .langfuse_observations import trace_spans
+from .langfuse_observations import epoch_ms, trace_spans
 from .readers import SESSION_PREFIX, NeutralSpan, run_key
 from .settings import safe_url
 from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
@@ -388,6 +388,10 @@ class ScanState:
     open_runs: dict[str, list[int]] = field(default_factory=dict)
     reported_last: list[str] = field(default_factory=list)  # runs judged after the last trace, already handed out
     scores_posted: int = 0  # this run's, not saved
+    _known: set[str] = field(init=False, repr=False)  # the ids of the listed traces
+
+    def __post_init__(self) -> None:
+        self._known = {row.trace_id for row in self.listed}
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None, query: ScanQuery, base_url: str) -> ScanState:
@@ -417,8 +421,15 @@ class ScanState:
         return state
 
     def add_listed(self, rows: list[ListedTrace], following: Any) -> None:
-        self._write_traces(rows, append=True)
-        self.listed.extend(rows)
+        """A page of the listing; a trace already listed (another of its observations, in a rootless listing) is
+        kept once."""
+        fresh = []
+        for row in rows:
+            if row.trace_id not in self._known:
+                self._known.add(row.trace_id)
+                fresh.append(row)
+        self._write_traces(fresh, append=True)
+        self.listed.extend(fresh)
         self.listing_next = following
         self.listing_done = following is None
         self.save()
@@ -426,7 +437,7 @@ class ScanState:
     def ordered_traces(self) -> list[ListedTrace]:
         """The listed traces, each once, oldest root first: the order runs are judged in, the same on every resume."""
         first: dict[str, ListedTrace] = {}
-        for row in sorted(self.listed, key=lambda row: (_epoch_ms(row.start), row.trace_id)):
+        for row in sorted(self.listed, key=lambda row: (epoch_ms(row.start) or 0, row.trace_id)):
             first.setdefault(row.trace_id, row)
         return list(first.values())
 
@@ -497,12 +508,3 @@ def _iso(moment: datetime | None) -> str | None:
         moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
-
-def _epoch_ms(text: str) -> int:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return 0
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
