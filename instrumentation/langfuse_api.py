@@ -162,6 +162,8 @@ class LangfuseAPI:
             following = (meta or {}).get("cursor")
             if following is not None and not isinstance(following, str):
                 raise self._malformed(V2_OBSERVATIONS_PATH, number, "meta.cursor is not a string")
+            if following and following == cursor:  # the same page again would never end
+                raise self._malformed(V2_OBSERVATIONS_PATH, number, "meta.cursor points at the page itself")
             yield Page(items, following or None, number)
             if not following:
                 return

@@ -257,6 +257,19 @@ def test_a_query_selects_a_window_a_session_a_user_tags_or_environments(project,
         assert traces(tags=("support", "nothing-has-this")) == set()
         assert traces(environments=("staging",)) == quiet
         assert traces(environments=("staging", "default")) == own | quiet
+        # The filters went to the server, in the parameters its API defines.
+        traces(since=now - timedelta(days=11), until=now - timedelta(days=9), session_id="conv-1", user_id="ana",
+               tags=("support",), environments=("staging", "default"))
+        listing = requests_to(fake, V2_PATH if api == "v2" else TRACES_PATH)[-1]
+        window = ("fromStartTime", "toStartTime") if api == "v2" else ("fromTimestamp", "toTimestamp")
+        assert listing[window[0]][0].endswith("Z") and listing[window[1]][0].endswith("Z")
+        assert (listing["sessionId"], listing["userId"], sorted(listing["environment"])) == (
+            ["conv-1"], ["ana"], ["default", "staging"])
+        if api == "v2":
+            assert json.loads(listing["filter"][0]) == [{"type": "arrayOptions", "column": "tags",
+                                                         "operator": "all of", "value": ["support"]}]
+        else:
+            assert listing["tags"] == ["support"]
     finally:
         fake.stop()
 
@@ -541,3 +554,12 @@ def test_runs_whose_root_never_reached_langfuse_are_judged_at_the_end_once_even_
         v.trace_id for v in first[:-1] if v.trace_id not in rootless]
     assert by_trace(first + rest) == expected
     assert read_again == rootless  # read again for the rebuilder's memory, reported once
+
+
+def test_a_page_that_points_at_itself_ends_the_read_instead_of_looping():
+    with FakeLangfuse() as fake:
+        same = json.dumps({"data": [{"id": "o1", "traceId": "ab" * 16, "startTime": stamp(0), "isRootObservation": True}],
+                           "meta": {"cursor": "c2FtZQ=="}})
+        fake.fail(V2_PATH, 200, body=same, times=3)
+        with pytest.raises(MalformedPage, match=r"page 2 .* points at the page itself"):
+            list(scan(client_for(fake)))
