@@ -39,7 +39,7 @@ from looptrace.instrumentation.langfuse_observations import trace_spans
 from looptrace.instrumentation.langfuse_scan import CursorError, ScanQuery, anomaly_score_body, scan
 from looptrace.instrumentation.setup import configure
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.runtime.trace_commands import main as trace_commands
+from looptrace.cli.trace_commands import main as trace_commands
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"
 APIS = ["v2", "v1"]
@@ -563,3 +563,55 @@ def test_a_page_that_points_at_itself_ends_the_read_instead_of_looping():
         fake.fail(V2_PATH, 200, body=same, times=3)
         with pytest.raises(MalformedPage, match=r"page 2 .* points at the page itself"):
             list(scan(client_for(fake)))
+
+
+# --- `looptrace detect --langfuse`: the command a person runs ---------------------------------------------------------
+
+
+def detect_langfuse(fake: FakeLangfuse, *args: str, secret: str | None = None,
+                    monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """`looptrace detect --langfuse ...` in process, with the stand-in's keys in the environment."""
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", fake.public_key)
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", secret or fake.secret_key)
+    monkeypatch.setenv("LANGFUSE_BASE_URL", fake.url)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = trace_commands(["detect", "--langfuse", *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_detect_langfuse_prints_what_detect_prints_for_the_same_spans(project, monkeypatch):
+    with langfuse_with(project) as fake:
+        code, out, err = detect_langfuse(fake, "--json", "--all", monkeypatch=monkeypatch)
+    assert code == 1  # anomalies found, as `detect` says it
+    found = {v["trace_id"]: v for v in map(json.loads, out.splitlines())}
+    assert found == project.expected
+
+
+def test_detect_langfuse_scores_each_finding_once_across_two_scans(project, monkeypatch):
+    with langfuse_with(project) as fake:
+        for _ in range(2):
+            code, _, err = detect_langfuse(fake, "--score", monkeypatch=monkeypatch)
+            assert code == 1 and "scores posted" in err.splitlines()[-1]
+        posts = [entry for entry in fake.log if entry[0] == "POST" and entry[1].endswith("/scores")]
+        stored = dict(fake.scores)
+    findings = {(t, a["type"]) for t, v in project.expected.items() if len(t) == 32 for a in v["anomalies"]}
+    assert {(s["traceId"], s["value"]) for s in stored.values()} == findings  # one score per finding ...
+    assert len(posts) == 2 * len(findings)  # ... posted by each scan with the same id: the second updates it
+
+
+def test_detect_langfuse_with_a_bad_key_is_one_line_and_exit_2(project, monkeypatch):
+    with langfuse_with(project) as fake:
+        code, out, err = detect_langfuse(fake, secret="sk-lf-wrong-secret", monkeypatch=monkeypatch)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("looptrace: error: ")
+    assert "sk-lf-wrong-secret" not in err and fake.secret_key not in err
+
+
+def test_detect_langfuse_refuses_a_file_and_a_bad_time(project, monkeypatch, tmp_path):
+    with langfuse_with(project) as fake:
+        code, _, err = detect_langfuse(fake, str(tmp_path / "traces.jsonl"), monkeypatch=monkeypatch)
+        assert code == 2 and "not both" in err
+        with pytest.raises(SystemExit) as exited:
+            detect_langfuse(fake, "--since", "last tuesday", monkeypatch=monkeypatch)
+    assert exited.value.code == 2
