@@ -42,7 +42,7 @@ from typing import Any
 
 from . import semconv as sc
 from .detector import DetectorConfig
-from .langfuse import ANOMALY_SCORE, MAX_STATUS_MESSAGE_CHARS, _score_id
+from .langfuse import anomaly_score_body
 from .langfuse_api import (
     OBSERVATIONS_PATH,
     TRACES_PATH,
@@ -60,7 +60,6 @@ from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
 
 CURSOR_FORMAT = "looptrace-langfuse-scan"
 CURSOR_VERSION = 1
-DEFAULT_ENVIRONMENT = "default"  # what Langfuse files observations under when none is set
 V2_TRACE_FIELDS = "core,basic,io,metadata"
 # The attributes detection reads, named as the v4 store flattens them: older v4 servers cut other metadata values
 # at 200 characters unless they are named here (``expandMetadata``); newer ones return it whole with ``io``.
@@ -278,19 +277,6 @@ def _root_of(spans: list[NeutralSpan]) -> str | None:
     roots = [span for span in spans if span.parent_span_id is None]
     chosen = agents or roots
     return chosen[-1].span_id if chosen else None
-
-
-def anomaly_score_body(trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None,
-                       environment: str | None = None) -> dict[str, Any]:
-    """The ``loop_anomaly`` score of one finding, as ``LangfuseScores.anomaly`` sends it: same fields, same id."""
-    body: dict[str, Any] = {"id": _score_id(trace_id, ANOMALY_SCORE, anomaly_type, None), "traceId": trace_id,
-                            "name": ANOMALY_SCORE, "value": anomaly_type,
-                            "comment": message[:MAX_STATUS_MESSAGE_CHARS], "dataType": "CATEGORICAL"}
-    if span_id:
-        body["metadata"] = {"span_id": span_id}
-    if environment and environment != DEFAULT_ENVIRONMENT:
-        body["environment"] = environment
-    return body
 
 
 # --- where the traces come from -------------------------------------------------------------------------------------

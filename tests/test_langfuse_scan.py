@@ -25,8 +25,9 @@ from fakes.otlp_receiver import unused_port
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
+from looptrace.cli.trace_commands import main as trace_commands
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.langfuse import LangfuseScores
+from looptrace.instrumentation.langfuse import LangfuseScores, anomaly_score_body
 from looptrace.instrumentation.langfuse_api import (
     LangfuseAPI,
     LangfuseAuthError,
@@ -36,10 +37,9 @@ from looptrace.instrumentation.langfuse_api import (
     RetryPolicy,
 )
 from looptrace.instrumentation.langfuse_observations import trace_spans
-from looptrace.instrumentation.langfuse_scan import CursorError, ScanQuery, anomaly_score_body, scan
+from looptrace.instrumentation.langfuse_scan import CursorError, ScanQuery, scan
 from looptrace.instrumentation.setup import configure
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.cli.trace_commands import main as trace_commands
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"
 APIS = ["v2", "v1"]
