@@ -3,6 +3,8 @@
 - docker-compose.yml against the Compose specification (check-jsonschema), its depends_on targets, mounted files,
   pinned images and the Langfuse development keys;
 - the collector config: pipelines name only components it defines, through ports compose publishes;
+- the scale-out collector config (loadbalancing.yaml): by session id where a span carries one, else by trace id,
+  with only the options its components document;
 - Prometheus: `promtool check config`, `promtool check rules`, `promtool test rules`;
 - every PromQL expression of the alerts and the Grafana dashboard: valid (promtool, as recording rules) and naming
   only metrics that exist, checked against a real scrape of the runtime's Prometheus endpoint.
