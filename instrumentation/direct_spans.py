@@ -4,7 +4,7 @@ When looptrace sets up its own default telemetry and the local trace file is the
 SDK's span pipeline provides (processors, exporters, a span's lock and its ``BoundedAttributes``, a ``ReadableSpan``
 copy per span): a finished span only has to become a line of the file. The SDK's spans cost more than writing the
 file (issue 14), so here a span keeps its attributes in a plain dict and, at ``end()``, hands itself to the same
-encoder and writer the SDK path uses (``otlp_json.encode_line``, ``trace_writer.TraceFileWriter``).
+encoder and writer the SDK path uses (``tracefile.encode.encode_line``, ``tracefile.write.TraceFileWriter``).
 
 What the file holds is what the SDK path writes: the same resource (built by the same ``setup._resource``), the SDK's
 ``InstrumentationScope``, random ids from the same generator, the default sampler's decision (ParentBased(ALWAYS_ON):
@@ -42,7 +42,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util._decorator import _agnosticcontextmanager
 
 from .settings import Settings
-from .trace_writer import TraceFileWriter
+from .tracefile.write import TraceFileWriter
 
 __all__ = ["DirectTracer", "DirectTracerProvider", "direct_path_blockers"]
 

@@ -56,8 +56,8 @@ from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
-from .spill import SpillFile
-from .trace_writer import TraceFileProcessor
+from .tracefile.spill import SpillFile
+from .tracefile.write import TraceFileProcessor
 
 __all__ = [
     "ConfigurationError",

@@ -48,10 +48,10 @@ from . import semconv as sc
 from .alerts import AlertContext, Alerts
 from .detector import Anomaly, DetectorConfig
 from .logs import install_cli_rendering, log, logger
-from .otlp_file import SpanRecord, spans_of_traces_data
 from .readers import SESSION_PREFIX, run_key
 from .settings import Settings
 from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
+from .tracefile.read import SpanRecord, spans_of_traces_data
 
 SERVICE_NAME = "service.name"
 _RESOURCE_KEYS = frozenset({SERVICE_NAME})
@@ -180,7 +180,7 @@ def _attributes(key_values: Iterable[Any], keys: frozenset[str]) -> dict[str, An
 
 
 def _any_value(value: Any) -> Any:
-    """An AnyValue as the OTLP/JSON reader gives it (otlp_file.decode_value), so both encodings read the same."""
+    """An AnyValue as the OTLP/JSON reader gives it (tracefile.read.decode_value), so both encodings read the same."""
     which = value.WhichOneof("value")
     if which is None:
         return None

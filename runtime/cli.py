@@ -440,7 +440,7 @@ def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> Non
 
 
 def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
-    from looptrace.instrumentation.otlp_file import TraceFileError, read_spans
+    from looptrace.instrumentation.tracefile.read import TraceFileError, read_spans
 
     from .views import render_trace
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from looptrace.instrumentation.otlp_file import (
+from looptrace.instrumentation.tracefile.read import (
     SKIP,
     BadLine,
     SpanRecord,
@@ -587,7 +587,7 @@ def _duration(seconds: float) -> str:
 
 def push_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.settings import ConfigurationError, Settings
-    from looptrace.instrumentation.spill import PushInProgress, push
+    from looptrace.instrumentation.tracefile.spill import PushInProgress, push
 
     from .cli import _configure_logging
 

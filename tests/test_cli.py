@@ -14,7 +14,7 @@ import pytest
 from fakes.messages_api import Error, FakeMessagesAPI
 
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime.cli import main
 from looptrace.runtime.demo import equipment_script
 

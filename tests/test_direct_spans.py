@@ -27,12 +27,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.direct_spans import DirectTracerProvider
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure, context_from_traceparent, default_telemetry
+from looptrace.instrumentation.tracefile import encode
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.runtime.cli import main
 from looptrace.runtime.demo import DEMO_SYSTEM, Inventory, runaway_script
@@ -180,7 +180,7 @@ def test_a_direct_span_encodes_as_the_official_encoder_encodes_it(tmp_path):
             chat.set_status(Status(StatusCode.OK))
             ended.append(chat)
     for span in ended:
-        assert json.loads(otlp_json.encode_line(span)) == encode_spans([span]).to_dict()
+        assert json.loads(encode.encode_line(span)) == encode_spans([span]).to_dict()
 
 
 # --- reading it back ------------------------------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def test_odd_attribute_values_end_up_as_the_sdk_stores_them(tmp_path, caplog):
         direct_span = apply_api_calls(direct.get_tracer("t"))
         direct_warnings = [r.getMessage() for r in caplog.records]
     (sdk_span,) = memory.get_finished_spans()
-    ours, theirs = json.loads(otlp_json.encode_line(direct_span)), json.loads(otlp_json.encode_line(sdk_span))
+    ours, theirs = json.loads(encode.encode_line(direct_span)), json.loads(encode.encode_line(sdk_span))
     assert normalised([ours]) == normalised([theirs])
     assert normalised(lines(tmp_path / "t.jsonl")) == normalised([theirs])  # what end() wrote
     span = ours["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
@@ -363,7 +363,7 @@ def test_a_growing_conversation_is_encoded_exactly_span_after_span(tmp_path):
     for text in history:
         span = tracer.start_span("chat m", attributes={"gen_ai.input.messages": text, "other": text + "!"})
         span.end()
-        assert json.loads(otlp_json.encode_line(span)) == encode_spans([span]).to_dict()
+        assert json.loads(encode.encode_line(span)) == encode_spans([span]).to_dict()
     read_back = [s.attributes["gen_ai.input.messages"] for s in read_spans(tmp_path / "t.jsonl")]
     assert read_back == history
 

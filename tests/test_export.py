@@ -30,10 +30,10 @@ from looptrace.instrumentation import delivery, langfuse
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.spill import PushInProgress, SpillFile, push
+from looptrace.instrumentation.tracefile.read import read_spans
+from looptrace.instrumentation.tracefile.spill import PushInProgress, SpillFile, push
 from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"

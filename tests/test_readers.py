@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
 from looptrace.instrumentation.trace_detect import DETECTION_KEYS
+from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 from looptrace.runtime.cli import main
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"

@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from looptrace.instrumentation.metrics import LoopMetrics
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
-from looptrace.instrumentation.spill import SpillFile
+from looptrace.instrumentation.tracefile.read import read_spans
+from looptrace.instrumentation.tracefile.spill import SpillFile
 from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-setup", "sk-lf-setup"

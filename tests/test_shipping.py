@@ -21,8 +21,8 @@ from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, u
 from looptrace.instrumentation import langfuse as langfuse_module
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import configure, context_from_traceparent
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.runtime.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
 

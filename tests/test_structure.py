@@ -87,6 +87,6 @@ def test_telemetry_off_is_the_no_op_implementation_and_still_redacts_arguments(s
 
 def test_delivery_does_not_import_the_spill_file_and_spill_imports_delivery_one_way():
     code = ("import sys\nimport looptrace.instrumentation.delivery\n"
-            "print('looptrace.instrumentation.spill' in sys.modules)")
+            "print('looptrace.instrumentation.tracefile.spill' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -29,12 +29,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.spill import SpillFile, push
-from looptrace.instrumentation.trace_writer import OTLPJsonFileExporter, TraceFileProcessor
+from looptrace.instrumentation.tracefile import encode
+from looptrace.instrumentation.tracefile.read import read_spans
+from looptrace.instrumentation.tracefile.spill import SpillFile, push
+from looptrace.instrumentation.tracefile.write import OTLPJsonFileExporter, TraceFileProcessor
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.runtime.cli import main
 
@@ -135,10 +135,10 @@ def without_link_trace_state(data: dict[str, Any]) -> dict[str, Any]:
 
 def test_each_span_is_written_exactly_as_the_official_otlp_json_encoder_writes_it():
     spans = finished_spans()
-    ours = json.loads(otlp_json.encode_traces_data(spans))
+    ours = json.loads(encode.encode_traces_data(spans))
     assert without_link_trace_state(ours) == encode_spans(spans).to_dict()
     for span in spans:
-        line = otlp_json.encode_line(span)
+        line = encode.encode_line(span)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
         ours = json.loads(line)
         assert (without_link_trace_state(ours) if span.links else ours) == encode_spans([span]).to_dict()
@@ -158,9 +158,9 @@ def test_a_real_run_round_trips_through_the_official_protobuf_decoder_and_our_re
 
 def test_the_resource_and_scope_are_encoded_once_not_per_span(tmp_path, monkeypatch):
     calls = []
-    real = otlp_json._resource_body
-    monkeypatch.setattr(otlp_json, "_resource_body", lambda resource: calls.append(1) or real(resource))
-    monkeypatch.setattr(otlp_json, "_ENVELOPES", {})
+    real = encode._resource_body
+    monkeypatch.setattr(encode, "_resource_body", lambda resource: calls.append(1) or real(resource))
+    monkeypatch.setattr(encode, "_ENVELOPES", {})
     tool_run(tmp_path / "t.jsonl", "ok")
     tool_run(tmp_path / "t.jsonl", "ok")
     assert len(list(read_spans(tmp_path / "t.jsonl"))) == 12 and len(calls) == 2  # once per configure(), 6 spans each
@@ -177,7 +177,7 @@ def test_a_lone_surrogate_in_a_tool_result_costs_only_that_value(tmp_path):
     assert len(spans) == 12  # nothing lost, this run's or the other's
     (tool_span,) = [s for s in spans if s.trace_id == result.trace_id and s.name.startswith("execute_tool")]
     assert "\ufffd, and the rest" in tool_span.attributes[sc.GEN_AI_TOOL_CALL_RESULT]
-    assert sc.GEN_AI_TOOL_CALL_RESULT in tool_span.attributes[otlp_json.REPAIRED_ATTRIBUTES]
+    assert sc.GEN_AI_TOOL_CALL_RESULT in tool_span.attributes[encode.REPAIRED_ATTRIBUTES]
     path.read_bytes().decode("utf-8")  # the whole file is valid UTF-8
 
 
@@ -193,7 +193,7 @@ def test_values_json_cannot_carry_are_replaced_and_marked(bad, expected, tmp_pat
     (record,) = read_spans(tmp_path / "t.jsonl")
     value = record.attributes["bad"]
     assert math.isnan(value) if expected == "NaN" else value == type(value)(expected)
-    assert record.attributes["good"] == 1 and record.attributes[otlp_json.REPAIRED_ATTRIBUTES] == ["bad"]
+    assert record.attributes["good"] == 1 and record.attributes[encode.REPAIRED_ATTRIBUTES] == ["bad"]
 
 
 # --- items 2 and 5: a torn line costs itself; every span is on disk when it ends ------------------------------------
@@ -341,7 +341,7 @@ def test_kill_9_in_the_middle_of_a_push_never_sends_a_batch_twice(tmp_path, monk
         env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
         for name in ("LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
             env.pop(name, None)
-        pusher = subprocess.Popen([sys.executable, "-c", f"from looptrace.instrumentation.spill import push; "
+        pusher = subprocess.Popen([sys.executable, "-c", f"from looptrace.instrumentation.tracefile.spill import push; "
                                    f"push({str(spill.path)!r})"], env=env)
         deadline = time.monotonic() + 30
         while not (spill.ledger.exists() and "sending" in spill.ledger.read_text()) and time.monotonic() < deadline:

@@ -1,9 +1,8 @@
 """The local trace file: OTLP/JSON lines, written as spans finish and read back by `looptrace traces` and `detect`.
 
 The format is the OpenTelemetry file exporter's (one `TracesData` JSON object per line, hex ids, integer enums), so the
-Collector's `otlpjsonfile` receiver can ingest the file as it is. Writing lives in ``trace_writer`` (and the encoding
-in ``otlp_json``); this module reads, with the standard library only, so that `looptrace detect` and `traces` start
-fast.
+Collector's `otlpjsonfile` receiver can ingest the file as it is. Writing lives in ``write`` (and the encoding in
+``encode``); this module reads, with the standard library only, so that `looptrace detect` and `traces` start fast.
 
 Reading streams the file line by line, so a file of any size is read in memory bounded by its longest line, and lines
 longer than ``LOOPTRACE_MAX_LINE_BYTES`` (default 64 MiB) are skipped without being held. A malformed line (torn by
@@ -26,18 +25,9 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 
 def default_trace_file() -> Path:
     """``LOOPTRACE_TRACE_FILE``, else ``.looptrace/traces.jsonl``."""
-    from .settings import Settings
+    from ..settings import Settings
 
     return Settings.from_env().trace_file
-
-
-def __getattr__(name: str) -> Any:
-    # The writers need the OpenTelemetry SDK; readers (the CLI's `detect`, `traces`) must not pay for importing it.
-    if name in ("OTLPJsonFileExporter", "TraceFileProcessor"):
-        from . import trace_writer
-
-        return getattr(trace_writer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- reading ------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The spill file: spans a backend could not take, kept until ``push()`` delivers them, never sent twice.
 
-One OTLP/JSON ``TracesData`` per line, like the trace file (``otlp_file.read_spans`` reads it), plus one key that says
+One OTLP/JSON ``TracesData`` per line, like the trace file (``read.read_spans`` reads it), plus one key that says
 which backend the batch was meant for::
 
     {"looptrace": {"backend": "langfuse", "batch": "<id>"}, "resourceSpans": [...]}
@@ -39,11 +39,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from .exporters import network_exporter
-from .otlp_file import decode_attributes, decode_span_kind, decode_status_code, max_line_bytes
-from .otlp_json import encode_traces_data
-from .settings import DEFAULT_SPILL_FILE, ConfigurationError, Settings
-from .trace_writer import FILE_MODE, append_line, make_private_directory, open_private_append
+from ..exporters import network_exporter
+from ..settings import DEFAULT_SPILL_FILE, ConfigurationError, Settings
+from .encode import encode_traces_data
+from .read import decode_attributes, decode_span_kind, decode_status_code, max_line_bytes
+from .write import FILE_MODE, append_line, make_private_directory, open_private_append
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
     import fcntl
