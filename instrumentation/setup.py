@@ -140,7 +140,8 @@ class Telemetry:
         if self.scores is not None:
             self.scores.close(_remaining_ms(deadline) / 1000)
         if self.spill_file is not None and self.guards:
-            _quietly(SpillFile(self.spill_file).compact)  # drops batches an export delivered after all
+            spill = SpillFile(self.spill_file, max_line_bytes=self.settings.max_line_bytes)
+            _quietly(spill.compact)  # drops batches an export delivered after all
 
     @property
     def spilled_spans(self) -> int:
@@ -349,7 +350,8 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         provider, resource = app_provider, app_provider.resource
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings,
                           owns_provider=app_provider is None)
-    spill = SpillFile(settings.spill_file)  # the path only; nothing is written unless a backend fails
+    # The path only; nothing is written unless a backend fails.
+    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)
     processors: list[SpanProcessor] = []
     try:
         for name in names:

@@ -448,7 +448,8 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) ->
         out.write("(no trace file: the file exporter is not among --exporter)\n")
         return
     try:
-        spans = [s for s in read_spans(telemetry.trace_file) if s.trace_id == result.trace_id]
+        spans = [s for s in read_spans(telemetry.trace_file, max_line_bytes=telemetry.settings.max_line_bytes)
+                 if s.trace_id == result.trace_id]
     except TraceFileError as exc:
         out.write(f"(the trace could not be read back: {exc})\n")
         return

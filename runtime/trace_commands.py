@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from looptrace.instrumentation.tracefile.read import (
     SKIP,
@@ -30,13 +30,15 @@ from looptrace.instrumentation.tracefile.read import (
     decode_attributes,
     decode_status_code,
     decode_value,
-    default_trace_file,
     nanoseconds,
     raw_spans,
     read_lines,
     span_identity,
     span_record,
 )
+
+if TYPE_CHECKING:
+    from looptrace.instrumentation.settings import Settings
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -168,8 +170,9 @@ class LineReporter:
     Until the first span is read, messages wait: a file with no span at all is reported as one usage error instead.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_line_bytes: int) -> None:
         self.path = path
+        self.max_line_bytes = max_line_bytes  # longer lines are reported and skipped
         self.bad = 0
         self.first_reason = ""
         self.spans_seen = False
@@ -258,7 +261,7 @@ def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
 def _spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -> Iterator[Any]:
     """The spans ``spans_in`` makes of each parsed line, in file order; a line it refuses (it raises: JSON, but not
     trace data) is reported and skipped whole, so one bad span never leaves half a line read."""
-    for number, data in read_lines(path, report, report.progress, parse):
+    for number, data in read_lines(path, report, report.progress, parse, max_line_bytes=report.max_line_bytes):
         try:
             spans = spans_in(data)
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
@@ -314,8 +317,18 @@ def _not_trace_data(exc: BaseException) -> str:
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
 
 
-def _path(args: argparse.Namespace) -> Path:
-    return getattr(args, "file", None) or default_trace_file()
+def _settings() -> Settings:
+    """The environment's settings, read once per command: the trace file to read by default, the longest line read."""
+    from looptrace.instrumentation.settings import ConfigurationError, Settings
+
+    try:
+        return Settings.from_env()
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _path(args: argparse.Namespace, settings: Settings) -> Path:
+    return getattr(args, "file", None) or settings.trace_file
 
 
 # --- detect ---------------------------------------------------------------------------------------------------------
@@ -324,10 +337,11 @@ def _path(args: argparse.Namespace) -> Path:
 def detect_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.trace_detect import detect_spans
 
-    path = _path(args)
+    settings = _settings()
+    path = _path(args, settings)
     found = 0
     write = sys.stdout.write
-    with LineReporter(path) as report:
+    with LineReporter(path, settings.max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
@@ -413,9 +427,10 @@ def _is_root(span: dict[str, Any]) -> bool:
 def show_command(args: argparse.Namespace) -> int:
     from .views import render_trace
 
-    path = _path(args)
+    settings = _settings()
+    path = _path(args, settings)
     wanted = (args.trace_id or "").lower() or None
-    with LineReporter(path) as report:
+    with LineReporter(path, settings.max_line_bytes) as report:
         chosen = _find_trace(path, wanted, report)
         report.finish(spans_required=False)
     if chosen is None:
@@ -493,7 +508,7 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
         keep(*peeked, raw)
         return SKIP
 
-    for number, data in read_lines(path, report, report.progress, parse):
+    for number, data in read_lines(path, report, report.progress, parse, max_line_bytes=report.max_line_bytes):
         try:
             for span, resource, scope in raw_spans(data):
                 trace_id = span["traceId"]
@@ -536,11 +551,12 @@ def _decode(held: _Held, report: LineReporter) -> list[SpanRecord]:
 def list_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation import semconv as sc
 
-    path = _path(args)
+    settings = _settings()
+    path = _path(args, settings)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
                       sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT})
-    with LineReporter(path) as report:
-        for number, data in read_lines(path, report, report.progress):
+    with LineReporter(path, settings.max_line_bytes) as report:
+        for number, data in read_lines(path, report, report.progress, max_line_bytes=report.max_line_bytes):
             roots = []
             try:
                 for span, _, scope in raw_spans(data):

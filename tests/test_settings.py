@@ -70,6 +70,15 @@ def test_flags_override_fields_and_leave_the_rest():
     assert flagged.model == "claude-x"
 
 
+def test_the_longest_line_read_back_is_a_setting_with_a_floor():
+    def limit(value: str | None) -> int:
+        return Settings.from_env({} if value is None else {"LOOPTRACE_MAX_LINE_BYTES": value}).max_line_bytes
+
+    assert limit(None) == limit("") == limit("lots") == limit("1e6") == 64 * 1024 * 1024 == Settings().max_line_bytes
+    assert limit(" 100000 ") == 100_000
+    assert limit("10") == limit("-5") == 1024  # never so small that a real line cannot be read
+
+
 def test_the_exporter_choice_follows_the_documented_precedence():
     keys = {"LANGFUSE_PUBLIC_KEY": "pk", "LANGFUSE_SECRET_KEY": "sk"}
     assert Settings.from_env({}).chosen_exporters() == ["file"]
