@@ -1,4 +1,5 @@
-"""The detector over spans instead of inside a loop: stored trace files, and a span processor for any agent.
+"""Runs rebuilt from their spans, in any order, and judged by the detector: what `looptrace detect`, `looptrace watch`
+and the live span processor share (``trace_detect`` and ``trace_detect_live`` are the ways in).
 
 Any agent whose tool calls are `execute_tool` spans with `gen_ai.tool.*` attributes can be checked, whatever
 framework produced them. A run is rebuilt from its spans: model-call spans (`gen_ai.operation.name` chat and its kin)
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,16 +178,6 @@ class RunRebuilder:
                        tool_calls=len(run.calls), status=run.root_status, anomalies=anomalies, rules_not_run=not_run)
 
 
-def detect_spans(spans: Iterable[Any], config: DetectorConfig | None = None) -> Iterator[Verdict]:
-    """A Verdict for every trace among the spans, as soon as each can be judged."""
-    rebuilder = RunRebuilder(config)
-    for span in spans:
-        verdict = rebuilder.add(span)
-        if verdict is not None:
-            yield verdict
-    yield from rebuilder.finish()
-
-
 def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]:
     texts = {}
     for turn, start in enumerate(starts, start=1):
@@ -252,14 +242,3 @@ def _output_text(raw: Any) -> str | None:
     texts = [part.get("content", "") for message in messages if isinstance(message, dict)
              for part in message.get("parts", ()) if isinstance(part, dict) and part.get("type") == "text"]
     return "\n".join(str(t) for t in texts)
-
-
-# --- live, over someone else's agent ------------------------------------------------------------------------------
-
-def __getattr__(name: str) -> Any:
-    # The processor needs the OpenTelemetry SDK, slow to import; `looptrace detect` uses the rest of this module only.
-    if name == "DetectorSpanProcessor":
-        from .trace_detect_live import DetectorSpanProcessor
-
-        return DetectorSpanProcessor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

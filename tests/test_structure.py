@@ -90,3 +90,14 @@ def test_delivery_does_not_import_the_spill_file_and_spill_imports_delivery_one_
             "print('looptrace.instrumentation.tracefile.spill' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_the_span_detection_modules_import_one_way():
+    # trace_detect offers the live processor, so the processor and the rebuilder it shares with `looptrace detect`
+    # must not import trace_detect back.
+    imported = {name: set(re.findall(r"from \.(\w+) import", (ROOT / "instrumentation" / f"{name}.py").read_text()))
+                for name in ("trace_detect", "trace_detect_live", "run_rebuilder")}
+    assert {"run_rebuilder", "trace_detect_live"} <= imported["trace_detect"]
+    assert "run_rebuilder" in imported["trace_detect_live"]
+    assert "trace_detect" not in imported["trace_detect_live"] | imported["run_rebuilder"]
+    assert "trace_detect_live" not in imported["run_rebuilder"]
