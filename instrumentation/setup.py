@@ -410,9 +410,10 @@ def _install_globally(telemetry: Telemetry) -> None:
                     hint="pass configure(tracer_provider=<the application's provider>) to add looptrace's exporters "
                          "to it, or configure(set_global=False) to keep looptrace's provider to yourself")
     from opentelemetry import metrics
-    from opentelemetry.metrics import _internal as metrics_internal
 
-    if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider) \
+    # Unlike the tracer provider's, the API's stand-in for an unset meter provider is not public. What an application
+    # sets is the SDK's MeterProvider or the API's no-op one; anything else is the stand-in.
+    if not isinstance(metrics.get_meter_provider(), (MeterProvider, metrics.NoOpMeterProvider)) \
             and telemetry.meter_provider is not None:
         metrics.set_meter_provider(telemetry.meter_provider)
 
