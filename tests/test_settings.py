@@ -53,7 +53,7 @@ def test_the_readme_table_lists_exactly_the_variables_settings_read():
 
 
 def test_no_other_module_reads_looptraces_variables():
-    for path in [*(ROOT / "instrumentation").glob("*.py"), *(ROOT / "runtime").glob("*.py")]:
+    for path in [*(ROOT / "instrumentation").rglob("*.py"), *(ROOT / "runtime").rglob("*.py")]:  # packages too
         if path.name == "settings.py":
             continue
         source = path.read_text(encoding="utf-8")

@@ -3,6 +3,7 @@ between the loop and telemetry."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from looptrace import Agent, ScriptedModel, tool
 from looptrace.instrumentation import interface
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = [*(ROOT / "instrumentation").glob("*.py"), *(ROOT / "runtime").glob("*.py")]
+PRODUCT = [*(ROOT / "instrumentation").rglob("*.py"), *(ROOT / "runtime").rglob("*.py")]  # packages included
 
 
 def test_every_emitted_name_is_defined_in_semconv():
@@ -101,3 +102,30 @@ def test_the_span_detection_modules_import_one_way():
     assert "run_rebuilder" in imported["trace_detect_live"]
     assert "trace_detect" not in imported["trace_detect_live"] | imported["run_rebuilder"]
     assert "trace_detect_live" not in imported["run_rebuilder"]
+
+
+def test_the_trace_file_format_and_the_direct_path_read_no_environment():
+    # Their settings come from the entry points (configure(), the CLI) as values or a Settings, never from here.
+    modules = [*(ROOT / "instrumentation" / "tracefile").glob("*.py"), ROOT / "instrumentation" / "direct_spans.py"]
+    for path in modules:
+        code = re.sub(r'""".*?"""|#.*', "", path.read_text(encoding="utf-8"), flags=re.S)
+        assert re.findall(r"\benviron\b|\bgetenv\b|\bfrom_env\b", code) == [], path.name
+
+
+def test_no_private_opentelemetry_name_is_imported():
+    # The semantic-conventions package publishes the GenAI names (still incubating) only under `_incubating`.
+    found = []
+    for path in PRODUCT:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("opentelemetry"):
+                imported = [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [(alias.name, "") for alias in node.names if alias.name.startswith("opentelemetry")]
+            else:
+                continue
+            for module, name in imported:
+                if module.startswith("opentelemetry.semconv._incubating."):
+                    continue
+                if any(part.startswith("_") for part in [*module.split("."), name]):
+                    found.append(f"{path.name}:{node.lineno}: {module} {name}".strip())
+    assert found == []
