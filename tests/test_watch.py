@@ -184,7 +184,7 @@ def test_an_idle_run_is_judged_after_the_timeout():
     now = [0.0]
     watcher = RunWatcher(Alerts(callback=recorded), WatchMetrics(), idle_timeout_s=60, max_open_runs=100,
                          capture_content=True, clock=lambda: now[0])
-    from looptrace.instrumentation.otlp_file import read_spans  # noqa: F401 (the same records the file reader gives)
+    from looptrace.instrumentation.tracefile.read import read_spans  # noqa: F401 (the same records the file reader gives)
     watcher.ingest(_records(agent_spans(ignored_error=True, root=False)))
     watcher.sweep()
     assert watcher.open_runs == 1 and recorded.types() == []

@@ -1,7 +1,7 @@
 """An export request's body to span records: decompression within a cap, then OTLP protobuf or OTLP/JSON.
 
 Transport-free: the HTTP receiver hands it bodies and headers, the gRPC receiver already-parsed requests. The span
-records are those of `otlp_file.SpanRecord`, with only the attributes detection reads (`DETECTION_KEYS`).
+records are those of `tracefile.read.SpanRecord`, with only the attributes detection reads (`DETECTION_KEYS`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from ..otlp_file import SpanRecord, spans_of_traces_data
 from ..trace_detect import DETECTION_KEYS
+from ..tracefile.read import SpanRecord, spans_of_traces_data
 
 SERVICE_NAME = "service.name"
 _RESOURCE_KEYS = frozenset({SERVICE_NAME})
@@ -99,7 +99,7 @@ def _attributes(key_values: Iterable[Any], keys: frozenset[str]) -> dict[str, An
 
 
 def _any_value(value: Any) -> Any:
-    """An AnyValue as the OTLP/JSON reader gives it (otlp_file.decode_value), so both encodings read the same."""
+    """An AnyValue as the OTLP/JSON reader gives it (tracefile.read.decode_value), so both encodings read the same."""
     which = value.WhichOneof("value")
     if which is None:
         return None

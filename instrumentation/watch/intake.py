@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Protocol
 
-from ..otlp_file import SpanRecord
+from ..tracefile.read import SpanRecord
 from .metrics import WatchMetrics
 from .settings import WatchSettings
 

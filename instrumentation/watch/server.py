@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..alerts import Alerts
 from ..detector import DetectorConfig
 from ..logs import log
-from ..otlp_file import SpanRecord
+from ..tracefile.read import SpanRecord
 from .grpc_receiver import grpc_server
 from .http_receiver import WatchHTTPServer
 from .metrics import WatchMetrics

@@ -22,9 +22,9 @@ from typing import Protocol
 from .. import semconv as sc
 from ..alerts import AlertContext
 from ..detector import Anomaly, DetectorConfig
-from ..otlp_file import SpanRecord
 from ..readers import run_key
 from ..trace_detect import RunRebuilder, Verdict
+from ..tracefile.read import SpanRecord
 from .decoding import SERVICE_NAME
 from .metrics import WatchMetrics
 

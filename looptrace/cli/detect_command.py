@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from looptrace.instrumentation.otlp_file import (
+from looptrace.instrumentation.tracefile.read import (
     SKIP,
     decode_status_code,
     decode_value,
@@ -36,9 +36,9 @@ def detect_command(args: argparse.Namespace) -> int:
         return langfuse_detect_command(args, print_verdict)
     from looptrace.instrumentation.trace_detect import detect_spans
 
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     found = 0
-    with LineReporter(path) as report:
+    with LineReporter(path, max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
