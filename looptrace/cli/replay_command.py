@@ -13,7 +13,6 @@ the file. ``--all`` exits 0 once the table is printed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,22 +20,20 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .common import UsageError, plural
 from .exit_codes import EXIT_NOT_FOUND, EXIT_USAGE
+from .replay_options import (
+    DETECTOR_FLAGS,
+    detector_changes,
+    detector_config,
+    positive_float,
+    positive_int,
+    run_replay,
+    tools_of,
+    whole_number,
+)
 
 if TYPE_CHECKING:
-    from looptrace.instrumentation.detector import DetectorConfig
     from looptrace.replay import Replay
-    from looptrace.runtime.limits import Limits
-    from looptrace.runtime.tools import Tool
 
-# The detector settings a what-if can change, as flags: (flag, DetectorConfig field, what it is).
-DETECTOR_FLAGS = (
-    ("--repeat-threshold", "repeat_threshold", "identical calls without progress that make a repeated_call"),
-    ("--repeat-window", "repeat_window", "turns in which identical failing calls count, other calls between"),
-    ("--cycle-repeats", "cycle_repeats", "rounds of a pattern (A B A B ...) that make a cycle"),
-    ("--cycle-max-period", "cycle_max_period", "the longest pattern a cycle may have"),
-    ("--failing-tool-threshold", "failing_tool_threshold", "failing turns of one tool that make a failing_tool "
-                                                            "(0: off)"),
-)
 REPLAY_EPILOG = """exit codes:
   0   the replayed run ended done           1   error (among them: the replay went past the recording)
   2   the run cannot be replayed (recorded without content, a span missing), a bad file or flag
@@ -67,14 +64,14 @@ def add_replay_command(commands: Any) -> None:
     replay.add_argument("--on-anomaly", choices=("warn", "nudge", "stop"),
                         help="what a loop anomaly does (default: the Agent's: nudge repeated calls and cycles once, "
                              "stop them if they go on; warn about ignored errors)")
-    replay.add_argument("--max-turns", type=_positive_int,
+    replay.add_argument("--max-turns", type=positive_int,
                         help="default: the recorded run's turns when it ended on max_turns, else none")
-    replay.add_argument("--max-total-tokens", type=_positive_int,
+    replay.add_argument("--max-total-tokens", type=positive_int,
                         help="default: the recorded run's total when it ended on its token budget, else none")
-    replay.add_argument("--max-cost-usd", type=_positive_float,
+    replay.add_argument("--max-cost-usd", type=positive_float,
                         help="default: the recorded run's cost when it ended on its cost budget, else none")
     for flag, _, what in DETECTOR_FLAGS:
-        replay.add_argument(flag, type=_whole_number, metavar="N", help=f"{what} (default: the detector's)")
+        replay.add_argument(flag, type=whole_number, metavar="N", help=f"{what} (default: the detector's)")
     replay.add_argument("--pytest", type=Path, metavar="FILE",
                         help="also write a regression test of the run: it fails while the run loops, and passes "
                              "once the agent's fix stops the loop")
@@ -90,7 +87,7 @@ def replay_command(args: argparse.Namespace) -> int:
     if args.all and (args.trace_id or args.pytest):
         raise UsageError("--all replays every run; --trace-id and --pytest are for one run")
     detector = detector_config(args)
-    tools = _tools(args)
+    tools = tools_of(args)
     path = trace_file_of(args)
     if args.all:
         from .replay_table import replay_all
@@ -120,48 +117,6 @@ def replay_command(args: argparse.Namespace) -> int:
     from .running import EXIT_CODES
 
     return EXIT_CODES[replayed.result.status]
-
-
-def run_replay(recorded: Any, args: argparse.Namespace, *, tools: list[Tool] | None,
-               detector: DetectorConfig | None) -> Replay:
-    """``replay.replay`` with the command's limits, policy and settings."""
-    from looptrace.replay import replay
-
-    from .environment import read_settings
-
-    try:
-        return replay(recorded, tools=tools, limits=limits_for(recorded, args), on_anomaly=args.on_anomaly,
-                      detector=detector, settings=read_settings())
-    except ValueError as exc:  # a limit the Agent refuses (a cost budget for a model without a price)
-        raise UsageError(str(exc)) from None
-
-
-def limits_for(recorded: Any, args: argparse.Namespace) -> Limits:
-    """The replay's limits: the recorded run's ending limit (``replay.replay_limits``), with the flags over it."""
-    from looptrace.replay import replay_limits
-
-    given = {"max_turns": args.max_turns, "max_total_tokens": args.max_total_tokens,
-             "max_cost_usd": args.max_cost_usd}
-    return dataclasses.replace(replay_limits(recorded), **{k: v for k, v in given.items() if v is not None})
-
-
-def detector_config(args: argparse.Namespace) -> DetectorConfig | None:
-    """The detector's settings with the flags over its defaults; None when no flag was given."""
-    from looptrace.instrumentation.detector import DetectorConfig
-
-    given = {field: getattr(args, field) for _, field, _ in DETECTOR_FLAGS if getattr(args, field) is not None}
-    if not given:
-        return None
-    try:
-        return DetectorConfig(**given)
-    except ValueError as exc:
-        raise UsageError(str(exc).removeprefix("DetectorConfig: ")) from None
-
-
-def detector_changes(args: argparse.Namespace) -> str:
-    """The detector flags given, as ``repeat_threshold=4``; "defaults" when none."""
-    given = [f"{field}={getattr(args, field)}" for _, field, _ in DETECTOR_FLAGS if getattr(args, field) is not None]
-    return ", ".join(given) or "defaults"
 
 
 def show(replayed: Replay, args: argparse.Namespace, out: TextIO) -> None:
@@ -208,35 +163,3 @@ def _one_trace(path: Path, trace_id: str | None) -> list[Any] | None:
         spans = _find_trace(path, (trace_id or "").lower() or None, report)
         report.finish(spans_required=False)
     return spans
-
-
-def _tools(args: argparse.Namespace) -> list[Tool] | None:
-    if not args.tools:
-        return None
-    from .run_command import load_tools
-
-    return load_tools(Path(args.tools))
-
-
-def _positive_int(text: str) -> int:
-    value = _whole_number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value

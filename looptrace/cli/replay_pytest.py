@@ -137,7 +137,8 @@ def _test_function(recorded: RecordedRun) -> str:
     agent = scripted_agent(RESPONSES, model=MODEL, name=AGENT, system=SYSTEM, tools=agent_tools(), limits=LIMITS,
                            detector=DETECTOR, on_anomaly=ON_ANOMALY)
     result = agent.run(TASK)
-    loops = [f"{{a.type}} at turn {{a.turn}}: {{a.message}}" for a in result.anomalies if a.type in LOOP_TYPES]
+    loops = [f"{{a.type}} from turn {{a.first_turn or a.turn}}: {{a.message}}" for a in result.anomalies
+             if a.type in LOOP_TYPES]
     assert not loops, "the run still loops: " + "; ".join(loops)
     assert result.status in ACCEPTED_ENDINGS, (
         f"the run ended {{result.status.value}} after {{result.turns}} turns: {{result.error or result.final_text!r}}")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .common import plural
 from .exit_codes import EXIT_OK
+from .replay_options import detector_changes, run_replay
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.detector import DetectorConfig
@@ -50,10 +51,7 @@ class Row:
 def replay_all(path: Path, args: argparse.Namespace, *, tools: list[Tool] | None,
                detector: DetectorConfig | None) -> int:
     """Replay (or judge) every run of the file and print the table, or one JSON object per run."""
-    from .replay_command import detector_changes
-
-    rows = [_row(spans, args, tools, detector) for spans in _traces(path).values()]
-    rows = [row for row in rows if row is not None]
+    rows = [row for spans in _traces(path).values() if (row := _row(spans, args, tools, detector)) is not None]
     for row in rows:
         row.changes = changes(row.recorded, row.now)
     if args.json:
@@ -120,8 +118,6 @@ def _row(spans: list[Any], args: argparse.Namespace, tools: list[Tool] | None,
         rebuild_run,
         reported_anomalies,
     )
-
-    from .replay_command import run_replay
 
     try:
         recorded = rebuild_run(spans)
