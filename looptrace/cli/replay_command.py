@@ -46,11 +46,11 @@ def add_replay_command(commands: Any) -> None:
     """Add `replay` to a subparsers object."""
     replay = commands.add_parser(
         "replay", help="re-run a stored run offline through the current loop, detector and policy",
-        description="Rebuilds a run from the trace file (its task, system prompt, tools, every model response and "
-                    "tool result; it needs content capture on) and runs it again: the recorded responses as a "
-                    "scripted model, the recorded results (or your tools) for its calls, today's detector, policy "
-                    "and limits. Says which anomalies it finds and at which turns, how it ends, where --on-anomaly "
-                    "stop would have stopped it, and what differs from what the live run reported.",
+        description="Rebuilds a run from the trace file (its task, system prompt, tools, every model response and\n"
+                    "tool result: it needs content capture on) and runs it again offline: the recorded responses as a\n"
+                    "scripted model, the recorded results (or your tools) for its calls, today's detector, policy and\n"
+                    "limits. Says which anomalies it finds and at which turns, how it ends, where --on-anomaly stop\n"
+                    "would have stopped it, and what differs from what the live run reported.",
         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("--file", type=Path,
                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
@@ -64,11 +64,11 @@ def add_replay_command(commands: Any) -> None:
     replay.add_argument("--on-anomaly", choices=("warn", "nudge", "stop"),
                         help="what a loop anomaly does (default: the Agent's: nudge repeated calls and cycles once, "
                              "stop them if they go on; warn about ignored errors)")
-    replay.add_argument("--max-turns", type=positive_int,
+    replay.add_argument("--max-turns", type=positive_int, metavar="N",
                         help="default: the recorded run's turns when it ended on max_turns, else none")
-    replay.add_argument("--max-total-tokens", type=positive_int,
+    replay.add_argument("--max-total-tokens", type=positive_int, metavar="N",
                         help="default: the recorded run's total when it ended on its token budget, else none")
-    replay.add_argument("--max-cost-usd", type=positive_float,
+    replay.add_argument("--max-cost-usd", type=positive_float, metavar="USD",
                         help="default: the recorded run's cost when it ended on its cost budget, else none")
     for flag, _, what in DETECTOR_FLAGS:
         replay.add_argument(flag, type=whole_number, metavar="N", help=f"{what} (default: the detector's)")
