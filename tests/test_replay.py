@@ -391,3 +391,34 @@ def test_the_regression_test_passes_once_the_tool_is_fixed(trace_file, tmp_path,
         result='f"no results for {query!r} (search number {next(COUNTER)})"') + "\nCOUNTER = itertools.count(1)\n")
     after = run_pytest(test_file)
     assert after.returncode == 0, after.stdout + after.stderr
+
+
+# --- the GenAI shape read back ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "text", "text": "Looking."},
+    {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"query": "projector"}},
+    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "no results"},
+    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "RuntimeError: locked", "is_error": True},
+    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "projectors"}},
+    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [{"type": "web_search_result"}]},
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+    {"type": "document", "source": {"type": "url", "url": "https://example.com/manual.pdf"}},
+    {"type": "redacted_thinking", "data": "opaque"},
+])
+def test_a_messages_api_block_survives_the_genai_shape(block):
+    from looptrace.instrumentation.anthropic_messages import anthropic_block
+    from looptrace.instrumentation.content import genai_part
+
+    assert anthropic_block(genai_part(block)) == block
+
+
+def test_what_the_genai_shape_never_kept_is_not_made_up():
+    from looptrace.instrumentation.anthropic_messages import anthropic_block
+    from looptrace.instrumentation.content import genai_part
+
+    thinking = {"type": "thinking", "thinking": "Check stock first.", "signature": "sig-abc"}
+    assert anthropic_block(genai_part(thinking)) == {**thinking, "signature": ""}
+    secret = {"type": "tool_use", "id": "t", "name": "login", "input": {"user": "ana", "password": "hunter2"}}
+    assert anthropic_block(genai_part(secret))["input"] == {"user": "ana", "password": "[REDACTED]"}

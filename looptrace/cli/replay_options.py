@@ -28,14 +28,13 @@ DETECTOR_FLAGS = (
 
 def run_replay(recorded: Any, args: argparse.Namespace, *, tools: list[Tool] | None,
                detector: DetectorConfig | None) -> Replay:
-    """``replay.replay`` with the command's limits, policy and settings."""
+    """``replay.replay`` with the command's limits and policy. No settings of the environment's go in: a replay
+    records nothing and alerts no one, so none of them apply (and a bad one must not stop it)."""
     from looptrace.replay import replay
-
-    from .environment import read_settings
 
     try:
         return replay(recorded, tools=tools, limits=limits_for(recorded, args), on_anomaly=args.on_anomaly,
-                      detector=detector, settings=read_settings())
+                      detector=detector)
     except ValueError as exc:  # a limit the Agent refuses (a cost budget for a model without a price)
         raise UsageError(str(exc)) from None
 
