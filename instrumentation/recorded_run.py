@@ -37,7 +37,7 @@ _NOT_A_RESULT = frozenset({"interrupted"})
 
 
 class StoredSpan(Protocol):
-    """What rebuilding reads of a span: ``otlp_file.SpanRecord`` has it all; ``events`` (name, time, attributes),
+    """What rebuilding reads of a span: ``tracefile.read.SpanRecord`` has it all; ``events`` (name, time, attributes),
     ``status_code``, ``status_message`` and ``end_ns`` are read when present."""
 
     trace_id: str

@@ -18,7 +18,7 @@ import pytest
 from opentelemetry import trace
 
 from looptrace.cli.app import main
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.replay import (
     ContentNotRecorded,
     IncompleteRecording,

@@ -88,12 +88,12 @@ def replay_command(args: argparse.Namespace) -> int:
         raise UsageError("--all replays every run; --trace-id and --pytest are for one run")
     detector = detector_config(args)
     tools = tools_of(args)
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     if args.all:
         from .replay_table import replay_all
 
-        return replay_all(path, args, tools=tools, detector=detector)
-    spans = _one_trace(path, args.trace_id)
+        return replay_all(path, args, tools=tools, detector=detector, max_line_bytes=max_line_bytes)
+    spans = _one_trace(path, args.trace_id, max_line_bytes)
     if spans is None:
         what = f"no trace {args.trace_id!r}" if args.trace_id else "no traces"
         print(f"looptrace: {what} in {path}", file=sys.stderr)
@@ -154,12 +154,12 @@ def show(replayed: Replay, args: argparse.Namespace, out: TextIO) -> None:
         out.write(f"note: {note}\n")
 
 
-def _one_trace(path: Path, trace_id: str | None) -> list[Any] | None:
+def _one_trace(path: Path, trace_id: str | None, max_line_bytes: int) -> list[Any] | None:
     """The spans of the trace asked for, or of the latest run, read as `traces show` reads them."""
     from .show_command import _find_trace
     from .trace_reading import LineReporter
 
-    with LineReporter(path) as report:
+    with LineReporter(path, max_line_bytes) as report:
         spans = _find_trace(path, (trace_id or "").lower() or None, report)
         report.finish(spans_required=False)
     return spans

@@ -49,9 +49,10 @@ class Row:
 
 
 def replay_all(path: Path, args: argparse.Namespace, *, tools: list[Tool] | None,
-               detector: DetectorConfig | None) -> int:
+               detector: DetectorConfig | None, max_line_bytes: int) -> int:
     """Replay (or judge) every run of the file and print the table, or one JSON object per run."""
-    rows = [row for spans in _traces(path).values() if (row := _row(spans, args, tools, detector)) is not None]
+    rows = [row for spans in _traces(path, max_line_bytes).values()
+            if (row := _row(spans, args, tools, detector)) is not None]
     for row in rows:
         row.changes = changes(row.recorded, row.now)
     if args.json:
@@ -141,13 +142,13 @@ def _row(spans: list[Any], args: argparse.Namespace, tools: list[Tool] | None,
                now_status=replayed.result.status.value, past_recording_turn=replayed.past_recording_turn)
 
 
-def _traces(path: Path) -> dict[str, list[Any]]:
+def _traces(path: Path, max_line_bytes: int) -> dict[str, list[Any]]:
     """Every span of the file by trace, each line decoded once."""
     from looptrace.replay import runs_in
 
     from .trace_reading import LineReporter, spans_of
 
-    with LineReporter(path) as report:
+    with LineReporter(path, max_line_bytes) as report:
         by_trace = runs_in(spans_of(path, report, None))
         report.finish(spans_required=True)
     return by_trace
