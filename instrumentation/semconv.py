@@ -156,7 +156,8 @@ LANGFUSE_RELEASE = "langfuse.release"
 LANGFUSE_USER_ID = "user.id"
 LANGFUSE_SESSION_ID = "session.id"  # not sent: Langfuse reads gen_ai.conversation.id as the session too
 # A run that joins someone else's trace is still its trace's root in Langfuse, with the trace's input and output.
-LANGFUSE_AS_ROOT = "langfuse.internal.as_root"
+LANGFUSE_AS_ROOT = "langfuse.internal.as_root"  # read by the trace-create path
+LANGFUSE_IS_APP_ROOT = "langfuse.internal.is_app_root"  # read by the v4 events path (parent_span_id = '' OR this)
 LANGFUSE_TRACE_INPUT = "langfuse.trace.input"
 LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
 LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace

@@ -57,8 +57,8 @@ from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
-from .spill import SpillFile
-from .trace_writer import TraceFileProcessor
+from .tracefile.spill import SpillFile
+from .tracefile.write import TraceFileProcessor
 
 __all__ = [
     "ConfigurationError",
@@ -143,7 +143,8 @@ class Telemetry:
         if self.scores is not None:
             self.scores.close(_remaining_ms(deadline) / 1000)
         if self.spill_file is not None and self.guards:
-            _quietly(SpillFile(self.spill_file).compact)  # drops batches an export delivered after all
+            spill = SpillFile(self.spill_file, max_line_bytes=self.settings.max_line_bytes)
+            _quietly(spill.compact)  # drops batches an export delivered after all
 
     @property
     def spilled_spans(self) -> int:
@@ -360,7 +361,8 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         provider, resource = app_provider, app_provider.resource
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings,
                           owns_provider=app_provider is None)
-    spill = SpillFile(settings.spill_file)  # the path only; nothing is written unless a backend fails
+    # The path only; nothing is written unless a backend fails.
+    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)
     processors: list[SpanProcessor] = []
     try:
         for name in names:
@@ -420,9 +422,10 @@ def _install_globally(telemetry: Telemetry) -> None:
                     hint="pass configure(tracer_provider=<the application's provider>) to add looptrace's exporters "
                          "to it, or configure(set_global=False) to keep looptrace's provider to yourself")
     from opentelemetry import metrics
-    from opentelemetry.metrics import _internal as metrics_internal
 
-    if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider) \
+    # Unlike the tracer provider's, the API's stand-in for an unset meter provider is not public. What an application
+    # sets is the SDK's MeterProvider or the API's no-op one; anything else is the stand-in.
+    if not isinstance(metrics.get_meter_provider(), (MeterProvider, metrics.NoOpMeterProvider)) \
             and telemetry.meter_provider is not None:
         metrics.set_meter_provider(telemetry.meter_provider)
 

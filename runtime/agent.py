@@ -117,7 +117,6 @@ class Agent:
                                              judge=judge)
         self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
         self._tool_definitions = [t.definition() for t in self.tools.values()]
-        self._server_address: tuple[str | None, int | None] | None = None
 
     @property
     def client(self) -> Model:
@@ -128,7 +127,6 @@ class Agent:
     def client(self, model: Model) -> None:
         self._client = model
         self._model: ModelLike = self._tracing.instrument(model, cost_of=self._cost_of)
-        self._server_address = None
 
     # --- drivers ---------------------------------------------------------------------------------------------------
 
@@ -228,7 +226,11 @@ class Agent:
             if not isinstance(outcome.exc, Exception):
                 raise outcome.exc
             run.error = outcome.exc
-            return RunStatus.TIMEOUT if run.budget.timed_out() else RunStatus.ERROR
+            status = RunStatus.TIMEOUT if run.budget.timed_out() else RunStatus.ERROR
+            # Said where a library user sees it (the `looptrace` logger), not only in the RunResult they may not read.
+            log.warning("model_call_failed", agent=self.name, turn=index, status=status.value,
+                        error=toolkit.error_text(outcome.exc), hint=_hint_for(outcome.exc))
+            return status
         response: dict[str, Any] = outcome
         run.budget.turns = index
         usage = self._charge(run, response)
@@ -638,6 +640,19 @@ def _lower_max_tokens(params: dict[str, Any], max_tokens: int) -> None:
             params["thinking"] = {**thinking, "budget_tokens": max_tokens - 1}
         else:
             params["thinking"] = {"type": "disabled"}
+
+
+def _hint_for(exc: BaseException) -> str:
+    """What to try for a failed model call, from the error's kind (the anthropic SDK's exception names)."""
+    kind = type(exc).__name__
+    text = str(exc)
+    if kind == "AuthenticationError" or "authentication" in text.lower() or "api_key" in text:
+        return "set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN), or pass client=anthropic.Anthropic(api_key=...)"
+    if kind in ("APIConnectionError", "APITimeoutError", "ModelCallTimeout"):
+        return "is ANTHROPIC_BASE_URL reachable? the run's timeout_s bounds each call"
+    if kind in ("NotFoundError", "BadRequestError"):
+        return "check the model name and the request parameters"
+    return "RunResult.error has the whole message"
 
 
 def _where(exc: BaseException) -> str:

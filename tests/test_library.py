@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fakes.messages_api import FakeMessagesAPI
 
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -152,13 +152,27 @@ def test_the_readme_python_example_run_verbatim_leaves_a_trace_traces_show_rende
         env = {"ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "test-key"}
         done = run_python(f"exec(open({str(script)!r}).read())", tmp_path, env)
     assert done.returncode == 0, done.stderr
-    trace_id = done.stdout.split()[-1]
-    assert "done" in done.stdout and set(trace_id) != {"0"}, done.stdout
+    status, turns, tokens, cost, trace_id, error = done.stdout.split()
+    assert (status, error) == ("done", "None") and set(trace_id) != {"0"}, done.stdout
     shown = subprocess.run([sys.executable, "-m", "looptrace", "traces", "show"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert f"trace {trace_id}" in shown.stdout
     assert "execute_tool reserve_equipment" in shown.stdout
+
+
+@pytest.mark.slow
+def test_the_readme_python_example_without_an_api_key_says_why_on_stderr(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(readme_python_example(), encoding="utf-8")
+    with FakeMessagesAPI([]) as fake:
+        env = {"ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "", "ANTHROPIC_AUTH_TOKEN": ""}
+        done = run_python(f"exec(open({str(script)!r}).read())", tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("error 0 0 0.0 "), done.stdout
+    assert "authentication" in done.stdout.lower()  # result.error, printed by the example
+    [said] = [line for line in done.stderr.splitlines() if "model_call_failed" in line]
+    assert "ANTHROPIC_API_KEY" in said and "status='error'" in said
 
 
 @pytest.mark.slow

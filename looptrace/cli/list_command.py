@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from looptrace.instrumentation.otlp_file import BadLine, SpanRecord, raw_spans, read_lines, span_record
+from looptrace.instrumentation.tracefile.read import BadLine, SpanRecord, raw_spans, read_lines, span_record
 
 from .common import plural
 from .exit_codes import EXIT_OK
@@ -20,14 +20,14 @@ TURN_SPAN_NAME = "turn"  # semconv.TURN_SPAN_NAME (semconv is imported only once
 def list_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation import semconv as sc
 
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
                       sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT})
     # Turn spans per parent, so that a run that failed mid-turn is said to have the turn `traces show` draws; a
     # run's entry goes when its root comes, and runs that never wrote a root are forgotten oldest first.
     turns_under: OrderedDict[Any, int] = OrderedDict()
-    with LineReporter(path) as report:
-        for number, data in read_lines(path, report, report.progress):
+    with LineReporter(path, max_line_bytes) as report:
+        for number, data in read_lines(path, report, report.progress, max_line_bytes=report.max_line_bytes):
             roots = []
             try:
                 for span, _, scope in raw_spans(data):

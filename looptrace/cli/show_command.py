@@ -13,7 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from looptrace.instrumentation.otlp_file import (
+from looptrace.instrumentation.tracefile.read import (
     BadLine,
     SpanRecord,
     decode_attributes,
@@ -32,9 +32,9 @@ MAX_OPEN_TRACES = 10_000  # traces whose root has not come yet; beyond this the 
 def show_command(args: argparse.Namespace) -> int:
     from .views import render_trace
 
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     wanted = (args.trace_id or "").lower() or None
-    with LineReporter(path) as report:
+    with LineReporter(path, max_line_bytes) as report:
         chosen = _find_trace(path, wanted, report)
         # Lines read and none of them trace data (a log, a binary file) is a usage error, as for `detect` and `list`;
         # an empty file simply holds no trace yet.
@@ -141,7 +141,7 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
             return json.loads(raw)
         return _Peeked(*peeked, raw)  # kept below, where its line number is known
 
-    for number, data in read_lines(path, report, report.progress, parse):
+    for number, data in read_lines(path, report, report.progress, parse, max_line_bytes=report.max_line_bytes):
         if type(data) is _Peeked:
             keep(data.trace_id, data.end, data.root, _Line(number, data.raw))
             continue

@@ -889,7 +889,8 @@ class LangfuseObservation:
     level: str
     status_message: str | None
     usage_details: dict[str, Any] | None
-    is_trace_root: bool
+    is_trace_root: bool  # the trace-create path: no parent, or langfuse.internal.as_root
+    is_events_root: bool  # the v4 events path's root test: parent_span_id = '' OR is_app_root = true
     trace_input: Any
     trace_output: Any
 
@@ -943,6 +944,7 @@ def langfuse_view(span: ReceivedSpan) -> LangfuseObservation:
         status_message=a.get("langfuse.observation.status_message") or span.status_message or None,
         usage_details=json.loads(usage) if isinstance(usage, str) else None,
         is_trace_root=is_root,
+        is_events_root=span.parent_span_id is None or str(a.get("langfuse.internal.is_app_root")).lower() == "true",
         trace_input=a.get("langfuse.trace.input") or (observed_input if is_root else None),
         trace_output=a.get("langfuse.trace.output") or (observed_output if is_root else None),
     )
