@@ -298,8 +298,31 @@ def test_every_flag_of_run_is_in_the_readmes_synopsis(capsys):
     assert sorted(flag for flag in flags if flag not in re.findall(r"--[a-z][a-z-]+", run_lines)) == []
 
 
-@pytest.mark.parametrize("argv", [["demo"], ["run"], ["watch"], ["detect"], ["traces"], ["traces", "show"],
-                                  ["traces", "list"], ["traces", "push"]])
+def _every_command() -> list[list[str]]:
+    """Each command and subcommand the parser offers, so that a command added later is held to the same rule."""
+    import argparse
+
+    from looptrace.cli.app import build_parser
+
+    found: list[list[str]] = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found.append([*prefix, name])
+                    walk(sub, [*prefix, name])
+
+    walk(build_parser(), [])
+    return found
+
+
+def test_the_command_list_is_complete():
+    assert {"demo", "run", "watch", "detect", "traces", "traces show", "traces list", "traces push"} <= {
+        " ".join(argv) for argv in _every_command()}
+
+
+@pytest.mark.parametrize("argv", _every_command(), ids=" ".join)
 def test_every_commands_help_lists_its_exit_codes(capsys, argv):
     shown = _help(capsys, *argv)
     assert "exit codes:" in shown
