@@ -34,6 +34,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from .encodable import encodable_spans
 from .failures import (
     CAUSE_TEXT,
     FAILED,
@@ -261,7 +262,8 @@ class GuardedExporter(SpanExporter):
         if skip is not None:
             self._save(spans, skip)
             return SpanExportResult.FAILURE
-        failure, future = delivery.attempt(lambda: self.inner.export(spans),
+        sendable = encodable_spans(spans)  # text the protobuf encoders would drop, repaired as the trace file does
+        failure, future = delivery.attempt(lambda: self.inner.export(sendable),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
             self._count_delivered(len(spans))
