@@ -24,14 +24,16 @@ from . import langfuse
 from . import semconv as sc
 from .alerts import AlertContext, Alerts, AnomalySinks
 from .content import (
+    CallSecrets,
     CaptureMode,
     MessageLog,
     cap,
     genai_message,
     genai_tool_definition,
     last_user_text,
-    redact,
+    redact_with_secrets,
     resolve_capture,
+    scrub,
     to_json,
 )
 from .detector import Anomaly, canonical_arguments, result_digest
@@ -202,7 +204,9 @@ class Tracing:
         run_content: dict[str, str] = {}
         if self.capture_content:
             messages = [{"role": "user", "content": task}] if isinstance(task, str) else task
-            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m) for m in messages]), self.max_chars)
+            secrets: CallSecrets = {}  # a continued conversation's earlier calls: their results are scrubbed too
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m, secrets) for m in messages]),
+                                                       self.max_chars)
             attributes[sc.INPUT_VALUE] = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as input
         if self.capture_content or self.capture_events:
             # Encoded once per run; every chat span repeats them, so a generation shows the prompt the model got.
@@ -414,15 +418,15 @@ class TurnSpan:
                         history if tracing.capture_events else None)
 
     def _untraced_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
-        return ToolSpan(self.run, _NON_RECORDING, name, redact(arguments))
+        return ToolSpan(self.run, _NON_RECORDING, name, *redact_with_secrets(arguments))
 
     @_never_raises("execute_tool span", _untraced_tool)
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
         """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
-        the call (spans, the detector, alerts) may quote."""
-        arguments = redact(arguments)
+        the call (spans, the detector, alerts) may quote; ``scrub`` takes what they hid out of the call's result."""
+        arguments, secrets = redact_with_secrets(arguments)
         if not self.recording:
-            return ToolSpan(self.run, _NON_RECORDING, name, arguments)
+            return ToolSpan(self.run, _NON_RECORDING, name, arguments, secrets)
         attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: name,
@@ -442,7 +446,7 @@ class TurnSpan:
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
-        return ToolSpan(self.run, span, name, arguments)
+        return ToolSpan(self.run, span, name, arguments, secrets)
 
     @_never_raises("turn span", _end_span)
     def end(self, *, stop_reason: str | None) -> None:
@@ -520,7 +524,8 @@ class ChatSpan:
         tracing = self.run.tracing
         if tracing.capture_content or tracing.capture_events:
             # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
-            encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")}))
+            encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")},
+                                            self.run.messages.secrets))
             self.run.messages.remember(encoded)
             quoted = _quote(finish) if type(finish) is str else to_json(finish)
             output = cap(f'[{encoded[:-1]},"finish_reason":{quoted}}}]', tracing.max_chars)
@@ -589,14 +594,20 @@ class JudgeSpan:
 
 
 class ToolSpan:
-    __slots__ = ("arguments", "flagged", "run", "span", "tool")
+    __slots__ = ("arguments", "flagged", "run", "secrets", "span", "tool")
 
-    def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any) -> None:
+    def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any, secrets: tuple[str, ...] = ()) -> None:
         self.run = run
         self.span = span
         self.tool = tool
         self.arguments = arguments  # redacted
+        self.secrets = secrets  # what the redaction hid, in the forms a tool's text may quote it
         self.flagged: str | None = None  # the status message of an anomaly this call is part of
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the values of this call's redacted arguments replaced wherever it quotes them (a tool's
+        error message echoing ``?access_token=...``): what its result may be shown as."""
+        return scrub(text, self.secrets) if self.secrets else text
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
@@ -615,6 +626,7 @@ class ToolSpan:
             metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
+        result = self.scrub(result)  # the model got the real text; everything recorded gets it without the secret
         attributes: dict[str, Any] = {
             sc.TOOL_RESULT_DIGEST: result_digest(result),
             sc.TOOL_IS_ERROR: is_error,
