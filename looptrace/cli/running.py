@@ -86,6 +86,9 @@ def execute(agent: Agent, task: str, telemetry: Telemetry,
         raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        # The way out starts here: this flush and the shutdown in close() share one deadline, so the exit waits
+        # for the backends at most that long in all, whatever they do.
+        telemetry.leaving()
         telemetry.flush()
 
 
@@ -110,9 +113,11 @@ WEBHOOK_WAIT_S = 5.0
 
 
 def close(telemetry: Telemetry) -> None:
-    """Deliver or spill everything, within a bound, and say where undelivered spans went."""
+    """Deliver or spill everything, within the exit's one deadline, and say what could not be delivered."""
+    deadline = telemetry.leaving()
     for alerts in _ALERTS:
-        alerts.wait(WEBHOOK_WAIT_S)  # posts run on daemon threads: without this an exit would cut them off
+        # posts run on daemon threads: without this an exit would cut them off
+        alerts.wait(min(WEBHOOK_WAIT_S, deadline.remaining_s()))
     _ALERTS.clear()
     telemetry.shutdown()
     notice = telemetry.spill_notice()
