@@ -382,8 +382,20 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
         return telemetry
 
 
+_said_ignored: set[str] = set()
+
+
+def _say_ignored(settings: Settings) -> None:
+    """Each setting the environment got wrong and that is ignored, said once per process (one line, naming it)."""
+    for problem in settings.ignored:
+        if problem not in _said_ignored:
+            _said_ignored.add(problem)
+            log.warning("setting_ignored", problem=problem)
+
+
 def _build_direct(settings: Settings) -> Telemetry:
     """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
+    _say_ignored(settings)
     provider = DirectTracerProvider(_resource(settings), settings.trace_file)
     telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
                           trace_file=settings.trace_file, meter_provider=None)
@@ -398,6 +410,7 @@ def _register_sinks(telemetry: Telemetry) -> None:
 
 
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
+    _say_ignored(settings)
     names = settings.chosen_exporters()
     if app_provider is None:
         resource = _resource(settings)

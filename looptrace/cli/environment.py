@@ -15,6 +15,7 @@ from .common import UsageError
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.settings import Settings
+    from looptrace.instrumentation.setup import Telemetry
 
 
 def read_settings(**flags: Any) -> Settings:
@@ -27,6 +28,16 @@ def read_settings(**flags: Any) -> Settings:
         return Settings.from_env().with_overrides(**flags)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
+
+
+def no_trace_file_reason(telemetry: Telemetry, chosen_by: str | None) -> str:
+    """Why a run wrote no trace file, naming what decided it: OTEL_SDK_DISABLED, the --exporter flag, or the variable
+    that chose the exporters."""
+    settings = telemetry.settings
+    if settings.telemetry_disabled:
+        return "telemetry is disabled by OTEL_SDK_DISABLED"
+    where = chosen_by or settings.exporters_variable or "the exporters chosen"
+    return f"the file exporter is not among {where}"
 
 
 def anthropic_credentials_set() -> bool:
