@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -84,7 +83,6 @@ def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
 
 def _nothing(owner: Any, *args: Any, **kwargs: Any) -> None:
     return None
-_quote = json.encoder.encode_basestring  # a text as JSON, exactly as content.to_json writes it, without json.dumps
 
 
 class Tracing:
@@ -253,7 +251,7 @@ class RunSpan:
         self.messages = MessageLog()
         self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
         self.joins = joins  # the run joined an outer trace: its trace output is set explicitly too
-        self.finish_reason = "error"  # of the newest model response, for the run's output message
+        self.finish_reason: str | None = None  # of the newest model response (or "error"), for the root span
         self.sinks = tracing.sinks  # where this run's anomalies are reported, decided at its start
 
     @property
@@ -304,10 +302,11 @@ class RunSpan:
         }
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
+        if self.finish_reason is not None:
+            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (self.finish_reason,)  # of the response the run ended on
         if final_text and self.tracing.capture_content:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
-                {"type": "text", "content": final_text}], "finish_reason": self.finish_reason}]),
-                self.tracing.max_chars)
+                {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
             attributes[sc.OUTPUT_VALUE] = cap(final_text, self.tracing.max_chars)
             if self.joins:
                 attributes[langfuse.TRACE_OUTPUT] = attributes[sc.OUTPUT_VALUE]
@@ -527,8 +526,9 @@ class ChatSpan:
             encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")},
                                             self.run.messages.secrets))
             self.run.messages.remember(encoded)
-            quoted = _quote(finish) if type(finish) is str else to_json(finish)
-            output = cap(f'[{encoded[:-1]},"finish_reason":{quoted}}}]', tracing.max_chars)
+            # No finish_reason inside the message: the conventions deprecate it there in favour of
+            # gen_ai.response.finish_reasons, which this span carries.
+            output = cap(f"[{encoded}]", tracing.max_chars)
             if tracing.capture_content:
                 attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
             if tracing.capture_events:

@@ -148,7 +148,8 @@ def test_conversation_content_is_captured_in_the_genai_message_shape(spans):
                                       "arguments": {"keyword": "projector"}}
     assert history[2]["parts"][0]["type"] == "tool_call_response"
     output = json.loads(second_chat[sc.GEN_AI_OUTPUT_MESSAGES])
-    assert output[0]["role"] == "assistant" and output[0]["finish_reason"] == "tool_call"
+    assert output[0]["role"] == "assistant" and "finish_reason" not in output[0]  # deprecated there
+    assert second_chat[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("tool_call",)
 
 
 def test_no_content_switch_keeps_content_off_every_span_but_keeps_the_digest(spans, monkeypatch):
@@ -338,17 +339,19 @@ def test_the_same_content_reads_as_the_opentelemetry_genai_utilities_types(spans
             # Every part is one of the specific types, none fell back to the deprecated generic one.
             assert not any(isinstance(part, genai_types.GenericPart) for part in message.parts), message
         for output in outputs.validate_python(content_of(span, sc.GEN_AI_OUTPUT_MESSAGES)):
-            assert output.finish_reason in ("stop", "tool_call")
+            assert output.finish_reason is None  # deprecated inside the message; on the span instead
+        assert set(span.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS]) <= {"stop", "tool_call"}
         assert [d.name for d in definitions.validate_python(content_of(span, sc.GEN_AI_TOOL_DEFINITIONS))] == [
             "search_equipment", "reserve_equipment"]
 
 
-def test_the_root_output_message_has_the_finish_reason_of_the_last_response(spans):
+def test_the_root_span_has_the_finish_reason_of_the_last_response_beside_its_output_message(spans):
     script = [{"stop_reason": "max_tokens", "content": [{"type": "text", "text": "The answer is"}]}]
     Agent(MODEL, client=ScriptedModel(script), tracer_provider=spans.provider).run("x")
-    [output] = content_of(spans.one("invoke_agent"), sc.GEN_AI_OUTPUT_MESSAGES)
-    assert output == {"role": "assistant", "parts": [{"type": "text", "content": "The answer is"}],
-                      "finish_reason": "length"}
+    root = spans.one("invoke_agent")
+    [output] = content_of(root, sc.GEN_AI_OUTPUT_MESSAGES)
+    assert output == {"role": "assistant", "parts": [{"type": "text", "content": "The answer is"}]}
+    assert root.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
 
 
 def test_continuing_a_history_records_all_of_it_as_the_runs_input(spans):
