@@ -219,7 +219,10 @@ class Tracing:
         attributes.update(langfuse.root_attributes(
             joins_outer_trace=joins, trace_input=attributes.get(sc.INPUT_VALUE)))
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes)
-        return RunSpan(self, span, agent, common, run_content, joins)
+        # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.
+        system_message = (to_json({"role": "system", "content": cap(system, self.max_chars)})
+                          if self.capture_content and system else None)
+        return RunSpan(self, span, agent, common, run_content, joins, system_message)
 
 
 def _joins_outer_trace() -> bool:
@@ -239,10 +242,11 @@ class RunSpan:
     """The root span of a run and the factory of its turns."""
 
     __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "sinks", "span",
-                 "tracing")
+                 "system_message", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
-                 content: dict[str, str] | None = None, joins: bool = False) -> None:
+                 content: dict[str, str] | None = None, joins: bool = False,
+                 system_message: str | None = None) -> None:
         self.tracing = tracing
         self.span = span
         self.agent = agent
@@ -253,6 +257,16 @@ class RunSpan:
         self.joins = joins  # the run joined an outer trace: its trace output is set explicitly too
         self.finish_reason: str | None = None  # of the newest model response (or "error"), for the root span
         self.sinks = tracing.sinks  # where this run's anomalies are reported, decided at its start
+        self.system_message = system_message  # {"role": "system", "content": ...} as JSON, when content is captured
+
+    def input_view(self, history: str) -> str:
+        """A model call's input as Langfuse shows it from gen_ai.*: the system prompt as a first system message,
+        then the messages. Sent as input.value, which Phoenix shows and Langfuse reads first, so both show this one
+        view and Langfuse users keep the system prompt. A history cut mid-message (no longer a JSON list) is left as
+        it is, as Langfuse leaves it."""
+        if self.system_message is None or not (history.startswith("[") and history.endswith("]")):
+            return history
+        return f"[{self.system_message}]" if history == "[]" else f"[{self.system_message},{history[1:]}"
 
     @property
     def trace_url(self) -> str | None:
@@ -406,9 +420,11 @@ class TurnSpan:
             history, omitted = self.run.messages.input_messages_json(params.get("messages", []), tracing.max_chars)
             if omitted:
                 attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
-        if tracing.capture_content:
+        if tracing.capture_content and history is not None:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             attributes.update(self.run.content)
+            attributes[sc.INPUT_VALUE] = self.run.input_view(history)
+            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
         span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -438,7 +454,10 @@ class TurnSpan:
             attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
         tracing = self.run.tracing
         if tracing.capture_content:
-            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(arguments), tracing.max_chars)
+            encoded = cap(to_json(arguments), tracing.max_chars)
+            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
+            attributes[sc.INPUT_VALUE] = encoded  # Phoenix's Input (Langfuse reads the same text either way)
+            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
         else:
             attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
         span = tracing.tracer.start_span(
@@ -531,6 +550,8 @@ class ChatSpan:
             output = cap(f"[{encoded}]", tracing.max_chars)
             if tracing.capture_content:
                 attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
+                attributes[sc.OUTPUT_VALUE] = output  # the same text object: Phoenix's Output, Langfuse's as before
+                attributes[sc.OUTPUT_MIME_TYPE] = sc.MIME_JSON
             if tracing.capture_events:
                 event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
                 self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
@@ -635,7 +656,7 @@ class ToolSpan:
         }
         tracing = self.run.tracing
         if tracing.capture_content:
-            attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
+            attributes[sc.GEN_AI_TOOL_CALL_RESULT] = attributes[sc.OUTPUT_VALUE] = cap(result, tracing.max_chars)
         if is_error:
             # Without content capture the error's text stays off the span too: it can quote the arguments. The
             # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
