@@ -25,8 +25,11 @@ one warning per failure cause, undelivered spans saved to the spill file for ``l
 OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
-about 0.1 s, whatever the backends do (default 5 s). Past the deadline, spans still queued go to the spill file rather
-than being dropped; metrics that miss it are not exported (the next run's cumulative points make up for them).
+about 0.1 s, whatever the backends do (default 5 s); the span and metric parts run side by side against the one
+deadline. On the way out, ``Telemetry.leaving()`` makes every later flush and the shutdown share a single deadline, so
+the whole exit is bounded once (the CLI's 5 s). Past the deadline, spans still queued go to the spill file rather
+than being dropped; metrics that miss it are not exported (the next run's cumulative points make up for them), and
+``spill_notice()`` says so.
 """
 
 from __future__ import annotations
