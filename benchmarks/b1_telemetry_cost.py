@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 from looptrace.runtime import Agent
 from looptrace.runtime.models import ScriptedModel
 

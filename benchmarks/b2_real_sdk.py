@@ -27,7 +27,7 @@ import anthropic
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 from looptrace.runtime import Agent
 
 from . import scenario

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.detector import LoopDetector, ToolCall
-from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 from looptrace.runtime import Agent, tool
 from looptrace.runtime.models import ScriptedModel
 

@@ -44,8 +44,8 @@ from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from looptrace.instrumentation.otlp_json import encode_line
-from looptrace.instrumentation.trace_writer import TraceFileProcessor
+from looptrace.instrumentation.tracefile.encode import encode_line
+from looptrace.instrumentation.tracefile.write import TraceFileProcessor
 from looptrace.runtime import Agent
 from looptrace.runtime.models import ScriptedModel
 

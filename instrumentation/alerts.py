@@ -155,17 +155,34 @@ class AnomalySinks:
     def from_settings(cls, settings: Settings, *, scores: LangfuseScores | None = None) -> AnomalySinks:
         return cls(alerts=Alerts.from_settings(settings), scores=scores)
 
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for webhook posts in flight."""
+        self.alerts.wait(timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send the scores still queued, within ``timeout_s``, and stop their worker (a service on its way out)."""
+        if self.scores is not None:
+            self.scores.close(timeout_s)
+
     def with_alerts(self, alerts: Alerts | None) -> AnomalySinks:
         """The same sinks with the alerts an Agent was given (``Agent(alerts=...)``) in place of these."""
         return self if alerts is None or alerts is self.alerts else replace(self, alerts=alerts)
 
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
         self.alerts.send(anomaly, context)
-        if self.scores is not None:
+        # A score goes on a trace: a run that is no one trace (watch assembles some runs from a session) gets none.
+        if self.scores is not None and _is_trace_id(context.trace_id):
             try:
                 self.scores.anomaly(context.trace_id, anomaly.type, anomaly.message, span_id=context.span_id)
             except Exception as exc:  # a score that cannot even be queued must not fail the run it describes
                 log.warning("langfuse_score_failed", error=type(exc).__name__)
+
+
+def _is_trace_id(value: str) -> bool:
+    return len(value) == 32 and value != _ZERO_TRACE_ID and all(c in "0123456789abcdef" for c in value)
+
+
+_ZERO_TRACE_ID = "0" * 32
 
 
 def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:

@@ -4,7 +4,7 @@ When looptrace sets up its own default telemetry and the local trace file is the
 SDK's span pipeline provides (processors, exporters, a span's lock and its ``BoundedAttributes``, a ``ReadableSpan``
 copy per span): a finished span only has to become a line of the file. The SDK's spans cost more than writing the
 file (issue 14), so here a span keeps its attributes in a plain dict and, at ``end()``, hands itself to the same
-encoder and writer the SDK path uses (``otlp_json.encode_line``, ``trace_writer.TraceFileWriter``).
+encoder and writer the SDK path uses (``tracefile.encode.encode_line``, ``tracefile.write.TraceFileWriter``).
 
 What the file holds is what the SDK path writes: the same resource (built by the same ``setup._resource``), the SDK's
 ``InstrumentationScope``, random ids from the same generator, the default sampler's decision (ParentBased(ALWAYS_ON):
@@ -22,13 +22,16 @@ or its internal metrics switched on.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import random
 import threading
 import traceback
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from time import time_ns
 from types import MappingProxyType
 from typing import Any
@@ -39,10 +42,9 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.util._decorator import _agnosticcontextmanager
 
 from .settings import Settings
-from .trace_writer import TraceFileWriter
+from .tracefile.write import TraceFileWriter
 
 __all__ = ["DirectTracer", "DirectTracerProvider", "direct_path_blockers"]
 
@@ -340,17 +342,61 @@ class DirectTracer(trace.Tracer):
         return DirectSpan(self, name, span_context, parent, kind, attributes, links, start_time, record_exception,
                           set_status_on_exception)
 
-    @_agnosticcontextmanager  # the API's own decorator, as its Tracer declares (usable on coroutines too)
-    def start_as_current_span(self, name: str, context: context_api.Context | None = None,
-                              kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None,
-                              links: Sequence[Link] | None = (), start_time: int | None = None,
-                              record_exception: bool = True, set_status_on_exception: bool = True,
-                              end_on_exit: bool = True) -> Iterator[trace.Span]:
-        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
-                               set_status_on_exception)
-        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
-                            set_status_on_exception=set_status_on_exception) as current:
-            yield current
+    # The API types the result as its own private context-manager class; this one behaves as that one does.
+    def start_as_current_span(  # type: ignore[override]
+            self, name: str, context: context_api.Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+            attributes: Mapping[str, Any] | None = None, links: Sequence[Link] | None = (),
+            start_time: int | None = None, record_exception: bool = True, set_status_on_exception: bool = True,
+            end_on_exit: bool = True) -> _CurrentSpan:
+        return _CurrentSpan(self, {"name": name, "context": context, "kind": kind, "attributes": attributes,
+                                   "links": links, "start_time": start_time, "record_exception": record_exception,
+                                   "set_status_on_exception": set_status_on_exception}, end_on_exit)
+
+
+class _CurrentSpan:
+    """What ``DirectTracer.start_as_current_span`` returns, behaving as what the API's own tracers return: a context
+    manager that starts the span on entry and makes it current (through the API's ``use_span``), and a decorator that
+    does so around each call of a function, where a coroutine function's span lasts until its coroutine is done, not
+    only until the coroutine is made."""
+
+    __slots__ = ("_end_on_exit", "_scope", "_start", "_tracer")
+
+    def __init__(self, tracer: DirectTracer, start: dict[str, Any], end_on_exit: bool) -> None:
+        self._tracer = tracer
+        self._start = start  # start_span's arguments
+        self._end_on_exit = end_on_exit
+        self._scope: AbstractContextManager[trace.Span] | None = None
+
+    def __enter__(self) -> trace.Span:
+        span = self._tracer.start_span(**self._start)
+        self._scope = trace.use_span(span, end_on_exit=self._end_on_exit,
+                                     record_exception=self._start["record_exception"],
+                                     set_status_on_exception=self._start["set_status_on_exception"])
+        return self._scope.__enter__()
+
+    def __exit__(self, exc_type: Any, exc_value: BaseException | None, exc_tb: Any) -> bool | None:
+        assert self._scope is not None, "exited before it was entered"
+        return self._scope.__exit__(exc_type, exc_value, exc_tb)
+
+    def __call__(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(function):
+            @functools.wraps(function)
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                with self._fresh():
+                    return await function(*args, **kwargs)
+
+            return call_async
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._fresh():
+                return function(*args, **kwargs)
+
+        return call
+
+    def _fresh(self) -> _CurrentSpan:
+        # One span per call of a decorated function: each call enters a new one.
+        return _CurrentSpan(self._tracer, self._start, self._end_on_exit)
 
 
 class DirectTracerProvider(trace.TracerProvider):
@@ -363,6 +409,7 @@ class DirectTracerProvider(trace.TracerProvider):
         self._tracers: dict[InstrumentationScope, DirectTracer] = {}
         self._lock = threading.Lock()
         if hasattr(os, "register_at_fork"):  # as the SDK: a forked child's process-dependent resource is its own
+            self._detected = _detected_resource()
             weak = weakref.WeakMethod(self._after_fork)
             os.register_at_fork(after_in_child=lambda: (method := weak()) and method())
 
@@ -394,9 +441,19 @@ class DirectTracerProvider(trace.TracerProvider):
         self.writer.close()
 
     def _after_fork(self) -> None:
-        try:
-            from opentelemetry.sdk.resources import _get_process_dependent_resource
-        except ImportError:  # another SDK version: the resource stays the parent's
-            return
-        self.resource = self.resource.merge(_get_process_dependent_resource())
+        # The SDK's provider merges in what its process-dependent detectors say in the child: a new
+        # service.instance.id, and the process.* attributes when that detector is configured. Which detectors are
+        # configured is the SDK's business: Resource.create() runs them all again, and what differs from the parent's
+        # detection is what depends on the process (the rest describes the host and the environment, which a fork
+        # keeps).
+        detected = _detected_resource()
+        changed = {key: value for key, value in detected.items() if self._detected.get(key) != value}
+        self._detected = detected
+        if changed:
+            self.resource = self.resource.merge(Resource(changed))
+
+
+def _detected_resource() -> dict[str, Any]:
+    """What the SDK's configured resource detectors say about this process, through its public Resource.create()."""
+    return dict(Resource.create().attributes)
 

@@ -4,7 +4,7 @@ The OpenTelemetry encoders turn every text into UTF-8. A lone surrogate (``"\\ud
 badly, or a JSON escape in a model's answer) cannot be, and the encoder then logs a traceback per attribute and drops
 the attribute; in a span's name, status or an event's name it fails the whole batch. An attribute key that is not
 text (a spill line edited by hand, another producer's file) is dropped the same way. The trace file already repairs
-both (``otlp_json``); this is the same repair for the copies sent to Langfuse and collectors:
+both (``tracefile.encode``); this is the same repair for the copies sent to Langfuse and collectors:
 
 * a lone surrogate becomes U+FFFD, wherever the text is (attribute values at any depth, keys, names, the status);
 * a key that is not text is kept as its text (``5`` -> ``"5"``), with one warning per process;

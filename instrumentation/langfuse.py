@@ -69,6 +69,7 @@ TRACE_INPUT = sc.LANGFUSE_TRACE_INPUT
 TRACE_OUTPUT = sc.LANGFUSE_TRACE_OUTPUT
 AS_ROOT = sc.LANGFUSE_AS_ROOT
 IS_APP_ROOT = sc.LANGFUSE_IS_APP_ROOT
+DEFAULT_ENVIRONMENT = "default"  # what Langfuse files observations and scores under when none is set
 ENVIRONMENT = sc.LANGFUSE_ENVIRONMENT
 RELEASE = sc.LANGFUSE_RELEASE
 TRACE_TAGS = sc.LANGFUSE_TRACE_TAGS
@@ -275,28 +276,28 @@ class LangfuseScores:
         ``data_type`` is NUMERIC, BOOLEAN or CATEGORICAL (then ``value`` is a string); Langfuse assumes NUMERIC.
         Only fields of the API's CreateScoreRequest are sent; the deterministic id alone makes a retry an update.
         """
-        score_id = score_id or _score_id(trace_id, name, value, observation_id)
-        body: dict[str, Any] = {"id": score_id, "traceId": trace_id, "name": name, "value": value}
+        body: dict[str, Any] = {"id": score_id or stable_score_id(trace_id, name, value, observation_id),
+                                "traceId": trace_id, "name": name, "value": value}
         for key, item in (("observationId", observation_id), ("comment", comment), ("dataType", data_type),
                           ("metadata", dict(metadata) if metadata else None), ("environment", self.environment)):
             if item is not None:
                 body[key] = item
+        return self._enqueue(body)
+
+    def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None) -> str:
+        """The score that marks a run with a loop anomaly (``anomaly_score_body``), queued."""
+        return self._enqueue(anomaly_score_body(trace_id, anomaly_type, message, span_id=span_id,
+                                                environment=self.environment))
+
+    def _enqueue(self, body: dict[str, Any]) -> str:
         with self._lock:
             if self._closed:
-                return score_id
+                return body["id"]
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="looptrace-langfuse-scores", daemon=True)
                 self._thread.start()
         self._queue.put(body)
-        return score_id
-
-    def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None) -> str:
-        """The score that marks a run with a loop anomaly: categorical ``loop_anomaly`` = the anomaly type, on the
-        trace (so the traces table can filter on it and an alert can count it), one per type and trace, with the
-        detector's message as the comment and the id of the span that reported it (the run's root) in the metadata."""
-        return self.send(trace_id, name=ANOMALY_SCORE, value=anomaly_type, data_type="CATEGORICAL",
-                         comment=message[:MAX_STATUS_MESSAGE_CHARS],
-                         metadata={"span_id": span_id} if span_id else None)
+        return body["id"]
 
     def alert_callback(self, anomaly: Any, context: Any) -> None:
         """``Alerts(callback=scores.alert_callback)``: the anomaly score for every anomaly the detector reports."""
@@ -352,8 +353,25 @@ class LangfuseScores:
                     hint="the run's spans are not affected; check LANGFUSE_BASE_URL and the keys")
 
 
-def _score_id(trace_id: str, name: str, value: Any, observation_id: str | None) -> str:
+def stable_score_id(trace_id: str, name: str, value: Any, observation_id: str | None = None) -> str:
+    """A score's id, the same whoever posts it (a live run, watch, a scan): a second post updates, never adds."""
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"looptrace:{trace_id}:{observation_id or ''}:{name}:{value}"))
+
+
+def anomaly_score_body(trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None,
+                       environment: str | None = None) -> dict[str, Any]:
+    """The score that marks a run with a loop anomaly, as the scores API takes it: categorical ``loop_anomaly`` = the
+    anomaly type, on the trace (so the traces table can filter on it and an alert can count it), one per type and
+    trace, with the detector's message as the comment and the id of the span that reported it (the run's root) in
+    the metadata; filed in ``environment`` unless that is Langfuse's default one."""
+    body: dict[str, Any] = {"id": stable_score_id(trace_id, ANOMALY_SCORE, anomaly_type), "traceId": trace_id,
+                            "name": ANOMALY_SCORE, "value": anomaly_type, "dataType": "CATEGORICAL",
+                            "comment": message[:MAX_STATUS_MESSAGE_CHARS]}
+    if span_id:
+        body["metadata"] = {"span_id": span_id}
+    if environment and environment != DEFAULT_ENVIRONMENT:
+        body["environment"] = environment
+    return body
 
 
 # --- a link to the trace in Langfuse's UI ---------------------------------------------------------------------------

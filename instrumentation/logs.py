@@ -4,7 +4,8 @@ silences them as it does any library's (``logging.getLogger("looptrace").setLeve
 Each record's message is the event name (``export_failed``) followed by its fields as ``key=value``; the fields are
 also on the record as ``record.looptrace`` (a dict) for structured handlers. With no logging configured at all, Python
 prints WARNING and above to standard error (its "last resort" handler), never to standard output, where a program's
-results go. The CLI renders these records with structlog (``install_cli_rendering``).
+results go. The CLI renders these records with structlog (``install_cli_rendering``); a long-running service
+(``looptrace watch``) renders them as JSON lines instead (``configure_service_logging``).
 """
 
 from __future__ import annotations
@@ -83,3 +84,35 @@ def telemetry_failed(where: str, exc: BaseException) -> None:
         _failures_said.add(said)
         log.warning("telemetry_failed", where=where, error=type(exc).__qualname__,
                     hint="the run goes on; this part of its trace is missing")
+
+
+def configure_service_logging() -> None:
+    """One JSON object per line on stderr, INFO and up: what log collectors read from a long-running service.
+
+    Process-wide (structlog's configuration and the ``looptrace`` logger's level), so only an entry point that owns
+    its process calls it: the CLI's ``watch`` command does, before it serves.
+    """
+    import structlog
+
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    # looptrace's records (the stdlib logger "looptrace") rendered by the structlog chain above.
+    install_cli_rendering()
+    logger.setLevel(logging.INFO)
+
+
+_ignored_said: set[str] = set()
+
+
+def settings_ignored(problems: tuple[str, ...]) -> None:
+    """Each setting the environment got wrong and that is ignored (``Settings.ignored``), said once per process as
+    one warning naming it, whichever entry point read it first."""
+    for problem in problems:
+        if problem not in _ignored_said:
+            _ignored_said.add(problem)
+            log.warning("setting_ignored", problem=problem)

@@ -37,6 +37,11 @@ DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEO
 DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
 DEFAULT_SPILL_FILE = Path(".looptrace") / "spill.jsonl"
 DEFAULT_MAX_ATTRIBUTE_CHARS = 32_000
+# The longest trace-file line read back; a longer one is skipped without being held (a file of any size is read in
+# memory bounded by this). Never below 1 KiB, whatever the variable says.
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+MIN_MAX_LINE_BYTES = 1024
+MAX_LINE_BYTES_VARIABLE = "LOOPTRACE_MAX_LINE_BYTES"
 DEFAULT_MODEL = "claude-sonnet-5-5"
 LANGFUSE_DEFAULT_BASE_URL = "https://cloud.langfuse.com"
 LANGFUSE_TRACES_PATH = "/api/public/otel/v1/traces"
@@ -68,6 +73,7 @@ VARIABLES: dict[str, str] = {
     "LOOPTRACE_MODEL": "`looptrace run`'s default model",
     "LOOPTRACE_CAPTURE_CONTENT": "the GenAI variable's values; wins over it",
     "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
+    MAX_LINE_BYTES_VARIABLE: "longest trace or spill file line read back, bytes; longer ones are skipped",
     "LOOPTRACE_ALERT_WEBHOOK": "URL each new kind of anomaly is posted to",
     "LOOPTRACE_WATCH_TOKEN": "bearer token `looptrace watch` requires of senders",
     "LOOPTRACE_WATCH_USERNAME": "basic-auth user `looptrace watch` requires of senders",
@@ -369,6 +375,7 @@ class Settings:
     capture_content: bool = True  # content attributes on spans (capture_setting's mode is SPAN_ONLY or SPAN_AND_EVENT)
     capture_setting: str | None = None  # the capture variable's value as set (None: unset, capture on spans)
     max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # reading the trace and spill files: longer lines are skipped
     alert_webhook: str | None = field(default=None, repr=False)  # the URL is the credential
     telemetry_disabled: bool = False
     otlp_metrics_disabled: bool = False
@@ -410,6 +417,7 @@ class Settings:
             capture_setting=_capture(env),
             max_attribute_chars=_whole(env, "LOOPTRACE_MAX_ATTRIBUTE_CHARS", ignored,
                                        default=DEFAULT_MAX_ATTRIBUTE_CHARS) or DEFAULT_MAX_ATTRIBUTE_CHARS,
+            max_line_bytes=_max_line_bytes(env.get(MAX_LINE_BYTES_VARIABLE), ignored),
             alert_webhook=env.get("LOOPTRACE_ALERT_WEBHOOK"),
             telemetry_disabled=(env.get("OTEL_SDK_DISABLED") or "").lower() == "true",
             otlp_metrics_disabled=(env.get("OTEL_METRICS_EXPORTER") or "").lower() == "none",
@@ -540,6 +548,17 @@ def _whole(env: _Env, name: str, ignored: list[str], default: int | None = None)
     instead = f"the default ({default:,})" if default is not None else "the default"
     ignored.append(f"{name}={value[:40]!r} is not a positive whole number; {instead} is used")
     return default
+
+
+def _max_line_bytes(value: str | None, ignored: list[str]) -> int:
+    """A whole number of bytes, raised to the 1 KiB floor; unset is the default, and so is anything that is not a
+    number, said (``ignored``)."""
+    try:
+        return max(int(value), MIN_MAX_LINE_BYTES) if value else DEFAULT_MAX_LINE_BYTES
+    except ValueError:
+        ignored.append(f"{MAX_LINE_BYTES_VARIABLE}={(value or '')[:40]!r} is not a whole number of bytes; the default "
+                       f"({DEFAULT_MAX_LINE_BYTES:,}) is used")
+        return DEFAULT_MAX_LINE_BYTES
 
 
 def _port(value: str | None) -> int | None:

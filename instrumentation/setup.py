@@ -59,10 +59,10 @@ from .deadline import Deadline
 from .delivery import WAIT_SLICE_S, GuardedExporter, GuardedMetricExporter
 from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
-from .logs import log
+from .logs import log, settings_ignored
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
-from .spill import SpillFile
-from .trace_writer import TraceFileProcessor
+from .tracefile.spill import SpillFile
+from .tracefile.write import TraceFileProcessor
 
 __all__ = [
     "ConfigurationError",
@@ -160,7 +160,8 @@ class Telemetry:
         if self.scores is not None:
             self.scores.close(deadline.remaining_s())
         if self.spill_file is not None and self.guards:
-            _quietly(SpillFile(self.spill_file).compact)  # drops batches an export delivered after all
+            spill = SpillFile(self.spill_file, max_line_bytes=self.settings.max_line_bytes)
+            _quietly(spill.compact)  # drops batches an export delivered after all
 
     def _flush_processors(self, deadline: Deadline) -> bool:
         if self.owns_provider:
@@ -385,20 +386,9 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
         return telemetry
 
 
-_said_ignored: set[str] = set()
-
-
-def _say_ignored(settings: Settings) -> None:
-    """Each setting the environment got wrong and that is ignored, said once per process (one line, naming it)."""
-    for problem in settings.ignored:
-        if problem not in _said_ignored:
-            _said_ignored.add(problem)
-            log.warning("setting_ignored", problem=problem)
-
-
 def _build_direct(settings: Settings) -> Telemetry:
     """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
-    _say_ignored(settings)
+    settings_ignored(settings.ignored)
     provider = DirectTracerProvider(_resource(settings), settings.trace_file)
     telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
                           trace_file=settings.trace_file, meter_provider=None)
@@ -413,7 +403,7 @@ def _register_sinks(telemetry: Telemetry) -> None:
 
 
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
-    _say_ignored(settings)
+    settings_ignored(settings.ignored)
     names = settings.chosen_exporters()
     if app_provider is None:
         resource = _resource(settings)
@@ -423,7 +413,8 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         provider, resource = app_provider, app_provider.resource
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings,
                           owns_provider=app_provider is None)
-    spill = SpillFile(settings.spill_file)  # the path only; nothing is written unless a backend fails
+    # The path only; nothing is written unless a backend fails.
+    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)
     processors: list[SpanProcessor] = []
     try:
         for name in names:
@@ -483,9 +474,10 @@ def _install_globally(telemetry: Telemetry) -> None:
                     hint="pass configure(tracer_provider=<the application's provider>) to add looptrace's exporters "
                          "to it, or configure(set_global=False) to keep looptrace's provider to yourself")
     from opentelemetry import metrics
-    from opentelemetry.metrics import _internal as metrics_internal
 
-    if isinstance(metrics.get_meter_provider(), metrics_internal._ProxyMeterProvider) \
+    # Unlike the tracer provider's, the API's stand-in for an unset meter provider is not public. What an application
+    # sets is the SDK's MeterProvider or the API's no-op one; anything else is the stand-in.
+    if not isinstance(metrics.get_meter_provider(), (MeterProvider, metrics.NoOpMeterProvider)) \
             and telemetry.meter_provider is not None:
         metrics.set_meter_provider(telemetry.meter_provider)
 

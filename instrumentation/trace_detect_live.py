@@ -1,6 +1,7 @@
 """The detector as a span processor over any GenAI-instrumented agent in this process (see ``trace_detect``).
 
-Apart from ``trace_detect`` because it needs the OpenTelemetry SDK, which `looptrace detect` has no use for.
+Apart from ``trace_detect`` because it needs the OpenTelemetry SDK, which `looptrace detect` has no use for. It builds
+on ``run_rebuilder`` only, so that ``trace_detect`` can offer it without an import cycle.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from .detector import DetectorConfig
 from .logs import log
 from .readers import NeutralSpan
-from .trace_detect import RunRebuilder, Verdict
+from .run_rebuilder import RunRebuilder, Verdict
 
 
 class DetectorSpanProcessor(SpanProcessor):

@@ -117,7 +117,6 @@ class Agent:
                                              judge=judge)
         self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
         self._tool_definitions = [t.definition() for t in self.tools.values()]
-        self._server_address: tuple[str | None, int | None] | None = None
 
     @property
     def client(self) -> Model:
@@ -128,7 +127,6 @@ class Agent:
     def client(self, model: Model) -> None:
         self._client = model
         self._model: ModelLike = self._tracing.instrument(model, cost_of=self._cost_of)
-        self._server_address = None
 
     # --- drivers ---------------------------------------------------------------------------------------------------
 

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
+    from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
     from tests.fakes.messages_api import FakeMessagesAPI
 
     provider = TracerProvider(resource=Resource.create({"service.name": args.service}))

@@ -21,7 +21,7 @@ from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
 
 from looptrace import Agent, ScriptedModel, configure, tool
-from looptrace.instrumentation.langfuse import _score_id
+from looptrace.instrumentation.langfuse import stable_score_id
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import default_telemetry
 
@@ -108,7 +108,7 @@ def _anomaly_count(metrics_text: str) -> float:
 def _expected_score(result) -> dict:
     """The body the live path posts for the run's one anomaly: what the CLI posts too (the same sinks build it)."""
     [anomaly] = result.anomalies
-    return {"id": _score_id(result.trace_id, "loop_anomaly", anomaly.type, None),  # deterministic: a retry updates
+    return {"id": stable_score_id(result.trace_id, "loop_anomaly", anomaly.type),  # deterministic: a retry updates
             "traceId": result.trace_id, "name": "loop_anomaly", "value": "repeated_call",
             "dataType": "CATEGORICAL", "comment": anomaly.message}
 

@@ -16,7 +16,7 @@ from fakes.messages_api import Error, FakeMessagesAPI
 from looptrace.cli.app import main
 from looptrace.cli.demo import equipment_script
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 

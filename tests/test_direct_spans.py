@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +32,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from looptrace.cli.app import main
 from looptrace.cli.demo import DEMO_SYSTEM, Inventory, runaway_script
-from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.direct_spans import DirectTracerProvider
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure, context_from_traceparent, default_telemetry
+from looptrace.instrumentation.tracefile import encode
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, tool
 
 VARIABLES = ("OTEL_", "LANGFUSE_", "LOOPTRACE_", "TRACEPARENT", "TRACESTATE")
@@ -180,7 +183,7 @@ def test_a_direct_span_encodes_as_the_official_encoder_encodes_it(tmp_path):
             chat.set_status(Status(StatusCode.OK))
             ended.append(chat)
     for span in ended:
-        assert json.loads(otlp_json.encode_line(span)) == encode_spans([span]).to_dict()
+        assert json.loads(encode.encode_line(span)) == encode_spans([span]).to_dict()
 
 
 # --- reading it back ------------------------------------------------------------------------------------------------
@@ -339,7 +342,7 @@ def test_odd_attribute_values_end_up_as_the_sdk_stores_them(tmp_path, caplog):
         direct_span = apply_api_calls(direct.get_tracer("t"))
         direct_warnings = [r.getMessage() for r in caplog.records]
     (sdk_span,) = memory.get_finished_spans()
-    ours, theirs = json.loads(otlp_json.encode_line(direct_span)), json.loads(otlp_json.encode_line(sdk_span))
+    ours, theirs = json.loads(encode.encode_line(direct_span)), json.loads(encode.encode_line(sdk_span))
     assert normalised([ours]) == normalised([theirs])
     assert normalised(lines(tmp_path / "t.jsonl")) == normalised([theirs])  # what end() wrote
     span = ours["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
@@ -363,7 +366,7 @@ def test_a_growing_conversation_is_encoded_exactly_span_after_span(tmp_path):
     for text in history:
         span = tracer.start_span("chat m", attributes={"gen_ai.input.messages": text, "other": text + "!"})
         span.end()
-        assert json.loads(otlp_json.encode_line(span)) == encode_spans([span]).to_dict()
+        assert json.loads(encode.encode_line(span)) == encode_spans([span]).to_dict()
     read_back = [s.attributes["gen_ai.input.messages"] for s in read_spans(tmp_path / "t.jsonl")]
     assert read_back == history
 
@@ -393,3 +396,109 @@ def test_an_async_run_nests_its_spans_the_same_way(monkeypatch, tmp_path):
     assert seen == [tool_span.span_id]
     turn = spans[tool_span.parent_span_id]
     assert turn.name == "turn" and spans[turn.parent_span_id].name == "invoke_agent agent"
+
+
+def decorated_calls(tracer: Any) -> list[str]:
+    """``start_as_current_span`` used as the API documents it: a context manager, and a decorator on a function and
+    on a coroutine function (whose span must last until the coroutine is done), each call its own span. Returns the
+    id of the current span each body saw."""
+    import asyncio
+
+    order = []
+
+    def current() -> str:
+        return format(trace.get_current_span().get_span_context().span_id, "016x")
+
+    @tracer.start_as_current_span("sync work", attributes={"kind": "sync"})
+    def work(n: int) -> int:
+        order.append(current())
+        if n < 0:
+            raise ValueError("negative")
+        return n
+
+    @tracer.start_as_current_span("async work", kind=SpanKind.CLIENT)
+    async def awork(n: int) -> int:
+        await asyncio.sleep(0)
+        order.append(current())  # after an await: still inside its own span
+        return n
+
+    with tracer.start_as_current_span("outer", end_on_exit=True) as outer:
+        assert (work(1), work(2), asyncio.run(awork(3))) == (1, 2, 3)
+        with pytest.raises(ValueError):
+            work(-1)
+        order.append(current())
+        assert outer.is_recording()
+    assert work.__name__ == "work" and awork.__name__ == "awork"
+    return order
+
+
+def without_stack_traces(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for span in spans:
+        for event in span["span"]["events"]:
+            for attribute in event.get("attributes", ()):
+                if attribute["key"] == "exception.stacktrace":
+                    text = attribute["value"]["stringValue"]
+                    assert text.startswith("Traceback (most recent call last):") and text.endswith("ValueError: negative\n")
+                    attribute["value"] = {"stringValue": "<stack trace>"}
+    return spans
+
+
+def test_start_as_current_span_decorates_functions_and_coroutines_as_the_sdk_does(tmp_path):
+    sdk = TracerProvider(resource=Resource.create({}))
+    memory = InMemorySpanExporter()
+    sdk.add_span_processor(SimpleSpanProcessor(memory))
+    direct = DirectTracerProvider(Resource.create({}), tmp_path / "t.jsonl")
+    seen_by_ours, seen_by_theirs = decorated_calls(direct.get_tracer("t")), decorated_calls(sdk.get_tracer("t"))
+    ours = without_stack_traces(normalised(lines(tmp_path / "t.jsonl")))
+    theirs = without_stack_traces(normalised([json.loads(encode.encode_line(s)) for s in memory.get_finished_spans()]))
+    assert ours == theirs  # (the stack traces differ by the frames of each implementation, and end the same)
+    assert [s["span"]["name"] for s in ours] == ["sync work", "sync work", "async work", "sync work", "outer"]
+    names = {s.span_id: s.name for s in read_spans(tmp_path / "t.jsonl")}
+    assert [names[span_id] for span_id in seen_by_ours] == [s["span"]["name"] for s in ours]
+    names = {format(s.context.span_id, "016x"): s.name for s in memory.get_finished_spans()}
+    assert [names[span_id] for span_id in seen_by_theirs] == [s["span"]["name"] for s in ours]
+    failed = ours[3]["span"]
+    assert failed["status"] == {"code": 2, "message": "ValueError: negative"}
+    assert [e["name"] for e in failed["events"]] == ["exception"]
+    assert {s["span"].get("parentSpanId") for s in ours[:4]} == {ours[4]["span"]["spanId"]}
+
+
+FORKED_CHILD = """
+import os, sys
+from pathlib import Path
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from looptrace.instrumentation.direct_spans import DirectTracerProvider
+from looptrace.instrumentation.tracefile import TraceFileProcessor
+
+folder = Path(sys.argv[1])
+direct = DirectTracerProvider(Resource.create({"service.name": "svc", "team": "ops"}), folder / "direct.jsonl")
+sdk = TracerProvider(resource=Resource.create({"service.name": "svc", "team": "ops"}), shutdown_on_exit=False)
+sdk.add_span_processor(TraceFileProcessor(folder / "sdk.jsonl"))
+child = os.fork()
+name = "child" if child == 0 else "parent"
+for provider in (direct, sdk):
+    provider.get_tracer("t").start_span(name).end()
+    provider.shutdown()
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_writes_the_resource_the_sdk_path_writes(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FORKED_CHILD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+
+    def resources(path: Path) -> dict[str, dict[str, Any]]:
+        return {document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["name"]:
+                {a["key"]: a["value"] for a in document["resourceSpans"][0]["resource"]["attributes"]}
+                for document in lines(path)}
+
+    ours, theirs = resources(tmp_path / "direct.jsonl"), resources(tmp_path / "sdk.jsonl")
+    assert ours == theirs and set(ours) == {"parent", "child"}
+    assert ours["child"]["service.instance.id"] != ours["parent"]["service.instance.id"]  # the child's own
+    assert ours["child"]["team"] == {"stringValue": "ops"} and ours["child"]["service.name"] == {"stringValue": "svc"}

@@ -17,7 +17,7 @@ from looptrace.instrumentation import encodable
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.spill import SpillFile, push
+from looptrace.instrumentation.tracefile.spill import SpillFile, push
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.testing import capture_logs
 

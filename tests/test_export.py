@@ -30,10 +30,10 @@ from looptrace.instrumentation import delivery, langfuse
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.spill import PushInProgress, SpillFile, push
+from looptrace.instrumentation.tracefile.read import read_spans
+from looptrace.instrumentation.tracefile.spill import PushInProgress, SpillFile, push
 from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"
@@ -464,12 +464,12 @@ def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spi
 
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url)
-        report = push(spill.path)
+        report = push(spill.path, settings=Settings.from_env())
         received = rx.wait_for_spans(12)
         assert report.sent == {"langfuse": 12} and report.ok
         assert sorted(s.span_id for s in received) == sorted(expected)  # each exactly once
         rx.clear()
-        assert push(spill.path).summary().startswith("nothing to push")
+        assert push(spill.path, settings=Settings.from_env()).summary().startswith("nothing to push")
         assert rx.requests == []
     assert not spill.path.exists() and not spill.ledger.exists()
 
@@ -547,7 +547,7 @@ def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeyp
             time.sleep(0.02)
         assert spill.pending_spans() == 0 and exporter.spilled_spans == 0  # so push will not send it a second time
         rx.clear()
-        assert push(spill.path).sent == {}
+        assert push(spill.path, settings=Settings.from_env()).sent == {}
         assert rx.requests == []
 
 
@@ -579,7 +579,7 @@ def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tm
 
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url)
-        report = push(spill.path, to=["langfuse"])  # the collector's copy stays for later
+        report = push(spill.path, to=["langfuse"], settings=Settings.from_env())  # the collector's copy stays
         assert report.sent == {"langfuse": len(made)} and report.skipped == {"otlp": len(made)}
         assert {s.span_id for s in rx.wait_for_spans(len(made))} == made
     assert spill.pending_spans("otlp") == len(made) and spill.pending_spans("langfuse") == 0

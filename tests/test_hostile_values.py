@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 from looptrace import Agent, ScriptedModel, tool
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.testing import capture_logs
 
 

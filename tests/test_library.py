@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fakes.messages_api import FakeMessagesAPI
 
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

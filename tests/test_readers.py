@@ -19,8 +19,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from looptrace.cli.app import main
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter
 from looptrace.instrumentation.trace_detect import DETECTION_KEYS
+from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"
 PRODUCERS = ["semconv", "openllmetry", "openinference", "pydantic-ai"]

@@ -26,7 +26,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from looptrace.cli.app import main
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.otlp_file import OTLPJsonFileExporter, read_spans
+from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool
 from looptrace.runtime.tools import InvalidArguments
 

@@ -18,7 +18,7 @@ from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import OTLPReceiver, unused_port
 
 from looptrace.instrumentation.content import REDACTED, redact_with_secrets, redacted_history, scrub
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, ToolFinished, tool
 
 MODEL = "claude-sonnet-5-5"

@@ -53,7 +53,7 @@ def test_the_readme_table_lists_exactly_the_variables_settings_read():
 
 
 def test_no_other_module_reads_looptraces_variables():
-    for path in [*(ROOT / "instrumentation").glob("*.py"), *(ROOT / "runtime").glob("*.py")]:
+    for path in [*(ROOT / "instrumentation").rglob("*.py"), *(ROOT / "runtime").rglob("*.py")]:  # packages too
         if path.name == "settings.py":
             continue
         source = path.read_text(encoding="utf-8")
@@ -68,6 +68,15 @@ def test_flags_override_fields_and_leave_the_rest():
     flagged = base.with_overrides(exporters="file,console", trace_file=None)
     assert flagged.exporters == ("file", "console") and flagged.trace_file == Path("a.jsonl")
     assert flagged.model == "claude-x"
+
+
+def test_the_longest_line_read_back_is_a_setting_with_a_floor():
+    def limit(value: str | None) -> int:
+        return Settings.from_env({} if value is None else {"LOOPTRACE_MAX_LINE_BYTES": value}).max_line_bytes
+
+    assert limit(None) == limit("") == limit("lots") == limit("1e6") == 64 * 1024 * 1024 == Settings().max_line_bytes
+    assert limit(" 100000 ") == 100_000
+    assert limit("10") == limit("-5") == 1024  # never so small that a real line cannot be read
 
 
 def test_the_exporter_choice_follows_the_documented_precedence():

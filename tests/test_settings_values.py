@@ -41,12 +41,13 @@ def test_endpoints_the_exporters_take_are_accepted(endpoint, protocol):
 
 def test_values_that_cannot_be_read_are_ignored_with_their_variable_named_and_the_sdk_never_reads_them():
     settings = Settings.from_env(environ={"OTEL_BSP_SCHEDULE_DELAY": "abc", "OTEL_BSP_EXPORT_TIMEOUT": "0",
-                                          "OTEL_TRACES_EXPORTER": "zipkin", "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "lots"})
+                                          "OTEL_TRACES_EXPORTER": "zipkin", "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "lots",
+                                          "LOOPTRACE_MAX_LINE_BYTES": "garbage"})
     said = " | ".join(settings.ignored)
     for variable in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_TRACES_EXPORTER",
-                     "LOOPTRACE_MAX_ATTRIBUTE_CHARS"):
+                     "LOOPTRACE_MAX_ATTRIBUTE_CHARS", "LOOPTRACE_MAX_LINE_BYTES"):
         assert variable in said
-    assert len(settings.ignored) == 4
+    assert len(settings.ignored) == 5
     # Given to the SDK as its defaults, so it does not read the variables again (a traceback, or a refused 0).
     assert settings.batch.arguments() == {"schedule_delay_millis": 5_000, "export_timeout_millis": 30_000}
     assert settings.exporters is None and settings.chosen_exporters() == ["file"]
@@ -74,7 +75,8 @@ def test_the_cli_refuses_an_endpoint_that_is_no_url_before_the_run_in_one_line(t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variable, value", [("OTEL_BSP_SCHEDULE_DELAY", "abc"), ("OTEL_TRACES_EXPORTER", "zipkin"),
-                                             ("LOOPTRACE_MAX_ATTRIBUTE_CHARS", "garbage")])
+                                             ("LOOPTRACE_MAX_ATTRIBUTE_CHARS", "garbage"),
+                                             ("LOOPTRACE_MAX_LINE_BYTES", "garbage")])
 def test_the_cli_says_a_value_it_ignores_in_one_line_naming_the_variable(tmp_path, variable, value):
     # A collector that is down, so that the batch processor the BSP variables are for is built.
     done = _demo(tmp_path, **{variable: value, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{unused_port()}",
@@ -83,6 +85,15 @@ def test_the_cli_says_a_value_it_ignores_in_one_line_naming_the_variable(tmp_pat
     said = [line for line in done.stderr.splitlines() if "setting_ignored" in line]
     assert len(said) == 1 and f"{variable}='{value}'" in said[0]
     assert "Traceback" not in done.stderr and "Unable to parse" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_reading_command_says_a_longest_line_that_is_no_number(tmp_path):
+    (tmp_path / "traces.jsonl").write_text("")
+    done = subprocess.run([*CLI, "traces", "list", "--file", str(tmp_path / "traces.jsonl")], cwd=tmp_path,
+                          env=_env(LOOPTRACE_MAX_LINE_BYTES="garbage"), capture_output=True, text=True, timeout=60)
+    said = [line for line in done.stderr.splitlines() if "setting_ignored" in line]
+    assert len(said) == 1 and "LOOPTRACE_MAX_LINE_BYTES='garbage'" in said[0], done.stderr
 
 
 @pytest.mark.slow

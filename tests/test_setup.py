@@ -3,6 +3,8 @@ shutdown, and joining a caller's trace. Private providers only (set_global=False
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -15,9 +17,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from looptrace.instrumentation.metrics import LoopMetrics
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
-from looptrace.instrumentation.spill import SpillFile
+from looptrace.instrumentation.tracefile.read import read_spans
+from looptrace.instrumentation.tracefile.spill import SpillFile
 from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-setup", "sk-lf-setup"
@@ -138,6 +140,33 @@ def test_set_global_false_leaves_the_global_providers_alone():
     telemetry = configure(exporters="none", set_global=False)
     telemetry.shutdown()
     assert trace.get_tracer_provider() is before
+
+
+GLOBAL_METER_PROVIDER = """
+import logging, sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from looptrace.instrumentation.setup import configure
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+application = MeterProvider() if sys.argv[1] == "set" else None
+if application is not None:
+    metrics.set_meter_provider(application)
+telemetry = configure(exporters="none")
+installed = metrics.get_meter_provider()
+print("looptrace's" if installed is telemetry.meter_provider else "the application's" if installed is application
+      else "another")
+telemetry.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("application", "expected"), [("unset", "looptrace's"), ("set", "the application's")])
+def test_configure_installs_its_meter_provider_only_where_none_was_set(application, expected):
+    done = subprocess.run([sys.executable, "-c", GLOBAL_METER_PROVIDER, application], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [expected]  # and no "Overriding of current MeterProvider" warning
 
 
 # --- bounded flush and shutdown -----------------------------------------------------------------------------------

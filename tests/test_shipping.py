@@ -22,8 +22,8 @@ from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, p
 from looptrace.cli.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
 from looptrace.instrumentation import langfuse as langfuse_module
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import read_spans
 from looptrace.instrumentation.setup import configure, context_from_traceparent
+from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, tool
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"

@@ -3,6 +3,8 @@
 - docker-compose.yml against the Compose specification (check-jsonschema), its depends_on targets, mounted files,
   pinned images and the Langfuse development keys;
 - the collector config: pipelines name only components it defines, through ports compose publishes;
+- the scale-out collector config (loadbalancing.yaml): by session id where a span carries one, else by trace id,
+  with only the options its components document;
 - Prometheus: `promtool check config`, `promtool check rules`, `promtool test rules`;
 - every PromQL expression of the alerts and the Grafana dashboard: valid (promtool, as recording rules) and naming
   only metrics that exist, checked against a real scrape of the runtime's Prometheus endpoint.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import inspect
+import itertools
 import json
 import re
 import shutil
@@ -26,6 +29,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from looptrace.instrumentation.readers import SESSION_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -182,16 +187,19 @@ def component_type(component_id: str) -> str:
     return component_id.split("/")[0]
 
 
-def test_collector_pipelines_use_only_components_the_config_defines(collector):
-    defined = {kind: set(collector.get(kind) or {}) for kind in ("receivers", "processors", "exporters", "connectors")}
+def assert_pipelines_use_only_components_defined(config) -> None:
+    """Every pipeline names only components the config defines, each connector ends one pipeline and starts another,
+    nothing defined is left out, and memory_limiter comes first wherever there are processors."""
+    defined = {kind: set(config.get(kind) or {}) for kind in ("receivers", "processors", "exporters", "connectors")}
     connectors = defined["connectors"]
-    fed, read = set(), set()
-    for name, pipeline in collector["service"]["pipelines"].items():
+    fed, read, processed = set(), set(), set()
+    for name, pipeline in config["service"]["pipelines"].items():
         for receiver in pipeline["receivers"]:
             assert receiver in defined["receivers"] | connectors, f"pipeline {name}: receiver {receiver} undefined"
             read.add(receiver)
         for processor in pipeline.get("processors", []):
             assert processor in defined["processors"], f"pipeline {name}: processor {processor} undefined"
+            processed.add(processor)
         for exporter in pipeline["exporters"]:
             assert exporter in defined["exporters"] | connectors, f"pipeline {name}: exporter {exporter} undefined"
             fed.add(exporter)
@@ -199,9 +207,12 @@ def test_collector_pipelines_use_only_components_the_config_defines(collector):
             assert pipeline["processors"][0] == "memory_limiter", f"pipeline {name}: memory_limiter must come first"
     for connector in connectors:
         assert connector in fed and connector in read, f"connector {connector} must end one pipeline and start another"
-    used = read | fed | {p for pipeline in collector["service"]["pipelines"].values() for p in pipeline["processors"]}
-    unused = (set().union(*defined.values())) - used
+    unused = (set().union(*defined.values())) - (read | fed | processed)
     assert not unused, f"defined but in no pipeline: {unused}"
+
+
+def test_collector_pipelines_use_only_components_the_config_defines(collector):
+    assert_pipelines_use_only_components_defined(collector)
     assert set(collector["service"]["extensions"]) == set(collector["extensions"])
 
 
@@ -594,20 +605,146 @@ def test_the_board_and_the_alerts_cover_every_metric_watch_serves():
         assert family in queried, f"{family} is on watch's /metrics but in no panel or alert"
 
 
-def test_the_loadbalancing_example_routes_whole_traces_to_watchs_grpc_port(compose):
-    config = load_yaml(LOADBALANCING)
-    defined = {kind: set(config.get(kind) or {}) for kind in ("receivers", "processors", "exporters")}
-    (pipeline,) = config["service"]["pipelines"].values()
-    assert set(pipeline["receivers"]) <= defined["receivers"]
-    assert set(pipeline["processors"]) <= defined["processors"] and pipeline["processors"][0] == "memory_limiter"
-    (name,) = pipeline["exporters"]
-    assert component_type(name) in ("loadbalancing", "load_balancing")
-    exporter = config["exporters"][name]
-    assert exporter["routing_key"] == "traceID"  # one run, one watch process: nothing else judges a run right
-    assert set(exporter["protocol"]) == {"otlp"}  # the exporter's only protocol: OTLP/gRPC
-    assert exporter["protocol"]["otlp"]["headers"]["authorization"] == "Bearer ${env:LOOPTRACE_WATCH_TOKEN}"
-    (resolver,) = exporter["resolver"].items()
-    assert resolver[0] == "dns"
-    assert resolver[1]["hostname"] in compose["services"]
-    assert resolver[1]["port"] == watch_args(compose).grpc_port
+# --- scale-out: several watch processes behind one collector --------------------------------------------------------
+#
+# dashboards/otel-collector/loadbalancing.yaml splits spans with the routing connector (span context) and routes each
+# part with its own loadbalancing exporter: by session id where a span carries one, by trace id otherwise. The options
+# below are the ones those components document (opentelemetry-collector-contrib: the exporter's README and
+# trace_exporter.go, the connector's README and traces.go); no collector binary is run here.
+
+# routing_key values, and those that route spans (the others are for metrics and logs).
+LOADBALANCING_ROUTING_KEYS = {"traceID", "service", "attributes", "resource", "metric", "streamID"}
+LOADBALANCING_SPAN_ROUTING_KEYS = {"traceID", "service", "attributes"}
+LOADBALANCING_OPTIONS = {"routing_key", "routing_attributes", "protocol", "resolver", "timeout", "retry_on_failure",
+                         "sending_queue"}
+LOADBALANCING_RESOLVERS = {"static", "dns", "k8s", "aws_cloud_map"}
+DNS_RESOLVER_OPTIONS = {"hostname", "port", "interval", "timeout"}
+ROUTING_CONNECTOR_OPTIONS = {"table", "default_pipelines", "error_mode"}
+ROUTING_TABLE_OPTIONS = {"context", "condition", "statement", "pipelines"}
+ROUTING_CONTEXTS = {"resource", "span", "metric", "datapoint", "log", "request"}
+OTTL_ERROR_MODES = {"propagate", "ignore", "silent"}
+
+_ATTRIBUTE_TEST = re.compile(r'attributes\["([^"]+)"\] != (nil|"")')
+
+
+@pytest.fixture(scope="module")
+def scale_out():
+    return load_yaml(LOADBALANCING)
+
+
+def loadbalancers(config) -> dict[str, dict]:
+    return {name: exporter for name, exporter in config["exporters"].items()
+            if component_type(name) in ("loadbalancing", "load_balancing")}
+
+
+def session_router(config) -> dict:
+    """The routing connector the intake pipeline ends in."""
+    (intake,) = [p for p in config["service"]["pipelines"].values() if "otlp" in p["receivers"]]
+    (name,) = intake["exporters"]
+    assert component_type(name) == "routing"
+    return config["connectors"][name]
+
+
+def span_condition_holds(condition: str, attributes: dict[str, object]) -> bool:
+    """A routing condition evaluated as OTTL does, for the one form the config uses: `attributes["K"] != nil` and
+    `attributes["K"] != ""` clauses joined by `and` (a missing attribute is nil, which is not ""). Any other form fails
+    the test, so a new kind of condition comes with a way to check it."""
+    holds = True
+    for clause in re.split(r"\s+and\s+", condition.strip()):
+        match = _ATTRIBUTE_TEST.fullmatch(clause.strip())
+        assert match, f"a condition this test cannot evaluate: {clause!r}"
+        key, other = match.groups()
+        value = attributes.get(key)
+        holds = holds and (value is not None if other == "nil" else value != "")
+    return holds
+
+
+def watch_route(config, trace_id: str, attributes: dict[str, object]) -> str:
+    """What the collector hashes to pick a watch process for one span: the first matching route's exporter's key."""
+    router = session_router(config)
+    matching = [entry["pipelines"] for entry in router["table"] if span_condition_holds(entry["condition"], attributes)]
+    (pipeline,) = matching[0] if matching else router["default_pipelines"]
+    (exporter,) = config["service"]["pipelines"][pipeline]["exporters"]
+    settings = loadbalancers(config)[exporter]
+    if settings["routing_key"] == "traceID":
+        return f"trace {trace_id}"
+    assert settings["routing_key"] == "attributes"
+    return "".join(f"{key}={attributes.get(key, '')}|" for key in settings["routing_attributes"])
+
+
+def test_the_scale_out_config_wires_every_route_to_a_pipeline_of_its_own(scale_out, compose):
+    assert_pipelines_use_only_components_defined(scale_out)
+    pipelines = scale_out["service"]["pipelines"]
+    assert {component_type(name) for name in pipelines} == {"traces"}
+    (intake,) = [p for p in pipelines.values() if "otlp" in p["receivers"]]
+    assert intake["processors"] == ["memory_limiter"]  # no batch before the load balancer: it batches per backend
+    router = session_router(scale_out)
+    routed = [entry["pipelines"] for entry in router["table"]] + [router["default_pipelines"]]
+    for targets in routed:
+        (target,) = targets  # one pipeline each: a span goes to one watch process, never two
+        assert target in pipelines and component_type(pipelines[target]["exporters"][0]) == "loadbalancing"
+    assert len({name for (name,) in routed}) == len(routed)
+    wanted = set(re.findall(r"\$\{env:(\w+)\}", LOADBALANCING.read_text()))
+    assert wanted <= set(compose["services"]["otel-collector"]["environment"])
     assert "loadbalancing.yaml" in (ROOT / "dashboards/README.md").read_text()
+
+
+def test_the_scale_out_config_uses_only_options_its_components_have(scale_out):
+    for name, connector in scale_out["connectors"].items():
+        assert component_type(name) == "routing"
+        assert set(connector) <= ROUTING_CONNECTOR_OPTIONS, name
+        assert connector.get("error_mode", "propagate") in OTTL_ERROR_MODES
+        for entry in connector["table"]:
+            assert set(entry) <= ROUTING_TABLE_OPTIONS and entry.get("context", "resource") in ROUTING_CONTEXTS
+            assert ("condition" in entry) != ("statement" in entry), "a route has a condition or a statement"
+            assert entry["context"] == "span"  # each span on its own: a resource's spans may belong to many sessions
+    for name, exporter in loadbalancers(scale_out).items():
+        assert set(exporter) <= LOADBALANCING_OPTIONS, name
+        assert exporter["routing_key"] in LOADBALANCING_ROUTING_KEYS & LOADBALANCING_SPAN_ROUTING_KEYS, name
+        # routing_attributes is read only with routing_key attributes, and one attribute keeps the key the session's
+        if exporter["routing_key"] == "attributes":
+            assert len(exporter["routing_attributes"]) == 1, name
+        else:
+            assert "routing_attributes" not in exporter, name
+        assert set(exporter["protocol"]) == {"otlp"}, name  # the exporter's only protocol: OTLP/gRPC
+        (resolver,) = exporter["resolver"].items()
+        assert resolver[0] in LOADBALANCING_RESOLVERS and set(resolver[1]) <= DNS_RESOLVER_OPTIONS
+
+
+def test_every_route_reaches_the_same_watch_replicas_on_their_grpc_port_with_the_token(scale_out, compose):
+    exporters = list(loadbalancers(scale_out).values())
+    assert len(exporters) == len(session_router(scale_out)["table"]) + 1
+    for exporter in exporters:
+        assert exporter["protocol"] == exporters[0]["protocol"] and exporter["resolver"] == exporters[0]["resolver"]
+    protocol = exporters[0]["protocol"]["otlp"]
+    assert protocol["headers"]["authorization"] == "Bearer ${env:LOOPTRACE_WATCH_TOKEN}"
+    assert protocol.get("compression") in (None, "gzip", "none")  # what watch can decompress
+    resolver = exporters[0]["resolver"]["dns"]
+    assert resolver["hostname"] in compose["services"]
+    assert resolver["port"] == watch_args(compose).grpc_port
+
+
+@pytest.mark.parametrize("key", SESSION_KEYS)
+def test_every_run_of_a_session_goes_to_one_watch_process_whatever_attribute_carries_its_id(scale_out, key):
+    # One trace per user message, each with an agent span, a model call and a tool call, all carrying the id.
+    runs = [[(f"trace-{message}", {key: "conversation-1", "span": kind}) for kind in ("agent", "chat", "tool")]
+            for message in range(3)]
+    routes = {watch_route(scale_out, trace_id, attributes) for run in runs for trace_id, attributes in run}
+    assert routes == {watch_route(scale_out, "trace-0", {key: "conversation-1"})}
+    assert watch_route(scale_out, "trace-0", {key: "conversation-2"}) not in routes
+
+
+def test_spans_without_a_session_id_go_by_trace_id_so_each_trace_stays_whole(scale_out):
+    spans = [("trace-a", {}), ("trace-a", {"http.route": "/v1/messages"}), ("trace-b", {})]
+    routes = [watch_route(scale_out, trace_id, attributes) for trace_id, attributes in spans]
+    assert routes == ["trace trace-a", "trace trace-a", "trace trace-b"]
+    for key in SESSION_KEYS:  # an empty id is no session id, for watch (readers.py) and for the routing alike
+        assert watch_route(scale_out, "trace-a", {key: ""}) == "trace trace-a"
+
+
+def test_a_span_with_several_session_ids_is_routed_by_the_one_watch_keys_its_session_on(scale_out):
+    for size in range(1, len(SESSION_KEYS) + 1):
+        for keys in itertools.combinations(SESSION_KEYS, size):
+            attributes = {key: f"id-from-{key}" for key in keys}
+            watchs_choice = next(attributes[key] for key in SESSION_KEYS if attributes.get(key))
+            assert watch_route(scale_out, "trace-a", attributes).endswith(f"={watchs_choice}|"), keys

@@ -27,14 +27,13 @@ PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "ru
 PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
 
 # The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
-# the embedded default (setup), an Agent built without telemetry (embedded), the CLI's one reader, `looptrace watch`.
+# the embedded default (setup), an Agent built without telemetry (embedded), and the CLI's one reader, which
+# `looptrace watch` goes through too.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",
     "looptrace.instrumentation.setup",
     "looptrace.instrumentation.embedded",
     "looptrace.cli.environment",
-    "looptrace.cli.watch_command",
-    "looptrace.instrumentation.watch",
 }
 
 
@@ -145,14 +144,23 @@ def runtime_reaches_into_instrumentation(graph: dict[str, set[str]],
     return wrong
 
 
-ENVIRONMENT_READ = re.compile(r"\bos\.environ\b|\bgetenv\(|\.from_env\(")
+def reads_the_environment(source: str) -> bool:
+    """Whether code (not its docstrings or comments) reads ``os.environ``, calls ``getenv`` or any ``from_env()``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "environb", "getenv"):
+            return True
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in ("from_env", "getenv"):
+                return True
+    return False
 
 
 def environment_readers(sources: dict[str, str] | None = None) -> list[str]:
     """Modules outside the entry points that read the environment or call a from_env()."""
     modules = module_sources()
     return sorted(name for name, path in modules.items() if name not in ENTRY_POINTS
-                  and ENVIRONMENT_READ.search((sources or {}).get(name) or path.read_text(encoding="utf-8")))
+                  and reads_the_environment((sources or {}).get(name) or path.read_text(encoding="utf-8")))
 
 
 def test_the_import_graph_has_no_cycle():
@@ -263,6 +271,44 @@ def test_telemetry_off_is_the_no_op_implementation_and_still_redacts_arguments(s
 
 def test_delivery_does_not_import_the_spill_file_and_spill_imports_delivery_one_way():
     code = ("import sys\nimport looptrace.instrumentation.delivery\n"
-            "print('looptrace.instrumentation.spill' in sys.modules)")
+            "print('looptrace.instrumentation.tracefile.spill' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_the_span_detection_modules_import_one_way():
+    # trace_detect offers the live processor, so the processor and the rebuilder it shares with `looptrace detect`
+    # must not import trace_detect back.
+    imported = {name: set(re.findall(r"from \.(\w+) import", (ROOT / "instrumentation" / f"{name}.py").read_text()))
+                for name in ("trace_detect", "trace_detect_live", "run_rebuilder")}
+    assert {"run_rebuilder", "trace_detect_live"} <= imported["trace_detect"]
+    assert "run_rebuilder" in imported["trace_detect_live"]
+    assert "trace_detect" not in imported["trace_detect_live"] | imported["run_rebuilder"]
+    assert "trace_detect_live" not in imported["run_rebuilder"]
+
+
+def test_the_trace_file_format_and_the_direct_path_read_no_environment():
+    # Their settings come from the entry points (configure(), the CLI) as values or a Settings, never from here.
+    modules = [*(ROOT / "instrumentation" / "tracefile").glob("*.py"), ROOT / "instrumentation" / "direct_spans.py"]
+    for path in modules:
+        code = re.sub(r'""".*?"""|#.*', "", path.read_text(encoding="utf-8"), flags=re.S)
+        assert re.findall(r"\benviron\b|\bgetenv\b|\bfrom_env\b", code) == [], path.name
+
+
+def test_no_private_opentelemetry_name_is_imported():
+    # The semantic-conventions package publishes the GenAI names (still incubating) only under `_incubating`.
+    found = []
+    for path in PRODUCT:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("opentelemetry"):
+                imported = [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [(alias.name, "") for alias in node.names if alias.name.startswith("opentelemetry")]
+            else:
+                continue
+            for module, name in imported:
+                if module.startswith("opentelemetry.semconv._incubating."):
+                    continue
+                if any(part.startswith("_") for part in [*module.split("."), name]):
+                    found.append(f"{path.name}:{node.lineno}: {module} {name}".strip())
+    assert found == []

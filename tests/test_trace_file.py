@@ -30,12 +30,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from looptrace.cli.app import main
-from looptrace.instrumentation import otlp_json
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import read_spans
+from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.spill import SpillFile, push
-from looptrace.instrumentation.trace_writer import OTLPJsonFileExporter, TraceFileProcessor
+from looptrace.instrumentation.tracefile import encode
+from looptrace.instrumentation.tracefile.read import read_spans
+from looptrace.instrumentation.tracefile.spill import SpillFile, push
+from looptrace.instrumentation.tracefile.write import OTLPJsonFileExporter, TraceFileProcessor
 from looptrace.runtime import Agent, ScriptedModel, tool
 
 # --- helpers --------------------------------------------------------------------------------------------------------
@@ -135,10 +136,10 @@ def without_link_trace_state(data: dict[str, Any]) -> dict[str, Any]:
 
 def test_each_span_is_written_exactly_as_the_official_otlp_json_encoder_writes_it():
     spans = finished_spans()
-    ours = json.loads(otlp_json.encode_traces_data(spans))
+    ours = json.loads(encode.encode_traces_data(spans))
     assert without_link_trace_state(ours) == encode_spans(spans).to_dict()
     for span in spans:
-        line = otlp_json.encode_line(span)
+        line = encode.encode_line(span)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
         ours = json.loads(line)
         assert (without_link_trace_state(ours) if span.links else ours) == encode_spans([span]).to_dict()
@@ -158,9 +159,9 @@ def test_a_real_run_round_trips_through_the_official_protobuf_decoder_and_our_re
 
 def test_the_resource_and_scope_are_encoded_once_not_per_span(tmp_path, monkeypatch):
     calls = []
-    real = otlp_json._resource_body
-    monkeypatch.setattr(otlp_json, "_resource_body", lambda resource: calls.append(1) or real(resource))
-    monkeypatch.setattr(otlp_json, "_ENVELOPES", {})
+    real = encode._resource_body
+    monkeypatch.setattr(encode, "_resource_body", lambda resource: calls.append(1) or real(resource))
+    monkeypatch.setattr(encode, "_ENVELOPES", {})
     tool_run(tmp_path / "t.jsonl", "ok")
     tool_run(tmp_path / "t.jsonl", "ok")
     assert len(list(read_spans(tmp_path / "t.jsonl"))) == 12 and len(calls) == 2  # once per configure(), 6 spans each
@@ -177,7 +178,7 @@ def test_a_lone_surrogate_in_a_tool_result_costs_only_that_value(tmp_path):
     assert len(spans) == 12  # nothing lost, this run's or the other's
     (tool_span,) = [s for s in spans if s.trace_id == result.trace_id and s.name.startswith("execute_tool")]
     assert "\ufffd, and the rest" in tool_span.attributes[sc.GEN_AI_TOOL_CALL_RESULT]
-    assert sc.GEN_AI_TOOL_CALL_RESULT in tool_span.attributes[otlp_json.REPAIRED_ATTRIBUTES]
+    assert sc.GEN_AI_TOOL_CALL_RESULT in tool_span.attributes[encode.REPAIRED_ATTRIBUTES]
     path.read_bytes().decode("utf-8")  # the whole file is valid UTF-8
 
 
@@ -193,7 +194,7 @@ def test_values_json_cannot_carry_are_replaced_and_marked(bad, expected, tmp_pat
     (record,) = read_spans(tmp_path / "t.jsonl")
     value = record.attributes["bad"]
     assert math.isnan(value) if expected == "NaN" else value == type(value)(expected)
-    assert record.attributes["good"] == 1 and record.attributes[otlp_json.REPAIRED_ATTRIBUTES] == ["bad"]
+    assert record.attributes["good"] == 1 and record.attributes[encode.REPAIRED_ATTRIBUTES] == ["bad"]
 
 
 # --- items 2 and 5: a torn line costs itself; every span is on disk when it ends ------------------------------------
@@ -298,6 +299,20 @@ class Recorder:
         pass
 
 
+def test_the_settings_say_where_the_spill_file_is_and_how_long_a_line_may_be(tmp_path):
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    spill.append("otlp", finished_spans())
+    with open(spill.path, "a") as handle:
+        handle.write('{"looptrace":{"backend":"otlp","batch":"big"},"resourceSpans":[],"x":"' + "y" * 10_000 + '"}\n')
+    spill.append("otlp", finished_spans())
+    assert SpillFile(spill.path).pending_spans() == 6  # within the default limit the long line is a (spanless) batch
+    exporter = Recorder()
+    report = push(None, {"otlp": exporter}, settings=Settings(spill_file=spill.path, max_line_bytes=8192))
+    assert len(exporter.batches) == 2 and report.sent == {"otlp": 6}  # the batch after the long line too
+    assert [bad.reason for bad in report.quarantined] == ["longer than 8,192 bytes"]
+    assert spill.quarantine.read_text().startswith('{"looptrace":{"backend":"otlp","batch":"big"}')  # kept whole
+
+
 def test_a_spill_append_after_a_torn_line_is_still_pushed(tmp_path):
     spill = SpillFile(tmp_path / "spill.jsonl")
     spill.append("otlp", finished_spans())
@@ -341,8 +356,9 @@ def test_kill_9_in_the_middle_of_a_push_never_sends_a_batch_twice(tmp_path, monk
         env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
         for name in ("LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
             env.pop(name, None)
-        pusher = subprocess.Popen([sys.executable, "-c", f"from looptrace.instrumentation.spill import push; "
-                                   f"push({str(spill.path)!r})"], env=env)
+        pusher = subprocess.Popen([sys.executable, "-c", "from looptrace.instrumentation.settings import Settings; "
+                                   "from looptrace.instrumentation.tracefile.spill import push; "
+                                   f"push({str(spill.path)!r}, settings=Settings.from_env())"], env=env)
         deadline = time.monotonic() + 30
         while not (spill.ledger.exists() and "sending" in spill.ledger.read_text()) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -352,7 +368,7 @@ def test_kill_9_in_the_middle_of_a_push_never_sends_a_batch_twice(tmp_path, monk
         receiver.wait_for_spans(3, timeout=10)  # the backend did store the first batch
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
-        report = push(spill.path, to=["otlp"])
+        report = push(spill.path, to=["otlp"], settings=Settings.from_env())
         ids = [span.span_id for span in receiver.spans]
     assert sorted(ids) == sorted({*ids}) and len(ids) == 6  # each span exactly once
     assert report.held == {"otlp": 3} and "--resend-interrupted" in report.summary()
@@ -400,15 +416,21 @@ def test_an_over_long_line_is_skipped_with_a_clear_message_without_being_held(tm
     assert code == 1 and "longer than 100,000 bytes" in err and "LOOPTRACE_MAX_LINE_BYTES" in err
 
 
-def test_over_long_lines_do_not_grow_memory(tmp_path, monkeypatch):
+def test_a_setting_that_cannot_work_is_one_line_for_the_reading_commands(demo_file, monkeypatch, capsys):
+    monkeypatch.setenv("LOOPTRACE_EXPORTER", "carrier-pigeon")
+    for command in (["detect", str(demo_file)], ["traces", "show", "--file", str(demo_file)]):
+        code, out, err = cli(capsys, *command)
+        assert (code, out) == (2, "") and "unknown exporter 'carrier-pigeon'" in err and "Traceback" not in err
+
+
+def test_over_long_lines_do_not_grow_memory(tmp_path):
     import tracemalloc
 
-    monkeypatch.setenv("LOOPTRACE_MAX_LINE_BYTES", "65536")
     path = tmp_path / "t.jsonl"
     with open(path, "w") as handle:
         handle.write("x" * 20_000_000 + "\n")
     tracemalloc.start()
-    assert list(read_spans(path, lambda bad: None)) == []
+    assert list(read_spans(path, lambda bad: None, max_line_bytes=65536)) == []
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 5_000_000  # a 20 MB line read past in chunks

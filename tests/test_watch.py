@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -29,7 +31,16 @@ from opentelemetry.trace import Status, StatusCode
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, WatchServer, WatchSettings
+from looptrace.instrumentation.settings import Settings
+from looptrace.instrumentation.watch import (
+    ListenError,
+    RunWatcher,
+    WatchMetrics,
+    WatchServer,
+    WatchSettingError,
+    WatchSettings,
+)
+from looptrace.instrumentation.watch.command import watch_command
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"
 
@@ -173,7 +184,7 @@ def test_an_idle_run_is_judged_after_the_timeout():
     now = [0.0]
     watcher = RunWatcher(Alerts(callback=recorded), WatchMetrics(), idle_timeout_s=60, max_open_runs=100,
                          capture_content=True, clock=lambda: now[0])
-    from looptrace.instrumentation.otlp_file import read_spans  # noqa: F401 (the same records the file reader gives)
+    from looptrace.instrumentation.tracefile.read import read_spans  # noqa: F401 (the same records the file reader gives)
     watcher.ingest(_records(agent_spans(ignored_error=True, root=False)))
     watcher.sweep()
     assert watcher.open_runs == 1 and recorded.types() == []
@@ -303,10 +314,11 @@ def test_a_sender_without_the_configured_token_gets_401():
 def test_basic_auth_from_the_environment(monkeypatch):
     monkeypatch.setenv("LOOPTRACE_WATCH_USERNAME", "collector")
     monkeypatch.setenv("LOOPTRACE_WATCH_PASSWORD", "pa:ss")
-    settings = WatchSettings.from_env(port=0, grpc_port=None)
+    settings = WatchSettings.from_settings(Settings.from_env(), port=0, grpc_port=None)
     assert "pa:ss" not in repr(settings)
     server = WatchServer(settings, alerts=Alerts(log_warnings=False)).start()
     try:
+        assert server.grpc_port is None  # an explicit "no gRPC" is kept, not replaced by the default 4317
         good = base64.b64encode(b"collector:pa:ss").decode()
         bad = base64.b64encode(b"collector:nope").decode()
         assert post(server, protobuf(agent_spans()), headers={"Authorization": f"Basic {bad}"})[0] == 401
@@ -318,7 +330,7 @@ def test_basic_auth_from_the_environment(monkeypatch):
 def test_with_content_capture_off_no_argument_reaches_the_log(capsys):
     import structlog
 
-    from looptrace.instrumentation.watch import configure_service_logging
+    from looptrace.instrumentation.logs import configure_service_logging
     configure_service_logging()
     server = WatchServer(WatchSettings(port=0, grpc_port=None, capture_content=False, bearer_token="tok-123"),
                          alerts=Alerts()).start()
@@ -347,6 +359,132 @@ def test_metrics_and_health_need_no_token():
 
 def test_it_listens_on_loopback_unless_told_otherwise():
     assert WatchSettings().host == "127.0.0.1"
+
+
+# --- settings, flags and ports ----------------------------------------------------------------------------------
+
+# What the CLI passes when every flag is left alone, but on ports that cannot collide with anything.
+WATCH_FLAGS = {"host": "127.0.0.1", "port": 0, "grpc_port": -1, "idle_timeout_s": 300.0, "max_open_runs": 10,
+               "max_request_bytes": 1000, "max_decompressed_bytes": 1000}
+
+
+def test_settings_come_from_the_settings_object_and_an_explicit_off_is_kept():
+    base = Settings(watch_token="tok-1", capture_content=False, alert_webhook="http://127.0.0.1:9/hook-secret")
+    settings = WatchSettings.from_settings(base, port=0, grpc_port=None)
+    assert (settings.port, settings.grpc_port) == (0, None)  # None is "no gRPC", not "keep 4317"
+    assert (settings.bearer_token, settings.capture_content, settings.alert_webhook) == (
+        "tok-1", False, "http://127.0.0.1:9/hook-secret")
+    assert "tok-1" not in repr(settings) and "hook-secret" not in repr(settings)
+
+
+def test_settings_that_cannot_work_are_refused_by_field_name():
+    with pytest.raises(WatchSettingError, match=r"^port 99999 is not a port number"):
+        WatchSettings(port=99999)
+    with pytest.raises(WatchSettingError, match=r"^grpc_port -5 is not a port number .* or None for no gRPC"):
+        WatchSettings(grpc_port=-5)
+    with pytest.raises(WatchSettingError, match=r"^port and grpc_port are both 5000"):
+        WatchSettings(port=5000, grpc_port=5000)
+    assert WatchSettings(port=0, grpc_port=0).grpc_port == 0  # two free ports, chosen by the system
+
+
+@pytest.mark.parametrize("flags, named", [
+    ({"port": 99999}, "--port 99999 is not a port number"),
+    ({"port": -5}, "--port -5 is not a port number"),
+    ({"grpc_port": 99999}, "--grpc-port 99999 is not a port number (0-65535, 0 for any free one, or -1 for no gRPC)"),
+    ({"grpc_port": -5}, "--grpc-port -5 is not a port number"),
+    ({"port": 5000, "grpc_port": 5000}, "--port and --grpc-port are both 5000"),
+    ({"idle_timeout_s": -1.0}, "--idle-timeout -1.0"),
+    ({"max_open_runs": 0}, "--max-open-runs 0"),
+    ({"max_request_bytes": -1}, "--max-request-bytes -1"),
+])
+def test_a_flag_that_cannot_work_is_one_line_naming_it_and_exit_2(flags, named, capsys):
+    assert watch_command(Settings(), **{**WATCH_FLAGS, **flags}) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("looptrace watch: error: ") and named in line
+
+
+def test_a_grpc_port_already_held_is_refused_naming_it_and_nothing_stays_half_open():
+    http_port = _free_port()
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        taken = holder.getsockname()[1]
+        with pytest.raises(ListenError) as refused:
+            WatchServer(WatchSettings(port=http_port, grpc_port=taken), alerts=Alerts(log_warnings=False))
+    assert (refused.value.transport, refused.value.port) == ("OTLP/gRPC", taken)
+    assert str(refused.value) == f"cannot listen for OTLP/gRPC on 127.0.0.1:{taken}: Address already in use"
+    with socket.create_server(("127.0.0.1", http_port)):  # the HTTP listener it had bound is closed again
+        pass
+
+
+def test_an_http_port_already_held_is_refused_naming_it():
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        taken = holder.getsockname()[1]
+        with pytest.raises(ListenError) as refused:
+            WatchServer(WatchSettings(port=taken, grpc_port=None), alerts=Alerts(log_warnings=False))
+    assert (refused.value.transport, refused.value.port) == ("OTLP/HTTP", taken)
+    assert "Address already in use" in str(refused.value)
+
+
+def test_a_grpc_port_is_never_shared_even_with_a_server_that_would_share_it():
+    from concurrent import futures
+
+    holder = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # gRPC's defaults: SO_REUSEPORT on
+    taken = holder.add_insecure_port("127.0.0.1:0")
+    holder.start()
+    try:
+        with pytest.raises(ListenError, match="Address already in use"):
+            WatchServer(WatchSettings(port=0, grpc_port=taken), alerts=Alerts(log_warnings=False))
+    finally:
+        holder.stop(None)
+
+
+def test_a_second_watch_on_the_first_ones_grpc_port_is_refused(watch):
+    first, _ = watch
+    with pytest.raises(ListenError, match=f"127.0.0.1:{first.grpc_port}: Address already in use"):
+        WatchServer(WatchSettings(port=0, grpc_port=first.grpc_port), alerts=Alerts(log_warnings=False))
+
+
+def test_a_taken_port_through_the_command_is_one_line_naming_the_flag_and_exit_2(capsys):
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        taken = holder.getsockname()[1]
+        assert watch_command(Settings(), **{**WATCH_FLAGS, "grpc_port": taken}) == 2
+        assert watch_command(Settings(), **{**WATCH_FLAGS, "port": taken}) == 2
+    grpc_line, http_line = capsys.readouterr().err.splitlines()
+    assert grpc_line == (f"looptrace watch: error: --grpc-port {taken}: Address already in use "
+                         f"(OTLP/gRPC on 127.0.0.1:{taken})")
+    assert http_line.startswith(f"looptrace watch: error: --port {taken}: Address already in use")
+
+
+def test_a_client_resetting_a_kept_alive_connection_leaves_no_traceback(watch, capsys):
+    server, _ = watch
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+        client.sendall(b"GET /healthz HTTP/1.1\r\nHost: watch\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"\r\n\r\nok\n"):  # the whole answer; the connection stays open for the next
+            chunk = client.recv(4096)
+            assert chunk, "watch closed the connection"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset (RST)
+    _wait_until(lambda: 'outcome="connection_lost",transport="http"} 1.0' in metrics_text(server))
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and "Exception occurred" not in stderr
+    assert post(server, protobuf(agent_spans()))[0] == 200  # and the next sender is served
+
+
+def test_the_watcher_runs_in_process_without_sockets_reporting_to_the_sink_it_is_given():
+    class Sink:
+        def __init__(self) -> None:
+            self.sent: list = []
+
+        def send(self, anomaly, context) -> None:
+            self.sent.append((anomaly.type, context.action))
+
+    sink = Sink()
+    watcher = RunWatcher(sink)
+    watcher.ingest(_records(agent_spans(failing_repeats=3, ignored_error=True, root=False)))
+    assert sink.sent == [("repeated_call", "warn")] and watcher.open_runs == 1
+    watcher.close_all()  # judged in full: the error left behind shows now
+    assert sorted(sent for sent, _ in sink.sent) == ["ignored_error", "repeated_call"] and watcher.open_runs == 0
 
 
 # --- the real thing: a process, real producers, real exporters --------------------------------------------------
@@ -408,6 +546,8 @@ def test_the_watch_command_stops_cleanly_on_sigterm_judging_open_runs(tmp_path):
                 headers={"Content-Type": "application/x-protobuf", "Authorization": "Bearer tok"})
             with urllib.request.urlopen(request, timeout=10) as response:
                 assert response.status == 200
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as client:  # a sender that resets
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             time.sleep(0.5)
             process.send_signal(signal.SIGTERM)
             _, stderr = process.communicate(timeout=30)
@@ -415,12 +555,82 @@ def test_the_watch_command_stops_cleanly_on_sigterm_judging_open_runs(tmp_path):
             if process.poll() is None:
                 process.kill()
         assert process.returncode == 0
-        lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+        lines = [json.loads(line) for line in stderr.splitlines()]  # every line a JSON object: no traceback
         events = [line["event"] for line in lines]
+        assert events.count("watch_connection_lost") <= 1
         assert events[0] == "watch_listening" and events[-1] == "watch_stopped"
         assert any(line.get("anomaly_type") == "ignored_error" for line in lines)  # judged at shutdown
         assert "tok" not in stderr.replace("token", "")
         assert webhook_sink.wait_for_requests(1)  # the webhook post went out before the process ended
+
+
+@pytest.mark.slow
+def test_the_watch_command_with_grpc_port_minus_one_listens_for_http_only():
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "looptrace", "watch", "--port", str(port), "--grpc-port", "-1"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_port(port)
+        assert post_to(port, protobuf(agent_spans())) == 200
+        if Path(f"/proc/{process.pid}/fd").is_dir():  # Linux: what the process itself listens on
+            assert _listening_ports(process.pid) == {port}
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    listening = json.loads(stderr.splitlines()[0])
+    assert (listening["event"], listening["http_port"], listening["grpc_port"]) == ("watch_listening", port, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, says", [
+    (["--port", "99999"], "--port 99999 is not a port number"),
+    (["--port", "-5"], "--port -5 is not a port number"),
+    (["--grpc-port", "99999"], "--grpc-port 99999 is not a port number"),
+    (["--port", "{same}", "--grpc-port", "{same}"], "--port and --grpc-port are both {same}"),
+    (["--port", "http"], "argument --port: invalid int value: 'http'"),
+])
+def test_the_watch_command_refuses_a_bad_port_in_one_line(flags, says):
+    same = str(_free_port())
+    done = _watch_command(*(flag.format(same=same) for flag in flags))
+    _one_line_and_exit_2(done, says.format(same=same))
+
+
+@pytest.mark.slow
+def test_the_watch_command_refuses_a_grpc_port_a_plain_socket_holds():
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        taken = holder.getsockname()[1]
+        done = _watch_command("--port", str(_free_port()), "--grpc-port", str(taken))
+    _one_line_and_exit_2(done, f"--grpc-port {taken}: Address already in use")
+
+
+@pytest.mark.slow
+def test_a_second_watch_command_on_the_first_ones_grpc_port_is_refused_and_the_first_keeps_serving():
+    http_port, grpc_port, second_http_port = _free_ports(3)
+    first = subprocess.Popen([sys.executable, "-m", "looptrace", "watch", "--port", str(http_port),
+                              "--grpc-port", str(grpc_port)], stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_port(http_port)
+        _wait_for_port(grpc_port)
+        done = _watch_command("--port", str(second_http_port), "--grpc-port", str(grpc_port))
+        _one_line_and_exit_2(done, f"--grpc-port {grpc_port}: Address already in use")
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:  # the exports still all reach the first
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(encode_spans(agent_spans()), timeout=10)
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0
+
+
+def post_to(port: int, body: bytes) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body, method="POST",
+                                     headers={"Content-Type": "application/x-protobuf"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status
 
 
 def _free_port() -> int:
@@ -440,3 +650,55 @@ def _wait_for_port(port: int, timeout_s: float = 20.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"watch did not listen on {port}")
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free a moment ago, all different (each is held until all are found)."""
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    try:
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _wait_until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition never held")
+        time.sleep(0.02)
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on, from /proc (Linux)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _watch_command(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`looptrace watch FLAGS` in a process of its own, expected to end by itself."""
+    return subprocess.run([sys.executable, "-m", "looptrace", "watch", *flags], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def _one_line_and_exit_2(done: subprocess.CompletedProcess, says: str) -> None:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("looptrace watch: error: ") and says in line, line

@@ -1,9 +1,9 @@
 """`looptrace`: run an agent, watch it, read its traces. The full command line: one parser with every command, one
 logging set-up, and one way each kind of failure is said.
 
-Each command lives in its own module (``demo_command``, ``run_command``, ``watch_command``, and the trace commands
-``detect``, ``traces show | list | push``). Exit codes are part of the interface (scripts branch on them); they are
-listed in ``exit_codes`` and in `--help`.
+Each command lives in its own module (``demo_command``, ``run_command``, ``watch_command``, ``replay_command``, and
+the trace commands ``detect``, ``traces show | list | push``). Exit codes are part of the interface (scripts branch on
+them); they are listed in ``exit_codes`` and in `--help`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
 from .demo_command import add_demo_command
 from .exit_codes import EXIT_CLOSED_PIPE, EXIT_CODE_HELP, EXIT_USAGE
 from .logging_setup import configure_logging
+from .replay_command import add_replay_command
 from .run_command import add_run_command
 from .trace_commands import add_trace_commands
 from .watch_command import add_watch_command
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_command(commands)
     add_watch_command(commands)
     add_trace_commands(commands)  # detect, traces show | list | push
+    add_replay_command(commands)
     return parser
 
 

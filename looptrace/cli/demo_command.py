@@ -82,7 +82,7 @@ def demo_command(args: argparse.Namespace) -> int:
 def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO, chosen_by: str | None) -> None:
     """The run read back from the trace file, as `looptrace traces show` draws it. ``chosen_by`` is the flag that
     chose the exporters, if one did."""
-    from looptrace.instrumentation.otlp_file import TraceFileError, read_spans
+    from looptrace.instrumentation.tracefile.read import TraceFileError, read_spans
 
     from .views import render_trace
 
@@ -90,7 +90,8 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO, ch
         out.write(f"(no trace file: {no_trace_file_reason(telemetry, chosen_by)})\n")
         return
     try:
-        spans = [s for s in read_spans(telemetry.trace_file) if s.trace_id == result.trace_id]
+        spans = [s for s in read_spans(telemetry.trace_file, max_line_bytes=telemetry.settings.max_line_bytes)
+                 if s.trace_id == result.trace_id]
     except TraceFileError as exc:
         out.write(f"(the trace could not be read back: {exc})\n")
         return

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from looptrace.instrumentation.otlp_file import (
+from looptrace.instrumentation.tracefile.read import (
     SKIP,
     decode_status_code,
     decode_value,
@@ -30,31 +30,40 @@ from .trace_reading import LineReporter, spans_by_line, trace_file_of
 
 def detect_command(args: argparse.Namespace) -> int:
     """Print each run with anomalies (every run with --all; JSON lines with --json) and the count on stderr."""
+    if getattr(args, "langfuse", False):
+        from .langfuse_detect import langfuse_detect_command
+
+        return langfuse_detect_command(args, print_verdict)
     from looptrace.instrumentation.trace_detect import detect_spans
 
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     found = 0
-    write = sys.stdout.write
-    with LineReporter(path) as report:
+    with LineReporter(path, max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
             found += len(verdict.anomalies)
             if not verdict.anomalies and not args.all:
                 continue
             report.clear_progress()
-            if args.json:
-                write(json.dumps(verdict.to_dict(), ensure_ascii=False) + "\n")
-                continue
-            write(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {plural(verdict.turns, 'turn')}, "
-                  f"{plural(verdict.tool_calls, 'tool call')}, {plural(len(verdict.anomalies), 'anomaly')}\n")
-            for anomaly in verdict.anomalies:
-                tool = f" {anomaly.tool}" if anomaly.tool else ""
-                write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}\n")
-            for rule, why in verdict.rules_not_run.items():  # what the producer did not record is not guessed
-                write(f"  not checked: {rule}: {why}\n")
+            print_verdict(verdict, args)
         report.finish(spans_required=True)
     if not args.json:
         print(f"{plural(found, 'anomaly')} found in {path}", file=sys.stderr)
     return 1 if found else EXIT_OK
+
+
+def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
+    """One run's verdict on stdout: a JSON line with --json, else its header line and one line per anomaly."""
+    write = sys.stdout.write
+    if args.json:
+        write(json.dumps(verdict.to_dict(), ensure_ascii=False) + "\n")
+        return
+    write(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {plural(verdict.turns, 'turn')}, "
+          f"{plural(verdict.tool_calls, 'tool call')}, {plural(len(verdict.anomalies), 'anomaly')}\n")
+    for anomaly in verdict.anomalies:
+        tool = f" {anomaly.tool}" if anomaly.tool else ""
+        write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}\n")
+    for rule, why in verdict.rules_not_run.items():  # what the producer did not record is not guessed
+        write(f"  not checked: {rule}: {why}\n")
 
 
 def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:

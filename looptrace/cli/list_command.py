@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from looptrace.instrumentation.otlp_file import BadLine, SpanRecord, raw_spans, read_lines, span_record
+from looptrace.instrumentation.tracefile.read import BadLine, SpanRecord, raw_spans, read_lines, span_record
 
 from .common import plural
 from .exit_codes import EXIT_OK
@@ -15,11 +15,11 @@ from .trace_reading import NOT_TRACE_DATA, LineReporter, is_root, not_trace_data
 def list_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation import semconv as sc
 
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
                       sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT})
-    with LineReporter(path) as report:
-        for number, data in read_lines(path, report, report.progress):
+    with LineReporter(path, max_line_bytes) as report:
+        for number, data in read_lines(path, report, report.progress, max_line_bytes=report.max_line_bytes):
             roots = []
             try:
                 for span, _, scope in raw_spans(data):

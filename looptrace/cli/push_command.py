@@ -13,7 +13,7 @@ from .exit_codes import EXIT_OK
 def push_command(args: argparse.Namespace) -> int:
     """Push the spill file's pending batches; print what was sent and what is still pending."""
     from looptrace.instrumentation.settings import ConfigurationError
-    from looptrace.instrumentation.spill import PushInProgress, push
+    from looptrace.instrumentation.tracefile.spill import PushInProgress, push
 
     from .logging_setup import configure_logging
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from looptrace.instrumentation.otlp_file import (
+from looptrace.instrumentation.tracefile.read import (
     SKIP,
     BadLine,
     SpanRecord,
@@ -33,9 +33,9 @@ MAX_OPEN_TRACES = 10_000  # traces whose root has not come yet; beyond this the 
 def show_command(args: argparse.Namespace) -> int:
     from .views import render_trace
 
-    path = trace_file_of(args)
+    path, max_line_bytes = trace_file_of(args)
     wanted = (args.trace_id or "").lower() or None
-    with LineReporter(path) as report:
+    with LineReporter(path, max_line_bytes) as report:
         chosen = _find_trace(path, wanted, report)
         report.finish(spans_required=False)
     if chosen is None:
@@ -113,7 +113,7 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
         keep(*peeked, raw)
         return SKIP
 
-    for number, data in read_lines(path, report, report.progress, parse):
+    for number, data in read_lines(path, report, report.progress, parse, max_line_bytes=report.max_line_bytes):
         try:
             for span, resource, scope in raw_spans(data):
                 trace_id = span["traceId"]

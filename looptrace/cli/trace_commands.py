@@ -17,6 +17,7 @@ from typing import Any
 from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
 from .detect_command import detect_command
 from .exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
+from .langfuse_detect import add_langfuse_arguments
 from .list_command import list_command
 from .push_command import push_command
 from .show_command import show_command
@@ -30,12 +31,14 @@ def add_trace_commands(commands: Any) -> None:
                     "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
                     "that keep failing and errors the final answer ignored.",
         epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file, a file holding no "
-               "OTLP/JSON span, or a bad flag",
+               "OTLP/JSON span, a bad flag; with --langfuse: keys refused, Langfuse unreachable, a malformed page "
+               "(with --cursor, the same command resumes)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     detect.add_argument("file", nargs="?", type=Path,
                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
     detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
+    add_langfuse_arguments(detect)
     detect.set_defaults(command_parser=detect, handler=detect_command)
 
     traces = commands.add_parser("traces", help="read the local trace file")

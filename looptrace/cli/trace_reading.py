@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from looptrace.instrumentation.otlp_file import (
+from looptrace.instrumentation.tracefile.read import (
     BadLine,
     SpanRecord,
     TraceFileError,
@@ -39,8 +39,9 @@ class LineReporter:
     Until the first span is read, messages wait: a file with no span at all is reported as one usage error instead.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_line_bytes: int) -> None:
         self.path = path
+        self.max_line_bytes = max_line_bytes  # longer lines are reported and skipped
         self.bad = 0
         self.first_reason = ""
         self.spans_seen = False
@@ -129,7 +130,7 @@ def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
 def spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -> Iterator[Any]:
     """The spans ``spans_in`` makes of each parsed line, in file order; a line it refuses (it raises: JSON, but not
     trace data) is reported and skipped whole, so one bad span never leaves half a line read."""
-    for number, data in read_lines(path, report, report.progress, parse):
+    for number, data in read_lines(path, report, report.progress, parse, max_line_bytes=report.max_line_bytes):
         try:
             spans = spans_in(data)
         except NOT_TRACE_DATA as exc:
@@ -147,10 +148,11 @@ def not_trace_data(exc: BaseException) -> str:
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
 
 
-def trace_file_of(args: argparse.Namespace) -> Path:
-    """The file a trace command reads: its FILE or --file, else the settings' (LOOPTRACE_TRACE_FILE or
-    .looptrace/traces.jsonl). The environment is read only when no file is given."""
-    return getattr(args, "file", None) or read_settings().trace_file
+def trace_file_of(args: argparse.Namespace) -> tuple[Path, int]:
+    """The file a trace command reads (its FILE or --file, else the settings': LOOPTRACE_TRACE_FILE or
+    .looptrace/traces.jsonl) and the longest line it reads (LOOPTRACE_MAX_LINE_BYTES): the settings read once."""
+    settings = read_settings()
+    return getattr(args, "file", None) or settings.trace_file, settings.max_line_bytes
 
 
 def is_root(span: dict[str, Any]) -> bool:

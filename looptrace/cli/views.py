@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.otlp_file import SpanRecord
+from looptrace.instrumentation.tracefile.read import SpanRecord
 from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 
 ERROR_MARK = "✗"

@@ -1,7 +1,7 @@
 """`looptrace watch`: an OTLP receiver that rebuilds any agent's runs from their spans and alerts on loops, live.
 
-The command's parser and handler, as they were in the single-module CLI; the service itself (settings, servers,
-logging as JSON lines) is the watch package's.
+The command's parser and handler; the service itself (flag checks, settings, servers, its exit codes) is the watch
+package's (``instrumentation.watch.command``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ def add_watch_command(commands: Any) -> None:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation.watch import WatchSettings, serve
+    from looptrace.instrumentation.logs import configure_service_logging
+    from looptrace.instrumentation.watch.command import watch_command
 
-    settings = WatchSettings.from_env(
-        host=args.host, port=args.port, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-        idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
-        max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)
-    return serve(settings)
+    from .environment import read_settings
+
+    settings = read_settings()  # the one read of the environment; the flags override fields of it
+    configure_service_logging()
+    return watch_command(settings, host=args.host, port=args.port, grpc_port=args.grpc_port,
+                         idle_timeout_s=args.idle_timeout, max_open_runs=args.max_open_runs,
+                         max_request_bytes=args.max_request_bytes, max_decompressed_bytes=args.max_decompressed_bytes)

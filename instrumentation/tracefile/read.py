@@ -1,12 +1,12 @@
 """The local trace file: OTLP/JSON lines, written as spans finish and read back by `looptrace traces` and `detect`.
 
 The format is the OpenTelemetry file exporter's (one `TracesData` JSON object per line, hex ids, integer enums), so the
-Collector's `otlpjsonfile` receiver can ingest the file as it is. Writing lives in ``trace_writer`` (and the encoding
-in ``otlp_json``); this module reads, with the standard library only, so that `looptrace detect` and `traces` start
-fast.
+Collector's `otlpjsonfile` receiver can ingest the file as it is. Writing lives in ``write`` (and the encoding in
+``encode``); this module reads, with the standard library only, so that `looptrace detect` and `traces` start fast.
 
 Reading streams the file line by line, so a file of any size is read in memory bounded by its longest line, and lines
-longer than ``LOOPTRACE_MAX_LINE_BYTES`` (default 64 MiB) are skipped without being held. A malformed line (torn by
+longer than ``max_line_bytes`` (the caller's ``Settings.max_line_bytes``: ``LOOPTRACE_MAX_LINE_BYTES``, default 64 MiB)
+are skipped without being held. A malformed line (torn by
 a crash, not JSON, JSON that is not trace data, nested beyond reason) is reported by number and skipped; the read
 goes on with the next line.
 """
@@ -17,28 +17,9 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-MAX_LINE_BYTES_ENV = "LOOPTRACE_MAX_LINE_BYTES"
-DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
-
-
-def default_trace_file() -> Path:
-    """``LOOPTRACE_TRACE_FILE``, else ``.looptrace/traces.jsonl``."""
-    from .settings import Settings
-
-    return Settings.from_env().trace_file
-
-
-def __getattr__(name: str) -> Any:
-    # The writers need the OpenTelemetry SDK; readers (the CLI's `detect`, `traces`) must not pay for importing it.
-    if name in ("OTLPJsonFileExporter", "TraceFileProcessor"):
-        from . import trace_writer
-
-        return getattr(trace_writer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+from ..settings import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_VARIABLE
 
 # --- reading ------------------------------------------------------------------------------------------------------
 
@@ -83,13 +64,6 @@ class TraceFileError(Exception):
     """The trace file cannot be read at all (missing, a directory, no permission)."""
 
 
-def max_line_bytes() -> int:
-    try:
-        return max(int(os.environ.get(MAX_LINE_BYTES_ENV) or DEFAULT_MAX_LINE_BYTES), 1024)
-    except ValueError:
-        return DEFAULT_MAX_LINE_BYTES
-
-
 SKIP = object()  # what a ``read_lines`` parser returns for a line not worth parsing
 
 # What a line can be wrong with: each becomes a BadLine, never a traceback.
@@ -98,14 +72,15 @@ _LINE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, Rec
 
 def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
                on_progress: Callable[[int], None] | None = None,
-               parse: Callable[[bytes], Any] | None = None) -> Iterator[tuple[int, Any]]:
+               parse: Callable[[bytes], Any] | None = None, *,
+               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
     """(line number, parsed JSON) for every non-blank line that parses; the others go to ``on_bad_line``.
 
-    Memory is bounded by the longest line kept: an over-long line is read past in chunks and reported, never held.
-    ``parse`` replaces ``json.loads``: it may return ``SKIP`` for a line its caller can tell it has no use for
-    without parsing it, or anything else it makes of the bytes (raising ValueError for a bad line).
+    Memory is bounded by the longest line kept: a line longer than ``max_line_bytes`` is read past in chunks and
+    reported, never held. ``parse`` replaces ``json.loads``: it may return ``SKIP`` for a line its caller can tell it
+    has no use for without parsing it, or anything else it makes of the bytes (raising ValueError for a bad line).
     """
-    limit = max_line_bytes()
+    limit = max_line_bytes
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
     except OSError as exc:
@@ -126,7 +101,7 @@ def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
                 read += _skip_rest_of_line(readline, raw)
                 if on_bad_line is not None:
                     on_bad_line(BadLine(number, f"longer than {limit:,} bytes; skipped without reading it "
-                                                f"(raise {MAX_LINE_BYTES_ENV} to read it)"))
+                                                f"(raise {MAX_LINE_BYTES_VARIABLE} to read it)"))
                 continue
             try:
                 data = loads(raw)
@@ -151,14 +126,16 @@ def _skip_rest_of_line(readline: Callable[[int], bytes], start: bytes) -> int:
 
 def read_spans(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
                on_progress: Callable[[int], None] | None = None,
-               keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
-    """Every span in the file, in file order. Bad lines go to ``on_bad_line`` and are skipped.
+               keys: frozenset[str] | None = None, *,
+               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[SpanRecord]:
+    """Every span in the file, in file order. Bad lines (and lines longer than ``max_line_bytes``) go to
+    ``on_bad_line`` and are skipped.
 
     ``on_progress`` receives the number of bytes read so far, every few thousand lines, for a progress display.
     ``keys`` limits the span attributes decoded to those (decoding is most of the cost of reading, after parsing);
     with ``keys`` the resource is not decoded either.
     """
-    for number, data in read_lines(path, on_bad_line, on_progress):
+    for number, data in read_lines(path, on_bad_line, on_progress, max_line_bytes=max_line_bytes):
         try:
             spans = list(_spans_of_line(data, keys))
         except _LINE_ERRORS as exc:

@@ -22,8 +22,8 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .logs import log
-from .otlp_json import encode_line, encode_traces_data
+from ..logs import log
+from .encode import encode_line, encode_traces_data
 
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700

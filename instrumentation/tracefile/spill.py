@@ -1,6 +1,6 @@
 """The spill file: spans a backend could not take, kept until ``push()`` delivers them, never sent twice.
 
-One OTLP/JSON ``TracesData`` per line, like the trace file (``otlp_file.read_spans`` reads it), plus one key that says
+One OTLP/JSON ``TracesData`` per line, like the trace file (``read.read_spans`` reads it), plus one key that says
 which backend the batch was meant for::
 
     {"looptrace": {"backend": "langfuse", "batch": "<id>"}, "resourceSpans": [...]}
@@ -39,25 +39,21 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from .exporters import network_exporter
-from .otlp_file import decode_attributes, decode_span_kind, decode_status_code, max_line_bytes
-from .otlp_json import encode_traces_data
-from .settings import DEFAULT_SPILL_FILE, ConfigurationError, Settings
-from .trace_writer import FILE_MODE, append_line, make_private_directory, open_private_append
+from ..exporters import network_exporter
+from ..settings import DEFAULT_MAX_LINE_BYTES, DEFAULT_SPILL_FILE, ConfigurationError, Settings
+from .encode import encode_traces_data
+from .read import decode_attributes, decode_span_kind, decode_status_code
+from .write import FILE_MODE, append_line, make_private_directory, open_private_append
 
 try:  # advisory file locks keep concurrent runs and pushes from interleaving; Windows has none, threads still lock
     import fcntl
 except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "default_spill_file", "push"]
+__all__ = ["DEFAULT_SPILL_FILE", "PushReport", "SpillFile", "push"]
 
 _SENDING = "sending "
 _NOT_SENT = "unsent "
-
-
-def default_spill_file() -> Path:
-    return Settings.from_env().spill_file
 
 
 @dataclass(frozen=True)
@@ -85,10 +81,12 @@ class BadSpillLine:
 
 
 class SpillFile:
-    """The spill file at ``path`` (default ``LOOPTRACE_SPILL_FILE`` or ``.looptrace/spill.jsonl``)."""
+    """The spill file at ``path`` (``Settings.spill_file``). A line longer than ``max_line_bytes``
+    (``Settings.max_line_bytes``) cannot be read back: it is reported, and a push sets it aside."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path) if path is not None else default_spill_file()
+    def __init__(self, path: str | os.PathLike[str], *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self.path = Path(path)
+        self.max_line_bytes = max_line_bytes
         self.ledger = self.path.with_name(self.path.name + ".sent")
         self.quarantine = self.path.with_name(self.path.name + ".quarantine")
         self._lock_path = self.path.with_name(self.path.name + ".lock")
@@ -193,8 +191,8 @@ class SpillFile:
                 return
             size = os.fstat(handle.fileno()).st_size
         with handle:
-            for number, raw in _bounded_lines(handle, size):
-                parsed = _parse_spill_line(raw)
+            for number, raw in _bounded_lines(handle, size, self.max_line_bytes):
+                parsed = _parse_spill_line(raw, self.max_line_bytes)
                 if isinstance(parsed, str):
                     if on_bad_line is not None:
                         on_bad_line(BadSpillLine(number, parsed))
@@ -236,9 +234,9 @@ class SpillFile:
         except FileNotFoundError:
             return 0, kept_ids
         with handle:
-            for _, raw in _bounded_lines(handle, None, keep_long=True):
+            for _, raw in _bounded_lines(handle, None, self.max_line_bytes, keep_long=True):
                 line = raw if raw.endswith(b"\n") else raw + b"\n"
-                parsed = _parse_spill_line(raw) if len(raw) <= max_line_bytes() else "too long"
+                parsed = _parse_spill_line(raw, self.max_line_bytes) if len(raw) <= self.max_line_bytes else "too long"
                 if isinstance(parsed, str):
                     (bad if quarantine else kept).append(line)
                 elif parsed.batch not in delivered:
@@ -272,10 +270,9 @@ class SpillFile:
         os.replace(temporary, path)
 
 
-def _bounded_lines(handle: Any, size: int | None, keep_long: bool = False) -> Iterator[tuple[int, bytes]]:
-    """Numbered non-blank lines up to ``size`` bytes; an over-long line is yielded as a marker (or whole, when
-    ``keep_long``: a compaction must move it, not lose it)."""
-    limit = max_line_bytes()
+def _bounded_lines(handle: Any, size: int | None, limit: int, keep_long: bool = False) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines up to ``size`` bytes; a line over ``limit`` bytes is yielded as a marker (or whole,
+    when ``keep_long``: a compaction must move it, not lose it)."""
     read = 0
     number = 0
     while size is None or read < size:
@@ -300,10 +297,10 @@ def _bounded_lines(handle: Any, size: int | None, keep_long: bool = False) -> It
             yield number, raw
 
 
-def _parse_spill_line(raw: bytes) -> PendingBatch | str:
-    """The batch on a line, or why it cannot be read back (a string)."""
+def _parse_spill_line(raw: bytes, limit: int) -> PendingBatch | str:
+    """The batch on a line, or why it cannot be read back (a string); ``limit`` is the longest line read."""
     if raw == b"\0too long":
-        return f"longer than {max_line_bytes():,} bytes"
+        return f"longer than {limit:,} bytes"
     try:
         document = json.loads(raw)
     except RecursionError:
@@ -446,15 +443,19 @@ def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[st
          settings: Settings | None = None) -> PushReport:
     """Send what the spill file holds, never twice, and keep what still fails (see the module's guarantees).
 
-    ``exporters`` maps backend names to exporters (tests pass their own); by default every backend the environment
-    configures (``configured_backends()``) gets a guarded exporter. ``to`` limits the push to those backends. A
-    backend that fails is not tried again in the same push; its batches stay pending. Lines that cannot be read back
-    are moved to the quarantine file and reported; the batches after them are delivered.
+    ``settings`` say where the spill file is (unless ``spill_path`` is given), how long a line may be, and which
+    backends to push to; the CLI passes the environment's (``Settings.from_env()``), and without them the defaults
+    apply (``Settings()``: no backend configured). ``exporters`` maps backend names to exporters (tests pass their
+    own); by default every backend the settings configure (``configured_backends()``) gets a guarded exporter. ``to``
+    limits the push to those backends. A backend that fails is not tried again in the same push; its batches stay
+    pending. Lines that cannot be read back are moved to the quarantine file and reported; the batches after them are
+    delivered.
     """
-    spill = SpillFile(spill_path)
+    settings = settings or Settings()
+    spill = SpillFile(spill_path if spill_path is not None else settings.spill_file,
+                      max_line_bytes=settings.max_line_bytes)
     own = exporters is None
     if exporters is None:
-        settings = settings or Settings.from_env()
         exporters = {name: network_exporter(name, settings) for name in settings.configured_backends()}
     targets = set(to) if to else set(exporters)
     missing = targets - set(exporters)

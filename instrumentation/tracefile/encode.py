@@ -25,7 +25,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind, StatusCode
 
-from .semconv import REPAIRED_ATTRIBUTES
+from ..semconv import REPAIRED_ATTRIBUTES
 
 __all__ = ["REPAIRED_ATTRIBUTES", "encode_line", "encode_span", "encode_traces_data"]
 

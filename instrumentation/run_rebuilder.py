@@ -1,0 +1,244 @@
+"""Runs rebuilt from their spans, in any order, and judged by the detector: what `looptrace detect`, `looptrace watch`
+and the live span processor share (``trace_detect`` and ``trace_detect_live`` are the ways in).
+
+Any agent whose tool calls are `execute_tool` spans with `gen_ai.tool.*` attributes can be checked, whatever
+framework produced them. A run is rebuilt from its spans: model-call spans (`gen_ai.operation.name` chat and its kin)
+mark where a turn begins, each tool span belongs to the turn whose model call started last before it, and the root
+gives the way the run ended. Results are compared by `looptrace.tool.result_digest` when present (ours, recorded even
+without content capture), else by the digest of `gen_ai.tool.call.result`.
+
+A trace is judged when its root span arrives (roots end last, so in a trace file they come after their children);
+traces whose root never arrives are judged at the end of the input. Memory holds the compact calls of the traces
+still open, not the spans.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import semconv as sc
+from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, result_digest
+from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
+
+MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+# The only span attributes detection reads: a reader can skip decoding everything else.
+_OWN_KEYS = frozenset({
+    sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_CALL_ARGUMENTS,
+    sc.GEN_AI_TOOL_CALL_RESULT, sc.TOOL_ARGUMENTS_DIGEST, sc.TOOL_RESULT_DIGEST, sc.TOOL_IS_ERROR, sc.ERROR_TYPE,
+    sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
+    sc.GEN_AI_CONVERSATION_ID,
+})
+# ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
+DETECTION_KEYS = KeySelection(_OWN_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
+_STOP_LIKE = frozenset({"stop", "end_turn"})
+
+
+@dataclass(slots=True)
+class _Call:
+    """A tool call of an open run; it is also what the detector is fed (it reads a `ToolCall`'s fields by name)."""
+
+    start_ns: int
+    tool: str
+    arguments: Any
+    call_id: str | None
+    is_error: bool
+    result_digest: str | None
+    result: Any = None  # the recorded result (content capture on): error texts, and the batch an error came in
+    turn: int = 0  # set when the run is judged
+
+
+@dataclass(slots=True)
+class _OpenRun:
+    """What the detector needs of one trace, gathered span by span in whatever order they come."""
+
+    model_spans: list[tuple[int, str, str | None]] = field(default_factory=list)  # start, span id, parent id
+    model_outputs: dict[int, Any] = field(default_factory=dict)  # start -> raw output messages, parsed only if needed
+    session_id: str | None = None  # gen_ai.conversation.id: runs of one conversation share the detector's memory
+    calls: list[_Call] = field(default_factory=list)
+    last_model: tuple[int, str | None, str | None] = (-1, None, None)  # start, stop reason, output text
+    root_name: str = ""
+    root_text: str | None = None  # the root's gen_ai.output.messages, unparsed
+    root_status: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    trace_id: str
+    name: str  # the root span's name
+    turns: int
+    tool_calls: int
+    status: str | None  # looptrace.run.status when the trace is ours
+    anomalies: list[Anomaly]
+    rules_not_run: dict[str, str] = field(default_factory=dict)  # rule -> what the producer did not record
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace_id": self.trace_id, "name": self.name, "turns": self.turns, "tool_calls": self.tool_calls,
+                "status": self.status, "anomalies": [a.to_dict() for a in self.anomalies],
+                "rules_not_run": self.rules_not_run}
+
+
+class RunRebuilder:
+    """Feed spans (as `SpanRecord`-like objects) in any order; get a Verdict per trace as its root arrives."""
+
+    def __init__(self, config: DetectorConfig | None = None, max_open_traces: int = 10_000) -> None:
+        self.config = config
+        self.max_open_traces = max_open_traces
+        self._open: OrderedDict[str, _OpenRun] = OrderedDict()
+        self._sessions = SessionDetectors(config)  # runs of one conversation, judged in the order their roots came
+        self._reader = ProducerReader(max_open_traces)  # other producers' spans, in our vocabulary
+
+    def add(self, span: Any) -> Verdict | None:
+        span = self._reader.translate(span)
+        attributes = span.attributes
+        run = self._open.get(span.trace_id)
+        if run is None:
+            run = self._open[span.trace_id] = _OpenRun()
+            if len(self._open) > self.max_open_traces:  # a root that never comes must not hold memory forever
+                self._open.popitem(last=False)
+        operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
+        if run.session_id is None and isinstance(attributes.get(sc.GEN_AI_CONVERSATION_ID), str):
+            run.session_id = attributes[sc.GEN_AI_CONVERSATION_ID]
+        if operation == sc.OPERATION_EXECUTE_TOOL or (operation is None and sc.GEN_AI_TOOL_NAME in attributes):
+            run.calls.append(_call_of(span))
+        elif operation in MODEL_OPERATIONS:
+            run.model_spans.append((span.start_ns, span.span_id, span.parent_span_id))
+            if sc.GEN_AI_OUTPUT_MESSAGES in attributes:
+                run.model_outputs[span.start_ns] = attributes[sc.GEN_AI_OUTPUT_MESSAGES]
+            if span.start_ns >= run.last_model[0]:  # output text kept raw: only the last one is ever parsed
+                run.last_model = (span.start_ns, _stop_reason(attributes), attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
+        if span.parent_span_id is None or operation == sc.OPERATION_INVOKE_AGENT:
+            run.root_name = span.name
+            run.root_text = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
+            run.root_status = attributes.get(sc.RUN_STATUS)
+            return self._judge(span.trace_id)
+        return None
+
+    def finish(self) -> list[Verdict]:
+        """Judge every trace still open (their roots never came: a crashed process, a partial file)."""
+        verdicts = (self._judge(trace_id) for trace_id in list(self._open))
+        return [v for v in verdicts if v is not None]
+
+    def open_runs(self) -> list[str]:
+        """The keys (trace ids, or session keys) of the runs still open, oldest first."""
+        return list(self._open)
+
+    def check(self, trace_id: str) -> list[Anomaly]:
+        """The anomalies of an open run so far, without closing it (no end-of-run rules): for live watching."""
+        run = self._open.get(trace_id)
+        if run is None:
+            return []
+        calls = run.calls + [_call_of(s) for s in self._reader.message_calls(trace_id)]
+        detector = self._replay(run, calls)
+        not_run = self._reader.limits(trace_id)
+        return [a for a in detector.anomalies if a.type not in not_run]
+
+    def close(self, trace_id: str) -> Verdict | None:
+        """Judge an open run now (its root never came: the sender went quiet, or the run was evicted)."""
+        return self._judge(trace_id) if trace_id in self._open else None
+
+    def _replay(self, run: _OpenRun, calls: list[_Call]) -> LoopDetector:
+        detector = LoopDetector(self.config)
+        for turn, turn_calls in _assign_turns(_model_call_starts(run.model_spans), calls):
+            for call in turn_calls:  # (a check for `watch`, not the hot path: without the results, as before)
+                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
+                                          is_error=call.is_error, result_digest=call.result_digest))
+            detector.end_turn(turn)
+        return detector
+
+    def _judge(self, trace_id: str) -> Verdict | None:
+        run = self._open.pop(trace_id)
+        run.calls.extend(_call_of(s) for s in self._reader.message_calls(trace_id))
+        not_run = self._reader.limits(trace_id)
+        self._reader.forget(trace_id)
+        if not run.calls and not run.model_spans:
+            return None  # no agent here: an application span around a run that was already judged, or unrelated
+        detector = self._sessions.detector_for(run.session_id) if run.session_id else LoopDetector(self.config)
+        model_starts = _model_call_starts(run.model_spans)
+        turns = _assign_turns(model_starts, run.calls)
+        # What the model said beside its tool calls can report a failure: read only when some call failed.
+        said = _texts_by_turn(model_starts, run.model_outputs) if any(c.is_error for c in run.calls) else {}
+        for turn, calls in turns:
+            for call in calls:
+                call.turn = turn
+                detector.observe(call)  # type: ignore[arg-type]  # read field by field: _Call has ToolCall's fields
+            detector.end_turn(turn, said.get(turn))
+        last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
+        _, stop_reason, model_output = run.last_model
+        final_text = _output_text(run.root_text if run.root_text is not None else model_output)
+        detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
+        if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
+            not_run.setdefault(IGNORED_ERROR, "the final answer's text was not recorded (content capture off?)")
+        if stop_reason is None and run.model_spans:
+            not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
+        anomalies = [a for a in detector.anomalies if a.type not in not_run]
+        return Verdict(trace_id=trace_id, name=run.root_name, turns=max(len(model_starts), len(turns)),
+                       tool_calls=len(run.calls), status=run.root_status, anomalies=anomalies, rules_not_run=not_run)
+
+
+def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]:
+    texts = {}
+    for turn, start in enumerate(starts, start=1):
+        text = _output_text(outputs.get(start))
+        if text:
+            texts[turn] = text
+    return texts
+
+
+def _model_call_starts(model_spans: list[tuple[int, str, str | None]]) -> list[int]:
+    """One start per model call. A model span nested in another (an SDK's own span inside an agent framework's, or
+    inside ours) is the same call seen twice, not a turn of its own."""
+    ids = {span_id for _, span_id, _ in model_spans}
+    return sorted(start for start, _, parent in model_spans if parent not in ids)
+
+
+def _assign_turns(starts: list[int], calls: list[_Call]) -> list[tuple[int, list[_Call]]]:
+    """Tool calls grouped by turn: the turn of a call is the number of model calls that started before it."""
+    by_turn: dict[int, list[_Call]] = {}
+    position = 0
+    for call in sorted(calls, key=lambda c: c.start_ns):
+        while position < len(starts) and starts[position] <= call.start_ns:
+            position += 1
+        by_turn.setdefault(max(position, 1), []).append(call)
+    if not starts:
+        return sorted(by_turn.items())
+    # Turns without tool calls still count: they break streaks the way they did in the live run.
+    return [(turn, by_turn.get(turn, [])) for turn in range(1, max([len(starts), *by_turn]) + 1)]
+
+
+def _call_of(span: Any) -> _Call:
+    a = span.attributes
+    # Without content capture only the digest of the arguments is stored: equal digests, equal calls.
+    raw_arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS, a.get(sc.TOOL_ARGUMENTS_DIGEST))
+    digest = a.get(sc.TOOL_RESULT_DIGEST)
+    if digest is None and sc.GEN_AI_TOOL_CALL_RESULT in a:
+        digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
+    is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
+    return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
+                 call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest,
+                 result=a.get(sc.GEN_AI_TOOL_CALL_RESULT))
+
+
+def _stop_reason(attributes: dict[str, Any]) -> str | None:
+    raw = attributes.get(sc.STOP_REASON)
+    if raw:
+        return raw
+    reasons = attributes.get(sc.GEN_AI_RESPONSE_FINISH_REASONS)
+    if isinstance(reasons, (list, tuple)) and reasons:
+        return str(reasons[-1])
+    return None
+
+
+def _output_text(raw: Any) -> str | None:
+    """The text parts of a gen_ai.output.messages value, if a span carried one (content capture on)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        messages = json.loads(raw)
+    except ValueError:
+        return raw  # capped (truncated) JSON: its text still tells whether the answer admits a failure
+    texts = [part.get("content", "") for message in messages if isinstance(message, dict)
+             for part in message.get("parts", ()) if isinstance(part, dict) and part.get("type") == "text"]
+    return "\n".join(str(t) for t in texts)
