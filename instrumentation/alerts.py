@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 import weakref
@@ -103,11 +104,13 @@ class Alerts:
                 self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Wait for webhook posts in flight (the CLI does before it exits; tests do to observe them)."""
+        """Wait for webhook posts in flight, ``timeout_s`` at most for all of them (the CLI does before it exits;
+        tests do to observe them)."""
         with self._lock:
             threads = list(self._threads)
+        until = None if timeout_s is None else time.monotonic() + timeout_s
         for thread in threads:
-            thread.join(timeout_s)
+            thread.join(None if until is None else max(until - time.monotonic(), 0.0))
 
     def _first_of_its_kind(self, trace_id: str, anomaly_type: str) -> bool:
         with self._lock:

@@ -93,6 +93,18 @@ def redact(value: Any) -> Any:
     Iterative, with the depth bounded, because the value comes from a model: arguments nested thousands deep must
     neither exhaust the stack here nor in whatever encodes or compares the copy later (json, the detector, the CLI).
     """
+    return _redact(value, None)
+
+
+def redact_with_secrets(value: Any) -> tuple[Any, tuple[str, ...]]:
+    """``redact(value)`` and the texts it hid (see ``hidden_texts``): what ``scrub`` replaces wherever the call's own
+    result or error quotes them back."""
+    secrets: list[str] = []
+    redacted = _redact(value, secrets)
+    return redacted, hidden_texts(secrets)
+
+
+def _redact(value: Any, secrets: list[str] | None) -> Any:
     root: list[Any] = [None]
     # Each entry: (the value to copy, the container the copy goes into, the slot in it, the value's depth).
     pending: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
@@ -106,6 +118,8 @@ def redact(value: Any) -> Any:
             for key, child in item.items():
                 if isinstance(key, str) and is_secret_key(key):
                     copied[key] = REDACTED
+                    if secrets is not None:
+                        _collect_texts(child, secrets)
                 else:
                     copied[key] = None
                     pending.append((child, copied, key, depth + 1))
@@ -116,6 +130,98 @@ def redact(value: Any) -> Any:
         else:
             into[slot] = item
     return root[0]
+
+
+# A secret shorter than this is not looked for in text: replacing "ab" or "1" wherever it appears would mangle the
+# text and hide nothing (a value that short is no credential).
+MIN_SCRUBBED_CHARS = 4
+
+
+def _collect_texts(value: Any, into: list[str]) -> None:
+    """The texts (strings and numbers) inside a redacted value, bounded like redact itself."""
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            into.append(item)
+        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+            try:
+                into.append(str(item))
+            except ValueError:  # an integer too long to write out: no text of it can appear anywhere either
+                pass
+        elif isinstance(item, dict) and depth < MAX_DEPTH:
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, (list, tuple)) and depth < MAX_DEPTH:
+            pending.extend((child, depth + 1) for child in item)
+
+
+def hidden_texts(values: list[str]) -> tuple[str, ...]:
+    """The forms in which redacted values can reappear in a tool's text: each value as it is, URL-encoded (an error
+    quoting ``?access_token=...``) and JSON-escaped, longest first so that no shorter form cuts a longer one."""
+    from urllib.parse import quote, quote_plus
+
+    forms: set[str] = set()
+    for value in values:
+        text = value.strip()
+        if len(text) < MIN_SCRUBBED_CHARS:
+            continue
+        forms.update((text, quote(text, safe=""), quote_plus(text), json.dumps(text, ensure_ascii=False)[1:-1]))
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def scrub(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every one of ``secrets`` (from ``redact_with_secrets``) replaced by the redaction marker."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def scrub_content(content: Any, secrets: tuple[str, ...]) -> Any:
+    """A tool_result's content (a text, or a list of content blocks) with ``secrets`` scrubbed from its texts."""
+    if not secrets:
+        return content
+    if isinstance(content, str):
+        return scrub(content, secrets)
+    if isinstance(content, list):
+        return [{**block, "text": scrub(block["text"], secrets)}
+                if isinstance(block, dict) and isinstance(block.get("text"), str) else block for block in content]
+    return content
+
+
+CallSecrets = dict[str, tuple[str, ...]]
+"""A run's hidden texts by tool_use id: filled as the model's tool calls are encoded, read for their results."""
+
+
+def _secrets_of(secrets: CallSecrets, tool_result: dict[str, Any]) -> tuple[str, ...]:
+    call_id = tool_result.get("tool_use_id")
+    return secrets.get(call_id, ()) if isinstance(call_id, str) else ()
+
+
+def redacted_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Messages API history as it may be shown (``--json``): each tool call's arguments redacted, and the texts they
+    hid scrubbed from that call's result wherever the tool quoted them back. The history itself is left as it is."""
+    secrets: CallSecrets = {}
+    shown = []
+    for message in messages:
+        blocks = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(blocks, list):
+            shown.append(message)
+            continue
+        copied = []
+        for block in blocks:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in ("tool_use", "server_tool_use"):
+                arguments, hidden = redact_with_secrets(block.get("input"))
+                if hidden and isinstance(block.get("id"), str):
+                    secrets[block["id"]] = hidden
+                copied.append({**block, "input": arguments})
+            elif kind == "tool_result" and _secrets_of(secrets, block):
+                copied.append({**block, "content": scrub_content(block.get("content"), _secrets_of(secrets, block))})
+            else:
+                copied.append(block)
+        shown.append({**message, "content": copied})
+    return shown
 
 
 def to_json(value: Any) -> str:
@@ -156,27 +262,36 @@ def _writable(value: Any) -> Any:
 # --- Anthropic messages as GenAI conventions' messages ----------------------------------------------------------------
 
 
-def genai_message(message: dict[str, Any]) -> dict[str, Any]:
-    """One Messages API message as the conventions' {"role", "parts"} shape, secrets redacted."""
+def genai_message(message: dict[str, Any], secrets: CallSecrets | None = None) -> dict[str, Any]:
+    """One Messages API message as the conventions' {"role", "parts"} shape, secrets redacted. With ``secrets`` (the
+    run's, see ``CallSecrets``), each tool call's hidden texts are remembered and scrubbed from its result."""
     content = message.get("content")
     if isinstance(content, str):
         parts = [{"type": "text", "content": content}]
     else:
-        parts = [genai_part(block) for block in content or ()]
+        parts = [genai_part(block, secrets) for block in content or ()]
     return {"role": message.get("role", "user"), "parts": parts}
 
 
-def genai_part(block: Any) -> dict[str, Any]:
+def genai_part(block: Any, secrets: CallSecrets | None = None) -> dict[str, Any]:
     if not isinstance(block, dict):
         return {"type": "text", "content": str(block)}
     kind = block.get("type")
     if kind == "text":
         return {"type": "text", "content": block.get("text", "")}
     if kind == "tool_use":
-        return {"type": "tool_call", "id": block.get("id"), "name": block.get("name"),
-                "arguments": redact(block.get("input"))}
+        if secrets is None:
+            arguments = redact(block.get("input"))
+        else:
+            arguments, hidden = redact_with_secrets(block.get("input"))
+            if hidden and isinstance(block.get("id"), str):
+                secrets[block["id"]] = hidden
+        return {"type": "tool_call", "id": block.get("id"), "name": block.get("name"), "arguments": arguments}
     if kind == "tool_result":
-        return {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": block.get("content"),
+        response = block.get("content")
+        if secrets:
+            response = scrub_content(response, _secrets_of(secrets, block))
+        return {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": response,
                 **({"is_error": True} if block.get("is_error") else {})}
     if kind == "server_tool_use":  # run by Anthropic (web search, code execution): the conventions' server tool call
         return {"type": "server_tool_call", "id": block.get("id"), "name": block.get("name"),
@@ -241,11 +356,12 @@ class MessageLog:
     conversation is what the model was answering. How many older messages were left out is returned beside it.
     """
 
-    __slots__ = ("_encoded", "_size")
+    __slots__ = ("_encoded", "_size", "secrets")
 
     def __init__(self) -> None:
         self._encoded: list[str] = []
         self._size = 0  # of all encoded messages with their separators
+        self.secrets: CallSecrets = {}  # what each tool call's redacted arguments hid, scrubbed from its result
 
     def remember(self, encoded_message: str) -> None:
         """The next message of the history, already encoded (the chat span encodes the model's answer anyway)."""
@@ -254,7 +370,7 @@ class MessageLog:
 
     def input_messages_json(self, messages: list[dict[str, Any]], limit: int) -> tuple[str, int]:
         for message in messages[len(self._encoded):]:
-            self.remember(to_json(genai_message(message)))
+            self.remember(to_json(genai_message(message, self.secrets)))
         if len(self._encoded) == len(messages) and self._size + 1 <= limit:
             return "[" + ",".join(self._encoded) + "]", 0  # the usual case: everything fits
         encoded = self._encoded[: len(messages)]

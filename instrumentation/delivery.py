@@ -34,6 +34,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from .encodable import encodable_spans
 from .failures import (
     CAUSE_TEXT,
     FAILED,
@@ -47,6 +48,8 @@ from .failures import (
 from .logs import log
 from .settings import DEFAULT_TIMEOUT_S, safe_url
 
+# What an endpoint without a metrics service answers a metrics export (details as failures.py writes them).
+_NO_METRICS_SERVICE = ("HTTP 404", "UNIMPLEMENTED")
 RETRY_AFTER_FAILURE_S = 10.0  # how long a failed backend is skipped before the next batch tries it again
 WAIT_SLICE_S = 0.05  # how often a waiting export looks at its deadline and at what the probe saw
 _GRACE_S = 1.0  # the exporters enforce their timeout themselves; this only catches one that does not
@@ -261,7 +264,8 @@ class GuardedExporter(SpanExporter):
         if skip is not None:
             self._save(spans, skip)
             return SpanExportResult.FAILURE
-        failure, future = delivery.attempt(lambda: self.inner.export(spans),
+        sendable = encodable_spans(spans)  # text the protobuf encoders would drop, repaired as the trace file does
+        failure, future = delivery.attempt(lambda: self.inner.export(sendable),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
             self._count_delivered(len(spans))
@@ -327,7 +331,12 @@ class GuardedExporter(SpanExporter):
 class GuardedMetricExporter(MetricExporter):
     """The metric side of GuardedExporter: bounded, never raising, one warning per cause. Metrics are not spilled:
     in a long-lived process the next export carries the cumulative totals again; a one-shot run whose final export
-    fails loses that run's points (the spans, which are spilled, still hold everything the metrics count)."""
+    fails loses that run's points (the spans, which are spilled, still hold everything the metrics count), and
+    ``undelivered`` lets the exit say so.
+
+    An endpoint that has no metrics service (HTTP 404, gRPC UNIMPLEMENTED: ``looptrace watch``, a traces-only
+    collector) is told apart from one that fails: one warning, and no metrics go there again in this process.
+    """
 
     def __init__(self, name: str, inner: MetricExporter, *, endpoint: str, probe: OutcomeProbe | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -336,6 +345,14 @@ class GuardedMetricExporter(MetricExporter):
         self.name = name
         self.inner = inner
         self._delivery = _Delivery(name, "metrics", endpoint, probe or OutcomeProbe(), timeout_s)
+        self.takes_no_metrics = False  # the endpoint said it has no metrics service: nothing is sent any more
+        self._failed_since_success = 0
+        self._exporting = 0  # exports under way (the reader's thread and a flush's may overlap)
+        self._count_lock = threading.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        return self._delivery.endpoint
 
     @property
     def deadline(self) -> float | None:
@@ -344,21 +361,59 @@ class GuardedMetricExporter(MetricExporter):
     def set_deadline(self, deadline: float | None) -> None:
         self._delivery.deadline = deadline
 
+    @property
+    def undelivered(self) -> bool:
+        """Whether the newest metrics did not get through: an export failed since the last success, or one is still
+        waiting for an answer. False for an endpoint that takes no metrics (said once, when it was found out)."""
+        return not self.takes_no_metrics and (self._failed_since_success > 0 or self._exporting > 0)
+
+    @property
+    def why_undelivered(self) -> str | None:
+        if not self.undelivered:
+            return None
+        failure = self._delivery.last_failure
+        return CAUSE_TEXT[failure.cause] if failure is not None and not self._exporting else "no answer in time"
+
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        if self.takes_no_metrics:
+            return MetricExportResult.FAILURE  # said once; the SDK's reader does nothing with the result
+        with self._count_lock:
+            self._exporting += 1
+        try:
+            return self._export(metrics_data, timeout_millis, **kwargs)
+        finally:
+            with self._count_lock:
+                self._exporting -= 1
+
+    def _export(self, metrics_data: MetricsData, timeout_millis: float, **kwargs: Any) -> MetricExportResult:
         try:
             skip = self._delivery.reason_to_skip()
             if skip is not None:
                 self._delivery.warn_once(skip)
+                self._failed_since_success += 1
                 return MetricExportResult.FAILURE
             failure, _ = self._delivery.attempt(
                 lambda: self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs),
                 lambda result: result == MetricExportResult.SUCCESS)
             if failure is None:
+                self._failed_since_success = 0
                 return MetricExportResult.SUCCESS
+            if failure.detail in _NO_METRICS_SERVICE:
+                self._no_metrics_here(failure)
+                return MetricExportResult.FAILURE
             self._delivery.warn_once(failure)
         except Exception as error:  # noqa: BLE001
             self._delivery.warn_once(Failure(FAILED, f"looptrace: {type(error).__name__}"))
+        self._failed_since_success += 1
         return MetricExportResult.FAILURE
+
+    def _no_metrics_here(self, failure: Failure) -> None:
+        self.takes_no_metrics = True
+        log.warning("metrics_not_accepted", backend=self.name, endpoint=self.endpoint, detail=failure.detail,
+                    problem="the endpoint has no OTLP metrics service (looptrace watch and traces-only collectors "
+                            "take traces only)",
+                    hint="no more metrics are sent there by this process; set OTEL_METRICS_EXPORTER=none to send "
+                         "none at all")
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return True

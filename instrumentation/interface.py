@@ -59,6 +59,11 @@ class ToolTrace(Protocol):
         """Current while the tool runs, so a tool's own spans nest under it."""
         ...
 
+    def scrub(self, text: str) -> str:
+        """``text`` (the call's result or error) with the values ``arguments`` redacted replaced wherever it quotes
+        them: what the detector, the events and anything shown may carry. ``end`` scrubs what it records itself."""
+        ...
+
     def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
             duration_s: float = 0.0, full_length: int | None = None) -> None:
         """The call settled: what the model is sent, whether it is an error and why."""

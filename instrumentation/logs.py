@@ -104,3 +104,15 @@ def configure_service_logging() -> None:
     # looptrace's records (the stdlib logger "looptrace") rendered by the structlog chain above.
     install_cli_rendering()
     logger.setLevel(logging.INFO)
+
+
+_ignored_said: set[str] = set()
+
+
+def settings_ignored(problems: tuple[str, ...]) -> None:
+    """Each setting the environment got wrong and that is ignored (``Settings.ignored``), said once per process as
+    one warning naming it, whichever entry point read it first."""
+    for problem in problems:
+        if problem not in _ignored_said:
+            _ignored_said.add(problem)
+            log.warning("setting_ignored", problem=problem)

@@ -1,6 +1,7 @@
 """Telemetry switched off: the interface's protocols implemented with nothing at all, but for two duties.
 
-Tool arguments are still redacted (``ToolTrace.arguments``, which the detector, the events and the alerts quote), and
+Tool arguments are still redacted (``ToolTrace.arguments``, which the detector, the events and the alerts quote, and
+``ToolTrace.scrub`` for what a result quotes of them), and
 anomaly reports still reach the alerts the telemetry was given (the log line, the webhook, a callback).
 """
 
@@ -10,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from .content import redact
+from .content import redact_with_secrets, scrub
 from .detector import Anomaly
 from .seam_types import Action, CostOf, ModelLike, Usage
 
@@ -24,10 +25,13 @@ _ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 
 
 class _NoTool:
-    __slots__ = ("arguments",)
+    __slots__ = ("arguments", "secrets")
 
     def __init__(self, arguments: Any) -> None:
-        self.arguments = arguments
+        self.arguments, self.secrets = redact_with_secrets(arguments)
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self.secrets) if self.secrets else text
 
     def activate(self) -> AbstractContextManager[Any]:
         return nullcontext()
@@ -47,7 +51,7 @@ class _NoTurn:
         return nullcontext()
 
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolTrace:
-        return _NoTool(redact(arguments))
+        return _NoTool(arguments)
 
     def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
         alerts = self.run.alerts

@@ -87,11 +87,16 @@ PROVIDER_ANTHROPIC = _gen_ai.GenAiProviderNameValues.ANTHROPIC.value
 TOOL_TYPE_FUNCTION = "function"  # the conventions' value for a client-side function tool (no enum constant yet)
 
 # --- OpenInference (Phoenix, Arize) -------------------------------------------------------------------------------
-# Phoenix derives most of its view from gen_ai.* itself; what it cannot derive is a kind for a span without
-# gen_ai.operation.name (our turns) and the run's own input and output. Names as in openinference-semantic-conventions.
+# Phoenix shows a span's kind from openinference.span.kind and its Input and Output from input.value and output.value
+# alone (rendered as JSON when their mime type says so), whatever gen_ai.* the span has. Langfuse reads the same pair
+# before gen_ai.*, so each value is exactly what Langfuse would otherwise make of the gen_ai.* attributes (spans.py).
+# Names as in openinference-semantic-conventions.
 OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
 INPUT_VALUE = "input.value"
 OUTPUT_VALUE = "output.value"
+INPUT_MIME_TYPE = "input.mime_type"
+OUTPUT_MIME_TYPE = "output.mime_type"
+MIME_JSON = "application/json"
 SPAN_KIND_AGENT, SPAN_KIND_CHAIN, SPAN_KIND_LLM, SPAN_KIND_TOOL = "AGENT", "CHAIN", "LLM", "TOOL"
 
 # --- looptrace's own ------------------------------------------------------------------------------------------------

@@ -219,6 +219,11 @@ class OtlpSettings:
             base = (generic or _DEFAULT_ENDPOINTS[protocol]).rstrip("/")
             # The specification appends the signal path to the generic endpoint for HTTP only; gRPC has no paths.
             endpoint = f"{base}/{_SIGNAL_PATHS[signal]}" if protocol == HTTP_PROTOBUF else base
+        if own_endpoint or generic:
+            variable = specific + "ENDPOINT" if own_endpoint else "OTEL_EXPORTER_OTLP_ENDPOINT"
+            unusable = _endpoint_problem(variable, own_endpoint or generic or "", protocol)
+            if unusable:
+                problems.append(unusable)
         compression = (setting("COMPRESSION") or ("", "none"))[1].lower()
         if compression not in ("none", "gzip", "deflate"):
             problems.append(f"OTLP compression {compression!r} is not supported; use gzip, deflate or none")
@@ -250,6 +255,25 @@ class OtlpSettings:
         if self.problem:
             raise ConfigurationError(self.problem)
         return self
+
+
+def _endpoint_problem(variable: str, endpoint: str, protocol: str) -> str | None:
+    """Why an OTLP endpoint cannot be sent to, naming the variable that set it; None when it can. HTTP needs an
+    http(s) URL with a host; gRPC also takes the bare ``host:port`` its exporter accepts."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(endpoint)
+        host, _ = parts.hostname, parts.port  # .port raises for a port that is not a number
+    except ValueError:
+        host, parts = None, None
+    if parts is not None and parts.scheme in ("http", "https") and host:
+        return None
+    if protocol == GRPC and re.fullmatch(r"[A-Za-z0-9.\-]+:\d{1,5}", endpoint):
+        return None
+    shown = safe_url(endpoint)[:80]
+    example = "http://host:4317" if protocol == GRPC else "http://host:4318"
+    return f"{variable}={shown!r} is not an endpoint URL; write it as {example} (https:// for TLS)"
 
 
 def _milliseconds_as_seconds(name: str, milliseconds: str) -> float:
@@ -369,6 +393,10 @@ class Settings:
     # What the environment asks of the SDK's spans that only the SDK does (a sampler, span limits, its own metrics):
     # with any of these the trace file cannot take the direct path (see direct_spans). Names, with the sampler's value.
     sdk_span_settings: tuple[str, ...] = ()
+    exporters_variable: str | None = None  # the variable ``exporters`` came from (LOOPTRACE_EXPORTER, ...), if any
+    # Values that were set but cannot be used and are ignored, each a sentence naming its variable; configure() says
+    # each once, as a warning (a variable may be meant for another program, so these are no errors).
+    ignored: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -376,16 +404,20 @@ class Settings:
         is wrong wherever it is used (an unknown exporter name, a port that is not a port)."""
         source = os.environ if environ is None else environ
         env = _Env(source)
+        ignored: list[str] = []
+        exporters, exporters_variable = _explicit_exporters(env, ignored)
         return cls(
-            exporters=_explicit_exporters(env),
+            exporters=exporters,
+            exporters_variable=exporters_variable,
             trace_file=Path(env.get("LOOPTRACE_TRACE_FILE") or DEFAULT_TRACE_FILE),
             spill_file=Path(env.get("LOOPTRACE_SPILL_FILE") or DEFAULT_SPILL_FILE),
             prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
             model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
             capture_content=capture_mode_name(_capture(env)) in (None, "SPAN_ONLY", "SPAN_AND_EVENT"),
             capture_setting=_capture(env),
-            max_attribute_chars=_positive(env.get("LOOPTRACE_MAX_ATTRIBUTE_CHARS")) or DEFAULT_MAX_ATTRIBUTE_CHARS,
-            max_line_bytes=_max_line_bytes(env.get(MAX_LINE_BYTES_VARIABLE)),
+            max_attribute_chars=_whole(env, "LOOPTRACE_MAX_ATTRIBUTE_CHARS", ignored,
+                                       default=DEFAULT_MAX_ATTRIBUTE_CHARS) or DEFAULT_MAX_ATTRIBUTE_CHARS,
+            max_line_bytes=_max_line_bytes(env.get(MAX_LINE_BYTES_VARIABLE), ignored),
             alert_webhook=env.get("LOOPTRACE_ALERT_WEBHOOK"),
             telemetry_disabled=(env.get("OTEL_SDK_DISABLED") or "").lower() == "true",
             otlp_metrics_disabled=(env.get("OTEL_METRICS_EXPORTER") or "").lower() == "none",
@@ -395,16 +427,19 @@ class Settings:
             otlp=OtlpSettings.from_env("traces", source),
             otlp_metrics=OtlpSettings.from_env("metrics", source),
             batch=BatchSettings(
-                schedule_delay_ms=_positive(env.get("OTEL_BSP_SCHEDULE_DELAY")),
-                max_queue_size=_positive(env.get("OTEL_BSP_MAX_QUEUE_SIZE")),
-                max_export_batch_size=_positive(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")),
-                export_timeout_ms=_positive(env.get("OTEL_BSP_EXPORT_TIMEOUT")),
+                # A value the SDK could not read is replaced by its default here, so that the SDK never reads the
+                # variable itself (it would print a traceback, or refuse a 0 and fail the whole set-up).
+                schedule_delay_ms=_whole(env, "OTEL_BSP_SCHEDULE_DELAY", ignored, default=5_000),
+                max_queue_size=_whole(env, "OTEL_BSP_MAX_QUEUE_SIZE", ignored),
+                max_export_batch_size=_whole(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", ignored, default=512),
+                export_timeout_ms=_whole(env, "OTEL_BSP_EXPORT_TIMEOUT", ignored, default=30_000),
             ),
             traceparent=env.get("TRACEPARENT"),
             tracestate=env.get("TRACESTATE"),
             watch_token=env.get("LOOPTRACE_WATCH_TOKEN"),
             watch_basic_auth=_watch_basic_auth(env),
             sdk_span_settings=_sdk_span_settings(env),
+            ignored=tuple(ignored),
         )
 
     def with_overrides(self, **changes: Any) -> Settings:
@@ -449,15 +484,26 @@ def _sdk_span_settings(env: _Env) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _explicit_exporters(env: _Env) -> tuple[str, ...] | None:
+def _explicit_exporters(env: _Env, ignored: list[str]) -> tuple[tuple[str, ...] | None, str | None]:
+    """The exporters a variable chooses, and which variable."""
     names = parse_exporters(env.get("LOOPTRACE_EXPORTER"))
     if names:
-        return names
+        return names, "LOOPTRACE_EXPORTER"
     value = env.get("OTEL_TRACES_EXPORTER")
-    # Only the names that mean the same here; anything else (zipkin, ...) is for other distributions to interpret.
-    if value and all(v.strip().lower() in ("otlp", "console", "none") for v in value.split(",")):
-        return parse_exporters(value)
-    return None
+    if not value:
+        return None, None
+    # Only the names that mean the same here; anything else (zipkin, ...) is for other distributions to interpret,
+    # so it is ignored, and said: a user who meant it for looptrace must not believe it took effect.
+    if all(v.strip().lower() in _OTEL_TRACES_EXPORTERS for v in value.split(",")):
+        return parse_exporters(value), "OTEL_TRACES_EXPORTER"
+    unknown = [v.strip() for v in value.split(",") if v.strip().lower() not in _OTEL_TRACES_EXPORTERS]
+    ignored.append(f"OTEL_TRACES_EXPORTER={value[:80]!r} names {', '.join(unknown)[:80]}, which looptrace does not "
+                   f"export to (it reads {', '.join(_OTEL_TRACES_EXPORTERS)} there; LOOPTRACE_EXPORTER takes "
+                   f"{', '.join(KNOWN_EXPORTERS)}); the variable is ignored")
+    return None, None
+
+
+_OTEL_TRACES_EXPORTERS = ("otlp", "console", "none")
 
 
 def _capture(env: _Env) -> str | None:
@@ -492,15 +538,26 @@ def _watch_basic_auth(env: _Env) -> tuple[str, str] | None:
     return (username, password) if username is not None and password is not None else None
 
 
-def _positive(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() and int(value) > 0 else None
+def _whole(env: _Env, name: str, ignored: list[str], default: int | None = None) -> int | None:
+    """A positive whole number from ``name``; unset is None; anything else is ignored, said, and ``default``."""
+    value = env.get(name)
+    if value is None:
+        return None
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    instead = f"the default ({default:,})" if default is not None else "the default"
+    ignored.append(f"{name}={value[:40]!r} is not a positive whole number; {instead} is used")
+    return default
 
 
-def _max_line_bytes(value: str | None) -> int:
-    """A whole number of bytes, raised to the 1 KiB floor; anything else (unset, not a number) is the default."""
+def _max_line_bytes(value: str | None, ignored: list[str]) -> int:
+    """A whole number of bytes, raised to the 1 KiB floor; unset is the default, and so is anything that is not a
+    number, said (``ignored``)."""
     try:
         return max(int(value), MIN_MAX_LINE_BYTES) if value else DEFAULT_MAX_LINE_BYTES
     except ValueError:
+        ignored.append(f"{MAX_LINE_BYTES_VARIABLE}={(value or '')[:40]!r} is not a whole number of bytes; the default "
+                       f"({DEFAULT_MAX_LINE_BYTES:,}) is used")
         return DEFAULT_MAX_LINE_BYTES
 
 

@@ -25,8 +25,11 @@ one warning per failure cause, undelivered spans saved to the spill file for ``l
 OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
-about 0.1 s, whatever the backends do (default 5 s). Past the deadline, spans still queued go to the spill file rather
-than being dropped; metrics that miss it are not exported (the next run's cumulative points make up for them).
+about 0.1 s, whatever the backends do (default 5 s); the span and metric parts run side by side against the one
+deadline. On the way out, ``Telemetry.leaving()`` makes every later flush and the shutdown share a single deadline, so
+the whole exit is bounded once (the CLI's 5 s). Past the deadline, spans still queued go to the spill file rather
+than being dropped; metrics that miss it are not exported (the next run's cumulative points make up for them), and
+``spill_notice()`` says so.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .alerts import AnomalySinks, register_sinks
-from .delivery import GuardedExporter, GuardedMetricExporter
+from .deadline import Deadline
+from .delivery import WAIT_SLICE_S, GuardedExporter, GuardedMetricExporter
 from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
-from .logs import log
+from .logs import log, settings_ignored
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
 from .tracefile.spill import SpillFile
 from .tracefile.write import TraceFileProcessor
@@ -98,53 +102,89 @@ class Telemetry:
     processors: list[SpanProcessor] = field(default_factory=list)
     guards: list[GuardedExporter] = field(default_factory=list)
     metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
+    exit_deadline: Deadline | None = None  # set by leaving(): what every later flush and the shutdown share
     _metric_readers: int = 0  # how many readers the meter provider was given (none: nothing ever sees its metrics)
     _stopped: bool = False
+    _metrics_missed: bool = False
+
+    def leaving(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> Deadline:
+        """The process is on its way out: every flush and the shutdown from now on share this one deadline, so the
+        whole exit waits at most ``timeout_ms`` for the backends, however many calls it takes (the CLI flushes as a
+        run ends and shuts down after printing). The first call sets it; a later one keeps it."""
+        if self.exit_deadline is None:
+            self.exit_deadline = Deadline.after_ms(timeout_ms)
+        return self.exit_deadline
+
+    def _deadline_for(self, timeout_ms: int) -> Deadline:
+        fresh = Deadline.after_ms(timeout_ms)
+        return fresh if self.exit_deadline is None else self.exit_deadline.sooner(timeout_ms)
 
     def flush(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> bool:
-        """Export what is buffered, within ``timeout_ms``. True when nothing had to be spilled meanwhile."""
+        """Export what is buffered, within ``timeout_ms`` (or what is left of the exit deadline, see ``leaving``).
+        True when nothing had to be spilled meanwhile."""
         if self._stopped:  # the CLI's interrupted path shuts down, then flushes in a finally: nothing left to do
             return self.spilled_spans == 0
-        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        deadline = self._deadline_for(timeout_ms)
         spilled_before = self.spilled_spans
-        with self._deadline(deadline):
-            if self.owns_provider:
-                flushed = _succeeded(self.tracer_provider.force_flush, timeout_ms)
-            else:
-                flushed = all([_succeeded(p.force_flush, _remaining_ms(deadline)) for p in self.processors])
-            if self.meter_provider is not None:
-                flushed = _succeeded(self.meter_provider.force_flush, _remaining_ms(deadline)) and flushed
+        with self._guards_until(deadline, then=None):
+            meter = self.meter_provider
+            flushed = self._side_by_side(
+                deadline, self._flush_processors,
+                None if meter is None else lambda left: _succeeded(meter.force_flush, left.remaining_ms()))
         if self.scores is not None:
-            flushed = self.scores.flush(_remaining_ms(deadline) / 1000) and flushed
+            flushed = self.scores.flush(deadline.remaining_s()) and flushed
         return flushed and self.spilled_spans == spilled_before
 
     def shutdown(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
-        """Deliver what can be delivered within ``timeout_ms``, spill the rest, stop everything. Idempotent.
-
-        Metrics go first: spans that miss the deadline are saved to the spill file, metrics would be lost.
-        """
+        """Deliver what can be delivered within ``timeout_ms`` (or what is left of the exit deadline), spill the
+        rest, stop everything. Idempotent. Spans that miss the deadline are saved to the spill file; metrics that
+        miss it are lost, and ``spill_notice`` says so."""
         if self._stopped:
             return
         self._stopped = True
         atexit.unregister(self.shutdown)
-        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
-        with self._deadline(deadline):
-            if self.meter_provider is not None:
-                _quietly(self.meter_provider.shutdown, timeout_millis=_remaining_ms(deadline))
-            for processor in self.processors:
-                _quietly(processor.force_flush, _remaining_ms(deadline))
-        for guard in self.guards:
-            guard.set_deadline(time.monotonic())  # the queues are drained; nothing may wait any more
+        deadline = self._deadline_for(timeout_ms)
+        with self._guards_until(deadline, then=time.monotonic):  # past the deadline nothing may wait any more
+            meter = self.meter_provider
+            metrics_out = self._side_by_side(
+                deadline, self._flush_processors,
+                None if meter is None else lambda left: _succeeded(
+                    lambda: meter.shutdown(timeout_millis=left.remaining_ms()) or True))
+        self._metrics_missed = meter is not None and bool(self.metric_guards) and not (
+            metrics_out and not any(guard.undelivered for guard in self.metric_guards))
         if self.owns_provider:
             _quietly(self.tracer_provider.shutdown)
         else:  # the application's provider stays up; only what looptrace added to it stops
             for processor in self.processors:
                 _quietly(processor.shutdown)
         if self.scores is not None:
-            self.scores.close(_remaining_ms(deadline) / 1000)
+            self.scores.close(deadline.remaining_s())
         if self.spill_file is not None and self.guards:
             spill = SpillFile(self.spill_file, max_line_bytes=self.settings.max_line_bytes)
             _quietly(spill.compact)  # drops batches an export delivered after all
+
+    def _flush_processors(self, deadline: Deadline) -> bool:
+        if self.owns_provider:
+            return _succeeded(self.tracer_provider.force_flush, deadline.remaining_ms())
+        return all([_succeeded(p.force_flush, deadline.remaining_ms()) for p in self.processors])
+
+    def _side_by_side(self, deadline: Deadline, spans: Callable[[Deadline], bool],
+                      metrics: Callable[[Deadline], bool] | None) -> bool:
+        """The span part and the metric part against one deadline, at the same time when metrics go over the
+        network: a backend that holds one of them can neither starve the other nor make the two take twice as long.
+        True when both finished, successfully, in time."""
+        if metrics is None:
+            return spans(deadline)
+        if not self.metric_guards:  # a local reader (Prometheus) only: nothing to wait for
+            delivered = spans(deadline)
+            return metrics(deadline) and delivered
+        outcome: list[bool] = []
+        worker = threading.Thread(target=lambda: outcome.append(metrics(deadline)), name="looptrace-metrics-flush",
+                                  daemon=True)
+        worker.start()
+        delivered = spans(deadline)
+        worker.join(deadline.remaining_s() + WAIT_SLICE_S)
+        return delivered and bool(outcome) and outcome[0]
 
     @property
     def spilled_spans(self) -> int:
@@ -156,8 +196,13 @@ class Telemetry:
         """Spans a network exporter's full queue turned away: lost, and said so in spill_notice()."""
         return sum(p.dropped_spans for p in self.processors if isinstance(p, _BoundedBatchSpanProcessor))
 
+    @property
+    def metrics_missed(self) -> bool:
+        """Whether the final metrics of this process missed their backend (set by ``shutdown``)."""
+        return self._metrics_missed
+
     def spill_notice(self) -> str | None:
-        """The lines the CLI prints when spans could not be delivered, or None when all were."""
+        """The lines the CLI prints when spans or the final metrics could not be delivered, or None when all were."""
         lines = []
         counts = [(guard.name, guard.spilled_spans) for guard in self.guards if guard.spilled_spans]
         if counts:
@@ -167,22 +212,27 @@ class Telemetry:
         if self.dropped_spans:
             lines.append(f"looptrace: {self.dropped_spans} spans were dropped because the export queue was full "
                          "(OTEL_BSP_MAX_QUEUE_SIZE); they are lost")
+        if self._metrics_missed:
+            causes = sorted({guard.why_undelivered for guard in self.metric_guards if guard.why_undelivered}) or [
+                "no answer before the deadline"]
+            where = ", ".join(sorted({guard.endpoint for guard in self.metric_guards}))
+            lines.append(f"looptrace: the metrics could not be delivered to {where} ({'; '.join(causes)}); metrics "
+                         "are not saved (the spans, delivered or saved, hold what they count)")
         return "\n".join(lines) or None
 
     @contextlib.contextmanager
-    def _deadline(self, deadline: float) -> Iterator[None]:
+    def _guards_until(self, deadline: Deadline, *, then: Callable[[], float] | None) -> Iterator[None]:
+        """Every guard keeps ``deadline`` while the block runs; afterwards none (``then=None``: a flush) or the
+        moment ``then`` gives (a shutdown: an export still waiting gives up at once)."""
         guards: list[GuardedExporter | GuardedMetricExporter] = [*self.guards, *self.metric_guards]
         for guard in guards:
-            guard.set_deadline(deadline)
+            guard.set_deadline(deadline.at)
         try:
             yield
         finally:
+            after = None if then is None else then()
             for guard in guards:
-                guard.set_deadline(None)
-
-
-def _remaining_ms(deadline: float) -> int:
-    return max(int((deadline - time.monotonic()) * 1000), 0)
+                guard.set_deadline(after)
 
 
 def _succeeded(call: Callable[..., Any], *args: Any) -> bool:
@@ -338,6 +388,7 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
 
 def _build_direct(settings: Settings) -> Telemetry:
     """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
+    settings_ignored(settings.ignored)
     provider = DirectTracerProvider(_resource(settings), settings.trace_file)
     telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
                           trace_file=settings.trace_file, meter_provider=None)
@@ -352,6 +403,7 @@ def _register_sinks(telemetry: Telemetry) -> None:
 
 
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
+    settings_ignored(settings.ignored)
     names = settings.chosen_exporters()
     if app_provider is None:
         resource = _resource(settings)

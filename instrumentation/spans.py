@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,14 +23,16 @@ from . import langfuse
 from . import semconv as sc
 from .alerts import AlertContext, Alerts, AnomalySinks
 from .content import (
+    CallSecrets,
     CaptureMode,
     MessageLog,
     cap,
     genai_message,
     genai_tool_definition,
     last_user_text,
-    redact,
+    redact_with_secrets,
     resolve_capture,
+    scrub,
     to_json,
 )
 from .detector import Anomaly, canonical_arguments, result_digest
@@ -82,7 +83,6 @@ def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
 
 def _nothing(owner: Any, *args: Any, **kwargs: Any) -> None:
     return None
-_quote = json.encoder.encode_basestring  # a text as JSON, exactly as content.to_json writes it, without json.dumps
 
 
 class Tracing:
@@ -202,7 +202,9 @@ class Tracing:
         run_content: dict[str, str] = {}
         if self.capture_content:
             messages = [{"role": "user", "content": task}] if isinstance(task, str) else task
-            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m) for m in messages]), self.max_chars)
+            secrets: CallSecrets = {}  # a continued conversation's earlier calls: their results are scrubbed too
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m, secrets) for m in messages]),
+                                                       self.max_chars)
             attributes[sc.INPUT_VALUE] = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as input
         if self.capture_content or self.capture_events:
             # Encoded once per run; every chat span repeats them, so a generation shows the prompt the model got.
@@ -217,7 +219,10 @@ class Tracing:
         attributes.update(langfuse.root_attributes(
             joins_outer_trace=joins, trace_input=attributes.get(sc.INPUT_VALUE)))
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes)
-        return RunSpan(self, span, agent, common, run_content, joins)
+        # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.
+        system_message = (to_json({"role": "system", "content": cap(system, self.max_chars)})
+                          if self.capture_content and system else None)
+        return RunSpan(self, span, agent, common, run_content, joins, system_message)
 
 
 def _joins_outer_trace() -> bool:
@@ -237,10 +242,11 @@ class RunSpan:
     """The root span of a run and the factory of its turns."""
 
     __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "sinks", "span",
-                 "tracing")
+                 "system_message", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
-                 content: dict[str, str] | None = None, joins: bool = False) -> None:
+                 content: dict[str, str] | None = None, joins: bool = False,
+                 system_message: str | None = None) -> None:
         self.tracing = tracing
         self.span = span
         self.agent = agent
@@ -249,8 +255,18 @@ class RunSpan:
         self.messages = MessageLog()
         self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
         self.joins = joins  # the run joined an outer trace: its trace output is set explicitly too
-        self.finish_reason = "error"  # of the newest model response, for the run's output message
+        self.finish_reason: str | None = None  # of the newest model response (or "error"), for the root span
         self.sinks = tracing.sinks  # where this run's anomalies are reported, decided at its start
+        self.system_message = system_message  # {"role": "system", "content": ...} as JSON, when content is captured
+
+    def input_view(self, history: str) -> str:
+        """A model call's input as Langfuse shows it from gen_ai.*: the system prompt as a first system message,
+        then the messages. Sent as input.value, which Phoenix shows and Langfuse reads first, so both show this one
+        view and Langfuse users keep the system prompt. A history cut mid-message (no longer a JSON list) is left as
+        it is, as Langfuse leaves it."""
+        if self.system_message is None or not (history.startswith("[") and history.endswith("]")):
+            return history
+        return f"[{self.system_message}]" if history == "[]" else f"[{self.system_message},{history[1:]}"
 
     @property
     def trace_url(self) -> str | None:
@@ -300,10 +316,11 @@ class RunSpan:
         }
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
+        if self.finish_reason is not None:
+            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (self.finish_reason,)  # of the response the run ended on
         if final_text and self.tracing.capture_content:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
-                {"type": "text", "content": final_text}], "finish_reason": self.finish_reason}]),
-                self.tracing.max_chars)
+                {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
             attributes[sc.OUTPUT_VALUE] = cap(final_text, self.tracing.max_chars)
             if self.joins:
                 attributes[langfuse.TRACE_OUTPUT] = attributes[sc.OUTPUT_VALUE]
@@ -403,9 +420,11 @@ class TurnSpan:
             history, omitted = self.run.messages.input_messages_json(params.get("messages", []), tracing.max_chars)
             if omitted:
                 attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
-        if tracing.capture_content:
+        if tracing.capture_content and history is not None:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             attributes.update(self.run.content)
+            attributes[sc.INPUT_VALUE] = self.run.input_view(history)
+            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
         span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -414,15 +433,15 @@ class TurnSpan:
                         history if tracing.capture_events else None)
 
     def _untraced_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
-        return ToolSpan(self.run, _NON_RECORDING, name, redact(arguments))
+        return ToolSpan(self.run, _NON_RECORDING, name, *redact_with_secrets(arguments))
 
     @_never_raises("execute_tool span", _untraced_tool)
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
         """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
-        the call (spans, the detector, alerts) may quote."""
-        arguments = redact(arguments)
+        the call (spans, the detector, alerts) may quote; ``scrub`` takes what they hid out of the call's result."""
+        arguments, secrets = redact_with_secrets(arguments)
         if not self.recording:
-            return ToolSpan(self.run, _NON_RECORDING, name, arguments)
+            return ToolSpan(self.run, _NON_RECORDING, name, arguments, secrets)
         attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: name,
@@ -435,14 +454,17 @@ class TurnSpan:
             attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
         tracing = self.run.tracing
         if tracing.capture_content:
-            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(arguments), tracing.max_chars)
+            encoded = cap(to_json(arguments), tracing.max_chars)
+            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
+            attributes[sc.INPUT_VALUE] = encoded  # Phoenix's Input (Langfuse reads the same text either way)
+            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
         else:
             attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
         span = tracing.tracer.start_span(
             sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
-        return ToolSpan(self.run, span, name, arguments)
+        return ToolSpan(self.run, span, name, arguments, secrets)
 
     @_never_raises("turn span", _end_span)
     def end(self, *, stop_reason: str | None) -> None:
@@ -520,12 +542,16 @@ class ChatSpan:
         tracing = self.run.tracing
         if tracing.capture_content or tracing.capture_events:
             # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
-            encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")}))
+            encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")},
+                                            self.run.messages.secrets))
             self.run.messages.remember(encoded)
-            quoted = _quote(finish) if type(finish) is str else to_json(finish)
-            output = cap(f'[{encoded[:-1]},"finish_reason":{quoted}}}]', tracing.max_chars)
+            # No finish_reason inside the message: the conventions deprecate it there in favour of
+            # gen_ai.response.finish_reasons, which this span carries.
+            output = cap(f"[{encoded}]", tracing.max_chars)
             if tracing.capture_content:
                 attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
+                attributes[sc.OUTPUT_VALUE] = output  # the same text object: Phoenix's Output, Langfuse's as before
+                attributes[sc.OUTPUT_MIME_TYPE] = sc.MIME_JSON
             if tracing.capture_events:
                 event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
                 self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
@@ -589,14 +615,20 @@ class JudgeSpan:
 
 
 class ToolSpan:
-    __slots__ = ("arguments", "flagged", "run", "span", "tool")
+    __slots__ = ("arguments", "flagged", "run", "secrets", "span", "tool")
 
-    def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any) -> None:
+    def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any, secrets: tuple[str, ...] = ()) -> None:
         self.run = run
         self.span = span
         self.tool = tool
         self.arguments = arguments  # redacted
+        self.secrets = secrets  # what the redaction hid, in the forms a tool's text may quote it
         self.flagged: str | None = None  # the status message of an anomaly this call is part of
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the values of this call's redacted arguments replaced wherever it quotes them (a tool's
+        error message echoing ``?access_token=...``): what its result may be shown as."""
+        return scrub(text, self.secrets) if self.secrets else text
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
@@ -615,6 +647,7 @@ class ToolSpan:
             metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
         if not self.span.is_recording():
             return
+        result = self.scrub(result)  # the model got the real text; everything recorded gets it without the secret
         attributes: dict[str, Any] = {
             sc.TOOL_RESULT_DIGEST: result_digest(result),
             sc.TOOL_IS_ERROR: is_error,
@@ -623,7 +656,7 @@ class ToolSpan:
         }
         tracing = self.run.tracing
         if tracing.capture_content:
-            attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
+            attributes[sc.GEN_AI_TOOL_CALL_RESULT] = attributes[sc.OUTPUT_VALUE] = cap(result, tracing.max_chars)
         if is_error:
             # Without content capture the error's text stays off the span too: it can quote the arguments. The
             # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an

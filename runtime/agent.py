@@ -343,12 +343,15 @@ class Agent:
             call.error_type = type(original).__qualname__ if call.outcome == "error" else None
         call.full_length = len(call.result)
         call.result = _truncate_result(call.result, self.max_tool_result_chars)
+        # The model gets the result as it is (it sent the secret itself); whatever reports on the call gets it as the
+        # spans hold it, with a redacted argument's value scrubbed where the tool's text quotes it back.
+        shown = call.span.scrub(call.result)
         if run.detector is not None:
             # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
             run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
-                                          call_id=call.call_id, is_error=call.is_error, result=call.result))
+                                          call_id=call.call_id, is_error=call.is_error, result=shown))
         if self.on_event is not None:
-            self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, call.result,
+            self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, shown,
                                     call.is_error, call.outcome, call.duration_s))
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
         if call.is_error:

@@ -1,10 +1,13 @@
-"""The GenAI semantic conventions' message and tool-definition structure (v1.41), as models to validate spans with.
+"""The GenAI semantic conventions' message and tool-definition structure, as models to validate spans with.
 
 Written from the conventions' JSON schemas for gen_ai.input.messages, gen_ai.output.messages,
-gen_ai.system_instructions and gen_ai.tool.definitions: each message has a role and a list of parts; each part is
-discriminated by its ``type``; an output message also states its ``finish_reason``; a function tool is
-``{type: "function", name, description?, parameters?}``. The schemas allow extra properties and parts of other
-types (their GenericPart), so do these models; a part whose type is one of the known ones must have that part's shape.
+gen_ai.system_instructions and gen_ai.tool.definitions (model/gen-ai/*.json in open-telemetry/semantic-conventions-genai,
+where the GenAI conventions moved from open-telemetry/semantic-conventions): each message has a role and a list of
+parts; each part is discriminated by its ``type``; a function tool is ``{type: "function", name, description?,
+parameters?}``. An output message's ``finish_reason`` is deprecated there ("report finish reasons in
+gen_ai.response.finish_reasons instead") and no longer required, so these models refuse it: looptrace sends the finish
+reasons on the span. The schemas allow extra properties and parts of other types (their GenericPart), so do these
+models; a part whose type is one of the known ones must have that part's shape.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter
 
 KNOWN_PART_TYPES = {"text", "tool_call", "tool_call_response", "server_tool_call", "server_tool_call_response",
                     "blob", "file", "uri", "reasoning"}
-FINISH_REASONS = {"stop", "length", "content_filter", "tool_call", "error"}  # well known; others are allowed
+FINISH_REASONS = {"stop", "length", "content_filter", "tool_call", "compaction", "error"}  # well known; others are allowed
 
 
 class _Open(BaseModel):
@@ -107,7 +110,10 @@ class ChatMessage(_Open):
 
 
 class OutputMessage(ChatMessage):
-    finish_reason: str  # required on output messages
+    def model_post_init(self, _context: Any) -> None:
+        super().model_post_init(_context)
+        # Deprecated by the output messages schema: the finish reasons belong in gen_ai.response.finish_reasons.
+        assert "finish_reason" not in (self.model_extra or {}), "finish_reason inside an output message is deprecated"
 
 
 class FunctionToolDefinition(_Open):

@@ -7,6 +7,7 @@ of Langfuse's OTel ingestion, so a test says "every observation is in session S-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from fakes.messages_api import FakeMessagesAPI
-from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, unused_port
+from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, phoenix_view, unused_port
 
 from looptrace.cli.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
 from looptrace.instrumentation import langfuse as langfuse_module
@@ -273,6 +274,53 @@ def test_openinference_kinds_arrive_on_every_span(langfuse, tmp_path):  # item 1
     run_into_langfuse(tmp_path, equipment_script())
     kinds = sorted(s.attributes[sc.OPENINFERENCE_SPAN_KIND] for s in langfuse.wait_for_spans(12))
     assert kinds == ["AGENT"] + ["CHAIN"] * 4 + ["LLM"] * 4 + ["TOOL"] * 3
+
+
+def _json(value):
+    """A shown value as data when it is JSON (Langfuse renders it so), else the text itself."""
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+
+
+def test_phoenix_shows_each_model_call_and_tool_call_with_its_input_and_output(langfuse, tmp_path):
+    run_into_langfuse(tmp_path, equipment_script())
+    received = langfuse.wait_for_spans(12)
+    chats = [s for s in received if s.name.startswith("chat ")]
+    tools = [s for s in received if s.name.startswith("execute_tool ")]
+    assert len(chats) == 4 and len(tools) == 3
+    for chat in chats:
+        shown = phoenix_view(chat)
+        assert shown.kind == "LLM" and shown.input is not None and shown.output is not None
+        mime, value = shown.input
+        assert mime == "application/json"
+        # The system prompt first, then the history: the view Langfuse makes of the same call.
+        assert json.loads(value) == [{"role": "system", "content": DEMO_SYSTEM},
+                                     *json.loads(chat.attributes[sc.GEN_AI_INPUT_MESSAGES])]
+        assert shown.output == ("application/json", chat.attributes[sc.GEN_AI_OUTPUT_MESSAGES])
+        assert json.loads(shown.output[1])[0]["role"] == "assistant"  # the answer, not the response's id and model
+    for call in tools:
+        shown = phoenix_view(call)
+        assert shown.kind == "TOOL"
+        assert shown.input == ("application/json", call.attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
+        assert shown.output == ("text/plain", call.attributes[sc.GEN_AI_TOOL_CALL_RESULT])
+
+
+def test_langfuse_shows_model_and_tool_calls_as_it_did_from_the_gen_ai_attributes(langfuse, tmp_path):
+    """input.value/output.value come first in Langfuse's ingestion: they must say exactly what Langfuse makes of the
+    gen_ai.* attributes without them, the system prompt included."""
+    run_into_langfuse(tmp_path, equipment_script())
+    openinference = {sc.INPUT_VALUE, sc.OUTPUT_VALUE, sc.INPUT_MIME_TYPE, sc.OUTPUT_MIME_TYPE}
+    calls = [s for s in langfuse.wait_for_spans(12) if s.name.startswith(("chat ", "execute_tool "))]
+    for span in calls:
+        without = dataclasses.replace(span, attributes={k: v for k, v in span.attributes.items()
+                                                        if k not in openinference})
+        seen, from_gen_ai = langfuse_view(span), langfuse_view(without)
+        assert (_json(seen.input), _json(seen.output)) == (_json(from_gen_ai.input), _json(from_gen_ai.output))
+        assert seen.input and seen.output, span.name
+        if span.name.startswith("chat "):
+            assert _json(seen.input)[0] == {"role": "system", "content": DEMO_SYSTEM}
 
 
 def test_a_run_joining_an_outer_trace_is_its_root_in_langfuse_with_input_and_output(langfuse, tmp_path):  # item 1

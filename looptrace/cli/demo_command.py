@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .environment import read_settings
+from .environment import no_trace_file_reason, read_settings
 from .exit_codes import EXIT_CODE_HELP
 from .running import (
     EXIT_CODES,
@@ -73,20 +73,21 @@ def demo_command(args: argparse.Namespace) -> int:
                 turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
                 out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
             out.write("\n")
-            _show_written_trace(telemetry, result, out)
+            _show_written_trace(telemetry, result, out, "--exporter" if args.exporter else None)
     finally:
         close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
     return EXIT_CODES[result.status]
 
 
-def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
-    """The run read back from the trace file, as `looptrace traces show` draws it."""
+def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO, chosen_by: str | None) -> None:
+    """The run read back from the trace file, as `looptrace traces show` draws it. ``chosen_by`` is the flag that
+    chose the exporters, if one did."""
     from looptrace.instrumentation.tracefile.read import TraceFileError, read_spans
 
     from .views import render_trace
 
     if telemetry.trace_file is None:
-        out.write("(no trace file: the file exporter is not among --exporter)\n")
+        out.write(f"(no trace file: {no_trace_file_reason(telemetry, chosen_by)})\n")
         return
     try:
         spans = [s for s in read_spans(telemetry.trace_file, max_line_bytes=telemetry.settings.max_line_bytes)

@@ -15,18 +15,32 @@ from .common import UsageError
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.settings import Settings
+    from looptrace.instrumentation.setup import Telemetry
 
 
 def read_settings(**flags: Any) -> Settings:
     """The environment's settings with the command's flags over them (``Settings.with_overrides``: a flag left unset,
     None, keeps the environment's value). A value the settings refuse is a usage error, said in one line."""
     # Imported here: the trace commands call this only when they need a default path, and start without it.
+    from looptrace.instrumentation.logs import settings_ignored
     from looptrace.instrumentation.settings import ConfigurationError, Settings
 
     try:
-        return Settings.from_env().with_overrides(**flags)
+        settings = Settings.from_env().with_overrides(**flags)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
+    settings_ignored(settings.ignored)  # a value that cannot be used is said here, once, naming its variable
+    return settings
+
+
+def no_trace_file_reason(telemetry: Telemetry, chosen_by: str | None) -> str:
+    """Why a run wrote no trace file, naming what decided it: OTEL_SDK_DISABLED, the --exporter flag, or the variable
+    that chose the exporters."""
+    settings = telemetry.settings
+    if settings.telemetry_disabled:
+        return "telemetry is disabled by OTEL_SDK_DISABLED"
+    where = chosen_by or settings.exporters_variable or "the exporters chosen"
+    return f"the file exporter is not among {where}"
 
 
 def anthropic_credentials_set() -> bool:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from looptrace.instrumentation.settings import DEFAULT_MODEL
 
 from .common import UsageError
-from .environment import anthropic_credentials_set, read_settings
+from .environment import anthropic_credentials_set, no_trace_file_reason, read_settings
 from .exit_codes import EXIT_CODE_HELP
 from .running import (
     EXIT_CODES,
@@ -83,11 +83,15 @@ def run_command(args: argparse.Namespace) -> int:
     _check_priced(settings.model, args.max_cost_usd)
     if not tools:
         print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
-    try:
-        parent = (telemetry_setup.context_from_traceparent(settings.traceparent, settings.tracestate)
-                  if settings.traceparent else None)
-    except ValueError as exc:
-        raise UsageError(f"--traceparent: {exc}") from None
+    if args.traceparent:
+        try:
+            parent = telemetry_setup.context_from_traceparent(settings.traceparent, settings.tracestate)
+        except ValueError as exc:
+            raise UsageError(f"--traceparent: {exc}") from None
+    else:
+        # From TRACEPARENT, which a scheduler sets for every process it starts: a bad one costs a warning naming it,
+        # and the run goes ahead in a trace of its own (the library's rule for the variable).
+        parent = telemetry_setup.context_from_traceparent(settings=settings)
     telemetry = telemetry_setup.configure(settings)
     try:
         agent = Agent(
@@ -116,7 +120,7 @@ def run_command(args: argparse.Namespace) -> int:
                 print(result.final_text)
             if result.error:
                 print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
-            _point_at_trace(telemetry, result, sys.stderr)
+            _point_at_trace(telemetry, result, sys.stderr, "--exporter" if args.exporter else None)
     finally:
         close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
     return EXIT_CODES[result.status]
@@ -206,8 +210,11 @@ def _line_in(path: Path, exc: BaseException) -> int | None:
     return line
 
 
-def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+def _point_at_trace(telemetry: Telemetry, result: RunResult, out: TextIO, chosen_by: str | None = None) -> None:
     """The end of every run: its trace id, where to look at it locally, and its link in Langfuse when there is one."""
+    if telemetry.settings.telemetry_disabled:
+        out.write(f"no trace: {no_trace_file_reason(telemetry, chosen_by)}\n")
+        return
     where = (f" written to {telemetry.trace_file}; see it with: looptrace traces show --trace-id {result.trace_id[:12]}"
              if telemetry.trace_file is not None else "")
     out.write(f"trace {result.trace_id}{where}\n")

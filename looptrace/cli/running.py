@@ -87,6 +87,9 @@ def execute(agent: Agent, task: str, telemetry: Telemetry,
         raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        # The way out starts here: this flush and the shutdown in close() share one deadline, so the exit waits
+        # for the backends at most that long in all, whatever they do.
+        telemetry.leaving()
         telemetry.flush()
 
 
@@ -111,9 +114,11 @@ WEBHOOK_WAIT_S = 5.0
 
 
 def close(telemetry: Telemetry) -> None:
-    """Deliver or spill everything, within a bound, and say where undelivered spans went."""
+    """Deliver or spill everything, within the exit's one deadline, and say what could not be delivered."""
+    deadline = telemetry.leaving()
     for alerts in _ALERTS:
-        alerts.wait(WEBHOOK_WAIT_S)  # posts run on daemon threads: without this an exit would cut them off
+        # posts run on daemon threads: without this an exit would cut them off
+        alerts.wait(min(WEBHOOK_WAIT_S, deadline.remaining_s()))
     _ALERTS.clear()
     telemetry.shutdown()
     notice = telemetry.spill_notice()
@@ -122,20 +127,11 @@ def close(telemetry: Telemetry) -> None:
 
 
 def print_json(result: RunResult, out: TextIO) -> None:
-    """The RunResult as one JSON object on one line, tool arguments redacted as the spans hold them."""
+    """The RunResult as one JSON object on one line, as the spans hold it: tool arguments redacted, and what they hid
+    scrubbed from the results that quote it."""
+    from looptrace.instrumentation.content import redacted_history
+
     shown = result.to_dict()
-    # Output is a place secrets must not reach, like a span: tool arguments are printed as the spans hold them.
-    shown["messages"] = [_with_redacted_arguments(message) for message in shown["messages"]]
+    # Output is a place secrets must not reach, like a span; the RunResult itself keeps the history the model saw.
+    shown["messages"] = redacted_history(shown["messages"])
     out.write(json.dumps(shown, ensure_ascii=False, default=str) + "\n")
-
-
-def _with_redacted_arguments(message: Any) -> Any:
-    from looptrace.instrumentation.content import redact
-
-    blocks = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(blocks, list):
-        return message
-    return {**message, "content": [
-        {**block, "input": redact(block.get("input"))}
-        if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use") else block
-        for block in blocks]}

@@ -12,7 +12,8 @@ send, decode the protobuf, and keep everything they saw for assertions.
 * ``unused_port()``: a port nothing listens on, for "connection refused".
 * ``langfuse_view(span)``: what Langfuse's OTel ingestion makes of a received span (observation type, trace name,
   session, user, tags, metadata, environment, input, output, level), following its mapping rules, so tests assert
-  what a user would see in Langfuse rather than attribute spellings.
+  what a user would see in Langfuse rather than attribute spellings. ``phoenix_view(span)``: the same for Phoenix
+  (kind, Input, Output).
 
 As a Langfuse stand-in the HTTP receiver also answers ``GET /api/public/projects`` (the project the keys belong
 to, ``project_id``) and counts those look-ups in ``project_lookups``; they are not OTLP requests and stay out of
@@ -61,12 +62,14 @@ __all__ = [
     "LangfuseObservation",
     "OTLPGrpcReceiver",
     "OTLPReceiver",
+    "PhoenixSpan",
     "Received",
     "ReceivedDataPoint",
     "ReceivedMetric",
     "ReceivedSpan",
     "Reject",
     "langfuse_view",
+    "phoenix_view",
     "unused_port",
 ]
 
@@ -860,6 +863,33 @@ class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
 
 
 # --------------------------------------------------------------------------
+# What Phoenix shows of a span
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class PhoenixSpan:
+    kind: str
+    input: tuple[str, str] | None  # (mime type, value)
+    output: tuple[str, str] | None
+
+
+def phoenix_view(span: ReceivedSpan) -> PhoenixSpan:
+    """A received span as Phoenix shows it (src/phoenix/server/api/types/Span.py in Arize-ai/phoenix, to_gql_span):
+    its kind from openinference.span.kind, and its Input and Output from input.value and output.value alone, each with
+    its mime type (text/plain unless said otherwise). gen_ai.* plays no part in either."""
+    a = span.attributes
+
+    def value(key: str) -> tuple[str, str] | None:
+        if a.get(f"{key}.value") is None:
+            return None
+        return a.get(f"{key}.mime_type") or "text/plain", a[f"{key}.value"]
+
+    return PhoenixSpan(kind=str(a.get("openinference.span.kind", "UNKNOWN")).upper(), input=value("input"),
+                       output=value("output"))
+
+
+# --------------------------------------------------------------------------
 # What Langfuse makes of a span
 # --------------------------------------------------------------------------
 
@@ -902,6 +932,54 @@ def _first(attributes: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+def _langfuse_input_and_output(a: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> tuple[Any, Any]:
+    """An observation's input and output, in the order of extractInputAndOutput (the part looptrace's spans touch):
+    Langfuse's own keys; the GenAI operation-details event; OpenInference's input.value/output.value, taken as a pair
+    as soon as either is set; then the GenAI messages and tool call (extractOpenTelemetryGenAiInputAndOutput)."""
+    if a.get("langfuse.observation.input") is not None or a.get("langfuse.observation.output") is not None:
+        return a.get("langfuse.observation.input"), a.get("langfuse.observation.output")
+    for name, attributes in events:
+        if name == "gen_ai.client.inference.operation.details":
+            found = _genai_input_and_output(attributes)
+            if found is not None:
+                return found
+    if a.get("input.value") or a.get("output.value"):
+        return a.get("input.value"), a.get("output.value")
+    return _genai_input_and_output(a) or (None, None)
+
+
+def _genai_input_and_output(a: dict[str, Any]) -> tuple[Any, Any] | None:
+    messages, output = a.get("gen_ai.input.messages"), a.get("gen_ai.output.messages")
+    if messages and a.get("gen_ai.system_instructions"):
+        messages = _with_system_first(messages, a["gen_ai.system_instructions"])
+    if messages or output:
+        return messages, output
+    if a.get("gen_ai.tool.call.arguments") or a.get("gen_ai.tool.call.result"):
+        return a.get("gen_ai.tool.call.arguments"), a.get("gen_ai.tool.call.result")
+    return None
+
+
+def _with_system_first(messages: Any, instructions: Any) -> Any:
+    """prependSystemInstructions: the instructions' text parts joined by newlines, as a first system message, unless
+    the messages already hold one or are no JSON list (then they are shown as they are)."""
+    try:
+        parsed = json.loads(messages) if isinstance(messages, str) else messages
+    except ValueError:
+        return messages
+    if not isinstance(parsed, list) or any(isinstance(m, dict) and m.get("role") == "system" for m in parsed):
+        return messages
+    try:
+        parts = json.loads(instructions) if isinstance(instructions, str) else instructions
+    except ValueError:
+        parts = instructions
+    if isinstance(parts, list):
+        content = "\n".join(str(p["content"]) if isinstance(p, dict) and p.get("content") else str(p) for p in parts)
+    else:
+        content = str(parts)
+    merged = [{"role": "system", "content": content}, *parsed]
+    return json.dumps(merged, ensure_ascii=False, separators=(",", ":")) if isinstance(messages, str) else merged
+
+
 def langfuse_view(span: ReceivedSpan) -> LangfuseObservation:
     """One received span as a Langfuse observation, by Langfuse's rules (the subset looptrace's spans touch)."""
     a, resource = span.attributes, span.resource
@@ -918,15 +996,7 @@ def langfuse_view(span: ReceivedSpan) -> LangfuseObservation:
     prefix = "langfuse.trace.metadata."
     metadata = {key[len(prefix):]: value for key, value in a.items() if key.startswith(prefix)}
     tags = a.get("langfuse.trace.tags") or []
-    # Input and output: Langfuse's own keys, then OpenInference's input.value/output.value (as a pair), then the
-    # GenAI messages, then the GenAI tool call.
-    pairs = (("langfuse.observation.input", "langfuse.observation.output"), ("input.value", "output.value"),
-             ("gen_ai.input.messages", "gen_ai.output.messages"), ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result"))
-    observed_input = observed_output = None
-    for input_key, output_key in pairs:
-        if a.get(input_key) or a.get(output_key):
-            observed_input, observed_output = a.get(input_key), a.get(output_key)
-            break
+    observed_input, observed_output = _langfuse_input_and_output(a, span.events)
     usage = a.get("langfuse.observation.usage_details")
     is_root = span.parent_span_id is None or str(a.get("langfuse.internal.as_root")).lower() == "true"
     return LangfuseObservation(

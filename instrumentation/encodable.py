@@ -1,0 +1,160 @@
+"""Spans the OTLP protobuf encoders can take whole: the one step between a batch and a network exporter.
+
+The OpenTelemetry encoders turn every text into UTF-8. A lone surrogate (``"\\ud800"``: a tool result decoded
+badly, or a JSON escape in a model's answer) cannot be, and the encoder then logs a traceback per attribute and drops
+the attribute; in a span's name, status or an event's name it fails the whole batch. An attribute key that is not
+text (a spill line edited by hand, another producer's file) is dropped the same way. The trace file already repairs
+both (``tracefile.encode``); this is the same repair for the copies sent to Langfuse and collectors:
+
+* a lone surrogate becomes U+FFFD, wherever the text is (attribute values at any depth, keys, names, the status);
+* a key that is not text is kept as its text (``5`` -> ``"5"``), with one warning per process;
+* a repaired span says which keys were repaired in ``looptrace.repaired_attributes``, as the trace file's copy does.
+
+A span that needs nothing is passed on as it is; ASCII text, nearly all of it, is checked in constant time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import Link, Status
+
+from .logs import log
+from .semconv import REPAIRED_ATTRIBUTES
+
+__all__ = ["encodable_spans"]
+
+_warned_keys = False
+
+
+def encodable_spans(spans: Sequence[ReadableSpan]) -> Sequence[ReadableSpan]:
+    """``spans``, each one the protobuf encoders would refuse part of replaced by a repaired copy."""
+    repaired: list[ReadableSpan] | None = None
+    for position, span in enumerate(spans):
+        fixed = _repaired_span(span)
+        if fixed is not span:
+            if repaired is None:
+                repaired = list(spans)
+            repaired[position] = fixed
+    return spans if repaired is None else repaired
+
+
+def _text_ok(text: str) -> bool:
+    if text.isascii():  # known to CPython without looking at the characters
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _clean_text(text: str) -> str:
+    # Round-tripping through UTF-16 turns each lone surrogate into U+FFFD and keeps every other character.
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _clean_value(value: Any) -> Any:
+    """``value`` itself when it encodes, else a repaired copy (text, sequences and mappings at any depth)."""
+    if isinstance(value, str):
+        return value if _text_ok(value) else _clean_text(value)
+    if isinstance(value, (list, tuple)):
+        items = [_clean_value(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else tuple(items)
+    if isinstance(value, Mapping):
+        cleaned = _clean_attributes(value, [])
+        return value if cleaned is None else cleaned
+    return value
+
+
+def _clean_attributes(attributes: Mapping[Any, Any] | None, repaired_keys: list[str]) -> dict[str, Any] | None:
+    """A repaired copy of ``attributes``, or None when every key and value encodes as it is. The keys that needed
+    repair are added to ``repaired_keys``."""
+    if not attributes:
+        return None
+    copy: dict[str, Any] | None = None
+    for position, (key, value) in enumerate(attributes.items()):
+        clean_key = _clean_key(key)
+        clean_value = _clean_value(value)
+        if copy is None and (clean_key is not key or clean_value is not value):
+            copy = dict(list(attributes.items())[:position])
+        if copy is not None:
+            copy[clean_key] = clean_value
+            if clean_key is not key or clean_value is not value:
+                repaired_keys.append(clean_key)
+    return copy
+
+
+def _clean_key(key: Any) -> str:
+    global _warned_keys
+    if isinstance(key, str):
+        return key if _text_ok(key) else _clean_text(key)
+    text = _clean_text(str(key))
+    if not _warned_keys:
+        _warned_keys = True
+        log.warning("attribute_key_not_text", key=text[:60],
+                    problem="an attribute key is not text; OTLP keys are strings",
+                    hint="the attribute is sent under the key's text form")
+    return text
+
+
+def _repaired_span(span: ReadableSpan) -> ReadableSpan:
+    repaired_keys: list[str] = []
+    attributes = _clean_attributes(span.attributes, repaired_keys)
+    name = _clean_value(span.name)
+    description = span.status.description
+    clean_description = _clean_value(description) if description else description
+    events = [_repaired_event(event, repaired_keys) for event in span.events]
+    links = [_repaired_link(link, repaired_keys) for link in span.links]
+    resource = _repaired_resource(span.resource)
+    changed = (attributes is not None or name is not span.name or clean_description is not description
+               or any(new is not old for new, old in zip(events, span.events, strict=True))
+               or any(new is not old for new, old in zip(links, span.links, strict=True))
+               or resource is not span.resource)
+    if not changed:
+        return span
+    if name is not span.name:
+        repaired_keys.append("span.name")
+    if clean_description is not description:
+        repaired_keys.append("status.message")
+    kept = dict(span.attributes or {}) if attributes is None else attributes
+    earlier = kept.get(REPAIRED_ATTRIBUTES)
+    before = list(earlier) if isinstance(earlier, (list, tuple)) else []
+    kept[REPAIRED_ATTRIBUTES] = tuple(dict.fromkeys([*before, *repaired_keys]))
+    return ReadableSpan(
+        name=name, context=span.context, parent=span.parent, resource=resource, attributes=kept, events=events,
+        links=links, kind=span.kind, status=Status(span.status.status_code, clean_description),
+        start_time=span.start_time, end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
+
+
+def _repaired_event(event: Event, repaired_keys: list[str]) -> Event:
+    attributes = _clean_attributes(event.attributes, repaired_keys)
+    name = _clean_value(event.name)
+    if attributes is None and name is event.name:
+        return event
+    if name is not event.name:
+        repaired_keys.append("event.name")
+    return Event(name, event.attributes if attributes is None else attributes, event.timestamp)
+
+
+def _repaired_link(link: Link, repaired_keys: list[str]) -> Link:
+    attributes = _clean_attributes(link.attributes, repaired_keys)
+    return link if attributes is None else Link(link.context, attributes)
+
+
+_resources: dict[int, tuple[Resource, Resource]] = {}  # id -> (the resource, its repaired form): one per provider
+
+
+def _repaired_resource(resource: Resource) -> Resource:
+    known = _resources.get(id(resource))
+    if known is not None and known[0] is resource:
+        return known[1]
+    attributes = _clean_attributes(resource.attributes, [])
+    repaired = resource if attributes is None else Resource(attributes, resource.schema_url)
+    if len(_resources) > 64:  # a process has a handful of resources; a push may bring one per batch
+        _resources.clear()
+    _resources[id(resource)] = (resource, repaired)
+    return repaired

@@ -1,0 +1,110 @@
+"""Text the OTLP protobuf encoders refuse reaches the backends repaired, as the trace file already keeps it: a lone
+surrogate becomes U+FFFD (the attribute is kept, no traceback), a key that is not text is sent as its text with one
+warning, and the span says which keys were repaired. Asserted on what the receivers decode from the protobuf."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from looptrace.instrumentation import encodable
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.settings import Settings
+from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.tracefile.spill import SpillFile, push
+from looptrace.runtime import Agent, ScriptedModel, tool
+from looptrace.testing import capture_logs
+
+PUBLIC, SECRET = "pk-lf-test", "sk-lf-test-secret"
+BAD = "bytes \ud800 decoded badly"
+
+
+@tool
+def read_blob(name: str) -> str:
+    """Read a blob as text."""
+    return BAD
+
+
+SCRIPT = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_blob",
+                                                   "input": {"name": "blob"}}]},
+          {"stop_reason": "end_turn", "content": [{"type": "text", "text": "It was unreadable."}]}]
+
+
+def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
+    return [r.getMessage() for r in records if r.name.startswith("opentelemetry") and r.levelno >= logging.WARNING]
+
+
+def test_a_lone_surrogate_in_a_tool_result_reaches_langfuse_and_a_grpc_collector_repaired(tmp_path, caplog):
+    with OTLPReceiver(basic_auth=(PUBLIC, SECRET), path_prefix="/api/public/otel") as langfuse, \
+            OTLPGrpcReceiver() as collector:
+        settings = Settings.from_env(environ={
+            "LANGFUSE_PUBLIC_KEY": PUBLIC, "LANGFUSE_SECRET_KEY": SECRET, "LANGFUSE_BASE_URL": langfuse.base_url,
+            "XDG_CACHE_HOME": str(tmp_path / "cache"), "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_METRICS_EXPORTER": "none"})
+        telemetry = configure(settings, exporters="langfuse,otlp", set_global=False,
+                              spill_file=tmp_path / "spill.jsonl")
+        with caplog.at_level(logging.WARNING):
+            Agent("claude-sonnet-5-5", tools=[read_blob], client=ScriptedModel(SCRIPT),
+                  tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider).run("read it")
+            telemetry.shutdown()
+        for received in (langfuse.wait_for_spans(6), collector.wait_for_spans(6)):
+            tool_span = next(s for s in received if s.name == "execute_tool read_blob")
+            assert tool_span.attributes[sc.GEN_AI_TOOL_CALL_RESULT] == "bytes \ufffd decoded badly"
+            assert sc.GEN_AI_TOOL_CALL_RESULT in tool_span.attributes[sc.REPAIRED_ATTRIBUTES]
+            second_chat = [s for s in received if s.name.startswith("chat ")][1]
+            assert "\ufffd" in second_chat.attributes[sc.GEN_AI_INPUT_MESSAGES]  # the history that quotes it, kept
+        assert "\ufffd" in str(langfuse_view(tool_span).output)
+    assert _tracebacks(caplog.records) == []
+    assert not (tmp_path / "spill.jsonl").exists()  # delivered, not left behind as a failed batch
+
+
+def test_a_surrogate_in_a_span_name_and_status_no_longer_fails_the_whole_batch(tmp_path, caplog):
+    with OTLPReceiver() as collector:
+        telemetry = configure(Settings.from_env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+                                                         "OTEL_METRICS_EXPORTER": "none"}),
+                              exporters="otlp", set_global=False, spill_file=tmp_path / "spill.jsonl")
+        tracer = telemetry.tracer_provider.get_tracer("test")
+        with caplog.at_level(logging.WARNING):
+            with tracer.start_as_current_span("tool \udc80") as span:
+                span.set_status(Status(StatusCode.ERROR, "failed on \udc80"))
+            with tracer.start_as_current_span("a healthy neighbour"):
+                pass
+            telemetry.shutdown()
+        received = {s.name: s for s in collector.wait_for_spans(2)}
+    assert received["tool \ufffd"].status_message == "failed on \ufffd"
+    assert set(received["tool \ufffd"].attributes[sc.REPAIRED_ATTRIBUTES]) == {"span.name", "status.message"}
+    assert "a healthy neighbour" in received and _tracebacks(caplog.records) == []
+
+
+@pytest.fixture
+def spill_with_an_integer_key(tmp_path):
+    """A spill file whose one batch has an attribute under the key 5 (a number, not text), as a hand edit or another
+    producer could leave it."""
+    finished = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(finished))
+    with provider.get_tracer("test").start_as_current_span("work", attributes={"color": "blue", "size": 3}):
+        pass
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    spill.append("otlp", finished.get_finished_spans())
+    spill.path.write_text(spill.path.read_text().replace('{"key":"color"', '{"key":5'))
+    return spill
+
+
+def test_an_integer_key_in_a_spill_line_is_pushed_as_text_with_one_warning(spill_with_an_integer_key, caplog,
+                                                                           monkeypatch):
+    monkeypatch.setattr(encodable, "_warned_keys", False)  # as in a new process
+    with OTLPReceiver() as collector, capture_logs() as logs, caplog.at_level(logging.WARNING):
+        report = push(spill_with_an_integer_key.path,
+                      settings=Settings.from_env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}))
+        [span] = collector.wait_for_spans(1)
+    assert report.ok and report.sent == {"otlp": 1}
+    assert (span.attributes["5"], span.attributes["size"]) == ("blue", 3)
+    assert [entry["event"] for entry in logs] == ["attribute_key_not_text"]
+    assert _tracebacks(caplog.records) == []
