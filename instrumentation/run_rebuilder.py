@@ -271,7 +271,9 @@ def _split_off(run: _OpenRun, root_id: str, start_ns: int, end_ns: int) -> _Open
         return current
 
     starts = {span_id: start for start, span_id, _ in run.model_spans}
-    starts.update((call.span_id, call.start_ns) for call in run.calls if call.span_id)
+    for call in run.calls:
+        if call.span_id:
+            starts[call.span_id] = call.start_ns
     groups: dict[str, bool] = {}
     for span_id, start in starts.items():
         place = climb(span_id)
@@ -296,8 +298,8 @@ def _split_off(run: _OpenRun, root_id: str, start_ns: int, end_ns: int) -> _Open
     run.model_spans = [m for m in run.model_spans if not is_under(m[1])]
     run.calls = [c for c in run.calls if not (c.span_id and is_under(c.span_id))]
     for part in (nested, run):
-        starts = {start for start, _, _ in part.model_spans}
-        part.model_outputs = {start: text for start, text in run.model_outputs.items() if start in starts}
+        begun = {start for start, _, _ in part.model_spans}
+        part.model_outputs = {start: text for start, text in run.model_outputs.items() if start in begun}
         ends = [run.model_ends[span_id] for _, span_id, _ in part.model_spans if span_id in run.model_ends]
         part.last_model = max(ends, key=lambda end: end[0]) if ends else (-1, None, None)
     nested.parents = {}

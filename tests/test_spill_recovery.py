@@ -128,3 +128,82 @@ def test_pushing_a_spill_file_with_a_huge_line_holds_at_most_the_longest_line_re
     assert SpillFile(spill.path, max_line_bytes=limit).pending_spans() == 6  # both batches still there
     growth_kib = peak - base_peak
     assert growth_kib < (huge >> 10) // 8, f"peak RSS grew by {growth_kib} KiB over the baseline's {base_peak} KiB"
+
+
+# --- item 4: kill -9 with the backend down: every span of the trace file can still be pushed ---------------------
+
+PUBLIC_KEY, SECRET_KEY = "pk-lf-test", "sk-lf-test"
+
+_KILLED_RUN = """
+import pathlib, sys, time
+from looptrace.runtime import Agent, ScriptedModel, tool
+
+ready = pathlib.Path(sys.argv[1])
+
+@tool
+def lookup(key: str) -> str:
+    "Look a key up."
+    return "value of " + key
+
+@tool
+def wait_for_the_kill() -> str:
+    "Wait."
+    ready.write_text("in the tool")
+    time.sleep(600)
+    return "never"
+
+def tool_use(n, name, arguments):
+    return {"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": name,
+            "input": arguments}], "usage": {"input_tokens": 10, "output_tokens": 5}}
+
+script = [tool_use(n, "lookup", {"key": f"k{n}"}) for n in range(6)] + [tool_use(9, "wait_for_the_kill", {})]
+Agent("claude-sonnet-4-5", tools=[lookup, wait_for_the_kill], client=ScriptedModel(script)).run("go")
+"""
+
+
+def _isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("LANGFUSE_", "OTEL_", "LOOPTRACE_", "TRACE"))}
+    env.update(LOOPTRACE_TRACE_FILE=str(tmp_path / "traces.jsonl"), LOOPTRACE_SPILL_FILE=str(tmp_path / "spill.jsonl"),
+               LANGFUSE_PUBLIC_KEY=PUBLIC_KEY, LANGFUSE_SECRET_KEY=SECRET_KEY, **extra)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", ["512", "4"], ids=["all still queued", "some spilled, the rest queued"])
+def test_spans_queued_for_a_dead_backend_when_the_process_is_killed_are_pushed_once(tmp_path, batch_size):
+    import signal
+    import time
+
+    from fakes.otlp_receiver import unused_port
+
+    from looptrace.instrumentation.tracefile.read import read_spans
+
+    ready = tmp_path / "ready"
+    env = _isolated_env(tmp_path, LANGFUSE_BASE_URL=f"http://127.0.0.1:{unused_port()}",
+                        OTEL_BSP_MAX_EXPORT_BATCH_SIZE=batch_size)
+    agent = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, str(ready)], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), "the run never reached its tool"
+        time.sleep(0.3)  # the export thread has had its chance at the batches already full
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(timeout=30)
+    finished = [span.span_id for span in read_spans(tmp_path / "traces.jsonl")]
+    assert len(finished) == 19  # six turns of three spans, and the last turn's model call
+    assert list(tmp_path.glob("spill.jsonl.journal-langfuse-*"))  # left behind by the killed process
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix="/api/public/otel") as langfuse:
+        push_env = _isolated_env(tmp_path, LANGFUSE_BASE_URL=langfuse.base_url)
+        pushed = subprocess.run([sys.executable, "-m", "looptrace", "traces", "push"], env=push_env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        again = subprocess.run([sys.executable, "-m", "looptrace", "traces", "push"], env=push_env, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120)
+        received = [span.span_id for span in langfuse.spans]
+    assert pushed.returncode == 0, pushed.stderr
+    assert sorted(received) == sorted(finished)  # every finished span, each exactly once
+    assert "sent 19 spans to langfuse" in pushed.stdout
+    assert again.stdout.startswith("nothing to push") and not list(tmp_path.glob("spill.jsonl.journal-*"))

@@ -130,6 +130,31 @@ class SpillFile:
                 os.close(fd)
         return batch
 
+    def append_encoded(self, backend: str, batch: str, line: str) -> None:
+        """Add one batch already encoded as a spill line (``batch`` must be its id), fsynced: a journal's spans are
+        deleted from the journal once this returns."""
+        data = (line + "\n").encode("utf-8")
+        with self._locked():
+            fd = open_private_append(self.path)
+            try:
+                append_line(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def recover_journals(self) -> Counter:
+        """Move what abandoned journals (``journal.py``: processes gone before their queued spans were exported)
+        still hold into this file as batches; returns spans moved, per backend."""
+        from .journal import recover
+
+        def known_spans() -> set[str]:
+            return {format(span.context.span_id, "016x") for batch in self.iter_pending() for span in batch.spans}
+
+        def known_batches() -> set[str]:
+            return {batch.batch for batch in self.iter_pending()} | self.delivered()
+
+        return recover(self.path, self.max_line_bytes, known_spans, known_batches, self.append_encoded)
+
     def mark_sending(self, batch: str) -> None:
         self._record(_SENDING + batch)
 
@@ -487,6 +512,7 @@ class PushReport:
     failed: Counter = field(default_factory=Counter)  # tried and still pending
     skipped: Counter = field(default_factory=Counter)  # pending for a backend not targeted or not configured
     held: Counter = field(default_factory=Counter)  # interrupted sends, not repeated without resend_interrupted
+    recovered: Counter = field(default_factory=Counter)  # moved in from journals of processes that died mid-run
     quarantined: list[BadSpillLine] = field(default_factory=list)
     quarantine: Path | None = None
 
@@ -498,7 +524,9 @@ class PushReport:
     def summary(self) -> str:
         if not (self.sent or self.failed or self.skipped or self.held or self.quarantined):
             return f"nothing to push: {self.path} holds no pending spans"
-        parts = [f"sent {_spans(n)} to {b}" for b, n in sorted(self.sent.items())]
+        parts = [f"recovered {_spans(n)} for {b} that a process ended (killed?) before exporting"
+                 for b, n in sorted(self.recovered.items())]
+        parts += [f"sent {_spans(n)} to {b}" for b, n in sorted(self.sent.items())]
         parts += [f"{_spans(n)} for {b} still pending (it failed; see the warning)"
                   for b, n in sorted(self.failed.items())]
         parts += [f"{_spans(n)} for {b} left pending (not configured or not chosen with --to)"
@@ -546,6 +574,7 @@ def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[st
     report = PushReport(spill.path, quarantine=spill.quarantine)
     try:
         with spill.pushing():
+            report.recovered.update(spill.recover_journals())
             for batch in spill.iter_pending(on_bad_line=report.quarantined.append):
                 if batch.backend not in targets:
                     report.skipped[batch.backend] += batch.span_count
