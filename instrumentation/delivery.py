@@ -7,7 +7,8 @@ deliver to a spill sink (``spill.SpillFile``), from which ``looptrace traces pus
 
 Time a dead or slow backend can cost (measured figures are in tests/test_export.py and tests/test_setup.py):
 
-* A turn: nothing. Spans are queued by the BatchSpanProcessor and exported on its own thread.
+* A turn: nothing but one local write per span (the queue's journal, ``tracefile/journal.py``). Spans are queued by
+  the BatchSpanProcessor and exported on its own thread.
 * One export on that thread: at most the export timeout (``OTEL_EXPORTER_OTLP[_TRACES]_TIMEOUT``, default 10 s;
   ``LANGFUSE_TIMEOUT`` for Langfuse). A refused connection or rejected keys end the wait at once (about 0.05 s),
   without waiting for the exporter's own retries.

@@ -13,8 +13,11 @@ What a push guarantees, whatever the moment it is interrupted (Ctrl-C, kill -9, 
   backend: later pushes hold it back and report it, and only ``push(resend_interrupted=True)`` (``looptrace traces
   push --resend-interrupted``) sends it again, for a backend that tolerates a second copy.
 * Never lost. A batch is always pending, held, delivered, or quarantined. A line that cannot be read back (torn by a
-  crash, not JSON, not trace data) is moved to ``<file>.quarantine``, kept there and reported, and no longer stands
-  in the way of the batches after it.
+  crash, not JSON, not trace data, or spans the wire encoder refuses) is moved to ``<file>.quarantine``, kept there
+  and reported, and no longer stands in the way of the batches after it. Spans a killed process still had queued
+  for export are in its journal (``journal.py``); a push first moves them in here as batches.
+* Bounded memory. Pushing and compacting read one line at a time, at most ``max_line_bytes`` of it; a longer line
+  is read past (or copied into the quarantine) in 1 MiB chunks.
 
 Pushes exclude each other with an advisory lock; writers (a run spilling, a push compacting) share another, held
 only for the write. Every file here is created 0600 (its directory 0700): spans hold prompts and tool results.
