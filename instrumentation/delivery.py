@@ -7,7 +7,8 @@ deliver to a spill sink (``spill.SpillFile``), from which ``looptrace traces pus
 
 Time a dead or slow backend can cost (measured figures are in tests/test_export.py and tests/test_setup.py):
 
-* A turn: nothing. Spans are queued by the BatchSpanProcessor and exported on its own thread.
+* A turn: nothing but one local write per span (the queue's journal, ``tracefile/journal.py``). Spans are queued by
+  the BatchSpanProcessor and exported on its own thread.
 * One export on that thread: at most the export timeout (``OTEL_EXPORTER_OTLP[_TRACES]_TIMEOUT``, default 10 s;
   ``LANGFUSE_TIMEOUT`` for Langfuse). A refused connection or rejected keys end the wait at once (about 0.05 s),
   without waiting for the exporter's own retries.
@@ -68,6 +69,13 @@ class SpillSink(Protocol):
     def mark_delivered(self, batch: str) -> None:
         """The batch got through after all: it must never be pushed."""
         ...
+
+
+class SpanJournal(Protocol):
+    """Where the spans queued for export were written as they ended (``tracefile.journal.SpanJournal``): told when
+    the export is done with them, so that only the spans a killed process left in its queue are recovered."""
+
+    def settle(self, spans: Sequence[ReadableSpan]) -> None: ...
 
 
 class _Sender:
@@ -211,7 +219,8 @@ class GuardedExporter(SpanExporter):
     ``export`` waits for the inner exporter at most ``timeout_s`` (less when a flush deadline is set, much less when
     the connection is refused or the keys are rejected). What it cannot deliver goes to ``spill`` (when given), and
     the first failure of each cause is reported once. After a failure the backend is left alone for
-    ``RETRY_AFTER_FAILURE_S``; batches meanwhile go straight to the spill file.
+    ``RETRY_AFTER_FAILURE_S``; batches meanwhile go straight to the spill file. A ``journal`` (set by the pipeline
+    that journals its queue) is told of every batch delivered or spilled.
     """
 
     def __init__(self, name: str, inner: SpanExporter, *, endpoint: str, probe: OutcomeProbe | None = None,
@@ -219,6 +228,7 @@ class GuardedExporter(SpanExporter):
         self.name = name
         self.inner = inner
         self.spill = spill
+        self.journal: SpanJournal | None = None
         self._delivery = _Delivery(name, "traces", endpoint, probe or OutcomeProbe(), timeout_s)
         self._spilled: dict[str, int] = {}  # batch id -> spans, for this exporter's lifetime
         self._spill_lock = threading.Lock()
@@ -262,16 +272,19 @@ class GuardedExporter(SpanExporter):
         delivery = self._delivery
         skip = delivery.reason_to_skip()
         if skip is not None:
-            self._save(spans, skip)
+            if self._save(spans, skip) is not None:
+                self._settle(spans)
             return SpanExportResult.FAILURE
         sendable = encodable_spans(spans)  # text the protobuf encoders would drop, repaired as the trace file does
         failure, future = delivery.attempt(lambda: self.inner.export(sendable),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
             self._count_delivered(len(spans))
+            self._settle(spans)
             return SpanExportResult.SUCCESS
         batch = self._save(spans, failure)
         if batch is not None:
+            self._settle(spans)
             # Possibly still on the wire (the wait was cut short): if it gets through after all, the spilled copy
             # must never be pushed. A future that already ended runs the callback at once.
             future.add_done_callback(lambda done: self._late_answer(done, batch, len(spans)))
@@ -292,6 +305,14 @@ class GuardedExporter(SpanExporter):
         else:
             self._delivery.warn_once(failure)
         return batch
+
+    def _settle(self, spans: list[ReadableSpan]) -> None:
+        journal = self.journal
+        if journal is not None:
+            try:
+                journal.settle(spans)
+            except Exception:  # noqa: BLE001 - a journal that fails keeps its spans: a later push may send them twice
+                pass
 
     def _late_answer(self, future: Future[Any], batch: str, count: int) -> None:
         try:

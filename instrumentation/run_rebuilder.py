@@ -8,8 +8,10 @@ gives the way the run ended. Results are compared by `looptrace.tool.result_dige
 without content capture), else by the digest of `gen_ai.tool.call.result`.
 
 A trace is judged when its root span arrives (roots end last, so in a trace file they come after their children);
-traces whose root never arrives are judged at the end of the input. Memory holds the compact calls of the traces
-still open, not the spans.
+traces whose root never arrives are judged at the end of the input. An agent run inside another's tool (a sub-agent,
+a hand-off) is a run of its own: when its `invoke_agent` span arrives, the spans under it (its turns, model calls
+and tools, all ended by then) are judged as one run, and the outer run goes on without them. Memory holds the
+compact calls of the traces still open (and their span tree), not the spans.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class _Call:
     result_digest: str | None
     result: Any = None  # the recorded result (content capture on): error texts, and the batch an error came in
     turn: int = 0  # set when the run is judged
+    span_id: str = ""  # which run it belongs to, when runs nest, is read from the span tree
 
 
 @dataclass(slots=True)
@@ -62,6 +65,8 @@ class _OpenRun:
     root_name: str = ""
     root_text: str | None = None  # the root's gen_ai.output.messages, unparsed
     root_status: str | None = None
+    parents: dict[str, str | None] = field(default_factory=dict)  # span id -> parent span id, to tell nested runs apart
+    model_ends: dict[str, tuple[int, str | None, Any]] = field(default_factory=dict)  # span id -> last_model's kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,7 @@ class RunRebuilder:
             if len(self._open) > self.max_open_traces:  # a root that never comes must not hold memory forever
                 self._open.popitem(last=False)
         operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
+        run.parents[span.span_id] = span.parent_span_id
         if run.session_id is None and isinstance(attributes.get(sc.GEN_AI_CONVERSATION_ID), str):
             run.session_id = attributes[sc.GEN_AI_CONVERSATION_ID]
         if operation == sc.OPERATION_EXECUTE_TOOL or (operation is None and sc.GEN_AI_TOOL_NAME in attributes):
@@ -107,8 +113,21 @@ class RunRebuilder:
             run.model_spans.append((span.start_ns, span.span_id, span.parent_span_id))
             if sc.GEN_AI_OUTPUT_MESSAGES in attributes:
                 run.model_outputs[span.start_ns] = attributes[sc.GEN_AI_OUTPUT_MESSAGES]
+            ending = (span.start_ns, _stop_reason(attributes), attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
+            run.model_ends[span.span_id] = ending
             if span.start_ns >= run.last_model[0]:  # output text kept raw: only the last one is ever parsed
-                run.last_model = (span.start_ns, _stop_reason(attributes), attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
+                run.last_model = ending
+        if span.parent_span_id is not None and operation == sc.OPERATION_INVOKE_AGENT:
+            nested = _split_off(run, span.span_id, span.start_ns, getattr(span, "end_ns", 0) or span.start_ns)
+            if nested is not None:  # a run inside another run's tool: judged alone, the outer run stays open
+                own_session = attributes.get(sc.GEN_AI_CONVERSATION_ID)
+                nested.session_id = own_session if isinstance(own_session, str) else None
+                if run.session_id is not None and run.session_id == nested.session_id:
+                    run.session_id = None  # it came from the nested run's spans; the outer run's own will say
+                nested.root_name = span.name
+                nested.root_text = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
+                nested.root_status = attributes.get(sc.RUN_STATUS)
+                return self._judge_run(span.trace_id, nested, {})
         if span.parent_span_id is None or operation == sc.OPERATION_INVOKE_AGENT:
             run.root_name = span.name
             run.root_text = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
@@ -153,6 +172,9 @@ class RunRebuilder:
         run.calls.extend(_call_of(s) for s in self._reader.message_calls(trace_id))
         not_run = self._reader.limits(trace_id)
         self._reader.forget(trace_id)
+        return self._judge_run(trace_id, run, not_run)
+
+    def _judge_run(self, trace_id: str, run: _OpenRun, not_run: dict[str, str]) -> Verdict | None:
         if not run.calls and not run.model_spans:
             return None  # no agent here: an application span around a run that was already judged, or unrelated
         detector = self._sessions.detector_for(run.session_id) if run.session_id else LoopDetector(self.config)
@@ -218,7 +240,72 @@ def _call_of(span: Any) -> _Call:
     is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
     return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
                  call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest,
-                 result=a.get(sc.GEN_AI_TOOL_CALL_RESULT))
+                 result=a.get(sc.GEN_AI_TOOL_CALL_RESULT), span_id=str(getattr(span, "span_id", "") or ""))
+
+
+def _split_off(run: _OpenRun, root_id: str, start_ns: int, end_ns: int) -> _OpenRun | None:
+    """The part of ``run`` under the span ``root_id`` (a nested agent run, from ``start_ns`` to ``end_ns``), taken
+    out of ``run``; None when nothing of ``run`` lies outside it (it is the run itself, the common case).
+
+    Spans reach the rebuilder as they end, children before parents, so every span under ``root_id`` is known: its
+    ancestry leads to ``root_id`` through spans already seen. A reader may leave out spans detection has no use for
+    (`looptrace detect` skips looptrace's turn spans): then the model and tool calls whose ancestry stops at the same
+    unseen span (one turn) are under ``root_id`` when they all started within its time.
+    """
+    under: dict[str, bool] = {root_id: True}
+    anchors: dict[str, str] = {}  # span id -> the unseen ancestor its ancestry stops at
+
+    def climb(span_id: str) -> bool | str:
+        path = []
+        current: str | None = span_id
+        while current is not None and current not in under and current in run.parents:
+            path.append(current)
+            current = run.parents[current]
+        if current is None or current in under:
+            found = current is not None and under[current]
+            for visited in path:
+                under[visited] = found
+            return found
+        for visited in path:
+            anchors[visited] = current
+        return current
+
+    starts = {span_id: start for start, span_id, _ in run.model_spans}
+    for call in run.calls:
+        if call.span_id:
+            starts[call.span_id] = call.start_ns
+    groups: dict[str, bool] = {}
+    for span_id, start in starts.items():
+        place = climb(span_id)
+        if isinstance(place, str):
+            groups[place] = groups.get(place, True) and start_ns <= start <= end_ns
+
+    def is_under(span_id: str) -> bool:
+        if span_id in under:
+            return under[span_id]
+        anchor = anchors.get(span_id)
+        return anchor is not None and groups.get(anchor, False)
+
+    inner_models = [m for m in run.model_spans if is_under(m[1])]
+    inner_calls = [c for c in run.calls if c.span_id and is_under(c.span_id)]
+    if len(inner_models) == len(run.model_spans) and len(inner_calls) == len(run.calls):
+        return None
+    if not inner_models and not inner_calls:
+        return None  # nothing of it was seen (its spans went elsewhere): the outer run is left as it is
+    nested = _OpenRun(session_id=run.session_id)
+    nested.model_spans = inner_models
+    nested.calls = inner_calls
+    run.model_spans = [m for m in run.model_spans if not is_under(m[1])]
+    run.calls = [c for c in run.calls if not (c.span_id and is_under(c.span_id))]
+    for part in (nested, run):
+        begun = {start for start, _, _ in part.model_spans}
+        part.model_outputs = {start: text for start, text in run.model_outputs.items() if start in begun}
+        ends = [run.model_ends[span_id] for _, span_id, _ in part.model_spans if span_id in run.model_ends]
+        part.last_model = max(ends, key=lambda end: end[0]) if ends else (-1, None, None)
+    nested.parents = {}
+    run.parents = {span_id: parent for span_id, parent in run.parents.items() if not is_under(span_id)}
+    run.model_ends = {span_id: end for span_id, end in run.model_ends.items() if not is_under(span_id)}
+    return nested
 
 
 def _stop_reason(attributes: dict[str, Any]) -> str | None:

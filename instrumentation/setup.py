@@ -21,7 +21,8 @@ when both are, always beside the local trace file (``file``). Names combine: ``f
 The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
 open). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``: bounded, never raising,
-one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces push``. Metrics go over
+one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces push``; their queue is
+journaled beside it (``tracefile.journal``), so a process killed with spans still queued loses none. Metrics go over
 OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
@@ -61,6 +62,7 @@ from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log, settings_ignored
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
+from .tracefile.journal import SpanJournal
 from .tracefile.spill import SpillFile
 from .tracefile.write import TraceFileProcessor
 
@@ -103,6 +105,7 @@ class Telemetry:
     guards: list[GuardedExporter] = field(default_factory=list)
     metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
     exit_deadline: Deadline | None = None  # set by leaving(): what every later flush and the shutdown share
+    journals: list[SpanJournal] = field(default_factory=list)  # the network pipelines' queues, on disk
     _metric_readers: int = 0  # how many readers the meter provider was given (none: nothing ever sees its metrics)
     _stopped: bool = False
     _metrics_missed: bool = False
@@ -157,6 +160,11 @@ class Telemetry:
         else:  # the application's provider stays up; only what looptrace added to it stops
             for processor in self.processors:
                 _quietly(processor.shutdown)
+        for journal in self.journals:  # every queued span is delivered or spilled by now: the journals can go
+            _quietly(journal.close)
+        for journal in self.journals:
+            if journal.made_directory:  # a directory made for the journals alone goes with them, if it is empty
+                _quietly(journal.path.parent.rmdir)
         if self.scores is not None:
             self.scores.close(deadline.remaining_s())
         if self.spill_file is not None and self.guards:
@@ -250,21 +258,27 @@ def _quietly(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
 
 
 class _BoundedBatchSpanProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor whose force_flush keeps its timeout.
+    """A BatchSpanProcessor whose force_flush keeps its timeout, and whose queue is journaled (when given a journal).
 
     The SDK's exports everything on the caller's thread whatever the timeout (opentelemetry-python#4568). Here the
     timeout becomes the guard's deadline: batches past it are spilled in microseconds instead of sent, so the queue
     still drains completely, in time, and no span is dropped. Whoever calls it (Telemetry.flush, the agent's own flush
     on Ctrl-C, TracerProvider.force_flush) gets the bound.
+
+    The queue is in memory, and a process killed while spans wait in it would lose them: each span queued is also
+    written to the ``journal`` (``tracefile.journal``), which the guard tells of every batch it settles, and which a
+    later push recovers from when the process died first.
     """
 
-    def __init__(self, guard: GuardedExporter, settings: Settings) -> None:
+    def __init__(self, guard: GuardedExporter, settings: Settings, journal: SpanJournal | None = None) -> None:
         # A network backend can stall a batch for its whole timeout; the SDK's 2,048-span queue then overflows within
         # a second of a busy process and drops spans before they could be spilled. A larger queue (a few tens of MB
         # at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
         arguments = {"max_queue_size": NETWORK_QUEUE_SPANS, **settings.batch.arguments()}
         super().__init__(guard, **arguments)
         self.guard = guard
+        self.journal = journal
+        guard.journal = journal
         self.max_queue_size: int = arguments["max_queue_size"]
         self.dropped_spans = 0
 
@@ -277,6 +291,8 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
                 log.warning("export_queue_full", backend=self.guard.name, queue_size=self.max_queue_size,
                             hint="spans are dropped until the backend catches up; raise OTEL_BSP_MAX_QUEUE_SIZE")
             return
+        if self.journal is not None and span.context.trace_flags.sampled:  # what the SDK queues, and only that
+            self.journal.record(span)
         super().on_end(span)
 
     def _queue_length(self) -> int:
@@ -443,7 +459,9 @@ def _processor(name: str, settings: Settings, spill: SpillFile, console_stream: 
         guard = network_exporter(name, settings, spill=spill)
         telemetry.guards.append(guard)
         telemetry.spill_file = spill.path
-        return _BoundedBatchSpanProcessor(guard, settings)
+        journal = SpanJournal(spill.path, name)
+        telemetry.journals.append(journal)
+        return _BoundedBatchSpanProcessor(guard, settings, journal)
     if name == "file":
         telemetry.trace_file = settings.trace_file
         # Each span is written as it ends: no queue to overflow, and a crash loses only the spans still open.

@@ -6,6 +6,8 @@
 * ``write``: appending lines safely (``TraceFileWriter``), and the SDK's way in (``TraceFileProcessor``,
   ``OTLPJsonFileExporter``).
 * ``spill``: the same lines for spans a backend could not take, kept until ``push`` delivers them, never twice.
+* ``journal``: the network pipelines' export queue on disk, so that spans a killed process had queued reach the
+  spill file at the next push.
 
 The names below load on first use: reading a file must not pay for the OpenTelemetry SDK the writers import.
 """

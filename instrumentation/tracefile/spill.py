@@ -13,8 +13,11 @@ What a push guarantees, whatever the moment it is interrupted (Ctrl-C, kill -9, 
   backend: later pushes hold it back and report it, and only ``push(resend_interrupted=True)`` (``looptrace traces
   push --resend-interrupted``) sends it again, for a backend that tolerates a second copy.
 * Never lost. A batch is always pending, held, delivered, or quarantined. A line that cannot be read back (torn by a
-  crash, not JSON, not trace data) is moved to ``<file>.quarantine``, kept there and reported, and no longer stands
-  in the way of the batches after it.
+  crash, not JSON, not trace data, or spans the wire encoder refuses) is moved to ``<file>.quarantine``, kept there
+  and reported, and no longer stands in the way of the batches after it. Spans a killed process still had queued
+  for export are in its journal (``journal.py``); a push first moves them in here as batches.
+* Bounded memory. Pushing and compacting read one line at a time, at most ``max_line_bytes`` of it; a longer line
+  is read past (or copied into the quarantine) in 1 MiB chunks.
 
 Pushes exclude each other with an advisory lock; writers (a run spilling, a push compacting) share another, held
 only for the write. Every file here is created 0600 (its directory 0700): spans hold prompts and tool results.
@@ -130,6 +133,31 @@ class SpillFile:
                 os.close(fd)
         return batch
 
+    def append_encoded(self, backend: str, batch: str, line: str) -> None:
+        """Add one batch already encoded as a spill line (``batch`` must be its id), fsynced: a journal's spans are
+        deleted from the journal once this returns."""
+        data = (line + "\n").encode("utf-8")
+        with self._locked():
+            fd = open_private_append(self.path)
+            try:
+                append_line(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def recover_journals(self) -> Counter:
+        """Move what abandoned journals (``journal.py``: processes gone before their queued spans were exported)
+        still hold into this file as batches; returns spans moved, per backend."""
+        from .journal import recover
+
+        def known_spans() -> set[str]:
+            return {format(span.context.span_id, "016x") for batch in self.iter_pending() for span in batch.spans}
+
+        def known_batches() -> set[str]:
+            return {batch.batch for batch in self.iter_pending()} | self.delivered()
+
+        return recover(self.path, self.max_line_bytes, known_spans, known_batches, self.append_encoded)
+
     def mark_sending(self, batch: str) -> None:
         self._record(_SENDING + batch)
 
@@ -226,36 +254,51 @@ class SpillFile:
         return moved
 
     def _rewrite(self, delivered: set[str], quarantine: bool) -> tuple[int, set[str]]:
-        kept: list[bytes] = []
-        bad: list[bytes] = []
-        kept_ids: set[str] = set()
+        """Stream the file into its replacement (and its bad lines into the quarantine), line by line: memory holds
+        one line of at most ``max_line_bytes``, and a longer line is copied in chunks, never held whole."""
         try:
             handle = open(self.path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
-            return 0, kept_ids
-        with handle:
-            for _, raw in _bounded_lines(handle, None, self.max_line_bytes, keep_long=True):
-                line = raw if raw.endswith(b"\n") else raw + b"\n"
-                parsed = _parse_spill_line(raw, self.max_line_bytes) if len(raw) <= self.max_line_bytes else "too long"
-                if isinstance(parsed, str):
-                    (bad if quarantine else kept).append(line)
-                elif parsed.batch not in delivered:
-                    kept.append(line)
-                    kept_ids.add(parsed.batch)
-        if bad:
-            fd = open_private_append(self.quarantine)
-            try:
-                for line in bad:
-                    append_line(fd, line)
-                os.fsync(fd)  # kept safely before it leaves the spill file
-            finally:
-                os.close(fd)
-        if kept:
-            self._replace(self.path, kept)
-        else:
+            return 0, set()
+        kept = _LazyFile(lambda: _open_replacement(self.path))
+        bad = _LazyFile(lambda: open_private_append(self.quarantine))
+        moved = 0
+        kept_ids: set[str] = set()
+        try:
+            with handle:
+                readline = handle.readline
+                while True:
+                    raw = readline(self.max_line_bytes + 1)
+                    if not raw:
+                        break
+                    if len(raw) > self.max_line_bytes and not raw.endswith(b"\n"):
+                        _copy_rest_of_line(readline, raw, bad if quarantine else kept)
+                        moved += quarantine
+                        continue
+                    if not raw.strip():
+                        continue
+                    line = raw if raw.endswith(b"\n") else raw + b"\n"
+                    parsed = _parse_spill_line(raw, self.max_line_bytes)
+                    if isinstance(parsed, str):
+                        (bad if quarantine else kept).write(line)
+                        moved += quarantine
+                    elif parsed.batch not in delivered:
+                        kept.write(line)
+                        kept_ids.add(parsed.batch)
+            bad.sync()  # kept safely before it leaves the spill file
+            if kept.opened:
+                kept.sync()
+                kept.close()
+                os.replace(_replacement_of(self.path), self.path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+        finally:
+            kept.close()
+            bad.close()
             with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-        return len(bad), kept_ids
+                _replacement_of(self.path).unlink()  # only left behind when the rewrite failed
+        return moved, kept_ids
 
     def _replace(self, path: Path, lines: list[bytes]) -> None:
         temporary = path.with_name(path.name + ".tmp")
@@ -270,9 +313,9 @@ class SpillFile:
         os.replace(temporary, path)
 
 
-def _bounded_lines(handle: Any, size: int | None, limit: int, keep_long: bool = False) -> Iterator[tuple[int, bytes]]:
-    """Numbered non-blank lines up to ``size`` bytes; a line over ``limit`` bytes is yielded as a marker (or whole,
-    when ``keep_long``: a compaction must move it, not lose it)."""
+def _bounded_lines(handle: Any, size: int | None, limit: int) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines up to ``size`` bytes; a line over ``limit`` bytes is read past in chunks and yielded
+    as a marker, never held."""
     read = 0
     number = 0
     while size is None or read < size:
@@ -282,19 +325,64 @@ def _bounded_lines(handle: Any, size: int | None, limit: int, keep_long: bool = 
         number += 1
         read += len(raw)
         if len(raw) > limit and not raw.endswith(b"\n"):
-            rest = [raw]
-            while not rest[-1].endswith(b"\n"):
-                chunk = handle.readline(1 << 20)
-                if not chunk:
-                    break
+            chunk = raw
+            while chunk and not chunk.endswith(b"\n"):
+                chunk = handle.readline(_CHUNK_BYTES)
                 read += len(chunk)
-                if keep_long:
-                    rest.append(chunk)
-                else:
-                    rest[-1] = chunk
-            raw = b"".join(rest) if keep_long else b"\0too long"
+            raw = b"\0too long"
         if raw.strip():
             yield number, raw
+
+
+_CHUNK_BYTES = 1 << 20  # how much of an over-long line is read (and copied) at a time
+
+
+class _LazyFile:
+    """A descriptor opened on the first write: a compaction creates a replacement or a quarantine file only when
+    something goes there."""
+
+    def __init__(self, opener: Callable[[], int]) -> None:
+        self._opener = opener
+        self._fd: int | None = None
+        self.opened = False
+
+    def write(self, data: bytes, fresh: bool = True) -> None:
+        if self._fd is None:
+            self._fd = self._opener()
+            self.opened = True
+        append_line(self._fd, data, fresh=fresh)
+
+    def sync(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _replacement_of(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def _open_replacement(path: Path) -> int:
+    make_private_directory(path.parent)
+    return os.open(_replacement_of(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+                   | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+
+
+def _copy_rest_of_line(readline: Callable[[int], bytes], start: bytes, target: _LazyFile) -> None:
+    """Copy an over-long line, whose first ``start`` bytes are read, to ``target`` chunk by chunk (a line cut short
+    by the end of the file is ended with a newline there)."""
+    target.write(start)
+    chunk = start
+    while not chunk.endswith(b"\n"):
+        chunk = readline(_CHUNK_BYTES)
+        if not chunk:
+            target.write(b"\n", fresh=False)
+            return
+        target.write(chunk, fresh=False)
 
 
 def _parse_spill_line(raw: bytes, limit: int) -> PendingBatch | str:
@@ -314,11 +402,31 @@ def _parse_spill_line(raw: bytes, limit: int) -> PendingBatch | str:
         if not isinstance(backend, str) or not isinstance(batch, str):
             raise TypeError("backend and batch must be strings")
         spans = tuple(readable_spans(document))
+        _check_sendable(spans)
     except RecursionError:
         return "nested too deeply to read"
     except Exception as exc:  # noqa: BLE001 - whatever is wrong with a line, it costs that line only
         return f"not a spilled batch ({type(exc).__name__}: {exc})"
     return PendingBatch(backend=backend, batch=batch, data=document, spans=spans)
+
+
+def _check_sendable(spans: Sequence[ReadableSpan]) -> None:
+    """Raise when the spans cannot be encoded for the wire: a batch the exporter would fail on every time must be
+    set aside like an unreadable line, not retried forever in front of the batches behind it."""
+    for span in spans:
+        if not isinstance(span.name, str):
+            raise TypeError(f"a span name is a {type(span.name).__name__}, not a string")
+        description = span.status.description
+        if description is not None and not isinstance(description, str):
+            raise TypeError("a status message is not a string")
+    if _encode_for_the_wire is not None:
+        _encode_for_the_wire(spans)  # what the OTLP exporters (HTTP and gRPC, so Langfuse too) send
+
+
+try:  # the OTLP exporters' own encoder: a batch it refuses is refused by every backend looptrace pushes to
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as _encode_for_the_wire
+except ImportError:  # pragma: no cover - an installation without the OTLP exporters pushes nowhere anyway
+    _encode_for_the_wire = None  # type: ignore[assignment]
 
 
 class PushInProgress(RuntimeError):
@@ -407,6 +515,7 @@ class PushReport:
     failed: Counter = field(default_factory=Counter)  # tried and still pending
     skipped: Counter = field(default_factory=Counter)  # pending for a backend not targeted or not configured
     held: Counter = field(default_factory=Counter)  # interrupted sends, not repeated without resend_interrupted
+    recovered: Counter = field(default_factory=Counter)  # moved in from journals of processes that died mid-run
     quarantined: list[BadSpillLine] = field(default_factory=list)
     quarantine: Path | None = None
 
@@ -418,7 +527,9 @@ class PushReport:
     def summary(self) -> str:
         if not (self.sent or self.failed or self.skipped or self.held or self.quarantined):
             return f"nothing to push: {self.path} holds no pending spans"
-        parts = [f"sent {_spans(n)} to {b}" for b, n in sorted(self.sent.items())]
+        parts = [f"recovered {_spans(n)} for {b} that a process ended (killed?) before exporting"
+                 for b, n in sorted(self.recovered.items())]
+        parts += [f"sent {_spans(n)} to {b}" for b, n in sorted(self.sent.items())]
         parts += [f"{_spans(n)} for {b} still pending (it failed; see the warning)"
                   for b, n in sorted(self.failed.items())]
         parts += [f"{_spans(n)} for {b} left pending (not configured or not chosen with --to)"
@@ -466,6 +577,7 @@ def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[st
     report = PushReport(spill.path, quarantine=spill.quarantine)
     try:
         with spill.pushing():
+            report.recovered.update(spill.recover_journals())
             for batch in spill.iter_pending(on_bad_line=report.quarantined.append):
                 if batch.backend not in targets:
                     report.skipped[batch.backend] += batch.span_count

@@ -27,6 +27,7 @@ from .exit_codes import EXIT_NOT_FOUND, EXIT_OK
 from .trace_reading import NOT_TRACE_DATA, LineReporter, bad_line_reason, is_root, not_trace_data, trace_file_of
 
 MAX_OPEN_TRACES = 10_000  # traces whose root has not come yet; beyond this the oldest is forgotten
+MAX_ROOTED_TRACES = 64  # traces whose root had a parent (a sub-agent's, perhaps), kept for their outer run's spans
 
 
 def show_command(args: argparse.Namespace) -> int:
@@ -78,9 +79,9 @@ class _Parsed(NamedTuple):
     scope: Any
 
 
-def _peek(raw: bytes) -> tuple[str, int, bool] | None:
-    """(trace id, end time, is a root) of a line holding exactly one span, read from its bytes without parsing it;
-    None for any other line (several spans, links, an unusual spelling), which is then parsed.
+def _peek(raw: bytes) -> tuple[str, int, bool, bool] | None:
+    """(trace id, end time, is a root, has no parent) of a line holding exactly one span, read from its bytes without
+    parsing it; None for any other line (several spans, links, an unusual spelling), which is then parsed.
 
     looptrace writes one span per line: `traces show` parses only the lines of the trace it shows.
     """
@@ -99,8 +100,8 @@ def _peek(raw: bytes) -> tuple[str, int, bool] | None:
         at += 19
         digits = raw[at:raw.find(b'"', at)]
         end = int(digits) if digits.isdigit() else 0
-    root = (b'"parentSpanId"' not in raw or b'"parentSpanId":""' in raw or b'"name":"invoke_agent' in raw)
-    return trace_id.decode("ascii").lower(), end, root
+    parentless = b'"parentSpanId"' not in raw or b'"parentSpanId":""' in raw
+    return trace_id.decode("ascii").lower(), end, parentless or b'"name":"invoke_agent' in raw, parentless
 
 
 def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[SpanRecord] | None:
@@ -108,14 +109,20 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
 
     The latest run is the one whose root ended last; a file without any root (every run crashed) falls back to the
     trace with the latest span. Memory holds the best trace so far and the traces whose root has not come yet.
+
+    An `invoke_agent` root with a parent may be a run inside another run's tool (a sub-agent): its trace goes on, and
+    the spans that come after it (the outer run's, and its root) join the same trace rather than starting another.
     """
     open_traces: OrderedDict[str, tuple[int, _Held]] = OrderedDict()  # trace id -> (latest end, spans)
+    rooted: OrderedDict[str, tuple[int, _Held]] = OrderedDict()  # traces whose latest root had a parent
     best: tuple[int, _Held] | None = None
     matches: set[str] = set()
 
-    def keep(trace_id: str, end: int, root: bool, item: Any) -> None:
+    def keep(trace_id: str, end: int, root: bool, parentless: bool, item: Any) -> None:
         nonlocal best
         report.saw_span()
+        if trace_id not in open_traces and trace_id in rooted:
+            open_traces[trace_id] = rooted.pop(trace_id)  # the same list: a best pointing at it sees the rest
         if prefix is not None:
             if not trace_id.startswith(prefix):
                 return
@@ -133,7 +140,11 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
         if prefix is None and root:
             if best is None or end >= best[0]:
                 best = (end, held[1])
-            del open_traces[trace_id]  # judged: a later span of it (an outer span) is not worth a new one
+            del open_traces[trace_id]
+            if not parentless:  # perhaps nested: kept a while, for the outer run's spans to come
+                rooted[trace_id] = held
+                if len(rooted) > MAX_ROOTED_TRACES:
+                    rooted.popitem(last=False)
 
     def parse(raw: bytes) -> Any:
         peeked = _peek(raw)
@@ -143,14 +154,15 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
 
     for number, data in read_lines(path, report, report.progress, parse, max_line_bytes=report.max_line_bytes):
         if type(data) is _Peeked:
-            keep(data.trace_id, data.end, data.root, _Line(number, data.raw))
+            keep(data.trace_id, data.end, data.root, data.parentless, _Line(number, data.raw))
             continue
         try:
             for span, resource, scope in raw_spans(data):
                 trace_id = span["traceId"]
                 if type(trace_id) is not str:
                     raise ValueError("traceId is not a string")
-                keep(trace_id.lower(), _end(span), is_root(span), _Parsed(number, span, resource, scope))
+                keep(trace_id.lower(), _end(span), is_root(span), not span.get("parentSpanId"),
+                     _Parsed(number, span, resource, scope))
         except NOT_TRACE_DATA as exc:
             report(BadLine(number, not_trace_data(exc)))
     if prefix is not None:
@@ -172,6 +184,7 @@ class _Peeked(NamedTuple):
     trace_id: str
     end: int
     root: bool
+    parentless: bool
     raw: bytes
 
 
