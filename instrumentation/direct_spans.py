@@ -416,7 +416,7 @@ class DirectTracerProvider(trace.TracerProvider):
         self.resource = resource
         self.writer = TraceFileWriter(trace_file) if trace_file is not None else None
         #: What each span's end calls, in order (the file first: on disk before anything is queued).
-        self.ended_hooks: list[Callable[[DirectSpan], None]] = [self.writer.write_span] if self.writer else []
+        self.ended_hooks: list[Callable[[DirectSpan], object]] = [self.writer.write_span] if self.writer else []
         self.processors: list[Any] = []
         self._starting: list[Any] = []  # processors added by the application, whose on_start is called
         self._tracers: dict[InstrumentationScope, DirectTracer] = {}
