@@ -76,6 +76,7 @@ def _variants(tmp: str) -> dict[str, Any]:
     _replace_processor(raw_file, "file", os.path.join(tmp, "raw.jsonl"))
     found["raw-file"] = raw_file
     found["looptrace-otlp"] = _looptrace_otlp(pw)
+    found["looptrace-otlp-sdk"] = _looptrace_otlp(pw, sdk_path=True)
     found["raw-otlp"] = pw.RawSDK("otlp")
     for key, module, package in (("openllmetry", "opentelemetry.instrumentation.anthropic",
                                   "opentelemetry-instrumentation-anthropic"),
@@ -99,12 +100,33 @@ def _replace_processor(raw: Any, kind: str, path: str) -> None:
     raw.tracer = raw.provider.get_tracer("looptrace")
 
 
-def _looptrace_otlp(pw: Any) -> Any:
+def _looptrace_otlp(pw: Any, sdk_path: bool = False) -> Any:
     """looptrace's configure(exporters="otlp"); the endpoint variables are removed again once it has read them, so
-    the file variant's embedded default (which reads the environment on each run) stays the file alone."""
+    the file variant's embedded default (which reads the environment on each run) stays the file alone.
+
+    ``sdk_path``: the same, made to take the SDK's span pipeline as when the environment asks for what only the SDK
+    does (context: what the direct path saves, measured beside it)."""
     saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL")}
     try:
-        return pw.Looptrace("otlp")
+        if not sdk_path:
+            return pw.Looptrace("otlp")
+        import dataclasses
+
+        import looptrace
+        from looptrace.instrumentation import settings as settings_module
+
+        real_configure = looptrace.configure
+
+        def configure_on_the_sdk_path(**options: Any) -> Any:
+            forced = dataclasses.replace(settings_module.Settings.from_env(),
+                                         sdk_span_settings=("benchmark: the SDK path",))
+            return real_configure(forced, **options)
+
+        looptrace.configure = configure_on_the_sdk_path  # type: ignore[assignment]
+        try:
+            return pw.Looptrace("otlp")
+        finally:
+            looptrace.configure = real_configure  # type: ignore[assignment]
     finally:
         for name, value in saved.items():
             if value is None:
