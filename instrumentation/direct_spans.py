@@ -1,10 +1,14 @@
-"""The trace file's direct path: spans of the OpenTelemetry *API*, written as one OTLP/JSON line each when they end.
+"""The direct path: spans of the OpenTelemetry *API*, written to the trace file and handed to the exporters as they end.
 
-When looptrace sets up its own default telemetry and the local trace file is the only exporter, nothing needs what the
-SDK's span pipeline provides (processors, exporters, a span's lock and its ``BoundedAttributes``, a ``ReadableSpan``
-copy per span): a finished span only has to become a line of the file. The SDK's spans cost more than writing the
-file (issue 14), so here a span keeps its attributes in a plain dict and, at ``end()``, hands itself to the same
-encoder and writer the SDK path uses (``tracefile.encode.encode_line``, ``tracefile.write.TraceFileWriter``).
+When looptrace sets up a provider of its own and its exporters are the trace file and the network ones (OTLP over
+HTTP or gRPC, Langfuse), nothing needs what the SDK's span pipeline provides (a span's lock and its
+``BoundedAttributes``, a ``ReadableSpan`` copy per span, the multi-processor): a finished span only has to become a
+line of the file and a span in the next export batch. The SDK's spans cost more than writing the file (issue 14) and
+were most of what the OTLP path paid over its floor (issue 23), so here a span keeps its attributes in a plain dict
+and, at ``end()``, hands itself to the same encoder and writer the SDK path uses (``tracefile.encode.encode_line``,
+``tracefile.write.TraceFileWriter``) and to each exporting processor's ``on_end``: looptrace's guarded
+``BatchSpanProcessor``, whose OTLP exporter encodes the span as it is (it has the ``ReadableSpan`` fields the
+encoders read), so batching, retries, the spill file and the bounds are the SDK path's.
 
 What the file holds is what the SDK path writes: the same resource (built by the same ``setup._resource``), the SDK's
 ``InstrumentationScope``, random ids from the same generator, the default sampler's decision (ParentBased(ALWAYS_ON):

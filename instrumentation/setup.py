@@ -9,9 +9,13 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
   says how to add looptrace's exporters to it; the returned provider is looptrace's own, used only where passed.
 * No ``configure()`` at all: an ``Agent`` joins the application's global provider when there is one, and otherwise
   writes through ``default_telemetry()``, a provider of looptrace's own built from the same settings as the CLI and
-  never installed globally. When the trace file is its only exporter, that provider is the direct path's
-  (``direct_spans``: API spans that write their own line of the same file, no SDK span pipeline), unless the
-  environment sets a sampler or span limits, which the SDK then applies.
+  never installed globally.
+
+A provider of looptrace's own (``configure()`` without ``tracer_provider``, and the embedded default) is the direct
+path's when its exporters are the trace file, ``otlp`` and ``langfuse`` (``direct_spans``: API spans that write their
+own line of the file and go to the network exporters' BatchSpanProcessors as they are, no SDK span pipeline), unless
+the environment sets a sampler or span limits (the SDK then applies them) or the console exporter is chosen (it
+prints the SDK's own span JSON). ``add_span_processor`` works on it as on the SDK's provider.
 
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
