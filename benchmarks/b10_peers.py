@@ -228,19 +228,25 @@ def disagreement(inprocess: dict, separate: list[Variant] | None) -> str:
     by_key = {v.key: v for v in separate if v.extras}
     extras = inprocess["extras"]
     lines = ["Both methods (extra CPU µs/turn; ratio to looptrace file in each):",
-             "| variant | in one process | separate processes | ratio in one | ratio separate |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             "| variant | in one process | separate processes | ratio in one | ratio separate | disagree | releases |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    mine = inprocess["versions"]
     for name, extra in extras.items():
         other = by_key.get(name) or (by_key.get("raw-null") if name == "raw-file" else None)
         if other is None or "looptrace-file" not in by_key:
             continue
         separate_extra = statistics.median(other.extras)
         separate_file = statistics.median(by_key["looptrace-file"].extras)
+        ratio_one, ratio_separate = extra / extras["looptrace-file"], separate_extra / separate_file
+        # More than a quarter apart is beyond what repeated runs of either method move by.
+        apart = "yes" if abs(ratio_one / ratio_separate - 1) > 0.25 else "no"
+        packages = [p for p in other.versions if p not in ("anthropic", "opentelemetry-sdk", "looptrace")]
+        releases = ", ".join(f"{p} {mine.get(p, '?')} here, {other.versions[p]} there" for p in packages
+                             if mine.get(p) != other.versions[p]) or "same"
         lines.append(f"| {name}{' (separate: raw-null)' if name == 'raw-file' else ''} | {extra * 1e6:,.0f} | "
-                     f"{separate_extra * 1e6:,.0f} | {extra / extras['looptrace-file']:.2f} | "
-                     f"{separate_extra / separate_file:.2f} |")
-    lines.append("Why they differ: the separate-process peers run pinned releases in venvs of their own (the in-process "
-                 "set runs the current ones, versions above); the separate-process file floor (raw-null) exports to a "
+                     f"{separate_extra * 1e6:,.0f} | {ratio_one:.2f} | {ratio_separate:.2f} | {apart} | {releases} |")
+    lines.append("Why they differ: the separate-process peers run the releases pinned in peer_venvs.py, in venvs of "
+                 "their own (the in-process set the current ones: 'releases' above); the separate-process file floor (raw-null) exports to a "
                  "null exporter, the in-process one encodes content to a file; and a process of its own per variant "
                  "pays its own warm caches and allocator, where one process shares them and pays the others' "
                  "garbage on the same clock (a gc.collect before each sample keeps that small).")

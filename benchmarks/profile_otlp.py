@@ -2,7 +2,8 @@
 
     python -m benchmarks.profile_otlp [--exporter otlp|file] [--conversations N] [--raw]
 
-Runs looptrace's ``configure(exporters="otlp")`` (or the file default, or ``--raw``: the raw SDK OTLP floor) against
+Runs looptrace's ``configure(exporters="otlp")`` (or the file default, ``--sdk-path``: the same on the SDK's span
+pipeline, or ``--raw``: the raw SDK OTLP floor) against
 the fake Messages API and a discarding OTLP sink, each in its own process; a flush after every conversation, which
 the SDK's BatchSpanProcessor runs on the caller's thread, so the export's encoding and sending are on the profiled
 thread too. Prints µs per turn of own time per layer (building attributes, SDK spans, encoding, HTTP, the model call
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_otlp", description=__doc__)
     parser.add_argument("--exporter", default="otlp", choices=("otlp", "file"))
     parser.add_argument("--raw", action="store_true", help="the raw SDK OTLP floor instead of looptrace")
+    parser.add_argument("--sdk-path", action="store_true",
+                        help="looptrace OTLP made to take the SDK's span pipeline (what the direct path replaced)")
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
@@ -95,7 +98,15 @@ def main(argv: list[str] | None = None) -> None:
         importlib_reload(pw)  # it reads the environment at import
         profilers: list[cProfile.Profile] = []
         _profile_new_threads(profilers)
-        variant = pw.RawSDK("otlp") if args.raw else pw.Looptrace(args.exporter)
+        if args.raw:
+            variant = pw.RawSDK("otlp")
+        elif args.sdk_path:
+            from .b10_inprocess import _looptrace_otlp
+
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
+            variant = _looptrace_otlp(pw, sdk_path=True)
+        else:
+            variant = pw.Looptrace(args.exporter)
         for _ in range(5):
             variant.run_once()
             variant.flush()
@@ -126,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         by_layer[_layer(filename)] += own
         rows.append((own, calls, f"{filename.split('site-packages/')[-1]}:{line}({name})"))
     total = sum(by_layer.values())
-    print(f"{'looptrace ' + args.exporter if not args.raw else 'raw SDK OTLP'}: {total / turns * 1e6:,.0f} µs/turn "
+    what = "raw SDK OTLP" if args.raw else "looptrace otlp, SDK path" if args.sdk_path else f"looptrace {args.exporter}"
+    print(f"{what}: {total / turns * 1e6:,.0f} µs/turn "
           f"of profiled own time ({args.conversations} conversations; profiling inflates every call)")
     for layer, own in sorted(by_layer.items(), key=lambda item: -item[1]):
         print(f"  {own / turns * 1e6:8,.0f} µs/turn  {own / total:5.1%}  {layer}")
