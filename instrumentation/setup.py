@@ -90,7 +90,7 @@ class Telemetry:
     ``tracer_provider`` (log line, webhook, score), registered with the provider so any Agent's runs on it use it.
     """
 
-    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's for the embedded file-only default
+    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's unless something needs the SDK
     exporters: list[str]
     settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
