@@ -129,3 +129,20 @@ def test_what_only_the_sdk_gives_keeps_the_sdk(monkeypatch, blocker):
                               console_stream=open("/dev/null", "w"))  # noqa: SIM115 - closed with the process
         assert isinstance(telemetry.tracer_provider, TracerProvider)
         telemetry.shutdown()
+
+
+def test_the_exporters_session_reads_the_proxy_environment_once_per_url(monkeypatch):
+    from looptrace.instrumentation.exporters import ProbingSession
+
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    session = ProbingSession(None)
+    first = session.merge_environment_settings("http://collector.example/v1/traces", {}, None, None, None)
+    assert first["proxies"]["http"] == "http://proxy.example:3128"  # honoured, as requests honours it
+    first["proxies"].clear()  # what a caller does to its copy stays there
+    monkeypatch.setenv("HTTP_PROXY", "http://other.example:3128")
+    again = session.merge_environment_settings("http://collector.example/v1/traces", {}, None, None, None)
+    assert again["proxies"]["http"] == "http://proxy.example:3128"  # read once, for the exporter's life
+    other = session.merge_environment_settings("http://elsewhere.example/v1/traces", {}, None, None, None)
+    assert other["proxies"]["http"] == "http://other.example:3128"
