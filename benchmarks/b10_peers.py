@@ -38,13 +38,15 @@ from pathlib import Path
 
 from . import scenario
 from .common import Row, fmt_s, say
-from .peer_venvs import PEER_REQUIREMENTS, PeerEnv, ensure_all
+from .peer_venvs import PEER_REQUIREMENTS, PeerEnv, ensure_all, ensure_inprocess
 from .servers import MessagesAPIServer, OTLPSink
 
 CALLS = 3  # model calls per conversation (2 tool calls, then end_turn)
 MAX_TOKENS = 1024
 GOAL_FILE = 1.0  # goal 1: looptrace file export / raw SDK, null exporter
 GOAL_OTLP = 1.5  # goal 2: looptrace OTLP export / raw SDK, OTLP exporter
+GOAL_INPROCESS_FILE = 1.0  # issue 23: looptrace file / raw SDK file floor with content, in one process
+GOAL_INPROCESS_OTLP = 1.2  # issue 23: looptrace OTLP / raw SDK OTLP floor with content, in one process
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -135,6 +137,128 @@ def _one_run(workers: dict[str, Worker], reps: int, conversations: int) -> dict[
 
 
 def run(quick: bool = False) -> list[Row]:
+    rows, inprocess = run_inprocess(quick)
+    if os.environ.get("LOOPTRACE_BENCH_PEERS_SEPARATE", "1") == "0":
+        return rows
+    separate_rows = run_separate(quick)
+    table = inprocess_table(inprocess)
+    say("\n" + table)
+    say("\n" + disagreement(inprocess, _last_separate))
+    return rows + separate_rows
+
+
+INPROCESS_LABELS = {
+    "looptrace-file": "looptrace, an Agent given no provider (the trace file, the direct path)",
+    "raw-file": "raw SDK floor for the file, with content: the SDK's OTLP/JSON encoder, a line per span appended",
+    "looptrace-otlp": 'looptrace, configure(exporters="otlp")',
+    "looptrace-otlp-sdk": 'context: looptrace, configure(exporters="otlp") made to take the SDK\'s span pipeline',
+    "raw-otlp": "raw SDK floor for OTLP, with content: BatchSpanProcessor + the SDK's OTLP/HTTP exporter",
+    "openllmetry": "OpenLLMetry (opentelemetry-instrumentation-anthropic), OTLP/HTTP",
+    "openinference": "OpenInference (openinference-instrumentation-anthropic), OTLP/HTTP",
+}
+
+
+def run_inprocess(quick: bool) -> tuple[list[Row], dict]:
+    """The in-process set (``b10_inprocess``) in one worker process; its extras per turn over the bare loop."""
+    chosen = os.environ.get("LOOPTRACE_BENCH_INPROCESS_PYTHON")  # an interpreter of one's own choosing
+    env_info = PeerEnv("inprocess", chosen) if chosen else ensure_inprocess()
+    python = env_info.python or sys.executable
+    if env_info.python is None:
+        say(f"  10 in-process: no venv with the peers' current releases ({env_info.problem}); running in this "
+            "environment with the peers it has")
+    reps = int(os.environ.get("LOOPTRACE_BENCH_INPROCESS_REPS") or (6 if quick else 30))
+    conversations = 2 if quick else 5
+    with MessagesAPIServer(turns=CALLS) as api, OTLPSink() as sink:
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
+               "BENCH_PEERS_CONFIG": json.dumps(_config()), "BENCH_PEERS_API_URL": api.url,
+               "BENCH_PEERS_API_KEY": api.api_key, "BENCH_PEERS_SINK_URL": sink.url,
+               "BENCH_INPROCESS_REPS": str(reps), "BENCH_INPROCESS_CONVERSATIONS": str(conversations),
+               "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+        say(f"  10 in-process: {reps} rotated repetitions of {conversations} conversations, one process ({python})")
+        done = subprocess.run([python, "-m", "benchmarks.b10_inprocess"], env=env, cwd=_ROOT, stdout=subprocess.PIPE,
+                              text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    turns = result["conversations"] * CALLS
+    bare = result["samples"]["bare"]
+    result["extras"] = {name: statistics.median([a - b for a, b in zip(samples, bare)]) / turns
+                        for name, samples in result["samples"].items() if name != "bare"}
+    result["bare_turn"] = statistics.median(bare) / turns
+    say("\n" + inprocess_table(result))
+    extras = result["extras"]
+    how = f"one process, {reps} rotated repetitions of {conversations} conversations of {CALLS} calls"
+    rows = [Row("10 in-process", f"{INPROCESS_LABELS.get(name, name)}: extra CPU per turn over a bare loop",
+                f"{extra * 1e6:,.0f} µs", "", None, how) for name, extra in extras.items()]
+    file_ratio = extras["looptrace-file"] / extras["raw-file"]
+    otlp_ratio = extras["looptrace-otlp"] / extras["raw-otlp"]
+    rows.append(Row("10 in-process", "looptrace file / raw SDK file floor with content", f"{file_ratio:.2f}x",
+                    f"<= {GOAL_INPROCESS_FILE}x", file_ratio <= GOAL_INPROCESS_FILE, how))
+    rows.append(Row("10 in-process", "looptrace OTLP / raw SDK OTLP floor with content", f"{otlp_ratio:.2f}x",
+                    f"<= {GOAL_INPROCESS_OTLP}x", otlp_ratio <= GOAL_INPROCESS_OTLP, how))
+    return rows, result
+
+
+def inprocess_table(result: dict) -> str:
+    """The in-process table: extra CPU per turn over the bare loop, ratios to the floors, goals beside them."""
+    extras, versions = result["extras"], result["versions"]
+    lines = [f"In one process ({result['reps']} rotated repetitions of {result['conversations']} conversations; "
+             f"bare loop {fmt_s(result['bare_turn'])} CPU/turn; "
+             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")",
+             "| variant | extra CPU µs/turn | vs its floor | vs looptrace file | vs looptrace OTLP |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    floors = {"looptrace-file": "raw-file", "looptrace-otlp": "raw-otlp", "looptrace-otlp-sdk": "raw-otlp"}
+    for name, extra in extras.items():
+        floor = floors.get(name)
+        versus = f"{extra / extras[floor]:.2f}" if floor else ""
+        lines.append(f"| {INPROCESS_LABELS.get(name, name)} | {extra * 1e6:,.0f} | {versus} | "
+                     f"{extra / extras['looptrace-file']:.2f} | {extra / extras['looptrace-otlp']:.2f} |")
+    file_ratio = extras["looptrace-file"] / extras["raw-file"]
+    otlp_ratio = extras["looptrace-otlp"] / extras["raw-otlp"]
+    lines.append(f"Goals (printed, never asserted): looptrace OTLP <= {GOAL_INPROCESS_OTLP}x its floor: "
+                 f"{otlp_ratio:.2f}x ({'met' if otlp_ratio <= GOAL_INPROCESS_OTLP else 'not met'}); file path <= "
+                 f"{GOAL_INPROCESS_FILE}x its floor: {file_ratio:.2f}x "
+                 f"({'met' if file_ratio <= GOAL_INPROCESS_FILE else 'not met'})")
+    return "\n".join(lines)
+
+
+def disagreement(inprocess: dict, separate: list[Variant] | None) -> str:
+    """Where the two methods disagree, variant by variant, and the reasons that follow from how each measures."""
+    if not separate:
+        return "No separate-process figures to compare."
+    by_key = {v.key: v for v in separate if v.extras}
+    extras = inprocess["extras"]
+    lines = ["Both methods (extra CPU µs/turn; ratio to looptrace file in each):",
+             "| variant | in one process | separate processes | ratio in one | ratio separate | disagree | releases |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    mine = inprocess["versions"]
+    for name, extra in extras.items():
+        other = by_key.get(name) or (by_key.get("raw-null") if name == "raw-file" else None)
+        if other is None or "looptrace-file" not in by_key:
+            continue
+        separate_extra = statistics.median(other.extras)
+        separate_file = statistics.median(by_key["looptrace-file"].extras)
+        ratio_one, ratio_separate = extra / extras["looptrace-file"], separate_extra / separate_file
+        # More than a quarter apart is beyond what repeated runs of either method move by.
+        apart = "yes" if abs(ratio_one / ratio_separate - 1) > 0.25 else "no"
+        packages = [p for p in other.versions if p not in ("anthropic", "opentelemetry-sdk", "looptrace")]
+        releases = ", ".join(f"{p} {mine.get(p, '?')} here, {other.versions[p]} there" for p in packages
+                             if mine.get(p) != other.versions[p]) or "same"
+        lines.append(f"| {name}{' (separate: raw-null)' if name == 'raw-file' else ''} | {extra * 1e6:,.0f} | "
+                     f"{separate_extra * 1e6:,.0f} | {ratio_one:.2f} | {ratio_separate:.2f} | {apart} | {releases} |")
+    lines.append("Why they differ: the separate-process peers run the releases pinned in peer_venvs.py, in venvs of "
+                 "their own (the in-process set the current ones: 'releases' above); the separate-process file floor (raw-null) exports to a "
+                 "null exporter, the in-process one encodes content to a file; and a process of its own per variant "
+                 "pays its own warm caches and allocator, where one process shares them and pays the others' "
+                 "garbage on the same clock (a gc.collect before each sample keeps that small).")
+    return "\n".join(lines)
+
+
+_last_separate: list[Variant] | None = None
+
+
+def run_separate(quick: bool = False) -> list[Row]:
+    """The separate-process table: every variant in a process of its own, the peers in venvs of their own."""
+    global _last_separate
     # The issue's protocol by default; LOOPTRACE_BENCH_PEERS_RUNS / _REPS trade precision for time on a busy machine.
     runs = int(os.environ.get("LOOPTRACE_BENCH_PEERS_RUNS") or (2 if quick else 5))
     reps = int(os.environ.get("LOOPTRACE_BENCH_PEERS_REPS") or (5 if quick else 30))
@@ -180,6 +304,7 @@ def run(quick: bool = False) -> list[Row]:
                 + ", ".join(f"{v.key} +{v.extras[-1] * 1e6:,.0f} µs" for v in measured))
     rows = _rows(table, runs, reps, conversations)
     say("\n" + side_by_side(table))
+    _last_separate = table
     return rows
 
 

@@ -32,6 +32,12 @@ PEER_REQUIREMENTS: dict[str, tuple[str, ...]] = {
 SHARED = ("anthropic", "pydantic", "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http")
 
 
+#: The in-process set's venv: looptrace itself (this checkout) beside the peers that can share one process, at their
+#: current releases (unpinned: whatever the index has today; the table prints the versions it ran).
+INPROCESS_PEERS = ("opentelemetry-instrumentation-anthropic", "openinference-instrumentation-anthropic")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
 @dataclass
 class PeerEnv:
     name: str
@@ -48,9 +54,20 @@ def requirements(peer: str) -> list[str]:
     return [*PEER_REQUIREMENTS[peer], *shared]
 
 
-def ensure(peer: str) -> PeerEnv:
+def ensure_inprocess() -> PeerEnv:
+    """The in-process set's venv: this checkout (editable) and the current releases of the peers in INPROCESS_PEERS,
+    the shared packages pinned to this environment's versions. Made once a day at most (the marker names the day)."""
+    import datetime
+
+    shared = [f"{name}=={importlib.metadata.version(name)}" for name in SHARED]
+    return ensure("inprocess", ["-e", str(_ROOT), *INPROCESS_PEERS, *shared],
+                  marker_extra=datetime.date.today().isoformat())
+
+
+def ensure(peer: str, wanted_requirements: list[str] | None = None, marker_extra: str = "") -> PeerEnv:
     """The peer's venv, created or brought up to date if its requirements changed."""
-    wanted = "\n".join([f"python {sys.version.split()[0]}", *requirements(peer)]) + "\n"
+    wanted_requirements = wanted_requirements or requirements(peer)
+    wanted = "\n".join([f"python {sys.version.split()[0]}", *wanted_requirements, *filter(None, [marker_extra])]) + "\n"
     home = venvs_dir() / peer
     marker = home / "bench-requirements.txt"
     python = home / "bin" / "python"
@@ -60,7 +77,7 @@ def ensure(peer: str) -> PeerEnv:
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True, capture_output=True,
                            text=True, timeout=300)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements(peer)], check=True,
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *wanted_requirements], check=True,
                        capture_output=True, text=True, timeout=900)
     except subprocess.CalledProcessError as error:
         lines = [line for line in (error.stderr or "").splitlines() if line.strip() and "is ignored" not in line]

@@ -1,10 +1,14 @@
-"""The trace file's direct path: spans of the OpenTelemetry *API*, written as one OTLP/JSON line each when they end.
+"""The direct path: spans of the OpenTelemetry *API*, written to the trace file and handed to the exporters as they end.
 
-When looptrace sets up its own default telemetry and the local trace file is the only exporter, nothing needs what the
-SDK's span pipeline provides (processors, exporters, a span's lock and its ``BoundedAttributes``, a ``ReadableSpan``
-copy per span): a finished span only has to become a line of the file. The SDK's spans cost more than writing the
-file (issue 14), so here a span keeps its attributes in a plain dict and, at ``end()``, hands itself to the same
-encoder and writer the SDK path uses (``tracefile.encode.encode_line``, ``tracefile.write.TraceFileWriter``).
+When looptrace sets up a provider of its own and its exporters are the trace file and the network ones (OTLP over
+HTTP or gRPC, Langfuse), nothing needs what the SDK's span pipeline provides (a span's lock and its
+``BoundedAttributes``, a ``ReadableSpan`` copy per span, the multi-processor): a finished span only has to become a
+line of the file and a span in the next export batch. The SDK's spans cost more than writing the file (issue 14) and
+were most of what the OTLP path paid over its floor (issue 23), so here a span keeps its attributes in a plain dict
+and, at ``end()``, hands itself to the same encoder and writer the SDK path uses (``tracefile.encode.encode_line``,
+``tracefile.write.TraceFileWriter``) and to each exporting processor's ``on_end``: looptrace's guarded
+``BatchSpanProcessor``, whose OTLP exporter encodes the span as it is (it has the ``ReadableSpan`` fields the
+encoders read), so batching, retries, the spill file and the bounds are the SDK path's.
 
 What the file holds is what the SDK path writes: the same resource (built by the same ``setup._resource``), the SDK's
 ``InstrumentationScope``, random ids from the same generator, the default sampler's decision (ParentBased(ALWAYS_ON):
@@ -158,7 +162,7 @@ class DirectSpan(trace.Span):
     ``attributes``, ``events``, ``links``, ``status``, ``resource``, ``instrumentation_scope``, times and drop counts).
     """
 
-    __slots__ = ("_attributes", "_record_exception", "_set_status_on_exception", "_writer", "context",
+    __slots__ = ("_attributes", "_ended_hooks", "_record_exception", "_set_status_on_exception", "context",
                  "dropped_attributes", "dropped_events", "dropped_links", "end_time", "events",
                  "instrumentation_scope", "kind", "links", "name", "parent", "resource", "start_time", "status")
 
@@ -171,7 +175,7 @@ class DirectSpan(trace.Span):
         self.kind = kind
         self.resource = tracer.provider.resource
         self.instrumentation_scope = tracer.scope
-        self._writer = tracer.provider.writer
+        self._ended_hooks = tracer.provider.ended_hooks  # the provider's list: what is added later applies too
         self._record_exception = record_exception
         self._set_status_on_exception = set_status_on_exception
         self._attributes: dict[str, Any] = {}
@@ -281,7 +285,8 @@ class DirectSpan(trace.Span):
                 _logger.warning("Calling end() on an ended span.")
                 return
             self.end_time = end_time if end_time is not None else time_ns()
-        self._writer.write_span(self)
+        for ended in self._ended_hooks:
+            ended(self)
 
     def __exit__(self, exc_type: Any, exc_val: BaseException | None, exc_tb: Any) -> None:
         if exc_val is not None and self.is_recording():
@@ -339,8 +344,11 @@ class DirectTracer(trace.Tracer):
                                        _FLAGS[sampled, flags.random_trace_id], parent.trace_state)
             if not sampled:
                 return trace.NonRecordingSpan(span_context)
-        return DirectSpan(self, name, span_context, parent, kind, attributes, links, start_time, record_exception,
+        span = DirectSpan(self, name, span_context, parent, kind, attributes, links, start_time, record_exception,
                           set_status_on_exception)
+        if self.provider._starting:  # an application's processor (add_span_processor) sees the start as in the SDK
+            self.provider._started(span, context)
+        return span
 
     # The API types the result as its own private context-manager class; this one behaves as that one does.
     def start_as_current_span(  # type: ignore[override]
@@ -400,12 +408,21 @@ class _CurrentSpan:
 
 
 class DirectTracerProvider(trace.TracerProvider):
-    """A provider of ``DirectTracer``s writing to one trace file. ``force_flush`` has nothing to do (a span is on disk
-    when it has ended); ``shutdown`` closes the file and reports spans that could not be written."""
+    """A provider of ``DirectTracer``s: a span that ends is written to the trace file (when there is one) and handed
+    to each span processor's ``on_end`` (looptrace's network exporters: a ``BatchSpanProcessor`` whose exporter
+    encodes the span as it is, no SDK span in between).
 
-    def __init__(self, resource: Resource, trace_file: str | os.PathLike[str]) -> None:
+    ``force_flush`` flushes the processors (the file has nothing to flush: a span is on disk when it has ended);
+    ``shutdown`` shuts them down and closes the file, reporting spans that could not be written.
+    """
+
+    def __init__(self, resource: Resource, trace_file: str | os.PathLike[str] | None = None) -> None:
         self.resource = resource
-        self.writer = TraceFileWriter(trace_file)
+        self.writer = TraceFileWriter(trace_file) if trace_file is not None else None
+        #: What each span's end calls, in order (the file first: on disk before anything is queued).
+        self.ended_hooks: list[Callable[[DirectSpan], object]] = [self.writer.write_span] if self.writer else []
+        self.processors: list[Any] = []
+        self._starting: list[Any] = []  # processors added by the application, whose on_start is called
         self._tracers: dict[InstrumentationScope, DirectTracer] = {}
         self._lock = threading.Lock()
         if hasattr(os, "register_at_fork"):  # as the SDK: a forked child's process-dependent resource is its own
@@ -414,12 +431,32 @@ class DirectTracerProvider(trace.TracerProvider):
             os.register_at_fork(after_in_child=lambda: (method := weak()) and method())
 
     @property
-    def trace_file(self) -> os.PathLike[str]:
-        return self.writer.path
+    def trace_file(self) -> os.PathLike[str] | None:
+        return self.writer.path if self.writer is not None else None
 
     @property
     def lost_spans(self) -> int:
-        return self.writer.lost_spans
+        return self.writer.lost_spans if self.writer is not None else 0
+
+    def add_exporting_processor(self, processor: Any) -> None:
+        """A processor that only exports (``on_start`` does nothing, as a BatchSpanProcessor's): its ``on_end`` gets
+        every span that ends from now on; flushed and shut down with the provider."""
+        with self._lock:
+            self.processors.append(processor)
+            self.ended_hooks.append(processor.on_end)
+
+    def add_span_processor(self, processor: Any) -> None:
+        """As the SDK provider's: ``processor.on_start(span, parent_context)`` when a span starts and
+        ``processor.on_end(span)`` when it ends, for spans started from now on. The span it gets is a ``DirectSpan``,
+        which has the fields of the SDK's ``ReadableSpan`` that exporters read."""
+        with self._lock:
+            self.processors.append(processor)
+            self._starting.append(processor)
+            self.ended_hooks.append(processor.on_end)
+
+    def _started(self, span: DirectSpan, parent_context: context_api.Context | None) -> None:
+        for processor in self._starting:
+            processor.on_start(span, parent_context=parent_context)
 
     def get_tracer(self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
                    schema_url: str | None = None, attributes: Mapping[str, Any] | None = None) -> trace.Tracer:
@@ -435,10 +472,18 @@ class DirectTracerProvider(trace.TracerProvider):
             return tracer
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
+        deadline = time_ns() + max(timeout_millis, 0) * 1_000_000
+        flushed = True
+        for processor in list(self.processors):
+            remaining = max((deadline - time_ns()) // 1_000_000, 0)
+            flushed = bool(processor.force_flush(remaining)) and flushed
+        return flushed
 
     def shutdown(self) -> None:
-        self.writer.close()
+        for processor in list(self.processors):
+            processor.shutdown()
+        if self.writer is not None:
+            self.writer.close()
 
     def _after_fork(self) -> None:
         # The SDK's provider merges in what its process-dependent detectors say in the child: a new

@@ -9,9 +9,13 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
   says how to add looptrace's exporters to it; the returned provider is looptrace's own, used only where passed.
 * No ``configure()`` at all: an ``Agent`` joins the application's global provider when there is one, and otherwise
   writes through ``default_telemetry()``, a provider of looptrace's own built from the same settings as the CLI and
-  never installed globally. When the trace file is its only exporter, that provider is the direct path's
-  (``direct_spans``: API spans that write their own line of the same file, no SDK span pipeline), unless the
-  environment sets a sampler or span limits, which the SDK then applies.
+  never installed globally.
+
+A provider of looptrace's own (``configure()`` without ``tracer_provider``, and the embedded default) is the direct
+path's when its exporters are the trace file, ``otlp`` and ``langfuse`` (``direct_spans``: API spans that write their
+own line of the file and go to the network exporters' BatchSpanProcessors as they are, no SDK span pipeline), unless
+the environment sets a sampler or span limits (the SDK then applies them) or the console exporter is chosen (it
+prints the SDK's own span JSON). ``add_span_processor`` works on it as on the SDK's provider.
 
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
@@ -92,7 +96,7 @@ class Telemetry:
     ``tracer_provider`` (log line, webhook, score), registered with the provider so any Agent's runs on it use it.
     """
 
-    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's for the embedded file-only default
+    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's unless something needs the SDK
     exporters: list[str]
     settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
@@ -418,9 +422,23 @@ def _register_sinks(telemetry: Telemetry) -> None:
     register_sinks(telemetry.tracer_provider, telemetry.sinks)
 
 
+#: The exporters the direct path serves: the trace file, and the network exporters through their BatchSpanProcessor,
+#: whose exporter encodes the direct spans as they are. The console prints the SDK's own span JSON: the SDK's path.
+DIRECT_EXPORTERS = frozenset({"file", *NETWORK_EXPORTERS})
+
+
+def _direct_possible(settings: Settings, names: list[str], app_provider: TracerProvider | None) -> bool:
+    """Whether looptrace's own provider can be the direct path's: nobody gave a provider of their own, every exporter
+    is one the direct path serves, and the environment asks nothing of spans that only the SDK does (a sampler, span
+    limits, its internal metrics: ``direct_path_blockers``)."""
+    return app_provider is None and set(names) <= DIRECT_EXPORTERS and not direct_path_blockers(settings)
+
+
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
     settings_ignored(settings.ignored)
     names = settings.chosen_exporters()
+    if _direct_possible(settings, names, app_provider):
+        return _build_direct_with(settings, names)
     if app_provider is None:
         resource = _resource(settings)
         # Not the SDK's own exit hook: it joins the export thread for up to 30 s and drops what is left.
@@ -442,15 +460,46 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
     for processor in processors:
         provider.add_span_processor(processor)
     telemetry.processors = processors
-    if "langfuse" in names and settings.langfuse is not None:
-        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
-
-        telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
-        # Runs on this provider get a link to their trace in Langfuse's UI (RunResult.trace_url).
-        register_trace_links(provider, TraceLinks(settings.langfuse))
+    _langfuse_extras(telemetry, settings, provider, resource)
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
     _register_sinks(telemetry)
     return telemetry
+
+
+def _build_direct_with(settings: Settings, names: list[str]) -> Telemetry:
+    """looptrace's own provider on the direct path: the trace file written as each span ends (when ``file`` is
+    chosen), the network exporters behind the same guarded BatchSpanProcessors as on the SDK's path."""
+    resource = _resource(settings)
+    trace_file = settings.trace_file if "file" in names else None
+    provider = DirectTracerProvider(resource, trace_file)
+    telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings, trace_file=trace_file)
+    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)
+    processors: list[SpanProcessor] = []
+    try:
+        for name in names:
+            if name in NETWORK_EXPORTERS:
+                processors.append(_processor(name, settings, spill, None, telemetry))
+    except BaseException:
+        for processor in processors:
+            _quietly(processor.shutdown)
+        _quietly(provider.shutdown)
+        raise
+    for processor in processors:
+        provider.add_exporting_processor(processor)
+    telemetry.processors = processors
+    _langfuse_extras(telemetry, settings, provider, resource)
+    telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
+    _register_sinks(telemetry)
+    return telemetry
+
+
+def _langfuse_extras(telemetry: Telemetry, settings: Settings, provider: Any, resource: Resource) -> None:
+    """With the langfuse exporter: its scores, and a link to each run's trace in Langfuse's UI (RunResult.trace_url)."""
+    if "langfuse" in telemetry.exporters and settings.langfuse is not None:
+        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
+
+        telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
+        register_trace_links(provider, TraceLinks(settings.langfuse))
 
 
 def _processor(name: str, settings: Settings, spill: SpillFile, console_stream: IO[str] | None,

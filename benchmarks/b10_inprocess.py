@@ -1,0 +1,221 @@
+"""Benchmark 10's in-process variant set: every variant in one process, interleaved, the order rotating every repetition.
+
+The separate-process table (``b10_peers``) gives each variant a process of its own, the peers pinned in venvs of their
+own. This set answers the question a user asks when choosing: in *one* process, with current releases, what does each
+way of recording the same conversation cost per turn? The conversation is benchmark 10's (3 calls through the real
+``anthropic`` SDK against the fake Messages API, 2 tool calls then ``end_turn``), and so is the clock (process CPU,
+all threads, each sample ending with the variant's flush), over the same bare loop in the same repetition.
+
+Variants:
+
+* ``looptrace-file``: an ``Agent`` given no provider (the embedded default: the trace file, the direct path).
+* ``raw-file``: the file's floor *with content*: the spans of a real looptrace run of the conversation (input and
+  output messages, system instructions, tool definitions, every attribute) made again through the SDK's tracer, each
+  span encoded by the SDK's own OTLP/JSON encoder (``opentelemetry-exporter-otlp-json-common``) and appended to a file
+  as it ends (one line per span, as looptrace writes it).
+* ``looptrace-otlp``: ``configure(exporters="otlp")`` to the local OTLP sink (what Langfuse and collector users run).
+* ``raw-otlp``: the OTLP floor *with content*: the same recorded spans through a ``BatchSpanProcessor`` and the SDK's
+  OTLP/HTTP exporter to the same sink.
+* the peers that can share a process, each instrumenting the anthropic SDK only around its own samples
+  (``instrument()`` before, ``uninstrument()`` after, outside the clock), exporting through a BatchSpanProcessor and
+  the OTLP/HTTP exporter to the sink: OpenLLMetry (``opentelemetry-instrumentation-anthropic``) and OpenInference
+  (``openinference-instrumentation-anthropic``) where importable.
+
+Run as ``python -m benchmarks.b10_inprocess`` by ``b10_peers`` (in a venv with OpenLLMetry's current release when one
+could be made, else in this environment); it prints one JSON line: each variant's samples and versions.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.metadata
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+REPS = int(os.environ.get("BENCH_INPROCESS_REPS", "30"))
+CONVERSATIONS = int(os.environ.get("BENCH_INPROCESS_CONVERSATIONS", "5"))
+WARMUP = 3
+
+
+class _JsonFileExporter:
+    """The SDK's OTLP/JSON encoder, one line per batch appended to a file (with a SimpleSpanProcessor: per span)."""
+
+    def __init__(self, path: str) -> None:
+        from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
+
+        self._encode = encode_spans
+        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - open for the exporter's life, closed at shutdown
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self._file.write(self._encode(spans).to_json().encode() + b"\n")
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self._file.close()
+
+
+def _variants(tmp: str) -> dict[str, Any]:
+    from benchmarks import peer_worker as pw
+
+    os.environ["LOOPTRACE_TRACE_FILE"] = os.path.join(tmp, "default.jsonl")
+    os.environ["LOOPTRACE_SPILL_FILE"] = os.path.join(tmp, "spill.jsonl")
+    found: dict[str, Any] = {"bare": pw.Bare()}
+    found["looptrace-file"] = pw.Looptrace("file")
+    raw_file = pw.RawSDK("null")
+    _replace_processor(raw_file, "file", os.path.join(tmp, "raw.jsonl"))
+    found["raw-file"] = raw_file
+    found["looptrace-otlp"] = _looptrace_otlp(pw)
+    found["looptrace-otlp-sdk"] = _looptrace_otlp(pw, sdk_path=True)
+    found["raw-otlp"] = pw.RawSDK("otlp")
+    for key, module, package in (("openllmetry", "opentelemetry.instrumentation.anthropic",
+                                  "opentelemetry-instrumentation-anthropic"),
+                                 ("openinference", "openinference.instrumentation.anthropic",
+                                  "openinference-instrumentation-anthropic")):
+        try:
+            found[key] = _Toggled(module, package)
+        except ImportError as error:
+            print(f"  10 in-process: {key} not importable here ({error})", file=sys.stderr)
+    return found
+
+
+def _replace_processor(raw: Any, kind: str, path: str) -> None:
+    """The raw variant with a SimpleSpanProcessor writing each span through the SDK's OTLP/JSON encoder."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    raw.provider.shutdown()
+    raw.provider = TracerProvider(resource=raw._looptrace_resource())
+    raw.provider.add_span_processor(SimpleSpanProcessor(_JsonFileExporter(path)))
+    raw.tracer = raw.provider.get_tracer("looptrace")
+
+
+def _looptrace_otlp(pw: Any, sdk_path: bool = False) -> Any:
+    """looptrace's configure(exporters="otlp"); the endpoint variables are removed again once it has read them, so
+    the file variant's embedded default (which reads the environment on each run) stays the file alone.
+
+    ``sdk_path``: the same, made to take the SDK's span pipeline as when the environment asks for what only the SDK
+    does (context: what the direct path saves, measured beside it)."""
+    saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL")}
+    try:
+        if not sdk_path:
+            return pw.Looptrace("otlp")
+        import dataclasses
+
+        import looptrace
+        from looptrace.instrumentation import settings as settings_module
+
+        real_configure = looptrace.configure
+
+        def configure_on_the_sdk_path(**options: Any) -> Any:
+            forced = dataclasses.replace(settings_module.Settings.from_env(),
+                                         sdk_span_settings=("benchmark: the SDK path",))
+            return real_configure(forced, **options)
+
+        looptrace.configure = configure_on_the_sdk_path  # type: ignore[assignment]
+        try:
+            return pw.Looptrace("otlp")
+        finally:
+            looptrace.configure = real_configure  # type: ignore[assignment]
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class _Toggled:
+    """A peer instrumentor of the anthropic SDK, instrumented only around its own samples."""
+
+    def __init__(self, module: str, package: str) -> None:
+        from benchmarks import peer_worker as pw
+
+        self.package = package
+        self.provider = pw._otlp_provider()
+        self.instrumentor = importlib.import_module(module).AnthropicInstrumentor()
+        self.client = pw.make_client()
+        self._conversation = pw.conversation
+        self._tool = pw.plain_tool
+
+    def run_once(self) -> None:
+        self._conversation(self.client.messages.create, self._tool)
+
+    def flush(self) -> None:
+        assert self.provider.force_flush(), "force_flush timed out"
+
+    def enter(self) -> None:
+        self.instrumentor.instrument(tracer_provider=self.provider)
+
+    def leave(self) -> None:
+        self.instrumentor.uninstrument()
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def _sample(variant: Any, conversations: int) -> float:
+    getattr(variant, "enter", lambda: None)()
+    try:
+        gc.collect()
+        started = time.process_time()
+        for _ in range(conversations):
+            variant.run_once()
+        variant.flush()
+        return time.process_time() - started
+    finally:
+        getattr(variant, "leave", lambda: None)()
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def measure(reps: int = REPS, conversations: int = CONVERSATIONS,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every variant's samples (CPU seconds per ``conversations`` conversations), interleaved and rotated."""
+    with tempfile.TemporaryDirectory(prefix="looptrace-bench10-inprocess-") as tmp:
+        variants = _variants(tmp)
+        names = list(variants)
+        for name in names:
+            for _ in range(WARMUP):
+                _sample(variants[name], 1)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for rep in range(reps):
+            shift = rep % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples[name].append(_sample(variants[name], conversations))
+            if progress and (rep + 1) % 10 == 0:
+                progress(f"  10 in-process: {rep + 1}/{reps} repetitions")
+        for variant in variants.values():
+            if hasattr(variant, "shutdown"):
+                variant.shutdown()
+    versions = {name: _version(name) for name in ("anthropic", "opentelemetry-sdk", "looptrace",
+                                                  "opentelemetry-instrumentation-anthropic",
+                                                  "openinference-instrumentation-anthropic")}
+    return {"samples": samples, "conversations": conversations, "reps": reps, "versions": versions}
+
+
+def main() -> None:
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    result = measure(progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
