@@ -102,10 +102,12 @@ class RunRebuilder:
         self._held_by_response: dict[str, str] = {}
         self._twins: OrderedDict[str, str] = OrderedDict()
         self.last_key = ""  # the run the span added last belongs to (a trace id, or a session or conversation key)
+        self.last_dropped: str | None = None  # the held twin that span made redundant: that key has no run now
 
     def add(self, span: Any) -> Verdict | None:
         span = self._reader.translate(span)
         self.last_key = span.trace_id
+        self.last_dropped = None
         response_id = span.attributes.get(sc.GEN_AI_RESPONSE_ID)
         if response_id and self._reader.bare_call:
             twin = self._twins.get(str(response_id))
@@ -130,6 +132,7 @@ class RunRebuilder:
         held = self._held_by_response.get(response_id)
         if held is not None:
             self._unhold(held)
+            self.last_dropped = held
 
     def _unhold(self, trace_id: str) -> Any:
         span = self._held.pop(trace_id)
@@ -175,9 +178,8 @@ class RunRebuilder:
 
     def finish(self) -> list[Verdict]:
         """Judge every trace still open (their roots never came: a crashed process, a partial file)."""
-        for trace_id in list(self._held):
-            self._release(trace_id)
-        verdicts = (self._judge(trace_id) for trace_id in list(self._open))
+        released = [self._release(trace_id) for trace_id in list(self._held)]
+        verdicts = released + [self._judge(trace_id) for trace_id in list(self._open)]
         return [v for v in verdicts if v is not None]
 
     def _release(self, trace_id: str) -> Verdict | None:

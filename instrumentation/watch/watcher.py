@@ -71,6 +71,8 @@ class RunWatcher:
         for span in spans:
             verdict = self._rebuilder.add(span)
             key = self._rebuilder.last_key  # its trace, session or conversation (rebuilt from the history)
+            if self._rebuilder.last_dropped is not None:  # the messageless twin of this model call: one run, not two
+                self._runs.pop(self._rebuilder.last_dropped, None)
             meta = self._runs.get(key)
             if meta is None:
                 meta = self._runs[key] = _RunMeta(service=str(span.resource.get(SERVICE_NAME) or "unknown"),
