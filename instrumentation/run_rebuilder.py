@@ -110,9 +110,9 @@ class RunRebuilder:
         self.last_dropped = None
         response_id = span.attributes.get(sc.GEN_AI_RESPONSE_ID)
         if response_id and self._reader.bare_call:
-            twin = self._twins.get(str(response_id))
+            twin = self._twins.get(str(response_id)) or self._held_by_response.get(str(response_id))
             if twin is not None:
-                self.last_key = twin  # its twin, which recorded the conversation, was counted already
+                self.last_key = twin  # its twin was counted already (or, messageless too, is held already)
                 return None
             self._held[span.trace_id] = span
             self._held_by_response[str(response_id)] = span.trace_id

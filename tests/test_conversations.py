@@ -138,6 +138,14 @@ def test_the_sdks_own_spans_alone_are_runs_of_their_own():
         ("anthropic.messages.create", 1)]
 
 
+def test_two_messageless_spans_of_one_call_are_one_run():
+    # Content capture off: the instrumentation's span records no messages either; the call still counts once.
+    loop = BareLoop(sdk_twin="first")
+    loop.conversation([])
+    spans = [span for span in loop.spans if span.name == "anthropic.messages.create"] * 2
+    assert [v.turns for v in detect_spans(spans_of_request(encode_spans(spans)))] == [1]
+
+
 def test_two_continuations_of_one_prefix_are_two_runs(tmp_path, capsys):
     loop = BareLoop()
     prefix = [QUESTION, tool_call(1), tool_result(1)]
