@@ -176,9 +176,10 @@ class ProducerReader:
         else:
             neutral = _from_gen_ai(span)
         model_call = neutral.attributes.get(sc.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS
-        raw, form = _raw_input(span) if model_call else (None, "")
+        raw, form = None, ""  # the input messages: read here only for a lone call, else in _remember if needed
         self.bare_call = False
         if not _join_session(neutral, span) and model_call and span.parent_span_id is None:
+            raw, form = _raw_input(span)
             if raw is not None:
                 self._join_conversation(neutral, raw, form)
             else:
@@ -210,6 +211,8 @@ class ProducerReader:
                 state.tool_span_ids.add(str(a[sc.GEN_AI_TOOL_CALL_ID]))
         elif operation in MODEL_OPERATIONS and not state.has_tool_spans:
             # Messages are read only while the trace has shown no tool span: a trace with tool spans has it all there.
+            if raw is None:
+                raw, form = _raw_input(original)
             for requested in _requested_calls(original, neutral.start_ns):
                 known = state.requested.get(requested.call_id)
                 if known is None or not known.exact:  # the requesting call's own output places it exactly

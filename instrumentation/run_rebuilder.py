@@ -62,7 +62,7 @@ class _OpenRun:
 
     model_spans: list[tuple[int, str, str | None]] = field(default_factory=list)  # start, span id, parent id
     model_names: str = ""  # the first model call's span name: the run's name when no root ever comes
-    response_starts: dict[str, int] = field(default_factory=dict)  # gen_ai.response.id -> start of its first span
+    response_starts: dict[str, int] | None = None  # gen_ai.response.id -> start of its first span (made when seen)
     model_outputs: dict[int, Any] = field(default_factory=dict)  # start -> raw output messages, parsed only if needed
     session_id: str | None = None  # gen_ai.conversation.id: runs of one conversation share the detector's memory
     calls: list[_Call] = field(default_factory=list)
@@ -154,11 +154,13 @@ class RunRebuilder:
         elif operation in MODEL_OPERATIONS:
             start = span.start_ns
             response_id = attributes.get(sc.GEN_AI_RESPONSE_ID)
-            second = bool(response_id) and response_id in run.response_starts
-            if second:
-                start = run.response_starts[response_id]  # a second span of one call (the SDK's and another's)
+            seen = run.response_starts
+            second = False
+            if response_id and seen is not None and response_id in seen:
+                start, second = seen[response_id], True  # a second span of one call (the SDK's and another's)
             else:
                 if response_id:
+                    run.response_starts = seen if seen is not None else {}
                     run.response_starts[response_id] = start
                 run.model_spans.append((start, span.span_id, span.parent_span_id))
                 run.model_names = run.model_names or span.name
