@@ -61,7 +61,7 @@ class _OpenRun:
     """What the detector needs of one trace, gathered span by span in whatever order they come."""
 
     model_spans: list[tuple[int, str, str | None]] = field(default_factory=list)  # start, span id, parent id
-    model_names: str = ""  # the first model call's span name: the run's name when no root ever comes
+    first_model_name: str = ""  # the first model call's span name: the run's name when no root ever comes
     response_starts: dict[str, int] | None = None  # gen_ai.response.id -> start of its first span (made when seen)
     model_outputs: dict[int, Any] = field(default_factory=dict)  # start -> raw output messages, parsed only if needed
     session_id: str | None = None  # gen_ai.conversation.id: runs of one conversation share the detector's memory
@@ -163,7 +163,7 @@ class RunRebuilder:
                     run.response_starts = seen if seen is not None else {}
                     run.response_starts[response_id] = start
                 run.model_spans.append((start, span.span_id, span.parent_span_id))
-                run.model_names = run.model_names or span.name
+                run.first_model_name = run.first_model_name or span.name
             if sc.GEN_AI_OUTPUT_MESSAGES in attributes:
                 run.model_outputs[start] = attributes[sc.GEN_AI_OUTPUT_MESSAGES]
             stop_reason = _stop_reason(attributes)
@@ -189,7 +189,7 @@ class RunRebuilder:
         return self._add(self._unhold(trace_id))
 
     def open_runs(self) -> list[str]:
-        """The keys (trace ids, or session keys) of the runs still open, oldest first."""
+        """The keys (trace ids, or session or conversation keys) of the runs still open, oldest first."""
         return list(self._open)
 
     def check(self, trace_id: str) -> list[Anomaly]:
@@ -243,7 +243,7 @@ class RunRebuilder:
         if stop_reason is None and run.model_spans:
             not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
         anomalies = [a for a in detector.anomalies if a.type not in not_run]
-        return Verdict(trace_id=trace_id, name=run.root_name or run.model_names,
+        return Verdict(trace_id=trace_id, name=run.root_name or run.first_model_name,
                        turns=max(len(model_starts), len(turns)), tool_calls=len(run.calls), status=run.root_status,
                        anomalies=anomalies, rules_not_run=not_run)
 
