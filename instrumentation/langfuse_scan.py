@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from . import semconv as sc
+from .conversations import CONVERSATION_PREFIX
 from .detector import DetectorConfig
 from .langfuse import anomaly_score_body
 from .langfuse_api import (
@@ -54,7 +55,7 @@ from .langfuse_api import (
     is_missing_route,
 )
 from .langfuse_observations import epoch_ms, trace_spans
-from .readers import SESSION_PREFIX, NeutralSpan, run_key
+from .readers import SESSION_PREFIX, NeutralSpan
 from .settings import safe_url
 from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
 
@@ -239,11 +240,15 @@ class _Judge:
         except MalformedPage as error:
             raise _in_context(error, f"reading trace {listed.trace_id}", self.state) from None
         spans = trace_spans(observations, session_id=listed.session_id)
-        keys = {run_key(span) for span in spans}  # before the rebuilder re-keys spans that join a session
         root = _root_of(spans)
         if root is not None:
             self.roots[listed.trace_id] = root
-        verdicts = [verdict for span in spans if (verdict := self.rebuilder.add(span)) is not None]
+        verdicts, keys = [], set()
+        for span in spans:
+            verdict = self.rebuilder.add(span)
+            keys.add(self.rebuilder.last_key)  # the run it joined: its trace, session or conversation
+            if verdict is not None:
+                verdicts.append(verdict)
         still_open = set(self.rebuilder.open_runs())
         for key in keys & still_open:
             self.open_runs.setdefault(key, set()).add(index)
@@ -254,7 +259,8 @@ class _Judge:
     def _score(self, verdicts: list[Verdict]) -> None:
         for verdict in verdicts:
             root = self.roots.pop(verdict.trace_id, None)
-            if self.scorer is None or not verdict.anomalies or verdict.trace_id.startswith(SESSION_PREFIX):
+            rootless = verdict.trace_id.startswith((SESSION_PREFIX, CONVERSATION_PREFIX))  # no one trace to score
+            if self.scorer is None or not verdict.anomalies or rootless:
                 continue
             listed = self.by_id.get(verdict.trace_id)
             environment = listed.environment if listed is not None else None

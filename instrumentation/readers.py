@@ -23,7 +23,16 @@ rules' findings and reports the reasons beside its verdict.
 
 Runs are keyed by trace. A model call that is alone in its trace (no parent: an SDK call outside any agent span) but
 carries a session id (`session.id`, `gen_ai.conversation.id`, OpenLLMetry's association property) joins its session's
-run instead; such a run has no root and is judged at the end of the input (or, under `looptrace watch`, when idle).
+run instead. One with neither a parent nor a session id joins the conversation its input history continues
+(`conversations.ConversationIndex`: successive calls whose histories extend one another are one run). Such runs have
+no root and are judged at the end of the input (or, under `looptrace watch`, when idle). A conversation's tool calls
+are read from its messages: each call's output, and the assistant messages of the history (which also hold the calls
+whose own spans were lost; those are placed just before the call whose history showed them, so their turn is only
+approximate).
+
+Some processes describe one model call twice: the anthropic SDK's own span (`anthropic.messages.create`: the
+request, the response id and usage, no messages) beside an instrumentation's. `bare_call` tells such a messageless
+call apart so that the rebuilder can count it once, matched by `gen_ai.response.id`.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
+from .conversations import ConversationIndex
 from .detector import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL
 
 # OpenInference's attribute names (openinference-semantic-conventions), listed so the reader needs no extra package.
@@ -58,8 +68,8 @@ SESSION_PREFIX = "session:"
 SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID)
 # Every attribute any reader looks at, for readers of files that decode only what detection needs.
 FOREIGN_EXACT_KEYS = frozenset({
-    sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_AGENT_NAME, OI_SPAN_KIND, OI_INPUT_VALUE, OI_OUTPUT_VALUE, OI_TOOL_NAME,
-    OI_TOOL_PARAMETERS, OI_TOOL_CALL_ID, OI_FINISH_REASON, *SESSION_KEYS,
+    sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_AGENT_NAME, sc.GEN_AI_RESPONSE_ID, OI_SPAN_KIND, OI_INPUT_VALUE,
+    OI_OUTPUT_VALUE, OI_TOOL_NAME, OI_TOOL_PARAMETERS, OI_TOOL_CALL_ID, OI_FINISH_REASON, *SESSION_KEYS,
 })
 FOREIGN_KEY_PREFIXES = (OLL_PROMPT, OLL_COMPLETION, OI_INPUT_MESSAGES, OI_OUTPUT_MESSAGES)
 
@@ -126,6 +136,7 @@ class _Requested:
     tool: str
     arguments: Any
     call_id: str
+    exact: bool = True  # False when read from a later call's history: the requesting call's start is not known
 
 
 @dataclass(slots=True)
@@ -145,6 +156,8 @@ class ProducerReader:
     def __init__(self, max_open_traces: int = _MAX_OPEN_TRACES) -> None:
         self.max_open_traces = max_open_traces
         self._traces: OrderedDict[str, _TraceState] = OrderedDict()
+        self._conversations = ConversationIndex(max_open_traces)
+        self.bare_call = False  # whether the span translated last was a lone model call that recorded no messages
 
     # -- span by span -------------------------------------------------------------------------------------------
 
@@ -162,11 +175,27 @@ class ProducerReader:
             neutral = span  # already in our vocabulary and made for this reader (a file reader's, a processor's)
         else:
             neutral = _from_gen_ai(span)
-        _join_session(neutral, span)
-        self._remember(neutral, span)
+        model_call = neutral.attributes.get(sc.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS
+        raw, form = None, ""  # the input messages: read here only for a lone call, else in _remember if needed
+        self.bare_call = False
+        if not _join_session(neutral, span) and model_call and span.parent_span_id is None:
+            raw, form = _raw_input(span)
+            if raw is not None:
+                self._join_conversation(neutral, raw, form)
+            else:
+                self.bare_call = _records_no_messages(neutral)
+        self._remember(neutral, span, raw, form)
         return neutral
 
-    def _remember(self, neutral: NeutralSpan, original: Any) -> None:
+    def _join_conversation(self, neutral: NeutralSpan, raw: Any, form: str) -> None:
+        """A lone model call with a history joins the conversation that history continues."""
+        history = _canonical_history(raw, form)
+        if not history:
+            return  # a history that cannot be read (capped JSON) is not guessed at: the call stays a run of its own
+        neutral.trace_id = self._conversations.place(neutral.trace_id, history)
+        neutral.parent_span_id = "conversation"  # not a root: the run stays open for the conversation's next call
+
+    def _remember(self, neutral: NeutralSpan, original: Any, raw: Any, form: str) -> None:
         state = self._traces.get(neutral.trace_id)
         if state is None:
             state = self._traces[neutral.trace_id] = _TraceState()
@@ -182,9 +211,16 @@ class ProducerReader:
                 state.tool_span_ids.add(str(a[sc.GEN_AI_TOOL_CALL_ID]))
         elif operation in MODEL_OPERATIONS and not state.has_tool_spans:
             # Messages are read only while the trace has shown no tool span: a trace with tool spans has it all there.
+            if raw is None:
+                raw, form = _raw_input(original)
             for requested in _requested_calls(original, neutral.start_ns):
-                state.requested.setdefault(requested.call_id, requested)
-            raw, form = _raw_input(original)
+                known = state.requested.get(requested.call_id)
+                if known is None or not known.exact:  # the requesting call's own output places it exactly
+                    state.requested[requested.call_id] = requested
+            if raw is not None and neutral.parent_span_id == "conversation":
+                # The history's assistant messages: the calls of earlier model calls, their spans seen or not.
+                for requested in _history_calls(raw, form, neutral.start_ns - 1):
+                    state.requested.setdefault(requested.call_id, requested)
             if raw is not None and neutral.start_ns >= state.latest_input[0]:
                 state.latest_input = (neutral.start_ns, raw, form)
 
@@ -235,6 +271,7 @@ class ProducerReader:
 
     def forget(self, trace_id: str) -> None:
         self._traces.pop(trace_id, None)
+        self._conversations.forget(trace_id)
 
 
 # --- one producer at a time -----------------------------------------------------------------------------------------
@@ -316,12 +353,64 @@ def run_key(span: Any) -> str:
     return f"{SESSION_PREFIX}{session}" if session is not None else span.trace_id
 
 
-def _join_session(neutral: NeutralSpan, original: Any) -> None:
+def _join_session(neutral: NeutralSpan, original: Any) -> bool:
     """A lone model call with a session id belongs to its session's run, not to a one-span trace of its own."""
     key = run_key(original)
     if key != original.trace_id:
         neutral.trace_id = key
         neutral.parent_span_id = "session"  # not a root: the run stays open for the session's next call
+        return True
+    return False
+
+
+def _records_no_messages(neutral: NeutralSpan) -> bool:
+    """A model call that says which response it got but nothing of the conversation: the SDK's own span, say."""
+    a = neutral.attributes
+    return bool(a.get(sc.GEN_AI_RESPONSE_ID)) and sc.GEN_AI_OUTPUT_MESSAGES not in a
+
+
+# --- conversations --------------------------------------------------------------------------------------------------
+
+def _history_messages(raw: Any, form: str) -> list[Any]:
+    """The input messages of a model call, one item per message, in the producer's own shape."""
+    if form == "gen_ai":
+        return _json_list(raw)
+    prefix = OLL_PROMPT if form == "openllmetry" else OI_INPUT_MESSAGES
+    return [message for _, message in sorted(_indexed(raw, prefix).items())]
+
+
+def _canonical_history(raw: Any, form: str) -> list[str]:
+    """Each input message as canonical text: equal messages give equal text, whatever the attributes' order."""
+    return [json.dumps(message, sort_keys=True, ensure_ascii=False, default=str)
+            for message in _history_messages(raw, form)]
+
+
+def _history_calls(raw: Any, form: str, at_ns: int) -> list[_Requested]:
+    """The tool calls in a history's assistant messages (placed at ``at_ns``: their own call's start is unknown)."""
+    found: list[_Requested] = []
+    for message in _history_messages(raw, form):
+        if not isinstance(message, dict):
+            continue
+        if form == "gen_ai":
+            for part in message.get("parts") or ():
+                if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("id"):
+                    found.append(_Requested(at_ns, str(part.get("name")), part.get("arguments"), str(part["id"]),
+                                            exact=False))
+            continue
+        calls = _indexed(message, "tool_calls.") or _indexed(message, "message.tool_calls.")
+        for call in calls.values():
+            call_id = call.get("id", call.get("tool_call.id"))
+            name = call.get("name", call.get("tool_call.function.name"))
+            arguments = call.get("arguments", call.get("tool_call.function.arguments"))
+            if call_id and name:
+                found.append(_Requested(at_ns, str(name), arguments, str(call_id), exact=False))
+        content = message.get("content", message.get("message.content"))
+        if not calls and isinstance(content, str) and '"tool_use"' in content:  # Anthropic blocks, as JSON text
+            for block in _json_list(content):
+                if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
+                    found.append(_Requested(at_ns, str(block.get("name")), block.get("input"), str(block["id"]),
+                                            exact=False))
+    return found
 
 
 # --- messages -------------------------------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ traces whose root never arrives are judged at the end of the input. An agent run
 a hand-off) is a run of its own: when its `invoke_agent` span arrives, the spans under it (its turns, model calls
 and tools, all ended by then) are judged as one run, and the outer run goes on without them. Memory holds the
 compact calls of the traces still open (and their span tree), not the spans.
+
+Runs without a root (a session's, or a conversation's rebuilt from its history: see readers.py) are judged at the
+end of the input, or when `close` is called (`looptrace watch` does when the run goes idle). One model call described
+by two spans (the SDK's own messageless span and an instrumentation's, with one `gen_ai.response.id`) counts once: in
+one trace the second is skipped; alone in its trace, the messageless span is held until its twin comes (then
+dropped) or until it is closed or the input ends (then judged as a run of its own).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ _OWN_KEYS = frozenset({
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_CALL_ARGUMENTS,
     sc.GEN_AI_TOOL_CALL_RESULT, sc.TOOL_ARGUMENTS_DIGEST, sc.TOOL_RESULT_DIGEST, sc.TOOL_IS_ERROR, sc.ERROR_TYPE,
     sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
-    sc.GEN_AI_CONVERSATION_ID,
+    sc.GEN_AI_CONVERSATION_ID, sc.GEN_AI_RESPONSE_ID,
 })
 # ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
 DETECTION_KEYS = KeySelection(_OWN_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
@@ -58,6 +64,9 @@ class _OpenRun:
     """What the detector needs of one trace, gathered span by span in whatever order they come."""
 
     model_spans: list[tuple[int, str, str | None]] = field(default_factory=list)  # start, span id, parent id
+    first_model_name: str = ""  # the first model call's span name: the run's name when no root ever comes
+    # gen_ai.response.id -> (start, end) of its first span (made when seen): a second span of one call overlaps it
+    response_starts: dict[str, tuple[int, int]] | None = None
     model_outputs: dict[int, Any] = field(default_factory=dict)  # start -> raw output messages, parsed only if needed
     session_id: str | None = None  # gen_ai.conversation.id: runs of one conversation share the detector's memory
     calls: list[_Call] = field(default_factory=list)
@@ -94,9 +103,49 @@ class RunRebuilder:
         self._open: OrderedDict[str, _OpenRun] = OrderedDict()
         self._sessions = SessionDetectors(config)  # runs of one conversation, judged in the order their roots came
         self._reader = ProducerReader(max_open_traces)  # other producers' spans, in our vocabulary
+        # Lone messageless model calls waiting for their twin (by trace), and the runs of calls seen (by response id).
+        self._held: OrderedDict[str, Any] = OrderedDict()
+        self._held_by_response: dict[str, str] = {}
+        self._twins: OrderedDict[str, str] = OrderedDict()
+        self.last_key = ""  # the run the span added last belongs to (a trace id, or a session or conversation key)
+        self.last_dropped: str | None = None  # the held twin that span made redundant: that key has no run now
 
     def add(self, span: Any) -> Verdict | None:
         span = self._reader.translate(span)
+        self.last_key = span.trace_id
+        self.last_dropped = None
+        response_id = span.attributes.get(sc.GEN_AI_RESPONSE_ID)
+        if response_id and self._reader.bare_call:
+            twin = self._twins.get(str(response_id)) or self._held_by_response.get(str(response_id))
+            if twin is not None:
+                self.last_key = twin  # its twin was counted already (or, messageless too, is held already)
+                return None
+            self._held[span.trace_id] = span
+            self._held_by_response[str(response_id)] = span.trace_id
+            if len(self._held) > self.max_open_traces:
+                self._unhold(next(iter(self._held)))  # a messageless call alone: nothing the detector could find
+            return None
+        if response_id and span.attributes.get(sc.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS:
+            self._count_once(str(response_id), span.trace_id)
+        return self._add(span)
+
+    def _count_once(self, response_id: str, key: str) -> None:
+        """Remember which run this model call is in; drop its messageless twin if it came first."""
+        self._twins[response_id] = key
+        self._twins.move_to_end(response_id)
+        if len(self._twins) > self.max_open_traces:
+            self._twins.popitem(last=False)
+        held = self._held_by_response.get(response_id)
+        if held is not None:
+            self._unhold(held)
+            self.last_dropped = held
+
+    def _unhold(self, trace_id: str) -> Any:
+        span = self._held.pop(trace_id)
+        self._held_by_response.pop(str(span.attributes.get(sc.GEN_AI_RESPONSE_ID)), None)
+        return span
+
+    def _add(self, span: Any) -> Verdict | None:
         attributes = span.attributes
         run = self._open.get(span.trace_id)
         if run is None:
@@ -110,12 +159,30 @@ class RunRebuilder:
         if operation == sc.OPERATION_EXECUTE_TOOL or (operation is None and sc.GEN_AI_TOOL_NAME in attributes):
             run.calls.append(_call_of(span))
         elif operation in MODEL_OPERATIONS:
-            run.model_spans.append((span.start_ns, span.span_id, span.parent_span_id))
+            start = span.start_ns
+            response_id = attributes.get(sc.GEN_AI_RESPONSE_ID)
+            seen = run.response_starts
+            second = False
+            end = getattr(span, "end_ns", 0) or start
+            first = seen.get(response_id) if response_id and seen is not None else None
+            if first is not None and start <= first[1] and end >= first[0]:
+                # A second span of one call (the SDK's and another's): the same id and the same time. The same id
+                # at another time is another call (a scripted or replayed model repeats its ids).
+                start, second = first[0], True
+            else:
+                if response_id:
+                    run.response_starts = seen if seen is not None else {}
+                    run.response_starts[response_id] = (start, end)
+                run.model_spans.append((start, span.span_id, span.parent_span_id))
+                run.first_model_name = run.first_model_name or span.name
             if sc.GEN_AI_OUTPUT_MESSAGES in attributes:
-                run.model_outputs[span.start_ns] = attributes[sc.GEN_AI_OUTPUT_MESSAGES]
-            ending = (span.start_ns, _stop_reason(attributes), attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
+                run.model_outputs[start] = attributes[sc.GEN_AI_OUTPUT_MESSAGES]
+            stop_reason = _stop_reason(attributes)
+            ending = (start, stop_reason, attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
             run.model_ends[span.span_id] = ending
-            if span.start_ns >= run.last_model[0]:  # output text kept raw: only the last one is ever parsed
+            if start > run.last_model[0] or (start == run.last_model[0] and (not second or stop_reason is not None)):
+                # Output text kept raw: only the last one is ever parsed. Of two spans of one call, the one that
+                # recorded something wins.
                 run.last_model = ending
         if span.parent_span_id is not None and operation == sc.OPERATION_INVOKE_AGENT:
             nested = _split_off(run, span.span_id, span.start_ns, getattr(span, "end_ns", 0) or span.start_ns)
@@ -137,11 +204,16 @@ class RunRebuilder:
 
     def finish(self) -> list[Verdict]:
         """Judge every trace still open (their roots never came: a crashed process, a partial file)."""
-        verdicts = (self._judge(trace_id) for trace_id in list(self._open))
+        released = [self._release(trace_id) for trace_id in list(self._held)]
+        verdicts = released + [self._judge(trace_id) for trace_id in list(self._open)]
         return [v for v in verdicts if v is not None]
 
+    def _release(self, trace_id: str) -> Verdict | None:
+        """A held messageless call whose twin never came: a run of its own after all."""
+        return self._add(self._unhold(trace_id))
+
     def open_runs(self) -> list[str]:
-        """The keys (trace ids, or session keys) of the runs still open, oldest first."""
+        """The keys (trace ids, or session or conversation keys) of the runs still open, oldest first."""
         return list(self._open)
 
     def check(self, trace_id: str) -> list[Anomaly]:
@@ -156,6 +228,8 @@ class RunRebuilder:
 
     def close(self, trace_id: str) -> Verdict | None:
         """Judge an open run now (its root never came: the sender went quiet, or the run was evicted)."""
+        if trace_id in self._held:
+            return self._release(trace_id)
         return self._judge(trace_id) if trace_id in self._open else None
 
     def _replay(self, run: _OpenRun, calls: list[_Call]) -> LoopDetector:
@@ -196,8 +270,9 @@ class RunRebuilder:
         if stop_reason is None and run.model_spans:
             not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
         anomalies = [a for a in detector.anomalies if a.type not in not_run]
-        return Verdict(trace_id=trace_id, name=run.root_name, turns=max(len(model_starts), len(turns)),
-                       tool_calls=len(run.calls), status=run.root_status, anomalies=anomalies, rules_not_run=not_run)
+        return Verdict(trace_id=trace_id, name=run.root_name or run.first_model_name,
+                       turns=max(len(model_starts), len(turns)), tool_calls=len(run.calls), status=run.root_status,
+                       anomalies=anomalies, rules_not_run=not_run)
 
 
 def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]:

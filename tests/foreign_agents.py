@@ -5,6 +5,7 @@ never patch the same process):
 
     python tests/foreign_agents.py --producer openllmetry --scenario repeat_failing --file out.jsonl
     python tests/foreign_agents.py --producer openinference --scenario clean --otlp http://127.0.0.1:4318/v1/traces
+    python tests/foreign_agents.py --producer openllmetry --bare --scenario repeat --otlp http://127.0.0.1:4318/v1/traces
 
 The agent talks to the local fake Messages API (tests/fakes/messages_api.py) through the real anthropic SDK, and the
 producer's own instrumentation makes the spans. Spans go to a local OTLP/JSON file (looptrace's file exporter, the
@@ -18,10 +19,16 @@ Producers:
   openinference  openinference-instrumentation-anthropic (LLM spans) and OpenInference TOOL spans
   pydantic-ai    pydantic-ai's own instrumentation (instrument=True) with its Anthropic model
 
+``--bare`` runs the loop as most people instrument it: no agent or workflow span around it and no session id, the
+tracer provider set globally (so the anthropic SDK's own spans, when it makes them, go to the same exporter). Every
+model call is then a trace of its own; only the conversation in each call's input messages ties them together.
+OpenLLMetry only: the other producers need the app's help (a parent span) to make their spans at all.
+
 Scenarios:
   repeat_failing  the model calls get_order(A-1) four times; it fails every time; the answer admits it
   ignored_error   refund(A-1) fails, is retried and fails again; the agent moves on (notify_customer) and the answer
                   presents the work as done without a word about the refund
+  repeat          the model calls get_order(A-1) eight times; it succeeds with the same answer every time
   clean           get_order(A-1) succeeds; the answer reports it
 """
 
@@ -39,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PRODUCERS = ("semconv", "semconv-chat", "openllmetry", "openinference", "pydantic-ai")
-SCENARIOS = ("repeat_failing", "ignored_error", "clean")
+SCENARIOS = ("repeat_failing", "repeat", "ignored_error", "clean")
+BARE_PRODUCERS = ("openllmetry",)
 MODEL = "claude-sonnet-4-6"
 SESSION_ID = "session-under-watch"
 
@@ -82,6 +90,8 @@ def model_script(scenario: str) -> list[dict[str, Any]]:
     if scenario == "repeat_failing":
         return [call("get_order", n) for n in range(1, 5)] + [
             {"content": "I could not look up order A-1: the order service failed every time."}]
+    if scenario == "repeat":
+        return [call("get_order", n) for n in range(1, 9)] + [{"content": "Order A-1 has shipped."}]
     if scenario == "ignored_error":
         # The detector's ignored_error rule alone fires on a failure the model knew about and left behind: retried,
         # failed again, then other work, and an answer that neither names the order nor quotes the error.
@@ -180,9 +190,16 @@ def produce_semconv(client: Any, provider: Any, with_tool_spans: bool) -> None:
         run_plain_loop(client, on_chat, on_tool if with_tool_spans else None)
 
 
-def produce_openllmetry(client_factory: Any, provider: Any) -> None:
+def produce_openllmetry(client_factory: Any, provider: Any, bare: bool = False) -> None:
     from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor
 
+    if bare:  # the user's setup: the global provider, instrument() with no arguments, the loop alone
+        from opentelemetry import trace
+
+        trace.set_tracer_provider(provider)
+        AnthropicInstrumentor().instrument()
+        run_plain_loop(client_factory())
+        return
     AnthropicInstrumentor().instrument(tracer_provider=provider)
     tracer = provider.get_tracer("support-app")
     # OpenLLMetry makes one span per model call; the app's own span makes them one trace (what @workflow does).
@@ -255,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc", help="send spans to this OTLP/gRPC endpoint (host:port)")
     parser.add_argument("--header", action="append", default=[], help="NAME=VALUE sent with every OTLP export")
     parser.add_argument("--service", default="support-app")
+    parser.add_argument("--bare", action="store_true",
+                        help="no parent span, no session id, the global tracer provider (openllmetry only)")
     args = parser.parse_args(argv)
+    if args.bare and args.producer not in BARE_PRODUCERS:
+        parser.error(f"--bare is for {', '.join(BARE_PRODUCERS)} only")
     SCENARIO = args.scenario
 
     import anthropic
@@ -286,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.producer in ("semconv", "semconv-chat"):
             produce_semconv(client_factory(), provider, with_tool_spans=args.producer == "semconv")
         elif args.producer == "openllmetry":
-            produce_openllmetry(client_factory, provider)
+            produce_openllmetry(client_factory, provider, bare=args.bare)
         elif args.producer == "openinference":
             produce_openinference(client_factory, provider)
         else:

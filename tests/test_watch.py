@@ -517,6 +517,26 @@ def test_watch_flags_real_producers_agents_sent_by_their_otlp_exporter(producer)
 
 
 @pytest.mark.slow
+def test_watch_flags_a_bare_openllmetry_loop_and_not_its_clean_variant():
+    # The loop as most people instrument it: no agent span, no session id, one trace per model call.
+    server, recorded = start_watch()
+    try:
+        for scenario in ("repeat", "clean"):
+            completed = subprocess.run(
+                [sys.executable, str(AGENTS), "--producer", "openllmetry", "--bare", "--scenario", scenario,
+                 "--service", scenario, "--otlp", f"http://127.0.0.1:{server.port}/v1/traces"],
+                capture_output=True, text=True, timeout=120)
+            assert completed.returncode == 0, completed.stderr[-2000:]
+        assert server.wait_idle()
+        assert recorded.types() == ["repeated_call"]
+        text = metrics_text(server)
+        assert 'anomaly_type="repeated_call",service="repeat"} 1.0' in text
+        assert 'service="clean"' not in text
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
 def test_watch_hears_a_real_grpc_exporter():
     server, recorded = start_watch()
     try:

@@ -1,10 +1,11 @@
 """The run watcher: spans in, runs assembled, anomalies out to the sink it is given. No sockets, no threads.
 
-Runs are assembled by trace (or session, see readers.py) with `trace_detect.RunRebuilder`, which reads every producer
-readers.py knows. After each batch the runs it touched are checked (repeats, cycles, failing tools fire as soon as the
-span that completes them arrives); a run is judged in full (ignored errors too) when its root span arrives, when it
-has been idle for ``idle_timeout_s`` (``sweep``), when it is evicted because ``max_open_runs`` are open (counted), or
-at ``close_all``.
+Runs are assembled by trace (or session, or conversation rebuilt from the history: see readers.py) with
+`trace_detect.RunRebuilder`, which reads every producer readers.py knows. After each batch the runs it touched are
+checked (repeats, cycles, failing tools fire as soon as the span that completes them arrives); a run is judged in
+full (ignored errors too) when its root span arrives, when it has been idle for ``idle_timeout_s`` (``sweep``), when
+it is evicted because ``max_open_runs`` are open (counted), or at ``close_all``. A rootless run (a session's, a
+conversation's) is judged when idle.
 
 Drive it in process: ``ingest(spans)`` with decoded span records, ``sweep()`` now and then, ``close_all()`` at the
 end. The server runs it on one worker thread; it is not safe to share between threads.
@@ -22,7 +23,6 @@ from typing import Protocol
 from .. import semconv as sc
 from ..alerts import AlertContext
 from ..detector import Anomaly, DetectorConfig
-from ..readers import run_key
 from ..trace_detect import RunRebuilder, Verdict
 from ..tracefile.read import SpanRecord
 from .decoding import SERVICE_NAME
@@ -69,7 +69,10 @@ class RunWatcher:
         now = self._clock()
         touched: set[str] = set()
         for span in spans:
-            key = run_key(span)
+            verdict = self._rebuilder.add(span)
+            key = self._rebuilder.last_key  # its trace, session or conversation (rebuilt from the history)
+            if self._rebuilder.last_dropped is not None:  # the messageless twin of this model call: one run, not two
+                self._runs.pop(self._rebuilder.last_dropped, None)
             meta = self._runs.get(key)
             if meta is None:
                 meta = self._runs[key] = _RunMeta(service=str(span.resource.get(SERVICE_NAME) or "unknown"),
@@ -83,7 +86,6 @@ class RunWatcher:
                 self._runs.move_to_end(key)
             if not meta.agent:
                 meta.agent = str(span.attributes.get(sc.GEN_AI_AGENT_NAME) or "")
-            verdict = self._rebuilder.add(span)
             if verdict is not None:
                 self._finish(verdict, "root")
                 touched.discard(verdict.trace_id)
