@@ -692,20 +692,25 @@ def test_state_after_10000_turns_is_no_bigger_than_after_20():
     assert sizes_after(10_000) == sizes_after(20)
 
 
-def test_the_module_imports_only_the_standard_library():
+def test_the_package_imports_only_the_standard_library_and_itself():
     import ast
     import sys
     from pathlib import Path
 
-    import looptrace.instrumentation.detector as module
+    import looptrace.instrumentation.detector as package
 
-    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
-    assert imported - {"__future__"} <= set(sys.stdlib_module_names)
-    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    modules = sorted(Path(package.__file__).parent.glob("*.py"))
+    assert len(modules) > 1
+    for path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+        assert imported - {"__future__"} <= set(sys.stdlib_module_names), path.name
+        # relative imports stay inside the package: a sibling module, never the rest of instrumentation
+        assert all(node.level <= 1 and node.module for node in ast.walk(tree)
+                   if isinstance(node, ast.ImportFrom) and node.level), path.name
 
 
 def test_a_huge_parallel_turn_is_capped():

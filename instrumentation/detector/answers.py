@@ -1,0 +1,150 @@
+"""The text structure of what a model says: whether an answer asks, names what a call acted on, quotes an error,
+states an operation as done, or draws on a result.
+
+Judged on structure in any language, never on a list of words: the answer is compared with the failed call, its
+error and the results beside it. DESIGN.md has the reasons and the known blind spot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import unicodedata
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .identity import safe_text
+
+ANSWER_SCAN_CHARS = 20_000  # of each end of a huge final answer
+BATCH_RESULT_CHARS = 20_000  # of each result an answer may draw on
+_MIN_MENTION_CHARS = 3  # shorter values ("a", "EU") turn up in any text by chance
+# Question marks of the scripts we know: Latin, full-width (CJK), Spanish opening, Arabic. Punctuation, not words.
+_QUESTION_MARKS = ("?", "\uff1f", "\u00bf", "\u061f")
+_SENTENCE = re.compile(r"[^.!?\n\u3002\uff01\uff1f\u061f]+[.!?\u3002\uff01\uff1f\u061f]?")
+_LETTERS = re.compile(r"[^\W\d_]+")
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z])(?=[A-Z])")
+_WORD = re.compile(r"\w+")
+
+
+def answer_addresses(text: str | None, targets: frozenset[str], error_text: str = "") -> bool:
+    """Whether a final answer deals with a failed call, judged on structure rather than wording.
+
+    It does when it asks the user something (hands the decision back instead of presenting the work as done), when
+    it names what the failed call acted on (one of its targets), or when it repeats the error itself: two words in a
+    row of the error message, or a token of it that carries a digit (an id, an amount, a flight number). Nothing
+    here is a list of words: the answer is compared with the failed call and its error, in whatever language both
+    are written.
+    """
+    if not text:
+        return False
+    if len(text) > 2 * ANSWER_SCAN_CHARS:
+        text = text[:ANSWER_SCAN_CHARS] + "\n" + text[-ANSWER_SCAN_CHARS:]
+    if any(mark in text for mark in _QUESTION_MARKS):
+        return True
+    folded = fold(text)
+    if any(len(t) >= _MIN_MENTION_CHARS and fold(t) in folded for t in targets):
+        return True
+    return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(_echo_units(folded))
+
+
+def names_or_quotes(folded: str, targets: frozenset[str], error_text: str) -> bool:
+    """Whether folded text (`fold`) names one of a failed call's targets or quotes its error."""
+    if any(len(t) >= _MIN_MENTION_CHARS and fold(t) in folded for t in targets):
+        return True
+    return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(_echo_units(folded))
+
+
+def states_operation(text: str, tool: str) -> bool:
+    """Whether a statement in `text` (a sentence without a question mark) names the operation `tool` performs.
+
+    The operation's words are those of the tool's name (`update_reservation_passengers`: update, reservation,
+    passengers; camelCase and dotted names split too; words under four letters left out); a sentence names the
+    operation when it holds two of them (the one, for a one-word name), each matched on its stem so that "updated"
+    and "passenger list" count. This compares the answer with the failed call, not with a list of words.
+    """
+    words = _name_words(tool)
+    needed = min(2, len(words))
+    if not needed:
+        return False
+    for sentence in _SENTENCE.findall(fold(text[:2 * ANSWER_SCAN_CHARS])):
+        if any(mark in sentence for mark in _QUESTION_MARKS):
+            continue
+        said = set(_LETTERS.findall(sentence))
+        if sum(1 for word in words if any(_same_stem(word, other) for other in said)) >= needed:
+            return True
+    return False
+
+
+def draws_on(text: str, results: list[Any]) -> bool:
+    """Whether an answer repeats something distinctive from the given results: a token with a digit in it (an id, a
+    flight number, an amount, a date) that the result holds too."""
+    answer = {unit for unit in _echo_units(fold(text[:2 * ANSWER_SCAN_CHARS])) if " " not in unit}
+    if not answer:
+        return False
+    return any(not answer.isdisjoint(_echo_units(fold(safe_text(result)[:BATCH_RESULT_CHARS])))
+               for result in results)
+
+
+def free_text_in(arguments: Any) -> str:
+    """The free text among a call's arguments (strings with spaces in them: a summary, a message), folded and cut.
+
+    An id argument naming the same order is the next operation on it, not a report, so only free text counts.
+    """
+    return fold(" ".join(t for t in _strings_in(arguments) if any(c.isspace() for c in t.strip())))[:ANSWER_SCAN_CHARS]
+
+
+def fold(text: str) -> str:
+    """Text as it is compared: NFKC, then case-folded."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def _name_words(tool: str) -> list[str]:
+    spaced = _CAMEL_BOUNDARY.sub(" ", tool)
+    return [word for word in _LETTERS.findall(fold(spaced)) if len(word) >= 4]
+
+
+def _same_stem(word: str, other: str) -> bool:
+    """Two words share a stem when they agree on all but their last two letters, and on four letters at least."""
+    shorter = min(len(word), len(other))
+    shared = next((i for i in range(shorter) if word[i] != other[i]), shorter)
+    return shared >= 4 and shared >= shorter - 2
+
+
+def _strings_in(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every string in a JSON-like value (arguments given as JSON text are parsed), to a bounded depth."""
+    if depth > 8:
+        return
+    if isinstance(value, str):
+        if depth == 0 and value[:1] in "{[":
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                yield value
+                return
+            yield from _strings_in(value, depth + 1)
+            return
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings_in(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings_in(item, depth + 1)
+
+
+def _echo_units(folded: str) -> set[str]:
+    """Pieces of text distinctive enough that sharing one means quoting: word pairs, tokens with a digit, and for
+    scripts written without spaces (CJK) runs of three characters."""
+    words = _WORD.findall(folded)
+    units = {f"{a} {b}" for a, b in itertools.pairwise(words)}
+    for word in words:
+        if len(word) >= 3 and any(c.isdigit() for c in word):
+            units.add(word)
+        if len(word) >= 3 and any(_is_unspaced_script(c) for c in word):
+            units.update(word[i:i + 3] for i in range(len(word) - 2))
+    return units
+
+
+def _is_unspaced_script(char: str) -> bool:
+    return "\u3040" <= char <= "\u30ff" or "\u3400" <= char <= "\u9fff" or "\uac00" <= char <= "\ud7af"

@@ -1,0 +1,48 @@
+"""The detector's thresholds, bounds and options (`DetectorConfig`), checked when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .judge import Judge
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Thresholds of the four rules, bounds of the detector's memory, and what its anomalies may quote."""
+
+    repeat_threshold: int = 3
+    cycle_min_period: int = 2
+    cycle_max_period: int = 5
+    cycle_repeats: int = 3
+    failing_tool_threshold: int = 5  # 0 turns the rule off
+    ignored_error_stop_reasons: tuple[str, ...] = ("end_turn", "stop")
+    assume_unknown_results_unchanged: bool = True
+    max_calls_per_turn: int = 128  # further calls in one turn only count towards its signature
+    max_tools_with_errors: int = 64  # unresolved errors are tracked for at most this many tools
+    max_errors_per_tool: int = 5  # ... and this many errors each (the most recent)
+    max_call_ids: int = 20  # call ids kept per streak and reported per anomaly
+    max_argument_chars: int = 500  # canonical arguments longer than this are cut in anomalies
+    max_kept_anomalies: int = 1000  # `LoopDetector.anomalies` keeps the most recent streaks
+    repeat_window: int = 10  # turns in which 3 identical failing calls are a repeated_call, other calls between
+    capture_content: bool = True  # False: messages name tools and counts only, never arguments or error text
+    # Confirms an ignored_error before it is reported: a callable taking a JudgeRequest and returning True (ignored),
+    # False (not ignored) or None (no opinion). A str is a model name the agent turns into such a callable.
+    judge: Judge | str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
+        _require(
+            2 <= self.cycle_min_period <= self.cycle_max_period,
+            "need 2 <= cycle_min_period <= cycle_max_period (period 1 is repeated_call's job)",
+        )
+        _require(self.cycle_repeats >= 2, "cycle_repeats must be at least 2")
+        _require(self.failing_tool_threshold >= 0, "failing_tool_threshold must be >= 0 (0 = off)")
+        for name in ("max_calls_per_turn", "max_tools_with_errors", "max_errors_per_tool",
+                     "max_call_ids", "max_argument_chars", "max_kept_anomalies", "repeat_window"):
+            _require(getattr(self, name) >= 1, f"{name} must be at least 1")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"DetectorConfig: {message}")

@@ -1,0 +1,88 @@
+"""failing_tool: one tool fails on every call, with varying arguments, `failing_tool_threshold` turns running.
+
+The model rephrasing calls to a tool that is itself broken, or guessing ids that do not exist. It stays quiet where
+repeated_call already covers all of that tool's calls in the turn, or while a cycle is active.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .calls import ERROR_ONLY, ERROR_OUTCOME, TurnCall
+from .config import DetectorConfig
+from .cycle import CycleRule
+from .repeated_call import RepeatedCallRule
+from .rule import ClosedTurn, Rule
+from .types import FAILING_TOOL, Anomaly
+
+
+@dataclass(slots=True)
+class _FailingToolStreak:
+    tool: str
+    start_turn: int
+    count: int
+    first_key: str
+    varied: bool
+    call_ids: deque[str]
+
+
+class FailingToolRule(Rule):
+    """Per tool, the consecutive turns in which every call of it failed. Judged after repeated_call and cycle, whose
+    findings of the same turn it defers to."""
+
+    def __init__(self, config: DetectorConfig, repeated: RepeatedCallRule, cycle: CycleRule) -> None:
+        self.config = config
+        self._repeated = repeated
+        self._cycle = cycle
+        self._streaks: dict[str, _FailingToolStreak] = {}  # tools that failed in the last closed turn only
+
+    def begin_run(self) -> None:
+        self._streaks = {}
+
+    def end_turn(self, turn: ClosedTurn) -> list[Anomaly]:
+        threshold = self.config.failing_tool_threshold
+        calls = turn.calls
+        if not any(ERROR_OUTCOME in c.outcomes for c in calls.values()):
+            self._streaks = {}  # no call failed in this turn: every tool's streak ends here
+            return []
+        by_tool: dict[str, list[TurnCall]] = {}
+        for call in calls.values():
+            by_tool.setdefault(call.tool, []).append(call)
+        streaks: dict[str, _FailingToolStreak] = {}
+        fired: list[Anomaly] = []
+        repeating_keys = self._repeated.repeating_keys
+        for tool, tool_calls in by_tool.items():
+            if any(c.outcomes != ERROR_ONLY for c in tool_calls):
+                continue  # a success (or no failure) in this turn ends the tool's streak
+            streak = self._streaks.get(tool) or _FailingToolStreak(
+                tool, turn.number, 0, tool_calls[0].key, False, deque(maxlen=self.config.max_call_ids))
+            streak.count += 1
+            streak.varied = streak.varied or any(c.key != streak.first_key for c in tool_calls)
+            streak.call_ids.extend(i for c in tool_calls for i in c.call_ids)
+            streaks[tool] = streak
+            covered = all(c.key in repeating_keys for c in tool_calls) or self._cycle.active
+            if threshold and streak.count >= threshold and streak.varied and not covered:
+                fired.append(self._anomaly(turn.number, streak))
+        self._streaks = streaks
+        return fired
+
+    def container_sizes(self) -> dict[str, int]:
+        return {
+            "failing_tools": len(self._streaks),
+            "failing_tool_ids": sum(len(s.call_ids) for s in self._streaks.values()),
+        }
+
+    def _anomaly(self, turn: int, streak: _FailingToolStreak) -> Anomaly:
+        return Anomaly(
+            type=FAILING_TOOL,
+            turn=turn,
+            tool=streak.tool,
+            arguments=None,
+            call_ids=tuple(streak.call_ids),
+            count=streak.count,
+            message=(f"{streak.tool} failed on every call for {streak.count} turns running, with "
+                     "varying arguments; the tool itself may be broken (credentials, a service "
+                     "down, wrong usage): stop retrying it, use another tool, or report the error."),
+            streak=f"failing_tool:{streak.tool}@t{streak.start_turn}",
+        )

@@ -1,0 +1,172 @@
+"""Call identity and result digests: when two calls are the same call, and when two results are the same outcome.
+
+A call is its tool and its canonical arguments (keys sorted, numbers normalised, per-call nonces left out); a result is
+its digest (whitespace, UUIDs, date-times and long hex ids ignored). DESIGN.md says why each normalisation is safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+_MAX_DEPTH = 64  # deeper structures are cut: json would recurse past Python's limit
+_MAX_INT_BITS = 13_000  # ints longer than ~4,000 digits cannot go through str() in Python 3.11+
+_MAX_TARGET_CHARS = 200
+
+# Argument names that carry a per-call nonce, compared case-insensitively without "_" and "-". A value under such a
+# name is fresh on every call by design, so it says nothing about what the call does.
+NONCE_KEYS = frozenset({"requestid", "xrequestid", "clientrequestid", "idempotencykey", "nonce", "correlationid",
+                        "traceid", "timestamp", "ts"})
+
+# Per-call nonces in tool results: UUIDs, date-times with a time of day, and long hex ids (request ids, trace ids).
+# Dates alone, numbers and short ids are data and stay.
+_RESULT_NONCES = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+    r"|\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\b[0-9a-fA-F]{24,}\b"
+)
+_MAX_NORMALISED_RESULT = 200_000  # longer results are digested as they are
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def canonical_arguments(args: Any) -> str:
+    """Compact JSON of `args` with keys sorted and numbers normalised; raw text if not JSON."""
+    if isinstance(args, str):
+        return _canonical_text(args)
+    try:
+        return _compact_json(_normalise(args, 0))
+    except Exception:  # exotic objects whose __str__ fails, and the like
+        return f"<unrepresentable {type(args).__qualname__}>"
+
+
+@functools.lru_cache(maxsize=4096)  # stored traces give arguments as text, and a loop repeats the same text
+def _canonical_text(text: str) -> str:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return normal_text(text)  # not JSON: the text is the only identity it has
+    try:
+        return _compact_json(_normalise(value, 0))
+    except Exception:
+        return f"<unrepresentable {type(value).__qualname__}>"
+
+
+def _normalise(value: Any, depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        return "<too deep>"
+    if value is None or isinstance(value, bool):  # bool before int: True is not 1
+        return value
+    if isinstance(value, str):
+        return normal_text(value)
+    if isinstance(value, int):
+        return value if value.bit_length() <= _MAX_INT_BITS else f"<int {value:x}>"
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else value
+    if isinstance(value, Mapping):
+        return {_key_text(k, depth): _normalise(v, depth + 1) for k, v in value.items() if not is_nonce_key(k)}
+    if isinstance(value, (list, tuple)):
+        return [_normalise(v, depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_normalise(v, depth + 1) for v in value), key=_compact_json)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)  # Decimal, enums, custom objects: their text is the best identity we have
+
+
+def _key_text(key: Any, depth: int) -> str:
+    # JSON keys are strings; a non-string key gets its canonical text so 1 and 1.0 agree.
+    return unicodedata.normalize("NFC", key) if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def is_nonce_key(key: Any) -> bool:
+    """Whether an argument name is one of `NONCE_KEYS` (any case, "_" and "-" ignored)."""
+    return isinstance(key, str) and key.casefold().replace("_", "").replace("-", "") in NONCE_KEYS
+
+
+def normal_text(text: str) -> str:
+    """A string as the detector compares it: Unicode NFC, and whitespace that cannot change its meaning dropped.
+
+    One-line strings (ids, queries, command lines) have runs of whitespace collapsed and their ends stripped;
+    multi-line strings (code, file contents, where indentation matters) only lose trailing whitespace at line ends
+    and at the end.
+    """
+    try:
+        text = unicodedata.normalize("NFC", text)
+    except (TypeError, ValueError):
+        return text
+    if "\n" not in text and "\r" not in text:
+        return " ".join(text.split())
+    return "\n".join(line.rstrip() for line in text.splitlines()).rstrip()
+
+
+def call_targets(arguments: Any) -> frozenset[str]:
+    """What a call acted on: its top-level string arguments that read as one token (ids, paths, codes, emails).
+
+    Free text (a message, a query with spaces, code) is not a target; neither are nested values.
+    """
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return frozenset()
+    if not isinstance(arguments, Mapping):
+        return frozenset()
+    targets = set()
+    for key, value in arguments.items():
+        if isinstance(value, str) and not is_nonce_key(key):
+            value = normal_text(value)
+            if value and len(value) <= _MAX_TARGET_CHARS and not any(c.isspace() for c in value):
+                targets.add(value)
+    return frozenset(targets)
+
+
+# --------------------------------------------------------------------------- results and digests
+
+
+def result_digest(text: str | None) -> str:
+    """Short stable digest of a tool result's text: blake2b, 8 bytes, hex; "" for None.
+
+    The text is normalised first (`normal_text`, then UUIDs, date-times and long hex ids replaced by one marker), so
+    two results that differ only in a per-call nonce or in trailing whitespace are the same outcome.
+
+    The span layer records this same function's value on every execute_tool span, so live and
+    offline detection compare equal values.
+    """
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = safe_text(text)
+    if len(text) <= _MAX_NORMALISED_RESULT:
+        text = _RESULT_NONCES.sub("\x00", normal_text(text))
+    return digest(text, size=8)
+
+
+def digest(text: str, size: int = 16) -> str:
+    """blake2b of the text, hex: the detector's keys for calls, turn signatures and streaks."""
+    # surrogatepass: a lone surrogate in a string must not make hashing fail
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
+
+
+def safe_text(value: Any) -> str:
+    """`str(value)`, or its type's name when even that fails: error texts and ids come from anywhere."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__qualname__}>"
+
+
+def shorten(text: str, limit: int) -> str:
+    """The text cut to `limit` characters, an ellipsis marking the cut."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"

@@ -1,0 +1,208 @@
+"""`LoopDetector`: feeds tool calls and turn ends to the rules, and keeps one entry per streak they report.
+
+It owns the turn bookkeeping (which turn is open, closing it implicitly when a later turn's call arrives, ignoring a
+repeated `end_turn`) and the guard that keeps a detector bug from reaching the agent. The rules own everything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from .calls import group_by_call, observe_call
+from .config import DetectorConfig
+from .cycle import CycleRule
+from .failing_tool import FailingToolRule
+from .identity import safe_text, shorten
+from .ignored_error import IgnoredErrorRule
+from .judge import Judging
+from .repeated_call import RepeatedCallRule
+from .rule import ClosedTurn, OpenTurn, Rule, RunEnd
+from .types import Anomaly, ToolCall
+
+
+class LoopDetector:
+    """Feed it tool calls and turn ends; it returns the loop anomalies as they appear.
+
+    ``observe(call)`` for every tool call of a turn, then ``end_turn(turn)`` (also for a turn with no tool calls), and
+    ``end_run(stop_reason, final_text, turn)`` at the end; ``begin_run()`` before the next run of the same session.
+    The public methods never raise: an internal failure is counted in `internal_errors` and the call returns [].
+    """
+
+    def __init__(self, config: DetectorConfig | None = None):
+        self.config = config if isinstance(config, DetectorConfig) else DetectorConfig()
+        self.internal_errors = 0
+        self.last_internal_error: str | None = None
+        self.anomalies_reported = 0
+        self._judging = Judging(self.config.judge, self._note_judge_failure)
+        repeated = RepeatedCallRule(self.config)
+        cycle = CycleRule(self.config)
+        # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
+        self._rules: tuple[Rule, ...] = (repeated, cycle, FailingToolRule(self.config, repeated, cycle),
+                                         IgnoredErrorRule(self.config, self._judging))
+        self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
+        self._open = OpenTurn()
+        self._last_closed_turn: int | None = None
+        self._turn_seq = 0  # turns closed so far, in feed order
+        self._runs_begun = 0
+        self._run_ended = False
+
+    # ---- public API: thin guards around the real work
+
+    @property
+    def anomalies(self) -> list[Anomaly]:
+        """This run's anomalies, one per streak with its latest count and turn (`first_turn` says where it began)."""
+        return list(self._streaks.values())
+
+    @property
+    def judge_failures(self) -> int:
+        """Times the judge raised instead of answering (the rule's own verdict stood)."""
+        return self._judging.failures
+
+    @property
+    def judge_silenced(self) -> int:
+        """ignored_error findings the judge said were not ignored."""
+        return self._judging.silenced
+
+    def begin_run(self) -> None:
+        """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.
+
+        Consecutive-turn streaks and cycles do not cross a run boundary (a user message came between); identical
+        failing calls within `repeat_window` turns do, so a call that keeps failing across the user turns of one
+        conversation is still a repeated_call.
+        """
+        self._guarded(self._begin_run)
+
+    def observe(self, call: ToolCall) -> list[Anomaly]:
+        """A tool call came back. Returns the anomalies of an older turn it closed implicitly, else []."""
+        return self._guarded(self._observe, call)
+
+    def end_turn(self, turn: int, text: str | None = None) -> list[Anomaly]:
+        """Close a turn. `text` is what the model said in it alongside its tool calls (the user sees it too)."""
+        return self._guarded(self._end_turn, turn, text)
+
+    def end_run(self, stop_reason: str | None, final_text: str | None, turn: int) -> list[Anomaly]:
+        """The run ended: closes an open turn, then judges the whole run (once; a repeated end_run adds nothing)."""
+        return self._guarded(self._end_run, stop_reason, final_text, turn)
+
+    def container_sizes(self) -> dict[str, int]:
+        """Sizes of every container the detector keeps, to check that memory stays bounded."""
+        sizes = {"pending_calls": len(self._open.calls)}
+        for rule in self._rules:
+            sizes.update(rule.container_sizes())
+        sizes["anomalies"] = len(self._streaks)
+        return sizes
+
+    def _guarded(self, action: Callable[..., list[Anomaly]], *args: Any) -> list[Anomaly]:
+        try:
+            fired = action(*args)
+        except Exception as exc:  # a detector bug must never break the agent it watches
+            self.internal_errors += 1
+            self.last_internal_error = shorten(safe_text(exc), 300)
+            return []
+        fired = [self._remember(anomaly) for anomaly in fired]
+        self.anomalies_reported += len(fired)
+        return fired
+
+    def _note_judge_failure(self, description: str) -> None:
+        self.last_internal_error = description
+
+    def _remember(self, anomaly: Anomaly) -> Anomaly:
+        """Keep one entry per streak; a later firing carries the turn where the streak first fired."""
+        known = self._streaks.pop(anomaly.streak, None)
+        first = known.first_turn if known is not None and known.first_turn is not None else anomaly.turn
+        anomaly = replace(anomaly, first_turn=first)
+        self._streaks[anomaly.streak] = anomaly
+        if len(self._streaks) > self.config.max_kept_anomalies:
+            del self._streaks[next(iter(self._streaks))]
+        return anomaly
+
+    # ---- feeding
+
+    def _begin_run(self) -> list[Anomaly]:
+        self._runs_begun += 1
+        for rule in self._rules:
+            rule.begin_run()
+        self._open = OpenTurn()
+        self._last_closed_turn = None
+        self._streaks = {}
+        self._run_ended = False
+        return []
+
+    def _observe(self, call: ToolCall) -> list[Anomaly]:
+        fired: list[Anomaly] = []
+        turn = _as_turn(getattr(call, "turn", None), self._current_turn_guess())
+        open_turn = self._open
+        if open_turn.calls and turn != open_turn.number:
+            fired += self._close_turn(open_turn.number)  # the caller moved on without end_turn
+            open_turn = self._open
+        open_turn.number = turn
+        observed = observe_call(call, turn, self.config, self._turn_seq)
+        if len(open_turn.calls) < self.config.max_calls_per_turn:
+            open_turn.calls.append(observed)
+        else:
+            open_turn.overflow += 1
+        for rule in self._rules:
+            rule.observe(observed, open_turn)
+        return fired
+
+    def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
+        open_turn = self._open
+        pending = open_turn.number if open_turn.calls else None
+        fallback = pending if pending is not None else self._current_turn_guess()
+        turn = _as_turn(turn, fallback)
+        if isinstance(text, str) and text.strip():
+            for rule in self._rules:
+                rule.model_said(turn, text)
+        if turn == self._last_closed_turn and (not open_turn.calls or open_turn.number != turn):
+            return []  # a repeated or late end_turn for a turn already closed
+        return self._close_turn(turn)
+
+    def _end_run(self, stop_reason: Any, final_text: Any, turn: Any) -> list[Anomaly]:
+        fired = self._close_turn(self._open.number) if self._open.calls else []
+        if self._run_ended:
+            return fired
+        self._run_ended = True
+        end = RunEnd(turn=_as_turn(turn, self._current_turn_guess()),
+                     stop_reason=stop_reason.strip().lower() if isinstance(stop_reason, str) else None,
+                     final_text=final_text if isinstance(final_text, str) else None)
+        for rule in self._rules:
+            fired += rule.end_run(end)
+        return fired
+
+    def _close_turn(self, turn: int | None) -> list[Anomaly]:
+        """Close the open turn as `turn`: every per-turn rule is judged on it."""
+        number = self._current_turn_guess() if turn is None else turn
+        observed, overflow = self._open.calls, self._open.overflow
+        self._open = OpenTurn()
+        self._turn_seq += 1
+        self._last_closed_turn = number
+        closed = ClosedTurn(number=number, seq=self._turn_seq, run=self._runs_begun, observed=observed,
+                            calls=group_by_call(observed), overflow=overflow)
+        fired: list[Anomaly] = []
+        for rule in self._rules:
+            fired += rule.end_turn(closed)
+        return fired
+
+    def _current_turn_guess(self) -> int:
+        if self._open.number is not None:
+            return self._open.number
+        return (self._last_closed_turn or 0) + 1
+
+
+def _as_turn(value: Any, fallback: int) -> int:
+    """A usable turn number from whatever the caller passed."""
+    if isinstance(value, bool):
+        return fallback
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return fallback
+    return fallback

@@ -1,0 +1,196 @@
+"""repeated_call: the same call again and again with no progress.
+
+Two ways: in `repeat_threshold` consecutive turns with an unchanged outcome (parallel batches that repeat together are
+one anomaly), or failing `repeat_threshold` times within `repeat_window` turns with other calls between, across the
+runs of a session. DESIGN.md has the details.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .calls import ERROR_ONLY, ERROR_OUTCOME, describe_call, recent_ids
+from .config import DetectorConfig
+from .identity import digest
+from .rule import ClosedTurn, Rule
+from .types import REPEATED_CALL, Anomaly
+
+
+@dataclass(slots=True)
+class _CallStreak:
+    """One call seen in consecutive turns with the same outcome."""
+
+    tool: str
+    key: str
+    arguments: str
+    start_turn: int
+    start_seq: int
+    count: int
+    outcome: tuple[str, ...]
+    call_ids: deque[str]
+    streak: str | None = None  # set at first firing so a growing streak keeps its key
+
+
+@dataclass(slots=True)
+class _FailureRun:
+    """One canonical call's recent failures (turn sequence numbers), for repeats with other calls between."""
+
+    tool: str
+    arguments: str
+    seqs: deque[int]
+    turns: deque[int]
+    runs: deque[int]  # which run of the session each failure was in
+    call_ids: deque[str]
+    streak: str | None = None
+
+
+class RepeatedCallRule(Rule):
+    """Streaks of the same call in consecutive turns, and the same call failing repeatedly with others between."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        self._streaks: dict[str, _CallStreak] = {}  # calls of the last closed turn only
+        self._failures: dict[str, _FailureRun] = {}  # kept across the runs of a session
+        # Calls whose consecutive streak fired in the last closed turn: failing_tool leaves them to this rule.
+        self.repeating_keys: set[str] = set()
+
+    def begin_run(self) -> None:
+        # Consecutive streaks end at a run boundary (a user message came between); failing calls are remembered.
+        self._streaks = {}
+        self.repeating_keys = set()
+
+    def end_turn(self, turn: ClosedTurn) -> list[Anomaly]:
+        fired = self._update_streaks(turn)
+        return fired + self._update_failure_runs(turn)
+
+    def container_sizes(self) -> dict[str, int]:
+        return {
+            "call_streaks": len(self._streaks),
+            "call_streak_ids": sum(len(s.call_ids) for s in self._streaks.values()),
+            "failure_runs": len(self._failures),
+        }
+
+    # ---- consecutive turns
+
+    def _update_streaks(self, turn: ClosedTurn) -> list[Anomaly]:
+        streaks: dict[str, _CallStreak] = {}
+        for key, call in turn.calls.items():
+            streak = self._streaks.get(key)
+            outcome = call.outcome
+            if streak is None or streak.outcome != outcome:  # new call, or it made progress
+                streak = _CallStreak(call.tool, key, call.arguments, turn.number, turn.seq, 0,
+                                     outcome, deque(maxlen=self.config.max_call_ids))
+            streak.count += 1
+            streak.call_ids.extend(call.call_ids)
+            streaks[key] = streak
+        self._streaks = streaks  # calls absent from this turn end their streak here
+
+        firing = [s for s in streaks.values() if s.count >= self.config.repeat_threshold]
+        self.repeating_keys = {s.key for s in firing}
+        return [self._streak_anomaly(turn.number, group) for group in _group_streaks(firing)]
+
+    def _streak_anomaly(self, turn: int, group: list[_CallStreak]) -> Anomaly:
+        group.sort(key=lambda s: (s.tool, s.arguments))
+        key = group[0].streak or _streak_key(group)
+        for streak in group:
+            streak.streak = key
+        count = max(s.count for s in group)
+        tools = {s.tool for s in group}
+        failing = all(s.outcome == (ERROR_OUTCOME,) for s in group)
+        content = self.config.capture_content
+        if len(group) == 1:
+            what = (f"{describe_call(group[0].tool, group[0].arguments, content)} "
+                    f"{'failed' if failing else 'returned the same result'}")
+        else:
+            listed = ", ".join(describe_call(s.tool, s.arguments, content) for s in group)
+            what = (f"The same batch of {len(group)} parallel calls ({listed}) "
+                    f"{'failed' if failing else 'returned the same results'}")
+        advice = ("retrying unchanged will not help: fix the arguments, use another tool, "
+                  "or tell the user what is failing." if failing else
+                  "no progress is being made: use the results you already have, change the "
+                  "arguments, or try another approach.")
+        return Anomaly(
+            type=REPEATED_CALL,
+            turn=turn,
+            tool=tools.pop() if len(tools) == 1 else None,
+            arguments=group[0].arguments if len(group) == 1 and content else None,
+            call_ids=recent_ids([s.call_ids for s in group], self.config.max_call_ids),
+            count=count,
+            message=f"{what} {count} turns running; {advice}",
+            streak=key,
+        )
+
+    # ---- the same call failing again and again, other calls between
+
+    def _update_failure_runs(self, turn: ClosedTurn) -> list[Anomaly]:
+        cfg = self.config
+        oldest = turn.seq - cfg.repeat_window + 1
+        fired: list[Anomaly] = []
+        for key, call in turn.calls.items():
+            if call.outcomes != ERROR_ONLY:
+                self._failures.pop(key, None)  # it worked (or did something else): no longer failing
+                continue
+            run = self._failures.pop(key, None) or _FailureRun(
+                call.tool, call.arguments, deque(), deque(), deque(), deque(maxlen=cfg.max_call_ids))
+            self._failures[key] = run  # most recently failing last
+            run.seqs.append(turn.seq)
+            run.turns.append(turn.number)
+            run.runs.append(turn.run)
+            run.call_ids.extend(call.call_ids)
+            while run.seqs and run.seqs[0] < oldest:
+                run.seqs.popleft()
+                run.turns.popleft()
+                run.runs.popleft()
+            if len(run.seqs) < cfg.repeat_threshold:
+                if len(run.seqs) == 1:
+                    run.streak = None  # the earlier failures left the window: a new streak
+                continue
+            if key in self.repeating_keys:  # consecutive turns: the streak reports it; remember its key
+                streak = self._streaks.get(key)
+                run.streak = streak.streak if streak is not None else run.streak
+                continue
+            if run.streak is None:
+                run.streak = f"repeated_call:{call.tool}:{key[:10]}@t{run.turns[0]}"
+            fired.append(self._failure_run_anomaly(turn.number, run))
+        for stale in [k for k, r in self._failures.items() if r.seqs[-1] < oldest]:
+            del self._failures[stale]
+        while len(self._failures) > cfg.max_tools_with_errors * cfg.max_errors_per_tool:
+            del self._failures[next(iter(self._failures))]
+        return fired
+
+    def _failure_run_anomaly(self, turn: int, run: _FailureRun) -> Anomaly:
+        count = len(run.seqs)
+        what = describe_call(run.tool, run.arguments, self.config.capture_content)
+        return Anomaly(
+            type=REPEATED_CALL, turn=turn, tool=run.tool,
+            arguments=run.arguments if self.config.capture_content else None,
+            call_ids=tuple(run.call_ids)[-self.config.max_call_ids:], count=count,
+            message=(f"{what} failed {count} times in the last {self.config.repeat_window} turns ({_where(run)}), with "
+                     "other calls between; retrying unchanged will not help: fix the arguments, use another tool, "
+                     "or tell the user what is failing."),
+            streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
+        )
+
+
+def _group_streaks(firing: list[_CallStreak]) -> list[list[_CallStreak]]:
+    """Streaks that already fired keep their group; new ones group by the turn they began."""
+    groups: dict[str, list[_CallStreak]] = {}
+    for streak in firing:
+        groups.setdefault(streak.streak or f"start:{streak.start_seq}", []).append(streak)
+    return list(groups.values())
+
+
+def _streak_key(group: list[_CallStreak]) -> str:
+    if len(group) == 1:
+        only = group[0]
+        return f"repeated_call:{only.tool}:{only.key[:10]}@t{only.start_turn}"
+    members = digest("".join(s.key for s in group))[:10]
+    return f"repeated_call:batch:{members}@t{group[0].start_turn}"
+
+
+def _where(run: _FailureRun) -> str:
+    """The turns of a failure run, or how many runs of the session it spans."""
+    if len(set(run.runs)) == 1:
+        return "turns " + ", ".join(str(t) for t in run.turns)
+    return f"across {len(set(run.runs))} runs of this session"

@@ -1,0 +1,79 @@
+"""The detector's public data: a tool call as it is fed one, and an anomaly as it reports one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypedDict
+
+AnomalyType = Literal["repeated_call", "cycle", "ignored_error", "failing_tool"]
+
+REPEATED_CALL: Final = "repeated_call"
+CYCLE: Final = "cycle"
+IGNORED_ERROR: Final = "ignored_error"
+FAILING_TOOL: Final = "failing_tool"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call with its outcome, as the detector sees it.
+
+    The detector reads these fields by name, so any object that has them (a trace reader's own record) will do.
+    """
+
+    turn: int  # 1-based turn (model call) that requested it
+    tool: str
+    arguments: Any  # parsed JSON value, or the raw string when it did not parse
+    call_id: str | None = None
+    is_error: bool = False
+    result: str | None = None  # the result text, if known
+    # The result's digest, when the caller has it already (offline, from the trace): the outcome is compared on it,
+    # and the result text, if also given, is read only for error texts and the batch an error came back in.
+    result_digest: str | None = None
+
+
+class AnomalyRecord(TypedDict):
+    """An anomaly as plain JSON data (`Anomaly.to_dict`): what webhooks, `looptrace detect --json` and results carry."""
+
+    type: AnomalyType
+    turn: int
+    tool: str | None
+    arguments: str | None
+    call_ids: list[str]
+    count: int
+    message: str
+    streak: str
+    first_turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """One finding of a rule: what pattern, where, how often, and a message saying what happened and what to try."""
+
+    type: AnomalyType
+    turn: int  # 1-based turn where it fired
+    tool: str | None  # None when the pattern involves several tools
+    arguments: str | None  # canonical arguments; None for a multi-call pattern (see message) or without content
+    call_ids: tuple[str, ...]  # tool_use ids involved (most recent, capped)
+    count: int  # repetitions, cycle rounds, failing turns or unresolved errors
+    message: str  # what happened and what to try
+    streak: str  # same for every firing of one streak or pattern
+    first_turn: int | None = None  # the turn where this streak first fired; `turn` is its latest firing
+
+    @property
+    def is_update(self) -> bool:
+        """A later firing of a streak that already alerted: update it, do not alert again."""
+        return self.first_turn is not None and self.first_turn != self.turn
+
+    def to_dict(self) -> AnomalyRecord:
+        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing)."""
+        return {
+            "type": self.type,
+            "turn": self.turn,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "call_ids": list(self.call_ids),
+            "count": self.count,
+            "message": self.message,
+            "streak": self.streak,
+            "first_turn": self.first_turn if self.first_turn is not None else self.turn,
+        }
