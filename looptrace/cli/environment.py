@@ -22,14 +22,16 @@ def read_settings(**flags: Any) -> Settings:
     """The environment's settings with the command's flags over them (``Settings.with_overrides``: a flag left unset,
     None, keeps the environment's value). A value the settings refuse is a usage error, said in one line."""
     # Imported here: the trace commands call this only when they need a default path, and start without it.
-    from looptrace.instrumentation.logs import settings_ignored
     from looptrace.instrumentation.settings import ConfigurationError, Settings
 
     try:
         settings = Settings.from_env().with_overrides(**flags)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    settings_ignored(settings.ignored)  # a value that cannot be used is said here, once, naming its variable
+    if settings.ignored:  # a value that cannot be used is said here, once, naming its variable
+        from looptrace.instrumentation.logs import settings_ignored  # (logging loads only then: `detect` starts fast)
+
+        settings_ignored(settings.ignored)
     return settings
 
 
