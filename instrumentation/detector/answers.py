@@ -48,11 +48,28 @@ def answer_addresses(text: str | None, targets: frozenset[str], error_text: str 
     return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(_echo_units(folded))
 
 
-def names_or_quotes(folded: str, targets: frozenset[str], error_text: str) -> bool:
-    """Whether folded text (`fold`) names one of a failed call's targets or quotes its error."""
-    if any(len(t) >= _MIN_MENTION_CHARS and fold(t) in folded for t in targets):
+class FoldedText:
+    """Text already folded (`fold`), cut into the units a quote must share on first use and only once: the same text
+    (a later call's free text, an answer) is compared with every standing error."""
+
+    __slots__ = ("_units", "folded")
+
+    def __init__(self, folded: str) -> None:
+        self.folded = folded
+        self._units: set[str] | None = None
+
+    @property
+    def units(self) -> set[str]:
+        if self._units is None:
+            self._units = _echo_units(self.folded)
+        return self._units
+
+
+def names_or_quotes(text: FoldedText, targets: frozenset[str], error_text: str) -> bool:
+    """Whether the text names one of a failed call's targets or quotes its error."""
+    if any(len(t) >= _MIN_MENTION_CHARS and fold(t) in text.folded for t in targets):
         return True
-    return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(_echo_units(folded))
+    return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(text.units)
 
 
 def states_operation(text: str, tool: str) -> bool:

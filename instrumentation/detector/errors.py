@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .answers import free_text_in, names_or_quotes
+from .answers import FoldedText, free_text_in, names_or_quotes
 from .calls import ObservedCall
 from .config import DetectorConfig
 from .identity import call_targets
@@ -80,7 +80,7 @@ class ErrorLedger:
 
     def begin_run(self) -> None:
         """What this run left standing joins the earlier runs' errors; the new run starts with none of its own."""
-        ending = list(self.standing())
+        ending = [(tool, e) for tool, kept in self._unresolved.items() for e in kept.recent]
         if ending:
             keys = {e.key for _, e in ending}
             self.earlier = deque([item for item in self.earlier if item[1].key not in keys] + ending,
@@ -119,7 +119,13 @@ class ErrorLedger:
         if self._batch is not None and self._batch.turn != turn:
             self._batch = None
         if not observed.is_error:
-            self._note_success(observed)
+            if self._batch is not None:  # this turn already returned an error: its batch keeps this result too
+                self._batch.add(observed)
+            if self.earlier:
+                self._resolve_earlier(observed)
+            if self._unresolved:
+                self._note_later_success(observed)
+                self._resolve(observed)
             return
         errors = self._unresolved.get(observed.tool)
         if errors is None:
@@ -144,15 +150,10 @@ class ErrorLedger:
                                              observed.key, call_targets(observed.raw_arguments), first_turn=turn,
                                              batch=self._batch))
 
-    def _note_success(self, observed: ObservedCall) -> None:
-        if self._batch is not None:  # this turn already returned an error: its batch keeps this result too
-            self._batch.add(observed)
-        if self.earlier:
-            self._resolve_earlier(observed)
-        if self._unresolved:
-            self._note_later_success(observed)
+    def _resolve(self, observed: ObservedCall) -> None:
+        """A success resolves the errors of its tool that it repeats, or retries on the same target."""
         errors = self._unresolved.get(observed.tool)
-        if errors is not None:  # a later success resolves the errors of the same call on the same target
+        if errors is not None:
             targets = call_targets(observed.raw_arguments)
             kept = [e for e in errors.recent if not e.resolved_by(observed.key, targets)]
             errors.total -= len(errors.recent) - len(kept)
@@ -182,5 +183,5 @@ class ErrorLedger:
             for error in errors.recent:
                 if not error.reported and errors is not self._unresolved.get(observed.tool):
                     if text is None:
-                        text = free_text_in(observed.raw_arguments)
+                        text = FoldedText(free_text_in(observed.raw_arguments))
                     error.reported = names_or_quotes(text, error.targets, error.error_text)

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from collections import deque
 
-from .answers import ANSWER_SCAN_CHARS, answer_addresses, draws_on, fold, names_or_quotes, states_operation
+from .answers import (
+    ANSWER_SCAN_CHARS,
+    FoldedText,
+    answer_addresses,
+    draws_on,
+    fold,
+    names_or_quotes,
+    states_operation,
+)
 from .calls import ObservedCall
 from .config import DetectorConfig
 from .errors import ErrorLedger, UnresolvedError
@@ -90,9 +98,9 @@ class IgnoredErrorRule(Rule):
         if not self._judging.available or not text:
             return []
         # A question does not exempt the answer here: "Is there anything else?" closes a false "done" as often as not.
-        folded = fold(text[:2 * ANSWER_SCAN_CHARS])
+        answer = FoldedText(fold(text[:2 * ANSWER_SCAN_CHARS]))
         standing = [(tool, e) for tool, e in self._errors.earlier
-                    if not names_or_quotes(folded, e.targets, e.error_text)]
+                    if not names_or_quotes(answer, e.targets, e.error_text)]
         if not standing:
             return []
         anomaly = self._anomaly(end, standing, _EARLIER_RUN)
@@ -113,7 +121,8 @@ class IgnoredErrorRule(Rule):
         if not beside or not states_operation(final_text, tool) or not draws_on(final_text, beside):
             return False
         said = [text for turn, text in self._said if turn > error.first_turn]
-        return not any(names_or_quotes(fold(text), error.targets, error.error_text) for text in [final_text, *said])
+        return not any(names_or_quotes(FoldedText(fold(text)), error.targets, error.error_text)
+                       for text in [final_text, *said])
 
     def _addressed(self, error: UnresolvedError, final_text: str | None) -> bool:
         """Whether anything the model said after seeing the failure (the final answer, or text beside later tool

@@ -42,6 +42,21 @@ class LoopDetector:
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
         self._rules: tuple[Rule, ...] = (repeated, cycle, FailingToolRule(self.config, repeated, cycle),
                                          IgnoredErrorRule(self.config, self._judging))
+        # Each hook goes only to the rules that define it: the feed is the hot path, and most hooks are no-ops.
+        self._observers: list[Rule] = []
+        self._listeners: list[Rule] = []
+        self._turn_rules: list[Rule] = []
+        self._run_rules: list[Rule] = []
+        for rule in self._rules:  # one pass, not one per hook: a detector is made per run or session
+            hooks = rule.hooks
+            if "observe" in hooks:
+                self._observers.append(rule)
+            if "model_said" in hooks:
+                self._listeners.append(rule)
+            if "end_turn" in hooks:
+                self._turn_rules.append(rule)
+            if "end_run" in hooks:
+                self._run_rules.append(rule)
         self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
         self._open = OpenTurn()
         self._last_closed_turn: int | None = None
@@ -137,14 +152,13 @@ class LoopDetector:
         open_turn = self._open
         if open_turn.calls and turn != open_turn.number:
             fired += self._close_turn(open_turn.number)  # the caller moved on without end_turn
-            open_turn = self._open
         open_turn.number = turn
         observed = observe_call(call, turn, self.config, self._turn_seq)
         if len(open_turn.calls) < self.config.max_calls_per_turn:
             open_turn.calls.append(observed)
         else:
             open_turn.overflow += 1
-        for rule in self._rules:
+        for rule in self._observers:
             rule.observe(observed, open_turn)
         return fired
 
@@ -154,7 +168,7 @@ class LoopDetector:
         fallback = pending if pending is not None else self._current_turn_guess()
         turn = _as_turn(turn, fallback)
         if isinstance(text, str) and text.strip():
-            for rule in self._rules:
+            for rule in self._listeners:
                 rule.model_said(turn, text)
         if turn == self._last_closed_turn and (not open_turn.calls or open_turn.number != turn):
             return []  # a repeated or late end_turn for a turn already closed
@@ -168,21 +182,21 @@ class LoopDetector:
         end = RunEnd(turn=_as_turn(turn, self._current_turn_guess()),
                      stop_reason=stop_reason.strip().lower() if isinstance(stop_reason, str) else None,
                      final_text=final_text if isinstance(final_text, str) else None)
-        for rule in self._rules:
+        for rule in self._run_rules:
             fired += rule.end_run(end)
         return fired
 
     def _close_turn(self, turn: int | None) -> list[Anomaly]:
         """Close the open turn as `turn`: every per-turn rule is judged on it."""
         number = self._current_turn_guess() if turn is None else turn
-        observed, overflow = self._open.calls, self._open.overflow
-        self._open = OpenTurn()
+        open_turn = self._open
+        observed, overflow = open_turn.calls, open_turn.overflow
+        open_turn.number, open_turn.calls, open_turn.overflow = None, [], 0
         self._turn_seq += 1
         self._last_closed_turn = number
-        closed = ClosedTurn(number=number, seq=self._turn_seq, run=self._runs_begun, observed=observed,
-                            calls=group_by_call(observed), overflow=overflow)
+        closed = ClosedTurn(number, self._turn_seq, self._runs_begun, observed, group_by_call(observed), overflow)
         fired: list[Anomaly] = []
-        for rule in self._rules:
+        for rule in self._turn_rules:
             fired += rule.end_turn(closed)
         return fired
 

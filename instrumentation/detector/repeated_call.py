@@ -8,6 +8,7 @@ runs of a session. DESIGN.md has the details.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from .calls import ERROR_ONLY, ERROR_OUTCOME, describe_call, recent_ids
@@ -15,6 +16,8 @@ from .config import DetectorConfig
 from .identity import digest
 from .rule import ClosedTurn, Rule
 from .types import REPEATED_CALL, Anomaly
+
+_NO_KEYS: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -53,12 +56,12 @@ class RepeatedCallRule(Rule):
         self._streaks: dict[str, _CallStreak] = {}  # calls of the last closed turn only
         self._failures: dict[str, _FailureRun] = {}  # kept across the runs of a session
         # Calls whose consecutive streak fired in the last closed turn: failing_tool leaves them to this rule.
-        self.repeating_keys: set[str] = set()
+        self.repeating_keys: AbstractSet[str] = _NO_KEYS
 
     def begin_run(self) -> None:
         # Consecutive streaks end at a run boundary (a user message came between); failing calls are remembered.
         self._streaks = {}
-        self.repeating_keys = set()
+        self.repeating_keys = _NO_KEYS
 
     def end_turn(self, turn: ClosedTurn) -> list[Anomaly]:
         fired = self._update_streaks(turn)
@@ -87,6 +90,9 @@ class RepeatedCallRule(Rule):
         self._streaks = streaks  # calls absent from this turn end their streak here
 
         firing = [s for s in streaks.values() if s.count >= self.config.repeat_threshold]
+        if not firing:
+            self.repeating_keys = _NO_KEYS
+            return []
         self.repeating_keys = {s.key for s in firing}
         return [self._streak_anomaly(turn.number, group) for group in _group_streaks(firing)]
 

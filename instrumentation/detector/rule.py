@@ -48,6 +48,13 @@ class RunEnd(NamedTuple):
 class Rule:
     """One loop pattern. The detector calls these hooks in feed order; the anomalies they return are reported."""
 
+    # The hooks this kind of rule overrides, found once per class: the detector calls a rule only for those.
+    hooks: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.hooks = frozenset(hook for hook in _HOOKS if getattr(cls, hook) is not getattr(Rule, hook))
+
     def begin_run(self) -> None:
         """A new run of the session begins: drop what ends at a run boundary, keep what a session carries."""
 
@@ -68,3 +75,6 @@ class Rule:
     def container_sizes(self) -> dict[str, int]:
         """Sizes of the containers this rule keeps, to check that memory stays bounded."""
         return {}
+
+
+_HOOKS = ("begin_run", "observe", "model_said", "end_turn", "end_run", "container_sizes")
