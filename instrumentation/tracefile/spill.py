@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from ..encodable import encodable_spans
 from ..exporters import network_exporter
 from ..settings import DEFAULT_MAX_LINE_BYTES, DEFAULT_SPILL_FILE, ConfigurationError, Settings
 from .encode import encode_traces_data
@@ -401,7 +402,8 @@ def _parse_spill_line(raw: bytes, limit: int) -> PendingBatch | str:
         backend, batch = tag["backend"], tag["batch"]
         if not isinstance(backend, str) or not isinstance(batch, str):
             raise TypeError("backend and batch must be strings")
-        spans = tuple(readable_spans(document))
+        # Repaired as every batch sent is (a key that is not text, a lone surrogate), then checked as it will go out.
+        spans = tuple(encodable_spans(readable_spans(document)))
         _check_sendable(spans)
     except RecursionError:
         return "nested too deeply to read"
