@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 
 from .detector import Anomaly
 from .logs import log
+from .per_provider import PerProvider
 from .seam_types import Action
 from .settings import ConfigurationError
 
@@ -201,17 +201,14 @@ def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
 
 
 # The sinks of each tracer provider that configure() or the embedded default built: a run on that provider reports
-# there (providers.providers_for_run looks them up). Weak keys: a provider that is gone takes its sinks with it.
-_SINKS: weakref.WeakKeyDictionary[Any, AnomalySinks] = weakref.WeakKeyDictionary()
+# there (providers.providers_for_run looks them up).
+_SINKS: PerProvider[AnomalySinks] = PerProvider()
 
 
 def register_sinks(tracer_provider: Any, sinks: AnomalySinks) -> None:
     """Runs on ``tracer_provider`` report their anomalies to ``sinks``."""
-    _SINKS[tracer_provider] = sinks
+    _SINKS.attach(tracer_provider, sinks)
 
 
 def sinks_for(tracer_provider: Any) -> AnomalySinks | None:
-    try:
-        return _SINKS.get(tracer_provider)
-    except TypeError:  # a provider that cannot be weakly referenced was never registered
-        return None
+    return _SINKS.of(tracer_provider)

@@ -51,7 +51,6 @@ import re
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -60,6 +59,7 @@ import requests
 from . import semconv as sc
 from .failures import Failure, failure_from_exception, failure_from_status
 from .logs import log
+from .per_provider import PerProvider
 from .settings import LangfuseSettings, safe_url
 
 TRACE_NAME = sc.LANGFUSE_TRACE_NAME
@@ -470,17 +470,13 @@ def _cache_file(directory: str | os.PathLike[str] | None, cache_home: bool):
 
 
 # Which tracer provider sends to which Langfuse project: setup.configure() registers its provider, and a run's
-# spans (spans.Tracing) look up the link for the provider they were made with. Weak keys: a provider that is gone
-# takes its entry with it.
-_LINKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# spans (spans.Tracing) look up the link for the provider they were made with.
+_LINKS: PerProvider[TraceLinks] = PerProvider()
 
 
 def register_trace_links(tracer_provider: Any, links: TraceLinks) -> None:
-    _LINKS[tracer_provider] = links
+    _LINKS.attach(tracer_provider, links)
 
 
 def trace_links_for(tracer_provider: Any) -> TraceLinks | None:
-    try:
-        return _LINKS.get(tracer_provider)
-    except TypeError:  # a provider that cannot be weakly referenced was never registered
-        return None
+    return _LINKS.of(tracer_provider)

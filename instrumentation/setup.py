@@ -447,23 +447,10 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
         provider, resource = app_provider, app_provider.resource
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings,
                           owns_provider=app_provider is None)
-    # The path only; nothing is written unless a backend fails.
-    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)
-    processors: list[SpanProcessor] = []
-    try:
-        for name in names:
-            processors.append(_processor(name, settings, spill, console_stream, telemetry))
-    except BaseException:
-        for processor in processors:
-            _quietly(processor.shutdown)
-        raise
+    processors = _processors(settings, names, console_stream, telemetry)
     for processor in processors:
         provider.add_span_processor(processor)
-    telemetry.processors = processors
-    _langfuse_extras(telemetry, settings, provider, resource)
-    telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
-    _register_sinks(telemetry)
-    return telemetry
+    return _finish(telemetry, settings, processors, provider, resource)
 
 
 def _build_direct_with(settings: Settings, names: list[str]) -> Telemetry:
@@ -473,19 +460,34 @@ def _build_direct_with(settings: Settings, names: list[str]) -> Telemetry:
     trace_file = settings.trace_file if "file" in names else None
     provider = DirectTracerProvider(resource, trace_file)
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings, trace_file=trace_file)
-    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)
-    processors: list[SpanProcessor] = []
     try:
-        for name in names:
-            if name in NETWORK_EXPORTERS:
-                processors.append(_processor(name, settings, spill, None, telemetry))
+        processors = _processors(settings, [n for n in names if n in NETWORK_EXPORTERS], None, telemetry)
     except BaseException:
-        for processor in processors:
-            _quietly(processor.shutdown)
         _quietly(provider.shutdown)
         raise
     for processor in processors:
         provider.add_exporting_processor(processor)
+    return _finish(telemetry, settings, processors, provider, resource)
+
+
+def _processors(settings: Settings, names: list[str], console_stream: IO[str] | None,
+                telemetry: Telemetry) -> list[SpanProcessor]:
+    """One span processor per exporter named; if one cannot be built, those already built are shut down."""
+    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)  # the path; written only on failure
+    processors: list[SpanProcessor] = []
+    try:
+        for name in names:
+            processors.append(_processor(name, settings, spill, console_stream, telemetry))
+    except BaseException:
+        for processor in processors:
+            _quietly(processor.shutdown)
+        raise
+    return processors
+
+
+def _finish(telemetry: Telemetry, settings: Settings, processors: list[SpanProcessor], provider: Any,
+            resource: Resource) -> Telemetry:
+    """What both paths add once their processors are on the provider: Langfuse's extras, metrics, the sinks."""
     telemetry.processors = processors
     _langfuse_extras(telemetry, settings, provider, resource)
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
