@@ -25,6 +25,7 @@ class ObservedCall:
     is_error: bool
     call_id: str | None
     error_text: str  # start of the error text, for the ignored_error message
+    error_digest: str = ""  # a failure's result digest (`result_digest`): the same error, or a new one; "" unknown
     raw_arguments: Any = None  # as given, for the targets of a failed call (parsed only when needed)
     raw_result: Any = None  # as given: a success's text, read only if an error of the same batch stays unresolved
 
@@ -38,6 +39,7 @@ class TurnCall:
     arguments: str
     outcomes: set[str] = field(default_factory=set)
     call_ids: list[str] = field(default_factory=list)
+    error_digests: set[str] = field(default_factory=set)  # the digests of its failures in the turn
 
     @property
     def outcome(self) -> tuple[str, ...]:
@@ -66,6 +68,7 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
         is_error=is_error,
         call_id=None if call_id is None else shorten(safe_text(call_id), 200),
         error_text=shorten(safe_text(result), 500) if is_error and result is not None else "",
+        error_digest=_error_digest(call) if is_error else "",
         raw_arguments=getattr(call, "arguments", None),
         raw_result=result,
     )
@@ -83,6 +86,14 @@ def _success_outcome(call: Any, config: DetectorConfig, turns_closed: int) -> st
     return f"?unknown@{turns_closed}"  # unique per turn: never equal, never a loop
 
 
+def _error_digest(call: Any) -> str:
+    """A failure's digest, normalised as every result's is: given by the caller (offline), else of its text."""
+    given = getattr(call, "result_digest", None)
+    if given is not None:
+        return shorten(safe_text(given), 64)
+    return result_digest(getattr(call, "result", None))
+
+
 def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
     """A turn's calls merged by identity, in the order they first came."""
     calls: dict[str, TurnCall] = {}
@@ -91,6 +102,8 @@ def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
         if call is None:
             call = calls[o.key] = TurnCall(o.tool, o.key, o.arguments)
         call.outcomes.add(o.outcome)
+        if o.is_error:
+            call.error_digests.add(o.error_digest)
         if o.call_id is not None:
             call.call_ids.append(o.call_id)
     return calls
