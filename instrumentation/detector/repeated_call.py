@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from .calls import ERROR_ONLY, ERROR_OUTCOME, describe_call, recent_ids
+from .calls import ERROR_ONLY, ERROR_OUTCOME, ObservedCall, describe_call, error_digests, recent_ids
 from .config import DetectorConfig
 from .identity import digest
 from .rule import ClosedTurn, Rule
@@ -46,7 +46,7 @@ class _FailureRun:
     turns: deque[int]
     runs: deque[int]  # which run of the session each failure was in
     call_ids: deque[str]
-    errors: set[str]  # the error digests of its latest failure
+    last_failures: list[ObservedCall]  # its latest failed calls: their errors are compared with the next ones
     streak: str | None = None
     reported_in: int | None = None  # the run of the session that first reported this streak (either way)
 
@@ -153,13 +153,13 @@ class RepeatedCallRule(Rule):
                 self._failures.pop(key, None)  # it worked (or did something else): no longer failing
                 continue
             run = self._failures.pop(key, None)
-            if run is not None and _made_progress(run, turn.seq, call.error_digests):
+            if run is not None and _made_progress(run, turn.seq, call.failures):
                 run = None  # a new error after other calls (an edit between test runs): a new streak starts here
             if run is None:
                 run = _FailureRun(call.tool, call.arguments, deque(), deque(), deque(),
-                                  deque(maxlen=cfg.max_call_ids), set())
+                                  deque(maxlen=cfg.max_call_ids), [])
             self._failures[key] = run  # most recently failing last
-            run.errors = call.error_digests
+            run.last_failures = call.failures
             run.seqs.append(turn.seq)
             run.turns.append(turn.number)
             run.runs.append(turn.run)
@@ -205,13 +205,14 @@ class RepeatedCallRule(Rule):
         )
 
 
-def _made_progress(run: _FailureRun, seq: int, errors: set[str]) -> bool:
-    """Whether a failure after other calls came back with a new error: what came between changed something.
+def _made_progress(run: _FailureRun, seq: int, failures: list[ObservedCall]) -> bool:
+    """Whether a failure after other calls came back with a new error (no digest in common with the last failure's):
+    what came between changed something.
 
     Consecutive failures keep the rule of consecutive turns (the error text does not matter); an unknown error text
     ("" digest, a trace without results) is no evidence of progress.
     """
-    return seq - run.seqs[-1] > 1 and not (errors & run.errors)
+    return seq - run.seqs[-1] > 1 and not (error_digests(failures) & error_digests(run.last_failures))
 
 
 def _group_streaks(firing: list[_CallStreak]) -> list[list[_CallStreak]]:
