@@ -5,8 +5,9 @@ default an Agent falls back on, ``looptrace watch``), so an anomaly reaches the 
 Every sink is on by default where it costs nothing (the structlog WARNING); the webhook is on when a URL is given
 (``LOOPTRACE_ALERT_WEBHOOK``); the score when the spans go to Langfuse. A webhook posts at most once per run and
 anomaly type, from a background thread, with a timeout: an alert channel that is slow or down never holds up the
-agent. Webhook URLs are credentials (a Slack incoming-webhook URL is enough to post to the channel), so only their
-host is ever logged.
+agent. A streak that an earlier run of the same session already alerted (``Anomaly.continued``) is not announced
+again by any sink, unless it now stops the run (``announces``). Webhook URLs are credentials (a Slack
+incoming-webhook URL is enough to post to the channel), so only their host is ever logged.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class AlertContext:
 AlertCallback = Callable[[Anomaly, AlertContext], None]
 
 
+def announces(anomaly: Anomaly, context: AlertContext) -> bool:
+    """Whether a report is news for the alert sinks. A streak carried over from an earlier run of the session
+    (``continued``) was announced there: this run's spans and result record it, the sinks stay quiet, unless the
+    detector's finding now stops the run (a stop is news)."""
+    return not anomaly.continued or context.action == "stop"
+
+
 class Alerts:
     """The alert sinks of an agent. One instance may serve many runs at once."""
 
@@ -78,6 +86,8 @@ class Alerts:
         return cls(webhook_url=settings.alert_webhook or None, **options)
 
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
+        if not announces(anomaly, context):
+            return
         if self.log_warnings:
             log.warning(
                 "loop_anomaly",
@@ -169,6 +179,8 @@ class AnomalySinks:
         return self if alerts is None or alerts is self.alerts else replace(self, alerts=alerts)
 
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
+        if not announces(anomaly, context):
+            return  # an earlier run of the session announced this streak: no second log line, post or score
         self.alerts.send(anomaly, context)
         # A score goes on a trace: a run that is no one trace (watch assembles some runs from a session) gets none.
         if self.scores is not None and _is_trace_id(context.trace_id):

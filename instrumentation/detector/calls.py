@@ -11,6 +11,7 @@ from .identity import canonical_arguments, digest, result_digest, safe_text, sho
 
 ERROR_OUTCOME = "!error"  # not a hex digest, so no result can collide with it
 ERROR_ONLY = frozenset({ERROR_OUTCOME})  # the outcomes of a call that failed every time in a turn
+_MAX_FAILURES_KEPT = 4  # failures of one call in one turn whose errors are compared: a handful says whether it changed
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class ObservedCall:
     is_error: bool
     call_id: str | None
     error_text: str  # start of the error text, for the ignored_error message
+    recorded_digest: str | None = None  # a failure's result digest as an offline caller gave it
     raw_arguments: Any = None  # as given, for the targets of a failed call (parsed only when needed)
     raw_result: Any = None  # as given: a success's text, read only if an error of the same batch stays unresolved
 
@@ -38,6 +40,7 @@ class TurnCall:
     arguments: str
     outcomes: set[str] = field(default_factory=set)
     call_ids: list[str] = field(default_factory=list)
+    failures: list[ObservedCall] = field(default_factory=list)  # its failed calls in the turn (the first few)
 
     @property
     def outcome(self) -> tuple[str, ...]:
@@ -66,6 +69,7 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
         is_error=is_error,
         call_id=None if call_id is None else shorten(safe_text(call_id), 200),
         error_text=shorten(safe_text(result), 500) if is_error and result is not None else "",
+        recorded_digest=_given_digest(call) if is_error else None,
         raw_arguments=getattr(call, "arguments", None),
         raw_result=result,
     )
@@ -83,6 +87,18 @@ def _success_outcome(call: Any, config: DetectorConfig, turns_closed: int) -> st
     return f"?unknown@{turns_closed}"  # unique per turn: never equal, never a loop
 
 
+def _given_digest(call: Any) -> str | None:
+    given = getattr(call, "result_digest", None)
+    return None if given is None else shorten(safe_text(given), 64)
+
+
+def error_digests(failures: Iterable[ObservedCall]) -> set[str]:
+    """The digests of failed calls' errors, normalised as every result's is (`result_digest`): the digest an offline
+    caller gave, else that of the error text; "" when neither is known. Worked out only when asked: a failure is
+    compared with another only when the same call is retried after other calls."""
+    return {o.recorded_digest if o.recorded_digest is not None else result_digest(o.raw_result) for o in failures}
+
+
 def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
     """A turn's calls merged by identity, in the order they first came."""
     calls: dict[str, TurnCall] = {}
@@ -91,6 +107,8 @@ def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
         if call is None:
             call = calls[o.key] = TurnCall(o.tool, o.key, o.arguments)
         call.outcomes.add(o.outcome)
+        if o.is_error and len(call.failures) < _MAX_FAILURES_KEPT:
+            call.failures.append(o)
         if o.call_id is not None:
             call.call_ids.append(o.call_id)
     return calls

@@ -86,7 +86,8 @@ class LoopDetector:
 
         Consecutive-turn streaks and cycles do not cross a run boundary (a user message came between); identical
         failing calls within `repeat_window` turns do, so a call that keeps failing across the user turns of one
-        conversation is still a repeated_call.
+        conversation is still a repeated_call. Such a streak, reported in an earlier run, is `continued` in this
+        one: listed in `anomalies` with its count, not alerted again.
         """
         self._guarded(self._begin_run)
 
@@ -125,10 +126,14 @@ class LoopDetector:
         self.last_internal_error = description
 
     def _remember(self, anomaly: Anomaly) -> Anomaly:
-        """Keep one entry per streak; a later firing carries the turn where the streak first fired."""
+        """Keep one entry per streak; a later firing carries the turn where the streak first fired in this run, and
+        whether an earlier run of the session reported it already (`continued`, set by the rule that owns it)."""
         known = self._streaks.pop(anomaly.streak, None)
-        first = known.first_turn if known is not None and known.first_turn is not None else anomaly.turn
-        anomaly = replace(anomaly, first_turn=first)
+        if known is None:
+            anomaly = replace(anomaly, first_turn=anomaly.turn)
+        else:
+            first = known.first_turn if known.first_turn is not None else anomaly.turn
+            anomaly = replace(anomaly, first_turn=first, continued=anomaly.continued or known.continued)
         self._streaks[anomaly.streak] = anomaly
         if len(self._streaks) > self.config.max_kept_anomalies:
             del self._streaks[next(iter(self._streaks))]

@@ -1,8 +1,9 @@
 """repeated_call: the same call again and again with no progress.
 
 Two ways: in `repeat_threshold` consecutive turns with an unchanged outcome (parallel batches that repeat together are
-one anomaly), or failing `repeat_threshold` times within `repeat_window` turns with other calls between, across the
-runs of a session. DESIGN.md has the details.
+one anomaly), or failing `repeat_threshold` times within `repeat_window` turns with other calls between, with the same
+error each time, across the runs of a session. A streak carried into a later run of the session is reported there as
+`continued`: listed again, not alerted again. DESIGN.md has the details.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import deque
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from .calls import ERROR_ONLY, ERROR_OUTCOME, describe_call, recent_ids
+from .calls import ERROR_ONLY, ERROR_OUTCOME, ObservedCall, describe_call, error_digests, recent_ids
 from .config import DetectorConfig
 from .identity import digest
 from .rule import ClosedTurn, Rule
@@ -45,7 +46,13 @@ class _FailureRun:
     turns: deque[int]
     runs: deque[int]  # which run of the session each failure was in
     call_ids: deque[str]
+    last_failures: list[ObservedCall]  # its latest failed calls: their errors are compared with the next ones
     streak: str | None = None
+    reported_in: int | None = None  # the run of the session that first reported this streak (either way)
+
+    def continued_in(self, run: int) -> bool:
+        """Whether this streak was already reported in a run of the session before `run`."""
+        return self.reported_in is not None and self.reported_in < run
 
 
 class RepeatedCallRule(Rule):
@@ -57,11 +64,13 @@ class RepeatedCallRule(Rule):
         self._failures: dict[str, _FailureRun] = {}  # kept across the runs of a session
         # Calls whose consecutive streak fired in the last closed turn: failing_tool leaves them to this rule.
         self.repeating_keys: AbstractSet[str] = _NO_KEYS
+        # Of those, the ones whose failures an earlier run already reported: the failure run goes on reporting them.
+        self._carried_keys: AbstractSet[str] = _NO_KEYS
 
     def begin_run(self) -> None:
         # Consecutive streaks end at a run boundary (a user message came between); failing calls are remembered.
         self._streaks = {}
-        self.repeating_keys = _NO_KEYS
+        self.repeating_keys = self._carried_keys = _NO_KEYS
 
     def end_turn(self, turn: ClosedTurn) -> list[Anomaly]:
         fired = self._update_streaks(turn)
@@ -91,9 +100,15 @@ class RepeatedCallRule(Rule):
 
         firing = [s for s in streaks.values() if s.count >= self.config.repeat_threshold]
         if not firing:
-            self.repeating_keys = _NO_KEYS
+            self.repeating_keys = self._carried_keys = _NO_KEYS
             return []
         self.repeating_keys = {s.key for s in firing}
+        # A call failing here whose failures an earlier run of the session reported is that streak going on: its
+        # failure run reports it (one key, the count across runs), not a new consecutive streak.
+        self._carried_keys = {s.key for s in firing if s.outcome == (ERROR_OUTCOME,)
+                              and (run := self._failures.get(s.key)) is not None and run.continued_in(turn.run)}
+        if self._carried_keys:
+            firing = [s for s in firing if s.key not in self._carried_keys]
         return [self._streak_anomaly(turn.number, group) for group in _group_streaks(firing)]
 
     def _streak_anomaly(self, turn: int, group: list[_CallStreak]) -> Anomaly:
@@ -137,9 +152,14 @@ class RepeatedCallRule(Rule):
             if call.outcomes != ERROR_ONLY:
                 self._failures.pop(key, None)  # it worked (or did something else): no longer failing
                 continue
-            run = self._failures.pop(key, None) or _FailureRun(
-                call.tool, call.arguments, deque(), deque(), deque(), deque(maxlen=cfg.max_call_ids))
+            run = self._failures.pop(key, None)
+            if run is not None and _made_progress(run, turn.seq, call.failures):
+                run = None  # a new error after other calls (an edit between test runs): a new streak starts here
+            if run is None:
+                run = _FailureRun(call.tool, call.arguments, deque(), deque(), deque(),
+                                  deque(maxlen=cfg.max_call_ids), [])
             self._failures[key] = run  # most recently failing last
+            run.last_failures = call.failures
             run.seqs.append(turn.seq)
             run.turns.append(turn.number)
             run.runs.append(turn.run)
@@ -150,22 +170,27 @@ class RepeatedCallRule(Rule):
                 run.runs.popleft()
             if len(run.seqs) < cfg.repeat_threshold:
                 if len(run.seqs) == 1:
-                    run.streak = None  # the earlier failures left the window: a new streak
+                    run.streak = run.reported_in = None  # the earlier failures left the window: a new streak
                 continue
-            if key in self.repeating_keys:  # consecutive turns: the streak reports it; remember its key
+            if key in self.repeating_keys and key not in self._carried_keys:
+                # consecutive turns: the streak reports it; remember its key, and that it was reported
                 streak = self._streaks.get(key)
                 run.streak = streak.streak if streak is not None else run.streak
+                run.reported_in = turn.run if run.reported_in is None else run.reported_in
                 continue
             if run.streak is None:
                 run.streak = f"repeated_call:{call.tool}:{key[:10]}@t{run.turns[0]}"
-            fired.append(self._failure_run_anomaly(turn.number, run))
+            continued = run.continued_in(turn.run)
+            if run.reported_in is None:
+                run.reported_in = turn.run
+            fired.append(self._failure_run_anomaly(turn.number, run, continued))
         for stale in [k for k, r in self._failures.items() if r.seqs[-1] < oldest]:
             del self._failures[stale]
         while len(self._failures) > cfg.max_tools_with_errors * cfg.max_errors_per_tool:
             del self._failures[next(iter(self._failures))]
         return fired
 
-    def _failure_run_anomaly(self, turn: int, run: _FailureRun) -> Anomaly:
+    def _failure_run_anomaly(self, turn: int, run: _FailureRun, continued: bool) -> Anomaly:
         count = len(run.seqs)
         what = describe_call(run.tool, run.arguments, self.config.capture_content)
         return Anomaly(
@@ -176,7 +201,18 @@ class RepeatedCallRule(Rule):
                      "other calls between; retrying unchanged will not help: fix the arguments, use another tool, "
                      "or tell the user what is failing."),
             streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
+            continued=continued,
         )
+
+
+def _made_progress(run: _FailureRun, seq: int, failures: list[ObservedCall]) -> bool:
+    """Whether a failure after other calls came back with a new error (no digest in common with the last failure's):
+    what came between changed something.
+
+    Consecutive failures keep the rule of consecutive turns (the error text does not matter); an unknown error text
+    ("" digest, a trace without results) is no evidence of progress.
+    """
+    return seq - run.seqs[-1] > 1 and not (error_digests(failures) & error_digests(run.last_failures))
 
 
 def _group_streaks(firing: list[_CallStreak]) -> list[list[_CallStreak]]:

@@ -43,6 +43,7 @@ class AnomalyRecord(TypedDict):
     message: str
     streak: str
     first_turn: int
+    continued: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,9 @@ class Anomaly:
     message: str  # what happened and what to try
     streak: str  # same for every firing of one streak or pattern
     first_turn: int | None = None  # the turn where this streak first fired; `turn` is its latest firing
+    # The streak was already reported in an earlier run of the session: this run lists it with its count, but the
+    # alert sinks (log line, webhook, score) do not announce it again.
+    continued: bool = False
 
     @property
     def is_update(self) -> bool:
@@ -65,7 +69,7 @@ class Anomaly:
         return self.first_turn is not None and self.first_turn != self.turn
 
     def to_dict(self) -> AnomalyRecord:
-        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing)."""
+        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing of this run)."""
         return {
             "type": self.type,
             "turn": self.turn,
@@ -76,4 +80,5 @@ class Anomaly:
             "message": self.message,
             "streak": self.streak,
             "first_turn": self.first_turn if self.first_turn is not None else self.turn,
+            "continued": self.continued,
         }
