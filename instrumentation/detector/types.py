@@ -43,6 +43,7 @@ class AnomalyRecord(TypedDict):
     message: str
     streak: str
     first_turn: int
+    evidence: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,9 @@ class Anomaly:
     message: str  # what happened and what to try
     streak: str  # same for every firing of one streak or pattern
     first_turn: int | None = None  # the turn where this streak first fired; `turn` is its latest firing
+    # Why a verdict fired, in a few words (ignored_error: "the answer states the failed operation as done", "the model
+    # retried, saw the same failure and moved on", "a judge said so"); None for a pattern that is its own evidence.
+    evidence: str | None = None
 
     @property
     def is_update(self) -> bool:
@@ -65,7 +69,8 @@ class Anomaly:
         return self.first_turn is not None and self.first_turn != self.turn
 
     def to_dict(self) -> AnomalyRecord:
-        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing)."""
+        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing), `evidence` may be
+        None."""
         return {
             "type": self.type,
             "turn": self.turn,
@@ -76,4 +81,5 @@ class Anomaly:
             "message": self.message,
             "streak": self.streak,
             "first_turn": self.first_turn if self.first_turn is not None else self.turn,
+            "evidence": self.evidence,
         }
