@@ -507,8 +507,8 @@ def test_ignored_error_anomaly_names_the_failure_and_fires_once():
 
 
 def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones():
-    failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] * 2 for i in range(9)]
-    detector, _ = feed(failing + [[SEARCH]])
+    failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] for i in range(9) for _ in range(2)]
+    detector, _ = feed(failing + [[SEARCH]])  # each page retried in the next turn, failing again
     (anomaly,) = end(detector, "Here is the summary.")
     assert anomaly.count == 9 and anomaly.tool == "fetch" and anomaly.arguments is None
     assert "the most recent" in anomaly.message and "500 on page 8" in anomaly.message

@@ -123,6 +123,14 @@ def test_a_claim_about_a_tool_that_also_succeeded_is_not_taken_for_the_failed_ca
     assert anomaly.evidence == RETRIED  # the statement may be about EQ-002; the retried failure still stands
 
 
+def test_the_same_call_twice_in_one_parallel_batch_is_not_a_retry():
+    detector = LoopDetector()
+    for index in range(2):
+        detector.observe(ToolCall(1, *RESERVE, call_id=f"t{index}", is_error=True, result=OUT_OF_STOCK))
+    detector.end_turn(1)
+    assert detector.end_run("end_turn", "Done.", 2) == []  # it never saw the failure before calling again
+
+
 # --------------------------------------------------------------------------- the judge's cases
 
 class _Judge:

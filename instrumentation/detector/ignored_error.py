@@ -98,7 +98,7 @@ class IgnoredErrorRule(Rule):
                 claimed.append((tool, error))
             elif self._reports(tool, error, text, answer, said):
                 continue
-            elif error.failures > 1:  # it saw the same failure twice and ended the run without a word on it
+            elif _retried(error):  # it saw the same failure again and ended the run without a word on it
                 retried.append((tool, error))
             else:
                 unexplained.append((tool, error))
@@ -154,7 +154,7 @@ class IgnoredErrorRule(Rule):
             return False
         if error.batch is not None and draws_on(text, [result for _, result in error.batch.results]):
             return True
-        return (error.failures > 1 or error.moved_on) and not _asks(answer)
+        return (_retried(error) or error.moved_on) and not _asks(answer)
 
     def _reports(self, tool: str, error: UnresolvedError, text: str | None, answer: FoldedText | None,
                  said: list[tuple[int, FoldedText]]) -> bool:
@@ -210,6 +210,12 @@ def _scanned(text: str) -> str:
     if len(text) > 2 * ANSWER_SCAN_CHARS:
         return text[:ANSWER_SCAN_CHARS] + "\n" + text[-ANSWER_SCAN_CHARS:]
     return text
+
+
+def _retried(error: UnresolvedError) -> bool:
+    """Whether the same call failed again in a later turn: the model had seen the failure when it retried (the same
+    call twice in one parallel batch is not a retry)."""
+    return error.turn > error.first_turn
 
 
 def _asks(text: FoldedText) -> bool:
