@@ -328,7 +328,8 @@ FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
     ("a success on another target does not resolve it", [[RESERVE_FAILS], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
      "Booked projector B.", True),
     ("failed once, then other work: the judge's call", [[RESERVE_FAILS], [SEARCH]], "Booked.", False),
-    ("failed twice, nothing after: the judge's call", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Booked.", False),
+    # retried, the same failure again, then an answer without a word on it: the model moved on to finishing
+    ("failed twice, then an answer", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Booked.", True),
     ("a parallel retry on the same target resolves it", [[RESERVE_FAILS, RESERVE_RETRIED]],
      "Booked projector A.", False),
     ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS],
@@ -506,8 +507,8 @@ def test_ignored_error_anomaly_names_the_failure_and_fires_once():
 
 
 def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones():
-    failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] * 2 for i in range(9)]
-    detector, _ = feed(failing + [[SEARCH]])
+    failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] for i in range(9) for _ in range(2)]
+    detector, _ = feed(failing + [[SEARCH]])  # each page retried in the next turn, failing again
     (anomaly,) = end(detector, "Here is the summary.")
     assert anomaly.count == 9 and anomaly.tool == "fetch" and anomaly.arguments is None
     assert "the most recent" in anomaly.message and "500 on page 8" in anomaly.message

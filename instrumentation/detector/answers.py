@@ -1,5 +1,5 @@
-"""The text structure of what a model says: whether an answer asks, names what a call acted on, quotes an error,
-states an operation as done, or draws on a result.
+"""The text structure of what a model says: whether an answer asks, names what a call acted on, quotes or echoes an
+error, states an operation as done, or draws on a result.
 
 Judged on structure in any language, never on a list of words: the answer is compared with the failed call, its
 error and the results beside it. DESIGN.md has the reasons and the known blind spot.
@@ -19,6 +19,8 @@ from .identity import safe_text
 ANSWER_SCAN_CHARS = 20_000  # of each end of a huge final answer
 BATCH_RESULT_CHARS = 20_000  # of each result an answer may draw on
 _MIN_MENTION_CHARS = 3  # shorter values ("a", "EU") turn up in any text by chance
+_MIN_ECHO_LETTERS = 4  # an error's words shorter than this ("not", "no") are in any text by chance
+_ECHO_SLACK = 3  # letters an echoed word may differ by at its end: "fail" echoes "FAILED", "failing" "failure"
 # Question marks of the scripts we know: Latin, full-width (CJK), Spanish opening, Arabic. Punctuation, not words.
 _QUESTION_MARKS = ("?", "\uff1f", "\u00bf", "\u061f")
 _SENTENCE = re.compile(r"[^.!?\n\u3002\uff01\uff1f\u061f]+[.!?\u3002\uff01\uff1f\u061f]?")
@@ -52,17 +54,28 @@ class FoldedText:
     """Text already folded (`fold`), cut into the units a quote must share on first use and only once: the same text
     (a later call's free text, an answer) is compared with every standing error."""
 
-    __slots__ = ("_units", "folded")
+    __slots__ = ("_units", "_words", "folded")
 
     def __init__(self, folded: str) -> None:
         self.folded = folded
         self._units: set[str] | None = None
+        self._words: dict[str, set[str]] | None = None
 
     @property
     def units(self) -> set[str]:
         if self._units is None:
             self._units = _echo_units(self.folded)
         return self._units
+
+    @property
+    def words(self) -> dict[str, set[str]]:
+        """The text's words of four letters or more, by their first four letters (an echo shares at least those)."""
+        if self._words is None:
+            self._words = {}
+            for word in _LETTERS.findall(self.folded):
+                if len(word) >= _MIN_ECHO_LETTERS and not any(_is_unspaced_script(c) for c in word):
+                    self._words.setdefault(word[:_MIN_ECHO_LETTERS], set()).add(word)
+        return self._words
 
 
 def names_or_quotes(text: FoldedText, targets: frozenset[str], error_text: str) -> bool:
@@ -72,13 +85,37 @@ def names_or_quotes(text: FoldedText, targets: frozenset[str], error_text: str) 
     return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(text.units)
 
 
-def states_operation(text: str, tool: str) -> bool:
+def echoes_error(text: FoldedText, error_text: str, attempted: str = "") -> bool:
+    """Whether the text repeats a word of the error, on its stem: "the tests still fail" after "FAILED test_total",
+    "the seat numbers don't match" after "Number of passengers does not match".
+
+    A word counts when it has four letters or more and is not a word of `attempted` (the tool's name and the call's
+    arguments): naming what was attempted ("I reserved the projector") is not saying how it went, while a word that
+    only the error brought ("fail", "stock", "match", "denied") is the model passing on what the tool said. Like the
+    rest of this module it compares the answer with the error, in the error's own words, not with a list of words.
+    """
+    if not error_text or not text.words:
+        return False
+    attempted_words = _words_of(attempted)
+    for word in (word for same_start in _words_of(error_text).values() for word in same_start):
+        if any(_echoes(word, other) for other in attempted_words.get(word[:_MIN_ECHO_LETTERS], ())):
+            continue  # a word of the operation or its arguments, repeated by the error
+        if any(_echoes(word, other) for other in text.words.get(word[:_MIN_ECHO_LETTERS], ())):
+            return True
+    return False
+
+
+def states_operation(text: str, tool: str, error_text: str = "", attempted: str = "") -> bool:
     """Whether a statement in `text` (a sentence without a question mark) names the operation `tool` performs.
 
     The operation's words are those of the tool's name (`update_reservation_passengers`: update, reservation,
     passengers; camelCase and dotted names split too; words under four letters left out); a sentence names the
     operation when it holds two of them (the one, for a one-word name), each matched on its stem so that "updated"
     and "passenger list" count. This compares the answer with the failed call, not with a list of words.
+
+    Given the call's `error_text` (and `attempted`, see `echoes_error`), a sentence that also echoes the error ("the
+    tests still fail" after "FAILED test_total") says how the operation went rather than that it was done, and does
+    not count.
     """
     words = _name_words(tool)
     needed = min(2, len(words))
@@ -89,6 +126,8 @@ def states_operation(text: str, tool: str) -> bool:
             continue
         said = set(_LETTERS.findall(sentence))
         if sum(1 for word in words if any(_same_stem(word, other) for other in said)) >= needed:
+            if error_text and echoes_error(FoldedText(sentence), error_text, attempted or tool):
+                continue
             return True
     return False
 
@@ -119,6 +158,24 @@ def fold(text: str) -> str:
 def _name_words(tool: str) -> list[str]:
     spaced = _CAMEL_BOUNDARY.sub(" ", tool)
     return [word for word in _LETTERS.findall(fold(spaced)) if len(word) >= 4]
+
+
+def _words_of(text: str) -> dict[str, set[str]]:
+    """The words of four letters or more of a tool's name, arguments or error (camelCase split), by their first four
+    letters."""
+    words: dict[str, set[str]] = {}
+    for word in _LETTERS.findall(fold(_CAMEL_BOUNDARY.sub(" ", text))):
+        if len(word) >= _MIN_ECHO_LETTERS and not any(_is_unspaced_script(c) for c in word):
+            words.setdefault(word[:_MIN_ECHO_LETTERS], set()).add(word)
+    return words
+
+
+def _echoes(word: str, other: str) -> bool:
+    """A word echoes another when they agree on four letters at least and differ only in their last three: stricter
+    than `_same_stem` ("passed" does not echo "passengers"), since a chance echo would keep a false claim quiet."""
+    shorter = min(len(word), len(other))
+    shared = next((i for i in range(shorter) if word[i] != other[i]), shorter)
+    return shared >= _MIN_ECHO_LETTERS and shared >= max(len(word), len(other)) - _ECHO_SLACK
 
 
 def _same_stem(word: str, other: str) -> bool:

@@ -1,9 +1,13 @@
-"""ignored_error: a run that ends presenting its work as done while a tool error was never resolved nor dealt with.
+"""ignored_error: a verdict on the tool errors a run leaves unresolved, with the evidence it rests on.
 
-Judged once, at the end of a run with a stop reason in `ignored_error_stop_reasons`. The rule fires on its own only
-where the structure shows the failure was passed over (it persisted after a retry, or the answer stated the failed
-operation as done while using the results beside it); the other cases are the judge's, if one is configured.
-DESIGN.md has the full reasoning.
+Judged once, at the end of a run with a stop reason in `ignored_error_stop_reasons`. Every unresolved error that
+nothing the model said reports (names its target, quotes or echoes the error, asks the user) is weighed; the rule
+fires on its own where the structure shows the failure was passed over, and says which evidence it found:
+- the answer states the failed operation as done (a statement names the operation by the words of the tool's name,
+  and nothing the model said after the failure reports it);
+- the model retried, saw the same failure and moved on (the same call failed again, and the run ended without a word
+  on it).
+The other cases are the judge's, if one is configured ("a judge said so"). DESIGN.md has the full reasoning.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from .answers import (
     FoldedText,
     answer_addresses,
     draws_on,
+    echoes_error,
     fold,
     names_or_quotes,
     states_operation,
@@ -28,37 +33,45 @@ from .rule import OpenTurn, Rule, RunEnd
 from .types import IGNORED_ERROR, Anomaly
 
 _MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
-_NEITHER = "a final answer that neither names what failed nor asks the user"
-_PASSED_OVER = ("a final answer that states the failed operation as done while using the results that came back "
-                "beside it")
-_EARLIER_RUN = ("an earlier run of this conversation left it standing; this run called no tool and its answer presents "
-                "the work as done (the judge's verdict)")
+_MAX_SUCCEEDED_TOOLS = 256  # tools with a success this run, kept to tell whose operation a statement may be about
+
+# The evidence a firing rests on (Anomaly.evidence), most telling first.
+CLAIMED_DONE = "the answer states the failed operation as done"
+RETRIED_AND_MOVED_ON = "the model retried, saw the same failure and moved on"
+JUDGE_SAID_SO = "a judge said so"
+EARLIER_RUN = ("a judge said so: an earlier run of this conversation left it standing, and this run called no tool "
+               "and answered as if the work were done")
 
 Ignored = list[tuple[str, UnresolvedError]]  # (tool, error), oldest first
 
 
 class IgnoredErrorRule(Rule):
-    """Keeps the run's errors (`ErrorLedger`) and what the model said beside its calls; gives its verdict at the end."""
+    """Keeps the run's errors (`ErrorLedger`), what the model said beside its calls and which tools succeeded; gives
+    its verdict at the end."""
 
     def __init__(self, config: DetectorConfig, judging: Judging) -> None:
         self.config = config
         self._judging = judging
         self._errors = ErrorLedger(config)
         self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
+        self._succeeded: set[str] = set()  # tools that succeeded this run (on any target)
         self._ending_reasons = {r.lower() for r in config.ignored_error_stop_reasons}
 
     def begin_run(self) -> None:
         self._errors.begin_run()
         self._said.clear()
+        self._succeeded.clear()
 
     def observe(self, call: ObservedCall, turn: OpenTurn) -> None:
         self._errors.observe(call, turn)
+        if not call.is_error and len(self._succeeded) < _MAX_SUCCEEDED_TOOLS:
+            self._succeeded.add(call.tool)
 
     def model_said(self, turn: int, text: str) -> None:
         self._said.append((turn, shorten(text, 2 * ANSWER_SCAN_CHARS)))
 
     def container_sizes(self) -> dict[str, int]:
-        return self._errors.container_sizes()
+        return {**self._errors.container_sizes(), "succeeded_tools": len(self._succeeded)}
 
     def end_run(self, end: RunEnd) -> list[Anomaly]:
         if end.stop_reason not in self._ending_reasons:
@@ -70,24 +83,33 @@ class IgnoredErrorRule(Rule):
         return []
 
     def _judge_run(self, end: RunEnd) -> list[Anomaly]:
+        """Sorts every standing error by the evidence against it, then fires on the strongest (a judge, if any, may
+        still say "not ignored"), or leaves the unevidenced ones to the judge."""
         text = end.final_text
-        standing = [(tool, e) for tool, e in self._errors.standing() if not e.reported]
-        ignored = [(tool, e) for tool, e in standing if not self._addressed(e, text)]
-        # The rule's own verdict needs a failure the model knew about and then left behind: it retried the call, saw
-        # it fail again, and went on to other calls. Any other unaddressed failure (above all a single one seen just
-        # before the answer, which the answer is most likely about) is for a judge to decide.
-        persistent = [(tool, e) for tool, e in ignored if e.failures > 1 and e.moved_on]
-        passed_over = [(tool, e) for tool, e in standing if self._passed_over(tool, e, text)]
-        if persistent or passed_over:
-            why = _NEITHER
-            if passed_over and not persistent:
-                ignored = passed_over + [item for item in ignored if item not in passed_over]
-                why = _PASSED_OVER
-            anomaly = self._anomaly(end, ignored, why)
+        answer = FoldedText(fold(_scanned(text))) if text else None
+        said = [(turn, FoldedText(fold(words))) for turn, words in self._said]
+        claimed: Ignored = []
+        retried: Ignored = []
+        unexplained: Ignored = []
+        for tool, error in self._errors.standing():
+            if error.reported:
+                continue  # a later call of another tool handed it on (a ticket, a hand-off)
+            if self._claims_done(tool, error, text, answer, said):
+                claimed.append((tool, error))
+            elif self._reports(tool, error, text, answer, said):
+                continue
+            elif _retried(error):  # it saw the same failure again and ended the run without a word on it
+                retried.append((tool, error))
+            else:
+                unexplained.append((tool, error))
+        if claimed or retried:
+            evidenced = sorted(claimed + retried, key=lambda item: item[1].turn)
+            ignored = unexplained + evidenced  # the evidenced ones last: the judge is shown the most recent of them
+            anomaly = self._anomaly(end, ignored, CLAIMED_DONE if claimed else RETRIED_AND_MOVED_ON)
             return [anomaly] if self._judge_says(anomaly, ignored, text) is not False else []
-        if ignored:
-            anomaly = self._anomaly(end, ignored, _NEITHER)
-            return [anomaly] if self._judge_says(anomaly, ignored, text) is True else []
+        if unexplained:
+            anomaly = self._anomaly(end, unexplained, JUDGE_SAID_SO)
+            return [anomaly] if self._judge_says(anomaly, unexplained, text) is True else []
         return []
 
     def _judge_earlier_errors(self, end: RunEnd) -> list[Anomaly]:
@@ -98,39 +120,55 @@ class IgnoredErrorRule(Rule):
         if not self._judging.available or not text:
             return []
         # A question does not exempt the answer here: "Is there anything else?" closes a false "done" as often as not.
-        answer = FoldedText(fold(text[:2 * ANSWER_SCAN_CHARS]))
+        answer = FoldedText(fold(_scanned(text)))
         standing = [(tool, e) for tool, e in self._errors.earlier
                     if not names_or_quotes(answer, e.targets, e.error_text)]
         if not standing:
             return []
-        anomaly = self._anomaly(end, standing, _EARLIER_RUN)
+        anomaly = self._anomaly(end, standing, EARLIER_RUN)
         return [anomaly] if self._judge_says(anomaly, standing, text) is True else []
 
-    def _passed_over(self, tool: str, error: UnresolvedError, final_text: str | None) -> bool:
-        """Whether the answer used the results that came back beside the failure and stated the failed operation as
-        done: it draws on another tool's result of the same batch, one of its statements names the operation, and
-        nothing the model said after the failure quotes the error or names what the call acted on.
+    def _claims_done(self, tool: str, error: UnresolvedError, text: str | None, answer: FoldedText | None,
+                     said: list[tuple[int, FoldedText]]) -> bool:
+        """Whether the answer states the failed operation as done, after the model had seen the failure.
 
-        A batch where the same tool also succeeded (on another target: one of several candidate ids) is left out:
-        the operation did succeed there, and a statement naming it may be about that success."""
-        if not final_text or error.batch is None:
-            return False
-        if any(other == tool for other, _ in error.batch.results):
-            return False
-        beside = [text for _, text in error.batch.results]
-        if not beside or not states_operation(final_text, tool) or not draws_on(final_text, beside):
-            return False
-        said = [text for turn, text in self._said if turn > error.first_turn]
-        return not any(names_or_quotes(FoldedText(fold(text)), error.targets, error.error_text)
-                       for text in [final_text, *said])
+        One of its statements (a sentence without a question mark) names the operation by the words of the tool's
+        name without echoing the error, and nothing the model said after the call last failed names its target or
+        quotes its error; and the model had seen the failure before it answered, in one of two ways:
+        - the failure came back beside other results and the answer draws on them (`draws_on`): here a question
+          elsewhere in the answer does not count, since asking about the next step does not undo a statement that
+          the failed step was done;
+        - it retried the call, or went on to other calls, and the answer asks the user nothing.
+        A failure right before an answer that asks nothing and is not built on results beside it is left to the
+        judge: on the recorded runs such answers were plans or admissions in the model's own words.
 
-    def _addressed(self, error: UnresolvedError, final_text: str | None) -> bool:
-        """Whether anything the model said after seeing the failure (the final answer, or text beside later tool
-        calls) deals with it."""
-        if answer_addresses(final_text, error.targets, error.error_text):
+        A tool that also succeeded in the run (on another target: one of several candidate ids, another file) is
+        left out: the statement may be about that success. Text written before the last failure does not count: a
+        report of an earlier attempt is not a report of how the retries ended."""
+        if text is None or answer is None or tool in self._succeeded:
+            return False
+        if not states_operation(text, tool, error.error_text, f"{tool} {error.arguments}"):
+            return False
+        after = [answer, *(folded for turn, folded in said if turn > error.turn)]
+        if any(names_or_quotes(folded, error.targets, error.error_text) for folded in after):
+            return False
+        if error.batch is not None and draws_on(text, [result for _, result in error.batch.results]):
             return True
-        return any(turn > error.first_turn and answer_addresses(said, error.targets, error.error_text)
-                   for turn, said in self._said)
+        return (_retried(error) or error.moved_on) and not _asks(answer)
+
+    def _reports(self, tool: str, error: UnresolvedError, text: str | None, answer: FoldedText | None,
+                 said: list[tuple[int, FoldedText]]) -> bool:
+        """Whether anything the model said after it first saw the failure (the final answer, or text beside later
+        tool calls) deals with it: asks the user, names the target, quotes the error or echoes its words."""
+        if answer is not None and (answer_addresses(text, error.targets) or self._names_or_echoes(tool, error, answer)):
+            return True
+        return any(turn > error.first_turn and (_asks(folded) or self._names_or_echoes(tool, error, folded))
+                   for turn, folded in said)
+
+    @staticmethod
+    def _names_or_echoes(tool: str, error: UnresolvedError, text: FoldedText) -> bool:
+        return (names_or_quotes(text, error.targets, error.error_text)
+                or echoes_error(text, error.error_text, f"{tool} {error.arguments}"))
 
     def _judge_says(self, anomaly: Anomaly, ignored: Ignored, text: str | None) -> bool | None:
         """The judge's verdict on the most recent ignored error; None without a judge or a usable answer."""
@@ -140,7 +178,7 @@ class IgnoredErrorRule(Rule):
         return self._judging.verdict(JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments,
                                                   error_text=error.error_text, final_text=text or ""))
 
-    def _anomaly(self, end: RunEnd, ignored: Ignored, why: str) -> Anomaly:
+    def _anomaly(self, end: RunEnd, ignored: Ignored, evidence: str) -> Anomaly:
         total = len(ignored) + self._errors.uncounted()
         tools = {tool for tool, _ in ignored}
         content = self.config.capture_content
@@ -159,8 +197,26 @@ class IgnoredErrorRule(Rule):
             call_ids=tuple(e.call_id for _, e in ignored if e.call_id is not None)[-self.config.max_call_ids:],
             count=total,
             message=(f"The run ended ({end.stop_reason}) with {total} tool error(s) never resolved by a later success "
-                     f"on the same target, and {why} "
-                     f"({'the most recent: ' if total > len(ignored[-5:]) else ''}{listed}). Tell the user what "
-                     "failed, or retry until it succeeds before finishing."),
+                     f"on the same target, and nothing the model said reports them "
+                     f"({'the most recent: ' if total > len(ignored[-5:]) else ''}{listed}). Why this fired: "
+                     f"{evidence}. Tell the user what failed, or retry until it succeeds before finishing."),
             streak=f"ignored_error@t{end.turn}",
+            evidence=evidence,
         )
+
+
+def _scanned(text: str) -> str:
+    """The part of an answer that is read: all of it, or both ends of a huge one."""
+    if len(text) > 2 * ANSWER_SCAN_CHARS:
+        return text[:ANSWER_SCAN_CHARS] + "\n" + text[-ANSWER_SCAN_CHARS:]
+    return text
+
+
+def _retried(error: UnresolvedError) -> bool:
+    """Whether the same call failed again in a later turn: the model had seen the failure when it retried (the same
+    call twice in one parallel batch is not a retry)."""
+    return error.turn > error.first_turn
+
+
+def _asks(text: FoldedText) -> bool:
+    return answer_addresses(text.folded, frozenset())

@@ -44,6 +44,7 @@ class AnomalyRecord(TypedDict):
     streak: str
     first_turn: int
     continued: bool
+    evidence: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,9 @@ class Anomaly:
     # The streak was already reported in an earlier run of the session: this run lists it with its count, but the
     # alert sinks (log line, webhook, score) do not announce it again.
     continued: bool = False
+    # Why a verdict fired, in a few words (ignored_error: "the answer states the failed operation as done", "the model
+    # retried, saw the same failure and moved on", "a judge said so"); None for a pattern that is its own evidence.
+    evidence: str | None = None
 
     @property
     def is_update(self) -> bool:
@@ -69,7 +73,8 @@ class Anomaly:
         return self.first_turn is not None and self.first_turn != self.turn
 
     def to_dict(self) -> AnomalyRecord:
-        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing of this run)."""
+        """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing of this run), `evidence`
+        may be None."""
         return {
             "type": self.type,
             "turn": self.turn,
@@ -81,4 +86,5 @@ class Anomaly:
             "streak": self.streak,
             "first_turn": self.first_turn if self.first_turn is not None else self.turn,
             "continued": self.continued,
+            "evidence": self.evidence,
         }
