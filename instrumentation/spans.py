@@ -35,7 +35,7 @@ from .content import (
     scrub,
     to_json,
 )
-from .detector import Anomaly, canonical_arguments, result_digest
+from .detector import Anomaly, UnresolvedToolError, canonical_arguments, result_digest
 from .instrumented_model import InstrumentedModel, current_turn_var
 from .seam_types import Action, CostOf, ModelLike, Usage
 
@@ -298,7 +298,8 @@ class RunSpan:
 
     @_never_raises("invoke_agent span", _end_span)
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
-            final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
+            final_text: str | None, error: str | None = None, error_type: str | None = None,
+            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None:
         metrics = self.tracing.metrics
         if metrics is not None:
             metrics.record_run(agent=self.agent, status=status, turns=turns)
@@ -313,6 +314,7 @@ class RunSpan:
             sc.RUN_USAGE_CACHE_CREATION_TOKENS: usage.cache_creation_input_tokens,
             sc.RUN_USAGE_TOTAL_TOKENS: usage.total_tokens,
             sc.RUN_ANOMALY_COUNT: anomalies,
+            **unresolved_attributes(unresolved_errors),
         }
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
@@ -330,6 +332,17 @@ class RunSpan:
             self.span.set_status(Status(StatusCode.ERROR, cap(error, 1024)))
         self.span.set_attributes(attributes)
         self.span.end()
+
+
+def unresolved_attributes(errors: Sequence[UnresolvedToolError]) -> dict[str, Any]:
+    """The root span's record of the tool errors a run left standing: their count (also as Langfuse trace metadata,
+    which its traces table filters on) and their tools. Tool names only: a target or an error text is content, and
+    the execute_tool spans already hold it, as capture allows."""
+    attributes: dict[str, Any] = {sc.RUN_UNRESOLVED_TOOL_ERRORS: len(errors),
+                                  sc.LANGFUSE_UNRESOLVED_TOOL_ERRORS: str(len(errors))}
+    if errors:
+        attributes[sc.RUN_UNRESOLVED_TOOLS] = tuple(dict.fromkeys(e.tool for e in errors))
+    return attributes
 
 
 class TurnSpan:
