@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .exit_codes import EXIT_USAGE
 
@@ -54,3 +55,13 @@ def plural(count: int, noun: str) -> str:
 def plural_of(noun: str) -> str:
     """``turns``, ``anomalies``: the plural of one of the CLI's nouns."""
     return noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"
+
+
+def unresolved_line(errors: Sequence[Any], *, most: int = 5) -> str | None:
+    """``1 tool error left unresolved: reserve_equipment(EQ-001) at turn 2: 'EQ-001 is out of stock'``: the tool
+    errors a run left standing (``UnresolvedToolError`` records), the most recent ``most`` of them; None for none."""
+    if not errors:
+        return None
+    shown = [e.describe() for e in errors[-most:]]
+    more = f"({len(errors) - len(shown)} earlier not shown) " if len(errors) > len(shown) else ""
+    return f"{plural(len(errors), 'tool error')} left unresolved: {more}{'; '.join(shown)}"

@@ -50,7 +50,27 @@ def show_command(args: argparse.Namespace) -> int:
               "no parent in the file (a run that never finished writing, or a line skipped above); shown at the top",
               file=sys.stderr)
     print(render_trace(chosen))
+    for line in _unresolved_lines(chosen):
+        print(line)
     return EXIT_OK
+
+
+def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
+    """The tool errors each run of the trace left unresolved, rebuilt from its tool spans as `detect` rebuilds them
+    (so a trace of another producer gets them too); nothing for a run that left none."""
+    from looptrace.instrumentation.trace_detect import detect_spans
+
+    from .common import unresolved_line
+    from .views import WARN_MARK
+
+    verdicts = list(detect_spans(spans))
+    lines = []
+    for verdict in verdicts:
+        line = unresolved_line(verdict.unresolved_errors)
+        if line is not None:
+            named = f"{verdict.name}: " if len(verdicts) > 1 else ""
+            lines.append(f"{WARN_MARK} {named}{line}")
+    return lines
 
 
 def _without_their_parent(spans: list[SpanRecord]) -> int:
