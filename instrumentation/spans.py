@@ -326,12 +326,32 @@ class RunSpan:
             attributes[sc.OUTPUT_VALUE] = cap(final_text, self.tracing.max_chars)
             if self.joins:
                 attributes[langfuse.TRACE_OUTPUT] = attributes[sc.OUTPUT_VALUE]
+        self._record_unresolved(unresolved_errors)
         if error is not None:
             attributes[sc.RUN_ERROR] = cap(error, self.tracing.max_chars)
             attributes[sc.ERROR_TYPE] = error_type or "error"
             self.span.set_status(Status(StatusCode.ERROR, cap(error, 1024)))
         self.span.set_attributes(attributes)
         self.span.end()
+
+    def _record_unresolved(self, errors: Sequence[UnresolvedToolError]) -> None:
+        """An event per tool error left unresolved (the most recent), for a reader of the stored run (`traces show`):
+        tool, call id, turn and failures always; its target and error text (redacted as on the tool span) only with
+        content capture."""
+        content = self.tracing.capture_content
+        for e in errors[-MAX_UNRESOLVED_EVENTS:]:
+            event: dict[str, Any] = {sc.GEN_AI_TOOL_NAME: e.tool, sc.UNRESOLVED_TURN: e.turn,
+                                     sc.UNRESOLVED_FAILURES: e.failures}
+            if e.call_id:
+                event[sc.GEN_AI_TOOL_CALL_ID] = e.call_id
+            if content and e.target:
+                event[sc.UNRESOLVED_TARGET] = cap(e.target, 1024)
+            if content and e.error:
+                event[sc.UNRESOLVED_ERROR] = cap(e.error, 1024)
+            self.span.add_event(sc.UNRESOLVED_TOOL_ERROR_EVENT, event)
+
+
+MAX_UNRESOLVED_EVENTS = 20  # root-span events for the most recent; the count attribute says how many there were
 
 
 def unresolved_attributes(errors: Sequence[UnresolvedToolError]) -> dict[str, Any]:

@@ -61,6 +61,9 @@ def test_two_failed_reservations_then_a_claim_of_success_record_one_unresolved_e
     assert root[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     assert root["langfuse.trace.metadata.unresolved_tool_errors"] == "1"  # what Langfuse's traces table filters on
     assert root[sc.RUN_UNRESOLVED_TOOLS] == ("reserve_equipment",)
+    [event] = [e for e in root_of(spans).events if e.name == sc.UNRESOLVED_TOOL_ERROR_EVENT]
+    assert event.attributes[sc.UNRESOLVED_TARGET] == "2026-10-08, EQ-001"
+    assert event.attributes[sc.UNRESOLVED_ERROR] == NO_STOCK
     assert (f"1 tool error left unresolved: reserve_equipment(2026-10-08, EQ-001) at turn 2 (failed 2 times): "
             f"{NO_STOCK!r}") in out.getvalue()
 
@@ -107,6 +110,9 @@ def test_with_content_capture_off_the_record_keeps_tool_and_target_and_the_span_
     assert root[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     encoded = json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in root.items()})
     assert "EQ-001" not in encoded and "no stock" not in encoded
+    [event] = [e for e in root_of(spans).events if e.name == sc.UNRESOLVED_TOOL_ERROR_EVENT]
+    assert dict(event.attributes) == {sc.GEN_AI_TOOL_NAME: "reserve_equipment", sc.UNRESOLVED_TURN: 2,
+                                      sc.UNRESOLVED_FAILURES: 2, sc.GEN_AI_TOOL_CALL_ID: "toolu_2"}
     said = out.getvalue()
     assert "1 tool error left unresolved: reserve_equipment at turn 2 (failed 2 times)" in said
     assert "EQ-001" not in said and "no stock" not in said
@@ -268,3 +274,23 @@ def test_another_producers_trace_gets_its_facts_from_its_tool_spans(workdir, cap
     assert code == 0 and out.rstrip().endswith(expected)
     _, out, _ = cli(capsys, "detect", str(path))
     assert f"  {expected}" in out.splitlines()
+
+
+def test_the_direct_path_writes_the_same_root_attributes(monkeypatch, tmp_path):
+    """An agent given nothing writes its trace file through the direct path: its root carries the facts as well."""
+    from opentelemetry import trace
+
+    from looptrace.instrumentation.direct_spans import DirectTracerProvider
+    from looptrace.instrumentation.setup import default_telemetry
+    from looptrace.instrumentation.tracefile.read import read_spans
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    for name in [n for n in __import__("os").environ if n.startswith(("OTEL_", "LANGFUSE_", "LOOPTRACE_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LOOPTRACE_TRACE_FILE", str(tmp_path / "traces.jsonl"))
+    agent_for(two_failed_reservations()).run("Reserve EQ-001")
+    assert isinstance(default_telemetry().tracer_provider, DirectTracerProvider)
+    [root] = [s for s in read_spans(tmp_path / "traces.jsonl") if s.name.startswith("invoke_agent")]
+    assert root.attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
+    assert root.attributes["langfuse.trace.metadata.unresolved_tool_errors"] == "1"
+    assert list(root.attributes[sc.RUN_UNRESOLVED_TOOLS]) == ["reserve_equipment"]

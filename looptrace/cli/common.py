@@ -57,11 +57,13 @@ def plural_of(noun: str) -> str:
     return noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"
 
 
-def unresolved_line(errors: Sequence[Any], *, most: int = 5) -> str | None:
+def unresolved_line(errors: Sequence[Any], *, total: int | None = None, most: int = 5) -> str | None:
     """``1 tool error left unresolved: reserve_equipment(EQ-001) at turn 2: 'EQ-001 is out of stock'``: the tool
-    errors a run left standing (``UnresolvedToolError`` records), the most recent ``most`` of them; None for none."""
-    if not errors:
+    errors a run left standing (``UnresolvedToolError`` records), the most recent ``most`` of them; ``total`` when
+    more stood than are given. None for none."""
+    total = max(total or 0, len(errors))
+    if not total:
         return None
     shown = [e.describe() for e in errors[-most:]]
-    more = f"({len(errors) - len(shown)} earlier not shown) " if len(errors) > len(shown) else ""
-    return f"{plural(len(errors), 'tool error')} left unresolved: {more}{'; '.join(shown)}"
+    more = f"({total - len(shown)} earlier not shown) " if total > len(shown) else ""
+    return f"{plural(total, 'tool error')} left unresolved: {more}{'; '.join(shown)}".rstrip(": ")
