@@ -128,6 +128,12 @@ def test_with_the_detector_off_the_facts_are_still_recorded():
     assert root_of(spans).attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
 
 
+def test_with_the_detector_off_a_retry_that_succeeds_still_resolves_the_error():
+    agent = Agent("claude-sonnet-5-5", tools=[_flaky_reservation()], detector=False,
+                  client=ScriptedModel(two_failed_reservations()))
+    assert agent.run("Reserve EQ-001").unresolved_errors == []
+
+
 def test_with_telemetry_off_the_run_still_returns_its_facts():
     result = agent_for(two_failed_reservations(), telemetry=False).run("Reserve EQ-001")
     assert [e.tool for e in result.unresolved_errors] == ["reserve_equipment"]

@@ -251,6 +251,8 @@ class ToolErrorFacts:
 
     def observe(self, call: Any) -> None:
         """A tool call came back (a `ToolCall`, or anything with its fields)."""
+        if not self._ledger and not getattr(call, "is_error", False):
+            return  # a success with no error standing changes nothing here: not even reduced
         turn = getattr(call, "turn", 0)
         self._ledger.observe(observe_call(call, turn if isinstance(turn, int) else 0, self.config, 0), self._turn)
 
