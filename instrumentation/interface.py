@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .alerts import Alerts
 from .content import redact
-from .detector import Anomaly
+from .detector import Anomaly, UnresolvedToolError
 from .logs import log
 from .no_tracing import NoTracing
 from .seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
@@ -110,7 +110,8 @@ class RunTrace(Protocol):
     def start_turn(self, index: int) -> TurnTrace: ...
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
-            final_text: str | None, error: str | None = None, error_type: str | None = None) -> None: ...
+            final_text: str | None, error: str | None = None, error_type: str | None = None,
+            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None: ...
 
 
 class AgentTelemetry(Protocol):

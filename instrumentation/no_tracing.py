@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from .content import redact_with_secrets, scrub
-from .detector import Anomaly
+from .detector import Anomaly, UnresolvedToolError
 from .seam_types import Action, CostOf, ModelLike, Usage
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ class _NoRun:
         return self.turn
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
-            final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
+            final_text: str | None, error: str | None = None, error_type: str | None = None,
+            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None:
         pass
 
 

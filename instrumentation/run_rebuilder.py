@@ -28,7 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import semconv as sc
-from .detector import IGNORED_ERROR, Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall, result_digest
+from .detector import (
+    IGNORED_ERROR,
+    Anomaly,
+    DetectorConfig,
+    LoopDetector,
+    SessionDetectors,
+    ToolCall,
+    UnresolvedToolError,
+    result_digest,
+)
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -87,11 +96,14 @@ class Verdict:
     status: str | None  # looptrace.run.status when the trace is ours
     anomalies: list[Anomaly]
     rules_not_run: dict[str, str] = field(default_factory=dict)  # rule -> what the producer did not record
+    # The tool errors standing when the run ended, rebuilt from its tool spans as the live run's ledger kept them.
+    unresolved_errors: list[UnresolvedToolError] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace_id": self.trace_id, "name": self.name, "turns": self.turns, "tool_calls": self.tool_calls,
                 "status": self.status, "anomalies": [a.to_dict() for a in self.anomalies],
-                "rules_not_run": self.rules_not_run}
+                "rules_not_run": self.rules_not_run,
+                "unresolved_errors": [e.to_dict() for e in self.unresolved_errors]}
 
 
 class RunRebuilder:
@@ -272,7 +284,7 @@ class RunRebuilder:
         anomalies = [a for a in detector.anomalies if a.type not in not_run]
         return Verdict(trace_id=trace_id, name=run.root_name or run.first_model_name,
                        turns=max(len(model_starts), len(turns)), tool_calls=len(run.calls), status=run.root_status,
-                       anomalies=anomalies, rules_not_run=not_run)
+                       anomalies=anomalies, rules_not_run=not_run, unresolved_errors=detector.unresolved_errors())
 
 
 def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]:

@@ -105,6 +105,14 @@ RUN_TURNS = "looptrace.run.turns"
 RUN_COST_USD = "looptrace.run.cost_usd"
 RUN_ERROR = "looptrace.run.error"
 RUN_ANOMALY_COUNT = "looptrace.run.anomaly_count"
+RUN_UNRESOLVED_TOOL_ERRORS = "looptrace.run.unresolved_tool_errors"  # tool errors standing when the run ended
+RUN_UNRESOLVED_TOOLS = "looptrace.run.unresolved_tool_errors.tools"  # their tools, oldest first (names, no content)
+# One event on the root span per unresolved error (the most recent, capped): what `traces show` reads back.
+UNRESOLVED_TOOL_ERROR_EVENT = "looptrace.unresolved_tool_error"
+UNRESOLVED_TURN = "looptrace.unresolved_tool_error.turn"
+UNRESOLVED_FAILURES = "looptrace.unresolved_tool_error.failures"
+UNRESOLVED_TARGET = "looptrace.unresolved_tool_error.target"  # content: only when content is captured
+UNRESOLVED_ERROR = "looptrace.unresolved_tool_error.error"  # content, secrets redacted: only when captured
 RUN_USAGE_INPUT_TOKENS = "looptrace.usage.input_tokens"  # Anthropic's input_tokens, cache excluded
 RUN_USAGE_OUTPUT_TOKENS = "looptrace.usage.output_tokens"
 RUN_USAGE_CACHE_READ_TOKENS = "looptrace.usage.cache_read_input_tokens"
@@ -156,6 +164,8 @@ LANGFUSE_OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
 LANGFUSE_TRACE_NAME = "langfuse.trace.name"
 LANGFUSE_TRACE_TAGS = "langfuse.trace.tags"
 LANGFUSE_TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
+# The count again, as trace metadata: what Langfuse's traces table can filter on (every run carries it, 0 included).
+LANGFUSE_UNRESOLVED_TOOL_ERRORS = LANGFUSE_TRACE_METADATA_PREFIX + "unresolved_tool_errors"
 LANGFUSE_ENVIRONMENT = "langfuse.environment"
 LANGFUSE_RELEASE = "langfuse.release"
 LANGFUSE_USER_ID = "user.id"

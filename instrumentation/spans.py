@@ -35,7 +35,7 @@ from .content import (
     scrub,
     to_json,
 )
-from .detector import Anomaly, canonical_arguments, result_digest
+from .detector import Anomaly, UnresolvedToolError, canonical_arguments, result_digest
 from .instrumented_model import InstrumentedModel, current_turn_var
 from .seam_types import Action, CostOf, ModelLike, Usage
 
@@ -298,7 +298,8 @@ class RunSpan:
 
     @_never_raises("invoke_agent span", _end_span)
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
-            final_text: str | None, error: str | None = None, error_type: str | None = None) -> None:
+            final_text: str | None, error: str | None = None, error_type: str | None = None,
+            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None:
         metrics = self.tracing.metrics
         if metrics is not None:
             metrics.record_run(agent=self.agent, status=status, turns=turns)
@@ -313,6 +314,7 @@ class RunSpan:
             sc.RUN_USAGE_CACHE_CREATION_TOKENS: usage.cache_creation_input_tokens,
             sc.RUN_USAGE_TOTAL_TOKENS: usage.total_tokens,
             sc.RUN_ANOMALY_COUNT: anomalies,
+            **unresolved_attributes(unresolved_errors),
         }
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
@@ -324,12 +326,43 @@ class RunSpan:
             attributes[sc.OUTPUT_VALUE] = cap(final_text, self.tracing.max_chars)
             if self.joins:
                 attributes[langfuse.TRACE_OUTPUT] = attributes[sc.OUTPUT_VALUE]
+        self._record_unresolved(unresolved_errors)
         if error is not None:
             attributes[sc.RUN_ERROR] = cap(error, self.tracing.max_chars)
             attributes[sc.ERROR_TYPE] = error_type or "error"
             self.span.set_status(Status(StatusCode.ERROR, cap(error, 1024)))
         self.span.set_attributes(attributes)
         self.span.end()
+
+    def _record_unresolved(self, errors: Sequence[UnresolvedToolError]) -> None:
+        """An event per tool error left unresolved (the most recent), for a reader of the stored run (`traces show`):
+        tool, call id, turn and failures always; its target and error text (redacted as on the tool span) only with
+        content capture."""
+        content = self.tracing.capture_content
+        for e in errors[-MAX_UNRESOLVED_EVENTS:]:
+            event: dict[str, Any] = {sc.GEN_AI_TOOL_NAME: e.tool, sc.UNRESOLVED_TURN: e.turn,
+                                     sc.UNRESOLVED_FAILURES: e.failures}
+            if e.call_id:
+                event[sc.GEN_AI_TOOL_CALL_ID] = e.call_id
+            if content and e.target:
+                event[sc.UNRESOLVED_TARGET] = cap(e.target, 1024)
+            if content and e.error:
+                event[sc.UNRESOLVED_ERROR] = cap(e.error, 1024)
+            self.span.add_event(sc.UNRESOLVED_TOOL_ERROR_EVENT, event)
+
+
+MAX_UNRESOLVED_EVENTS = 20  # root-span events for the most recent; the count attribute says how many there were
+
+
+def unresolved_attributes(errors: Sequence[UnresolvedToolError]) -> dict[str, Any]:
+    """The root span's record of the tool errors a run left standing: their count (also as Langfuse trace metadata,
+    which its traces table filters on) and their tools. Tool names only: a target or an error text is content, and
+    the execute_tool spans already hold it, as capture allows."""
+    attributes: dict[str, Any] = {sc.RUN_UNRESOLVED_TOOL_ERRORS: len(errors),
+                                  sc.LANGFUSE_UNRESOLVED_TOOL_ERRORS: str(len(errors))}
+    if errors:
+        attributes[sc.RUN_UNRESOLVED_TOOLS] = tuple(dict.fromkeys(e.tool for e in errors))
+    return attributes
 
 
 class TurnSpan:

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 from typing import Any
 
-from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall
+from looptrace.instrumentation.detector import (
+    Anomaly,
+    DetectorConfig,
+    LoopDetector,
+    SessionDetectors,
+    ToolCall,
+    ToolErrorFacts,
+    UnresolvedToolError,
+)
 from looptrace.instrumentation.interface import (
     AgentTelemetry,
     Alerts,
@@ -178,6 +186,9 @@ class Agent:
             detector=None if self._detector_config is None else (
                 self._sessions.detector_for(labels.session_id) if labels.session_id
                 else LoopDetector(self._detector_config)),
+            # With the detector off, the run's unresolved tool errors are still recorded: by the error ledger alone.
+            facts=None if self._detector_config is not None else ToolErrorFacts(
+                DetectorConfig(capture_content=self._tracing.captures_content)),
             span=self._tracing.start_run(
                 agent=self.name,
                 model=self.model,
@@ -346,10 +357,11 @@ class Agent:
         # The model gets the result as it is (it sent the secret itself); whatever reports on the call gets it as the
         # spans hold it, with a redacted argument's value scrubbed where the tool's text quotes it back.
         shown = call.span.scrub(call.result)
-        if run.detector is not None:
+        watcher = run.detector if run.detector is not None else run.facts
+        if watcher is not None:
             # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
-            run.detector.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
-                                          call_id=call.call_id, is_error=call.is_error, result=shown))
+            watcher.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
+                                     call_id=call.call_id, is_error=call.is_error, result=shown))
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, shown,
                                     call.is_error, call.outcome, call.duration_s))
@@ -443,10 +455,12 @@ class Agent:
             error=error_text if status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.INTERRUPTED) else None,
             stop_reason=run.stop_reason,
             trace_url=run.span.trace_url,
+            unresolved_errors=run.unresolved_errors(),
         )
         run.span.end(
             status=status.value, turns=result.turns, usage=result.usage, cost_usd=result.cost_usd,
             anomalies=len(result.anomalies), final_text=result.final_text,
+            unresolved_errors=result.unresolved_errors,
             error=result.error if status is RunStatus.ERROR else None,
             error_type=type(error).__qualname__ if error is not None else None,
         )
@@ -480,6 +494,12 @@ class _Run:
     detector: LoopDetector | None = None
     anomalies: dict[str, Anomaly] = field(default_factory=dict)  # streak key -> its latest firing
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
+    facts: ToolErrorFacts | None = None  # the error ledger alone, when the detector is off
+
+    def unresolved_errors(self) -> list[UnresolvedToolError]:
+        """The tool errors standing as the run ends, from the detector's ledger (or the ledger alone)."""
+        watcher = self.detector if self.detector is not None else self.facts
+        return watcher.unresolved_errors() if watcher is not None else []
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,10 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from looptrace.instrumentation.detector import Anomaly
+from looptrace.instrumentation.detector import Anomaly, UnresolvedToolError
 from looptrace.instrumentation.interface import Usage
 
-__all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "Usage"]
+__all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "UnresolvedToolError", "Usage"]
 
 
 class RunStatus(enum.StrEnum):
@@ -44,7 +44,9 @@ class RunResult:
     """What a run returns: how it ended, what it cost, what the model said last, and the trace to look it up by.
 
     ``messages`` is the whole history, valid to send again (``agent.run(result.messages + [...])`` continues the
-    conversation); ``anomalies`` are the loop anomalies the detector reported, in order.
+    conversation); ``anomalies`` are the loop anomalies the detector reported, in order. ``unresolved_errors`` are
+    the tool errors still standing when the run ended (no later success of the same tool on the same target): a fact
+    recorded on every run, whatever the detector made of it (and with the detector off).
     """
 
     status: RunStatus
@@ -58,6 +60,7 @@ class RunResult:
     error: str | None = None  # "ExceptionType: message" when the status is error, timeout or interrupted
     stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
     trace_url: str | None = None  # the trace in Langfuse's UI, when the run's spans go to Langfuse
+    unresolved_errors: list[UnresolvedToolError] = field(default_factory=list)  # oldest tool first
 
     @property
     def ok(self) -> bool:
@@ -77,5 +80,6 @@ class RunResult:
             "stop_reason": self.stop_reason,
             "error": self.error,
             "anomalies": [a.to_dict() for a in self.anomalies],
+            "unresolved_errors": [e.to_dict() for e in self.unresolved_errors],
             "messages": self.messages,
         }

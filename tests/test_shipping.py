@@ -263,7 +263,9 @@ def test_every_observation_shows_the_runs_trace_name_session_user_tags_and_metad
     for span in received:
         seen = langfuse_view(span)
         assert (seen.trace_name, seen.session_id, seen.user_id) == ("agent", "S-42", "ana"), span.name
-        assert seen.tags == ["demo", "nightly"] and seen.trace_metadata == {"ticket": "T-9", "attempt": "2"}
+        # The root adds the run's own fact: the tool errors it left unresolved (the demo's EQ-001), filterable too.
+        facts = {"unresolved_tool_errors": "1"} if span.parent_span_id is None else {}
+        assert seen.tags == ["demo", "nightly"] and seen.trace_metadata == {"ticket": "T-9", "attempt": "2", **facts}
         # Said once per span, in the attribute both Langfuse and the conventions read; no Langfuse-only duplicate.
         assert "session.id" not in span.attributes and "langfuse.observation.type" not in span.attributes
     root = next(s for s in received if s.parent_span_id is None)

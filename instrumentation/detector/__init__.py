@@ -15,6 +15,7 @@ what each one looks for and why, how a call's identity is made, and what the det
 
 from .answers import answer_addresses, draws_on, states_operation
 from .config import DetectorConfig
+from .errors import ToolErrorFacts, UnresolvedToolError
 from .identity import NONCE_KEYS, call_targets, canonical_arguments, normal_text, result_digest
 from .judge import Judge, JudgeRequest
 from .loop_detector import LoopDetector
@@ -36,6 +37,8 @@ __all__ = [
     "LoopDetector",
     "SessionDetectors",
     "ToolCall",
+    "ToolErrorFacts",
+    "UnresolvedToolError",
     "answer_addresses",
     "call_targets",
     "canonical_arguments",

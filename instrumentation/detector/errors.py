@@ -8,15 +8,16 @@ next runs of the session.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .answers import FoldedText, free_text_in, names_or_quotes
-from .calls import ObservedCall
+from .calls import ObservedCall, observe_call
 from .config import DetectorConfig
-from .identity import call_targets
+from .identity import call_targets, normal_text
 from .rule import OpenTurn
 
 _MAX_BATCH_RESULTS = 8  # successful results kept per turn while an error of that turn stands
@@ -59,6 +60,33 @@ class UnresolvedError:
         return bool(self.targets) and 2 * len(self.targets & success_targets) > len(self.targets)
 
 
+@dataclass(frozen=True, slots=True)
+class UnresolvedToolError:
+    """A tool error that still stood when the run ended: no later success of the same tool on the same target.
+
+    A fact, not a verdict: it is recorded for every run, whatever the rules or a judge make of it. ``error`` is the
+    error's text as the spans hold it (secrets redacted), None when content capture is off.
+    """
+
+    tool: str
+    target: str | None  # what the call acted on (its id-like arguments, as given), None when it named nothing
+    error: str | None
+    turn: int  # the turn of its latest failure
+    call_id: str | None
+    failures: int = 1  # times the same call failed in the run without a success between
+
+    def describe(self) -> str:
+        """``reserve_equipment(EQ-001) at turn 2: 'EQ-001 is out of stock'``, as the CLI prints it."""
+        target = f"({self.target})" if self.target else ""
+        failed = f" (failed {self.failures} times)" if self.failures > 1 else ""
+        said = f": {self.error!r}" if self.error else ""
+        return f"{self.tool}{target} at turn {self.turn}{failed}{said}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "target": self.target, "error": self.error, "turn": self.turn,
+                "call_id": self.call_id, "failures": self.failures}
+
+
 @dataclass(slots=True)
 class _ToolErrors:
     """A tool's errors since its last success: all of them counted, the most recent kept."""
@@ -98,6 +126,13 @@ class ErrorLedger:
         for tool, kept in self._unresolved.items():
             for error in kept.recent:
                 yield tool, error
+
+    def unresolved(self) -> list[UnresolvedToolError]:
+        """The errors of this run that stand, as plain records (the error text only when content may be captured)."""
+        content = self.config.capture_content
+        return [UnresolvedToolError(tool, _target_of(error), (error.error_text or None) if content else None,
+                                    error.turn, error.call_id, error.failures)
+                for tool, error in self.standing()]
 
     def uncounted(self) -> int:
         """Errors that still stand but were dropped from memory (beyond `max_errors_per_tool` of one tool)."""
@@ -185,3 +220,41 @@ class ErrorLedger:
                     if text is None:
                         text = FoldedText(free_text_in(observed.raw_arguments))
                     error.reported = names_or_quotes(text, error.targets, error.error_text)
+
+
+def _target_of(error: UnresolvedError) -> str | None:
+    """The targets of a failed call in the order of its canonical arguments (sorted keys), else sorted."""
+    if not error.targets:
+        return None
+    try:
+        arguments = json.loads(error.arguments)
+    except (ValueError, RecursionError):  # cut for messages: no longer JSON
+        arguments = None
+    if isinstance(arguments, dict):
+        ordered = [v for v in arguments.values() if isinstance(v, str) and normal_text(v) in error.targets]
+        if ordered:
+            return ", ".join(dict.fromkeys(normal_text(v) for v in ordered))
+    return ", ".join(sorted(error.targets))
+
+
+class ToolErrorFacts:
+    """The ledger alone, without the rules: which tool errors of a run stand when it ends.
+
+    For an agent whose detector is switched off: the facts are recorded all the same. Fed as a `LoopDetector` is
+    (``observe(call)`` with a `ToolCall`); ``unresolved_errors()`` at the end of the run.
+    """
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = config if isinstance(config, DetectorConfig) else DetectorConfig()
+        self._ledger = ErrorLedger(self.config)
+        self._turn = OpenTurn()  # never filled: the batch an error came in is the rules' business
+
+    def observe(self, call: Any) -> None:
+        """A tool call came back (a `ToolCall`, or anything with its fields)."""
+        if not self._ledger and not getattr(call, "is_error", False):
+            return  # a success with no error standing changes nothing here: not even reduced
+        turn = getattr(call, "turn", 0)
+        self._ledger.observe(observe_call(call, turn if isinstance(turn, int) else 0, self.config, 0), self._turn)
+
+    def unresolved_errors(self) -> list[UnresolvedToolError]:
+        return self._ledger.unresolved()

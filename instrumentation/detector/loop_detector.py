@@ -14,6 +14,7 @@ from typing import Any
 from .calls import group_by_call, observe_call
 from .config import DetectorConfig
 from .cycle import CycleRule
+from .errors import UnresolvedToolError
 from .failing_tool import FailingToolRule
 from .identity import safe_text, shorten
 from .ignored_error import IgnoredErrorRule
@@ -39,9 +40,10 @@ class LoopDetector:
         self._judging = Judging(self.config.judge, self._note_judge_failure)
         repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
+        ignored = IgnoredErrorRule(self.config, self._judging)
+        self._errors = ignored._errors  # the run's error ledger, kept by ignored_error: read for the run's facts
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
-        self._rules: tuple[Rule, ...] = (repeated, cycle, FailingToolRule(self.config, repeated, cycle),
-                                         IgnoredErrorRule(self.config, self._judging))
+        self._rules: tuple[Rule, ...] = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored)
         # Each hook goes only to the rules that define it: the feed is the hot path, and most hooks are no-ops.
         self._observers: list[Rule] = []
         self._listeners: list[Rule] = []
@@ -80,6 +82,19 @@ class LoopDetector:
     def judge_silenced(self) -> int:
         """ignored_error findings the judge said were not ignored."""
         return self._judging.silenced
+
+    def unresolved_errors(self) -> list[UnresolvedToolError]:
+        """The tool errors of this run that no later success resolved, so far (at the end of a run: the run's facts).
+
+        What happened, whatever the rules make of it: recorded on every run, with or without an ignored_error. The
+        error text is left out when the config's ``capture_content`` is off. Never raises: [] on an internal fault.
+        """
+        try:
+            return self._errors.unresolved()
+        except Exception as exc:  # a detector bug must never break the agent it watches
+            self.internal_errors += 1
+            self.last_internal_error = shorten(safe_text(exc), 300)
+            return []
 
     def begin_run(self) -> None:
         """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.

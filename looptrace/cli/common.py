@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .exit_codes import EXIT_USAGE
 
@@ -54,3 +55,15 @@ def plural(count: int, noun: str) -> str:
 def plural_of(noun: str) -> str:
     """``turns``, ``anomalies``: the plural of one of the CLI's nouns."""
     return noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"
+
+
+def unresolved_line(errors: Sequence[Any], *, total: int | None = None, most: int = 5) -> str | None:
+    """``1 tool error left unresolved: reserve_equipment(EQ-001) at turn 2: 'EQ-001 is out of stock'``: the tool
+    errors a run left standing (``UnresolvedToolError`` records), the most recent ``most`` of them; ``total`` when
+    more stood than are given. None for none."""
+    total = max(total or 0, len(errors))
+    if not total:
+        return None
+    shown = [e.describe() for e in errors[-most:]]
+    more = f"({total - len(shown)} earlier not shown) " if total > len(shown) else ""
+    return f"{plural(total, 'tool error')} left unresolved: {more}{'; '.join(shown)}".rstrip(": ")

@@ -23,7 +23,7 @@ from looptrace.instrumentation.tracefile.read import (
     span_identity,
 )
 
-from .common import plural
+from .common import plural, unresolved_line
 from .exit_codes import EXIT_OK
 from .trace_reading import LineReporter, spans_by_line, trace_file_of
 
@@ -37,17 +37,23 @@ def detect_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.trace_detect import detect_spans
 
     path, max_line_bytes = trace_file_of(args)
-    found = 0
+    found = unresolved = runs_unresolved = 0
     with LineReporter(path, max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
             found += len(verdict.anomalies)
-            if not verdict.anomalies and not args.all:
+            if verdict.unresolved_errors:
+                unresolved += len(verdict.unresolved_errors)
+                runs_unresolved += 1
+            # A run is shown for its anomalies, or for the tool errors it left unresolved (a fact, not a finding).
+            if not verdict.anomalies and not verdict.unresolved_errors and not args.all:
                 continue
             report.clear_progress()
             print_verdict(verdict, args)
         report.finish(spans_required=True)
     if not args.json:
-        print(f"{plural(found, 'anomaly')} found in {path}", file=sys.stderr)
+        left = (f"; {plural(unresolved, 'tool error')} left unresolved in {plural(runs_unresolved, 'run')}"
+                if unresolved else "")
+        print(f"{plural(found, 'anomaly')} found in {path}{left}", file=sys.stderr)
     return 1 if found else EXIT_OK
 
 
@@ -57,11 +63,16 @@ def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
     if args.json:
         write(json.dumps(verdict.to_dict(), ensure_ascii=False) + "\n")
         return
+    errors = getattr(verdict, "unresolved_errors", None) or []
+    left = f", {plural(len(errors), 'unresolved tool error')}" if errors else ""
     write(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {plural(verdict.turns, 'turn')}, "
-          f"{plural(verdict.tool_calls, 'tool call')}, {plural(len(verdict.anomalies), 'anomaly')}\n")
+          f"{plural(verdict.tool_calls, 'tool call')}, {plural(len(verdict.anomalies), 'anomaly')}{left}\n")
     for anomaly in verdict.anomalies:
         tool = f" {anomaly.tool}" if anomaly.tool else ""
         write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}\n")
+    line = unresolved_line(errors)
+    if line is not None:
+        write(f"  {line}\n")
     for rule, why in verdict.rules_not_run.items():  # what the producer did not record is not guessed
         write(f"  not checked: {rule}: {why}\n")
 

@@ -50,7 +50,33 @@ def show_command(args: argparse.Namespace) -> int:
               "no parent in the file (a run that never finished writing, or a line skipped above); shown at the top",
               file=sys.stderr)
     print(render_trace(chosen))
+    for line in _unresolved_lines(chosen):
+        print(line)
     return EXIT_OK
+
+
+def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
+    """The tool errors each run of the trace left unresolved: as its root recorded them (looptrace's runs), else
+    rebuilt from its tool spans as `detect` rebuilds them (another producer's trace); nothing for a run without."""
+    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.recorded_run import recorded_unresolved_errors
+
+    from .common import unresolved_line
+    from .views import WARN_MARK
+
+    roots = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
+    recorded = [(root.name, recorded_unresolved_errors(root)) for root in roots]
+    runs: list[tuple[str, int, list[Any]]] = [(name, r[0], r[1]) for name, r in recorded if r is not None]
+    if not runs:  # no root of looptrace's: what the tool spans say
+        from looptrace.instrumentation.trace_detect import detect_spans
+
+        runs = [(v.name, len(v.unresolved_errors), v.unresolved_errors) for v in detect_spans(spans)]
+    lines = []
+    for name, total, errors in runs:
+        line = unresolved_line(errors, total=total)
+        if line is not None:
+            lines.append(f"{WARN_MARK} {name + ': ' if len(runs) > 1 else ''}{line}")
+    return lines
 
 
 def _without_their_parent(spans: list[SpanRecord]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -13,7 +14,7 @@ from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.tracefile.read import SpanRecord
 from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 
-from .common import plural, plural_of
+from .common import plural, plural_of, unresolved_line
 
 ERROR_MARK = "✗"
 OK_MARK = "✓"
@@ -91,6 +92,13 @@ class LiveView:
             turns = max(r.turns, self._turns_started)  # a run failing in turn 1 showed "turn 1": it had one turn
             self._write(f"{r.status.value}: {plural(turns, 'turn')}, {plural(r.usage.total_tokens, 'token')}"
                         f"{cost}\n")
+            # The fact a user reviews whatever the detector said: the errors the run ended with unresolved. Without
+            # content capture, named by tool and turn only, as the tool lines above are.
+            errors = r.unresolved_errors if self.capture_content else [
+                dataclasses.replace(e, target=None, error=None) for e in r.unresolved_errors]
+            line = unresolved_line(errors)
+            if line is not None:
+                self._write(f"{WARN_MARK} {line}\n")
             self._stop.set()
 
     def _tool_call(self, event: ToolFinished) -> str:
