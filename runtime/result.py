@@ -6,7 +6,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from looptrace.instrumentation.detector import Anomaly
+from looptrace.instrumentation.detector import Anomaly, JudgeSummary
 from looptrace.instrumentation.interface import Usage
 
 __all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "Usage"]
@@ -58,11 +58,23 @@ class RunResult:
     error: str | None = None  # "ExceptionType: message" when the status is error, timeout or interrupted
     stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
     trace_url: str | None = None  # the trace in Langfuse's UI, when the run's spans go to Langfuse
+    # The detector's judge in this run: calls, tokens, cost (never in usage or cost_usd), errors left unjudged.
+    judge: JudgeSummary = field(default_factory=JudgeSummary)
 
     @property
     def ok(self) -> bool:
         """Whether the model ended its turn (status ``done``): not proof the task succeeded."""
         return self.status is RunStatus.DONE
+
+    @property
+    def judge_calls(self) -> int:
+        """Calls made to the detector's judge in this run (within its per-run cap)."""
+        return self.judge.calls
+
+    @property
+    def judge_cost_usd(self) -> float | None:
+        """What the judge's calls cost, apart from the run's ``cost_usd``; None when its model has no price."""
+        return self.judge.cost_usd
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view, as `looptrace run --json` prints it."""
@@ -77,5 +89,6 @@ class RunResult:
             "stop_reason": self.stop_reason,
             "error": self.error,
             "anomalies": [a.to_dict() for a in self.anomalies],
+            "judge": self.judge.to_dict(),
             "messages": self.messages,
         }

@@ -95,7 +95,7 @@ class IgnoredErrorRule(Rule):
         may have said "go ahead" and the model answered "done" without doing anything. Words alone cannot tell that
         from a polite goodbye, so only the judge decides, once per such run; without a judge nothing fires."""
         text = end.final_text
-        if not self._judging.available or not text:
+        if not text:
             return []
         # A question does not exempt the answer here: "Is there anything else?" closes a false "done" as often as not.
         answer = FoldedText(fold(text[:2 * ANSWER_SCAN_CHARS]))
@@ -133,9 +133,8 @@ class IgnoredErrorRule(Rule):
                    for turn, said in self._said)
 
     def _judge_says(self, anomaly: Anomaly, ignored: Ignored, text: str | None) -> bool | None:
-        """The judge's verdict on the most recent ignored error; None without a judge or a usable answer."""
-        if not self._judging.available:
-            return None
+        """The judge's verdict on the most recent ignored error; None without a judge (Judging counts the question
+        as left unjudged), over the run's cap of judge calls, or without a usable answer."""
         tool, error = ignored[-1]
         return self._judging.verdict(JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments,
                                                   error_text=error.error_text, final_text=text or ""))

@@ -17,7 +17,7 @@ from .cycle import CycleRule
 from .failing_tool import FailingToolRule
 from .identity import safe_text, shorten
 from .ignored_error import IgnoredErrorRule
-from .judge import Judging
+from .judge import JudgeSummary, Judging
 from .repeated_call import RepeatedCallRule
 from .rule import ClosedTurn, OpenTurn, Rule, RunEnd
 from .types import Anomaly, ToolCall
@@ -36,7 +36,7 @@ class LoopDetector:
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
-        self._judging = Judging(self.config.judge, self._note_judge_failure)
+        self._judging = Judging(self.config.judge, self._note_judge_failure, self.config.judge_cap)
         repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
@@ -80,6 +80,12 @@ class LoopDetector:
     def judge_silenced(self) -> int:
         """ignored_error findings the judge said were not ignored."""
         return self._judging.silenced
+
+    @property
+    def judge_summary(self) -> JudgeSummary:
+        """What the judge did in this run: calls, tokens, cost, and the questions left unasked (no judge, or the
+        run's cap on judge calls reached)."""
+        return self._judging.summary()
 
     def begin_run(self) -> None:
         """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.
@@ -138,6 +144,7 @@ class LoopDetector:
 
     def _begin_run(self) -> list[Anomaly]:
         self._runs_begun += 1
+        self._judging.begin_run()
         for rule in self._rules:
             rule.begin_run()
         self._open = OpenTurn()
