@@ -133,11 +133,12 @@ class IgnoredErrorRule(Rule):
                    for turn, said in self._said)
 
     def _judge_says(self, anomaly: Anomaly, ignored: Ignored, text: str | None) -> bool | None:
-        """The judge's verdict on the most recent ignored error; None without a judge (Judging counts the question
-        as left unjudged), over the run's cap of judge calls, or without a usable answer."""
-        tool, error = ignored[-1]
-        return self._judging.verdict(JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments,
-                                                  error_text=error.error_text, final_text=text or ""))
+        """The judge's verdict on the ignored errors, each asked about apart, the most recent first, within the run's
+        cap on judge calls (`Judging.verdicts`): True when it says one was ignored, False when it says none was, None
+        without a judge, over the cap, or without a usable answer (Judging counts the questions left unjudged)."""
+        return self._judging.verdicts([JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments,
+                                                    error_text=error.error_text, final_text=text or "")
+                                       for tool, error in reversed(ignored)])
 
     def _anomaly(self, end: RunEnd, ignored: Ignored, why: str) -> Anomaly:
         total = len(ignored) + self._errors.uncounted()

@@ -106,27 +106,44 @@ class Judging:
                             output_tokens=tally.output_tokens, cost_usd=tally.cost_usd,
                             unjudged_no_judge=tally.no_judge, unjudged_over_cap=tally.over_cap)
 
-    def verdict(self, request: JudgeRequest) -> bool | None:
-        """The judge's verdict: True ignored, False not ignored, None no judge, the cap reached or no usable answer."""
-        tally = self._run
+    def verdicts(self, requests: list[JudgeRequest]) -> bool | None:
+        """The judge's verdict on several errors of one answer, asked in order until one is said to be ignored:
+        True if one was, False if every one was asked and none was, else None (no judge, the cap reached before all
+        were asked, or an answer with no opinion). The questions not asked are counted as left unjudged."""
         if self._judge is None:
-            tally.no_judge += 1
+            self._run.no_judge += len(requests)
             return None
-        if tally.calls >= self.max_calls:
-            tally.over_cap += 1  # not asked: the run's cap on judge calls is reached
+        undecided = False
+        for position, request in enumerate(requests):
+            if self._run.calls >= self.max_calls:
+                self._run.over_cap += len(requests) - position
+                return None
+            verdict = self._ask(self._judge, request)
+            if verdict is True:
+                return True
+            undecided = undecided or verdict is None
+        if undecided or not requests:
             return None
+        self.silenced += 1
+        return False
+
+    def verdict(self, request: JudgeRequest) -> bool | None:
+        """The judge's verdict on one error: True ignored, False not ignored, None no judge, the cap reached or no
+        usable answer."""
+        return self.verdicts([request])
+
+    def _ask(self, judge: Callable[[JudgeRequest], object], request: JudgeRequest) -> bool | None:
+        """One judge call, counted against the cap; a judge that raises gives no verdict."""
+        tally = self._run
         tally.calls += 1
         try:
-            answer = self._judge(request)
+            answer = judge(request)
         except Exception as exc:  # a judge is a model call: it may time out or fail, and must not stop the detector
             self.failures += 1
             tally.failures += 1
             self._on_failure(shorten(f"judge: {type(exc).__name__}: {safe_text(exc)}", 300))
             return None
-        verdict = tally.add(answer)
-        if verdict is False:
-            self.silenced += 1
-        return verdict
+        return tally.add(answer)
 
 
 class _RunTally:
