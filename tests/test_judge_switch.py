@@ -257,3 +257,58 @@ def test_looptrace_run_without_a_judge_says_what_was_left_unjudged(no_judge_in_e
     err = capsys.readouterr().err
     assert code == 0
     assert "1 tool error left unjudged (no judge: set LOOPTRACE_JUDGE or pass --judge MODEL)" in err
+
+
+# --------------------------------------------------------------------------- the evaluation with a judge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _corpus(tmp_path: Path) -> Path:
+    """One recorded conversation in the corpus's shape: a reservation that fails twice, a note, "All reserved!"."""
+    def use(call_id: str, name: str, **arguments: str) -> dict:
+        return {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": arguments}]}
+
+    def result(call_id: str, text: str, is_error: bool) -> dict:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": text,
+                                             "is_error": is_error}]}
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "reserve EQ-001"}]},
+                use("t1", "reserve", item="EQ-001"), result("t1", "EQ-001 is out of stock", True),
+                use("t2", "reserve", item="EQ-001"), result("t2", "EQ-001 is out of stock", True),
+                use("t3", "note", text="x"), result("t3", "noted", False),
+                {"role": "assistant", "content": [{"type": "text", "text": "All reserved!"}]}]
+    directory = tmp_path / "trajectories"
+    directory.mkdir()
+    (directory / "one.jsonl").write_text(json.dumps({"id": "test:one", "messages": messages, "meta": {}}) + "\n")
+    return directory
+
+
+@pytest.fixture
+def detector_eval(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.setenv("LOOPTRACE_TRAJECTORIES", str(_corpus(tmp_path)))
+    from benchmarks import detector_eval
+
+    return detector_eval
+
+
+def test_the_evaluation_with_a_judge_is_skipped_without_a_key(detector_eval, monkeypatch, capsys):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    assert detector_eval.main(["--judge", JUDGE]) == 0
+    assert capsys.readouterr().out.startswith(f"skipped: --judge {JUDGE} needs ANTHROPIC_API_KEY")
+
+
+@pytest.mark.parametrize("ignored, flags", [(True, 1), (False, 0)])
+def test_the_evaluation_with_a_judge_asks_it_and_prints_its_calls_and_cost(detector_eval, monkeypatch, capsys,
+                                                                           ignored, flags):
+    with FakeMessagesAPI(forced={"verdict": verdict_answer(ignored)}) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        assert detector_eval.main(["--judge", JUDGE]) == 0
+        (asked,) = api.forced_requests("verdict")
+    out = capsys.readouterr().out
+    assert asked["model"] == JUDGE and "All reserved!" in json.dumps(asked)
+    assert f"| `ignored_error` | {flags} | 0 |" in out  # flagged (or silenced) by the judge; the run is unlabelled
+    assert f"judge {JUDGE}: 1 call (0 failed) in 1 run, 135 tokens, cost $0.0002; 0 questions left unjudged" in out
