@@ -115,9 +115,13 @@ class Agent:
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
         if self._detector_config is not None:  # anomaly messages leave the process: no content when capture is off
-            # The judge and its cap: the config's, else the settings' (LOOPTRACE_JUDGE, `looptrace run --judge`).
+            # The judge and its cap: the config's, else the settings' (LOOPTRACE_JUDGE, `looptrace run --judge`). The
+            # settings' judge asks the Messages API only: on a scripted or custom model it would take the answers
+            # meant for the agent's own turns.
             chosen = self._tracing.settings
-            judge = self._detector_config.judge if self._detector_config.judge is not None else chosen.judge
+            judge = self._detector_config.judge
+            if judge is None and isinstance(self.client, AnthropicModel):
+                judge = chosen.judge
             cap = self._detector_config.judge_max_calls
             if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
                 from .judge import ModelJudge

@@ -312,3 +312,15 @@ def test_the_evaluation_with_a_judge_asks_it_and_prints_its_calls_and_cost(detec
     assert asked["model"] == JUDGE and "All reserved!" in json.dumps(asked)
     assert f"| `ignored_error` | {flags} | 0 |" in out  # flagged (or silenced) by the judge; the run is unlabelled
     assert f"judge {JUDGE}: 1 call (0 failed) in 1 run, 135 tokens, cost $0.0002; 0 questions left unjudged" in out
+
+
+def test_the_environments_judge_leaves_a_scripted_model_alone(no_judge_in_env):
+    # A test suite's ScriptedModel holds the agent's answers only: a judge from the environment would take them.
+    from looptrace.runtime import ScriptedModel
+
+    no_judge_in_env.setenv("LOOPTRACE_JUDGE", JUDGE)
+    model = ScriptedModel(RETRIED_AND_MOVED_ON + [{"content": "the next run's answer"}])
+    result = Agent(MODEL, tools=[reserve, note], client=model, on_anomaly="warn",
+                   alerts=Alerts(log_warnings=False)).run("reserve EQ-001")
+    assert [a.type for a in result.anomalies] == [IGNORED_ERROR] and result.judge.unjudged_no_judge == 1
+    assert len(model.requests) == 4
