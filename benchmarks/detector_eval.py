@@ -18,6 +18,11 @@ positives, precision, labelled positives, recall, and the time the replay took.
 
     python -m benchmarks --only detector-eval          # in the benchmark table
     python -m benchmarks.detector_eval [--list]         # the table, and (--list) every flag and miss with its reason
+    python -m benchmarks.detector_eval --judge claude-haiku-4-5   # with a real judge: needs ANTHROPIC_API_KEY
+
+With ``--judge MODEL`` the replay asks that model (through the anthropic SDK, so ``ANTHROPIC_BASE_URL`` applies) the
+questions the live loop would, within ``--judge-max-calls`` per run, and prints the table with the judge's calls,
+tokens and cost beside it; without a key it says it skipped and exits 0.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ from typing import Any
 
 from looptrace.instrumentation.detector import (
     CYCLE,
+    DEFAULT_JUDGE_MAX_CALLS,
     FAILING_TOOL,
     IGNORED_ERROR,
     REPEATED_CALL,
     Anomaly,
     DetectorConfig,
+    JudgeSummary,
     LoopDetector,
     ToolCall,
 )
@@ -80,8 +87,10 @@ def load_labels(path: Path = LABELS, scope: str | None = None) -> dict[str, set[
     return positives
 
 
-def replay(run: dict[str, Any], config: DetectorConfig | None = None) -> list[Anomaly]:
-    """Every anomaly the detector reports for one conversation, run by run, one entry per streak."""
+def replay(run: dict[str, Any], config: DetectorConfig | None = None,
+           judged: list[JudgeSummary] | None = None) -> list[Anomaly]:
+    """Every anomaly the detector reports for one conversation, run by run, one entry per streak. ``judged``, when
+    given, receives what the judge did in each run."""
     detector = LoopDetector(config)
     results = {block["tool_use_id"]: block for message in run["messages"] if message["role"] == "user"
                for block in message["content"] if block.get("type") == "tool_result"}
@@ -92,7 +101,7 @@ def replay(run: dict[str, Any], config: DetectorConfig | None = None) -> list[An
         blocks = message["content"]
         if message["role"] == "user":
             if any(b.get("type") == "text" for b in blocks) and in_run:
-                found += _end(detector, None, None, turn)  # a user message mid-work: the run is cut off there
+                found += _end(detector, None, None, turn, judged)  # a user message mid-work: the run is cut off there
                 in_run, turn = False, 0
             continue
         if not in_run:
@@ -112,22 +121,26 @@ def replay(run: dict[str, Any], config: DetectorConfig | None = None) -> list[An
         terminal = [b for b in blocks if b.get("type") == "tool_use"]
         if terminal:  # the agent answered through its terminal tool
             reason = "end_turn" if run["meta"].get("end_reason") in FINISHED_NORMALLY else None
-            found += _end(detector, reason, run.get("final_answer"), turn)
+            found += _end(detector, reason, run.get("final_answer"), turn, judged)
         else:
             text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-            found += _end(detector, "end_turn", text, turn)
+            found += _end(detector, "end_turn", text, turn, judged)
         in_run, turn = False, 0
     if in_run:  # the conversation stopped mid-work: max steps, an error, a log that ends
-        found += _end(detector, None, None, turn)
+        found += _end(detector, None, None, turn, judged)
     return found
 
 
-def _end(detector: LoopDetector, reason: str | None, text: str | None, turn: int) -> list[Anomaly]:
+def _end(detector: LoopDetector, reason: str | None, text: str | None, turn: int,
+         judged: list[JudgeSummary] | None = None) -> list[Anomaly]:
     detector.end_run(reason, text, turn)
+    if judged is not None:
+        judged.append(detector.judge_summary)
     return detector.anomalies
 
 
-def evaluate(directory: Path, config: DetectorConfig | None = None) -> dict[str, Any]:
+def evaluate(directory: Path, config: DetectorConfig | None = None,
+             judged: list[JudgeSummary] | None = None) -> dict[str, Any]:
     positives = load_labels()
     flagged: dict[str, dict[str, list[Anomaly]]] = defaultdict(dict)
     started = time.perf_counter()
@@ -135,7 +148,7 @@ def evaluate(directory: Path, config: DetectorConfig | None = None) -> dict[str,
     for run in load_runs(directory):
         runs += 1
         calls += sum(1 for m in run["messages"] for b in m["content"] if b.get("type") == "tool_use")
-        for anomaly in replay(run, config):
+        for anomaly in replay(run, config, judged):
             flagged[anomaly.type].setdefault(run["id"], []).append(anomaly)
     elapsed = time.perf_counter() - started
     table = {}
@@ -186,14 +199,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-calls", action="store_true",
                         help="also count what a judge would be asked: replay with a judge that records each question "
                              "and gives no opinion, and say which labelled ignored errors reach it")
+    parser.add_argument("--judge", metavar="MODEL",
+                        help="replay with MODEL as the detector's judge, asked through the anthropic SDK (needs "
+                             "ANTHROPIC_API_KEY; ANTHROPIC_BASE_URL applies), and print its calls and cost")
+    parser.add_argument("--judge-max-calls", type=int, metavar="N", default=DEFAULT_JUDGE_MAX_CALLS,
+                        help="judge calls per run at most, as LOOPTRACE_JUDGE_MAX_CALLS (default: %(default)s)")
     args = parser.parse_args(argv)
     directory = corpus_dir()
     if not directory.is_dir():
         print(f"skipped: no trajectory corpus at {directory} (set {CORPUS_ENV})")
         return 0
+    if args.judge:
+        return _judged_evaluation(directory, args.judge, max(args.judge_max_calls, 1), args.list)
     if args.judge_calls:
         _print_judge_calls(directory)
     result = evaluate(directory)
+    _print_table(result, args.list)
+    return 0
+
+
+def _print_table(result: dict[str, Any], listing: bool) -> None:
+    """The precision and recall table (and with ``listing`` every false alarm and miss)."""
     print(f"{result['runs']} runs, {result['calls']} tool calls, replayed in {result['elapsed_s']:.2f} s\n")
     print("| type | flags | true positives | precision | labelled positives | recall |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -204,14 +230,51 @@ def main(argv: list[str] | None = None) -> int:
         caught, labelled = result["table"][IGNORED_ERROR][f"recall_{scope}"]
         print(f"\nignored_error labelled with scope {scope!r}: {caught} of {labelled} caught", end="")
     print()
-    if args.list:
+    if listing:
         for kind, line in result["table"].items():
             for run_id in line["false_alarms"]:
                 first = result["flagged"][kind][run_id][0]
                 print(f"false alarm {kind} {run_id} turn {first.turn}: {first.message[:300]}")
             for run_id in line["misses"]:
                 print(f"miss {kind} {run_id}")
+
+
+def _judged_evaluation(directory: Path, model: str, max_calls: int, listing: bool) -> int:
+    """The evaluation with a real judge: the table, then the judge's calls, tokens and cost. Skipped (exit 0) without
+    a key: the offline table is the one without the judge."""
+    if not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        print(f"skipped: --judge {model} needs ANTHROPIC_API_KEY (the judge is a model call); the table without a "
+              "judge is `python -m benchmarks.detector_eval`")
+        return 0
+    from looptrace.runtime.judge import ModelJudge
+    from looptrace.runtime.models import AnthropicModel
+    from looptrace.runtime.pricing import cost_usd, price_for
+    from looptrace.runtime.result import Usage
+
+    price = price_for(model)
+
+    def cost(response: Any) -> float | None:
+        return None if price is None else cost_usd(Usage.from_response(response), price,
+                                                   cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
+
+    judge = ModelJudge(AnthropicModel(), model, cost_of=cost)
+    judged: list[JudgeSummary] = []
+    result = evaluate(directory, DetectorConfig(judge=judge, judge_max_calls=max_calls), judged)
+    _print_table(result, listing)
+    calls = sum(s.calls for s in judged)
+    failures = sum(s.failures for s in judged)
+    tokens = sum(s.input_tokens + s.output_tokens for s in judged)
+    costs = [s.cost_usd for s in judged if s.calls]
+    spent = "unknown (no price for the model)" if any(c is None for c in costs) else f"${sum(c or 0 for c in costs):.4f}"
+    runs = sum(1 for s in judged if s.calls)
+    print(f"\njudge {model}: {_counted(calls, 'call')} ({failures} failed) in {_counted(runs, 'run')}, "
+          f"{_counted(tokens, 'token')}, cost {spent}; {_counted(sum(s.unjudged_over_cap for s in judged), 'question')}"
+          f" left unjudged over the cap of {max_calls} per run")
     return 0
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def _print_judge_calls(directory: Path) -> None:

@@ -28,7 +28,7 @@ def agent_telemetry(*, enabled: bool = True, tracer_provider: Any = None, meter_
     own = AnomalySinks.from_settings(settings).with_alerts(alerts)
     if not enabled or settings.telemetry_disabled:
         captures = settings.capture_content if capture_content is None else capture_content
-        return NoTracing(own.alerts, captures_content=captures)
+        return NoTracing(own.alerts, captures_content=captures, settings=settings)
     from .spans import Tracing  # the OpenTelemetry side loads only when something records
 
     return Tracing(settings, tracer_provider=tracer_provider, meter_provider=meter_provider,

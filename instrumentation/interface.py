@@ -120,6 +120,10 @@ class AgentTelemetry(Protocol):
     captures_content: bool
     """Whether content (arguments, messages, results) may leave the process: anomaly messages are written to match."""
 
+    settings: Settings
+    """The settings the telemetry was built from (the Agent's, or the environment's read once): the Agent takes its
+    detector's judge and cap from them too."""
+
     def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
         """``model`` with its calls traced: a chat span per call, under the current turn. ``judge`` marks the calls
         of the detector's judge, whose tokens are not the run's."""

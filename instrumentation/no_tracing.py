@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .content import redact_with_secrets, scrub
 from .detector import Anomaly, UnresolvedToolError
 from .seam_types import Action, CostOf, ModelLike, Usage
+from .settings import Settings
 
 if TYPE_CHECKING:
     from .alerts import Alerts
@@ -93,9 +94,11 @@ class NoTracing:
     """Telemetry switched off: no span, no metric, no exporter. Tool arguments are still redacted, and anomalies still
     reach ``alerts`` (the log line, the webhook, a callback) when given."""
 
-    def __init__(self, alerts: Alerts | None = None, *, captures_content: bool = True) -> None:
+    def __init__(self, alerts: Alerts | None = None, *, captures_content: bool = True,
+                 settings: Settings | None = None) -> None:
         self.alerts = alerts
         self.captures_content = captures_content
+        self.settings = Settings() if settings is None else settings  # what the Agent takes its judge from
 
     def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
         return model

@@ -71,6 +71,8 @@ VARIABLES: dict[str, str] = {
     "LOOPTRACE_SPILL_FILE": "where undelivered spans wait for `looptrace traces push`",
     "LOOPTRACE_PROMETHEUS_PORT": "serve metrics at /metrics on this port",
     "LOOPTRACE_MODEL": "`looptrace run`'s default model",
+    "LOOPTRACE_JUDGE": "model that confirms ignored_error before it is reported (the detector's judge)",
+    "LOOPTRACE_JUDGE_MAX_CALLS": "judge calls per run at most (default 3); the rest are left unjudged",
     "LOOPTRACE_CAPTURE_CONTENT": "the GenAI variable's values; wins over it",
     "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
     MAX_LINE_BYTES_VARIABLE: "longest trace or spill file line read back, bytes; longer ones are skipped",
@@ -372,6 +374,8 @@ class Settings:
     spill_file: Path = DEFAULT_SPILL_FILE
     prometheus_port: int | None = None
     model: str = DEFAULT_MODEL
+    judge: str | None = None  # the detector's judge model: confirms ignored_error before it is reported
+    judge_max_calls: int | None = None  # judge calls per run at most; None: the detector's default
     capture_content: bool = True  # content attributes on spans (capture_setting's mode is SPAN_ONLY or SPAN_AND_EVENT)
     capture_setting: str | None = None  # the capture variable's value as set (None: unset, capture on spans)
     max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
@@ -413,6 +417,8 @@ class Settings:
             spill_file=Path(env.get("LOOPTRACE_SPILL_FILE") or DEFAULT_SPILL_FILE),
             prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
             model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
+            judge=env.get("LOOPTRACE_JUDGE"),
+            judge_max_calls=_whole(env, "LOOPTRACE_JUDGE_MAX_CALLS", ignored),
             capture_content=capture_mode_name(_capture(env)) in (None, "SPAN_ONLY", "SPAN_AND_EVENT"),
             capture_setting=_capture(env),
             max_attribute_chars=_whole(env, "LOOPTRACE_MAX_ATTRIBUTE_CHARS", ignored,

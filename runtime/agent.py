@@ -21,6 +21,7 @@ from typing import Any
 from looptrace.instrumentation.detector import (
     Anomaly,
     DetectorConfig,
+    JudgeSummary,
     LoopDetector,
     SessionDetectors,
     ToolCall,
@@ -116,13 +117,21 @@ class Agent:
         self._detector_config = None if detector is False else (
             detector if isinstance(detector, DetectorConfig) else DetectorConfig())
         if self._detector_config is not None:  # anomaly messages leave the process: no content when capture is off
+            # The judge and its cap: the config's, else the settings' (LOOPTRACE_JUDGE, `looptrace run --judge`). The
+            # settings' judge asks the Messages API only: on a scripted or custom model it would take the answers
+            # meant for the agent's own turns.
+            chosen = self._tracing.settings
             judge = self._detector_config.judge
+            if judge is None and isinstance(self.client, AnthropicModel):
+                judge = chosen.judge
+            cap = self._detector_config.judge_max_calls
             if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
                 from .judge import ModelJudge
                 judge = ModelJudge(self.client, judge)
             judge = self._traced_judge(judge)
             self._detector_config = _replace(self._detector_config, capture_content=self._tracing.captures_content,
-                                             judge=judge)
+                                             judge=judge, judge_max_calls=cap if cap is not None
+                                             else chosen.judge_max_calls)
         self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
         self._tool_definitions = [t.definition() for t in self.tools.values()]
 
@@ -427,8 +436,9 @@ class Agent:
 
         if not isinstance(judge, ModelJudge):
             return judge  # any other callable judges without a model call of ours to trace
-        client = self._tracing.instrument(judge.client, cost_of=self._judge_cost(judge.model), judge=True)
-        return ModelJudge(client, judge.model, timeout_s=judge.timeout_s)
+        cost_of = self._judge_cost(judge.model)
+        client = self._tracing.instrument(judge.client, cost_of=cost_of, judge=True)
+        return ModelJudge(client, judge.model, timeout_s=judge.timeout_s, cost_of=judge.cost_of or cost_of)
 
     def _judge_cost(self, model: str) -> Callable[[Mapping[str, Any]], float | None]:
         """The judge's responses priced by the same table (its cost is shown, never charged to the run)."""
@@ -456,6 +466,7 @@ class Agent:
             stop_reason=run.stop_reason,
             trace_url=run.span.trace_url,
             unresolved_errors=run.unresolved_errors(),
+            judge=run.detector.judge_summary if run.detector is not None else JudgeSummary(),
         )
         run.span.end(
             status=status.value, turns=result.turns, usage=result.usage, cost_usd=result.cost_usd,

@@ -1,7 +1,9 @@
 """A model as the detector's judge: confirms an ignored_error before it is reported, and decides the open cases.
 
-``Agent(detector=DetectorConfig(judge="claude-haiku-4-5"))`` asks that model, through the agent's own client, whether
-the final answer ignored the failed call. The prompt is short and the answer structured (a forced tool call); the
+``Agent(detector=DetectorConfig(judge="claude-haiku-4-5"))``, ``LOOPTRACE_JUDGE=claude-haiku-4-5`` or ``looptrace run
+--judge claude-haiku-4-5`` asks that model, through the agent's own client, whether the final answer ignored the
+failed call, at most ``LOOPTRACE_JUDGE_MAX_CALLS`` times a run (``DetectorConfig.judge_max_calls``; the detector's
+`Judging` holds the cap). The prompt is short and the answer structured (a forced tool call); the
 judge's tokens and cost go on a span of its own (``chat {model}``, marked with semconv's ``JUDGE`` attribute) and are
 never charged to the run's budget. A judge that fails, times out or answers nonsense leaves the rule's own verdict: it
 never blocks for longer than its timeout, and never crashes the run. With content capture off the judge still sends
@@ -10,9 +12,11 @@ the failed call and the answer to the model: the same provider that already rece
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from looptrace.instrumentation.detector import JudgeRequest
+from looptrace.instrumentation.detector import JudgeRequest, JudgeVerdict
+from looptrace.instrumentation.interface import Usage
 
 JUDGE_TIMEOUT_S = 20.0
 JUDGE_MAX_TOKENS = 200
@@ -36,15 +40,19 @@ _PROMPT = ("An agent's tool call failed and was never retried successfully. Did 
 
 
 class ModelJudge:
-    """Callable judge over a `Model` (the agent's client, instrumented as a judge's: its calls get spans of their own):
-    True = ignored, False = not ignored, None = no opinion."""
+    """Callable judge over a `Model` (the agent's client, instrumented as a judge's: its calls get spans of their own).
 
-    def __init__(self, client: Any, model: str, *, timeout_s: float = JUDGE_TIMEOUT_S) -> None:
+    Returns a `JudgeVerdict`: ``ignored`` True, False or None (no opinion), with the response's tokens and its cost by
+    ``cost_of`` (None without one, or when the model has no price)."""
+
+    def __init__(self, client: Any, model: str, *, timeout_s: float = JUDGE_TIMEOUT_S,
+                 cost_of: Callable[[Mapping[str, Any]], float | None] | None = None) -> None:
         self.client = client
         self.model = model
         self.timeout_s = timeout_s
+        self.cost_of = cost_of
 
-    def __call__(self, request: JudgeRequest) -> bool | None:
+    def __call__(self, request: JudgeRequest) -> JudgeVerdict:
         params = {
             "model": self.model, "max_tokens": JUDGE_MAX_TOKENS, "tools": [_VERDICT_TOOL],
             "tool_choice": {"type": "tool", "name": "verdict"},
@@ -53,7 +61,10 @@ class ModelJudge:
                 answer=request.final_text[:4000])}],
         }
         response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
-        return _verdict(response)
+        usage = Usage.from_response(response)
+        return JudgeVerdict(ignored=_verdict(response), input_tokens=usage.input_tokens + usage.cache_read_input_tokens
+                            + usage.cache_creation_input_tokens, output_tokens=usage.output_tokens,
+                            cost_usd=None if self.cost_of is None else self.cost_of(response))
 
 
 def _verdict(response: dict[str, Any]) -> bool | None:

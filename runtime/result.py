@@ -6,7 +6,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from looptrace.instrumentation.detector import Anomaly, UnresolvedToolError
+from looptrace.instrumentation.detector import Anomaly, JudgeSummary, UnresolvedToolError
 from looptrace.instrumentation.interface import Usage
 
 __all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "UnresolvedToolError", "Usage"]
@@ -61,11 +61,23 @@ class RunResult:
     stop_reason: str | None = None  # the last raw Anthropic stop_reason seen
     trace_url: str | None = None  # the trace in Langfuse's UI, when the run's spans go to Langfuse
     unresolved_errors: list[UnresolvedToolError] = field(default_factory=list)  # oldest tool first
+    # The detector's judge in this run: calls, tokens, cost (never in usage or cost_usd), errors left unjudged.
+    judge: JudgeSummary = field(default_factory=JudgeSummary)
 
     @property
     def ok(self) -> bool:
         """Whether the model ended its turn (status ``done``): not proof the task succeeded."""
         return self.status is RunStatus.DONE
+
+    @property
+    def judge_calls(self) -> int:
+        """Calls made to the detector's judge in this run (within its per-run cap)."""
+        return self.judge.calls
+
+    @property
+    def judge_cost_usd(self) -> float | None:
+        """What the judge's calls cost, apart from the run's ``cost_usd``; None when its model has no price."""
+        return self.judge.cost_usd
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view, as `looptrace run --json` prints it."""
@@ -81,5 +93,6 @@ class RunResult:
             "error": self.error,
             "anomalies": [a.to_dict() for a in self.anomalies],
             "unresolved_errors": [e.to_dict() for e in self.unresolved_errors],
+            "judge": self.judge.to_dict(),
             "messages": self.messages,
         }

@@ -17,13 +17,14 @@ from .answers import answer_addresses, draws_on, states_operation
 from .config import DetectorConfig
 from .errors import ToolErrorFacts, UnresolvedToolError
 from .identity import NONCE_KEYS, call_targets, canonical_arguments, normal_text, result_digest
-from .judge import Judge, JudgeRequest
+from .judge import DEFAULT_JUDGE_MAX_CALLS, Judge, JudgeRequest, JudgeSummary, JudgeVerdict
 from .loop_detector import LoopDetector
 from .session import SessionDetectors
 from .types import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL, Anomaly, AnomalyRecord, AnomalyType, ToolCall
 
 __all__ = [
     "CYCLE",
+    "DEFAULT_JUDGE_MAX_CALLS",
     "FAILING_TOOL",
     "IGNORED_ERROR",
     "NONCE_KEYS",
@@ -34,6 +35,8 @@ __all__ = [
     "DetectorConfig",
     "Judge",
     "JudgeRequest",
+    "JudgeSummary",
+    "JudgeVerdict",
     "LoopDetector",
     "SessionDetectors",
     "ToolCall",

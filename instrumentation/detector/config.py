@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .judge import Judge
+from .judge import DEFAULT_JUDGE_MAX_CALLS, Judge
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,14 @@ class DetectorConfig:
     # Confirms an ignored_error before it is reported: a callable taking a JudgeRequest and returning True (ignored),
     # False (not ignored) or None (no opinion). A str is a model name the agent turns into such a callable.
     judge: Judge | str | None = field(default=None, compare=False)
+    # Judge calls per run at most; the questions over it are not asked (counted as left unjudged). None: the
+    # settings' LOOPTRACE_JUDGE_MAX_CALLS when an Agent builds the detector, else DEFAULT_JUDGE_MAX_CALLS.
+    judge_max_calls: int | None = None
+
+    @property
+    def judge_cap(self) -> int:
+        """The per-run cap on judge calls in force."""
+        return DEFAULT_JUDGE_MAX_CALLS if self.judge_max_calls is None else self.judge_max_calls
 
     def __post_init__(self) -> None:
         _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
@@ -41,6 +49,7 @@ class DetectorConfig:
         for name in ("max_calls_per_turn", "max_tools_with_errors", "max_errors_per_tool",
                      "max_call_ids", "max_argument_chars", "max_kept_anomalies", "repeat_window"):
             _require(getattr(self, name) >= 1, f"{name} must be at least 1")
+        _require(self.judge_max_calls is None or self.judge_max_calls >= 1, "judge_max_calls must be at least 1")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -117,7 +117,7 @@ class IgnoredErrorRule(Rule):
         may have said "go ahead" and the model answered "done" without doing anything. Words alone cannot tell that
         from a polite goodbye, so only the judge decides, once per such run; without a judge nothing fires."""
         text = end.final_text
-        if not self._judging.available or not text:
+        if not text:
             return []
         # A question does not exempt the answer here: "Is there anything else?" closes a false "done" as often as not.
         answer = FoldedText(fold(_scanned(text)))
@@ -171,12 +171,12 @@ class IgnoredErrorRule(Rule):
                 or echoes_error(text, error.error_text, f"{tool} {error.arguments}"))
 
     def _judge_says(self, anomaly: Anomaly, ignored: Ignored, text: str | None) -> bool | None:
-        """The judge's verdict on the most recent ignored error; None without a judge or a usable answer."""
-        if not self._judging.available:
-            return None
-        tool, error = ignored[-1]
-        return self._judging.verdict(JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments,
-                                                  error_text=error.error_text, final_text=text or ""))
+        """The judge's verdict on the ignored errors, each asked about apart, the most recent first, within the run's
+        cap on judge calls (`Judging.verdicts`): True when it says one was ignored, False when it says none was, None
+        without a judge, over the cap, or without a usable answer (Judging counts the questions left unjudged)."""
+        return self._judging.verdicts([JudgeRequest(anomaly=anomaly, tool=tool, arguments=error.arguments,
+                                                    error_text=error.error_text, final_text=text or "")
+                                       for tool, error in reversed(ignored)])
 
     def _anomaly(self, end: RunEnd, ignored: Ignored, evidence: str) -> Anomaly:
         total = len(ignored) + self._errors.uncounted()

@@ -18,7 +18,7 @@ from .errors import UnresolvedToolError
 from .failing_tool import FailingToolRule
 from .identity import safe_text, shorten
 from .ignored_error import IgnoredErrorRule
-from .judge import Judging
+from .judge import JudgeSummary, Judging
 from .repeated_call import RepeatedCallRule
 from .rule import ClosedTurn, OpenTurn, Rule, RunEnd
 from .types import Anomaly, ToolCall
@@ -37,7 +37,7 @@ class LoopDetector:
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
-        self._judging = Judging(self.config.judge, self._note_judge_failure)
+        self._judging = Judging(self.config.judge, self._note_judge_failure, self.config.judge_cap)
         repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
         ignored = IgnoredErrorRule(self.config, self._judging)
@@ -95,6 +95,12 @@ class LoopDetector:
             self.internal_errors += 1
             self.last_internal_error = shorten(safe_text(exc), 300)
             return []
+
+    @property
+    def judge_summary(self) -> JudgeSummary:
+        """What the judge did in this run: calls, tokens, cost, and the questions left unasked (no judge, or the
+        run's cap on judge calls reached)."""
+        return self._judging.summary()
 
     def begin_run(self) -> None:
         """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.
@@ -158,6 +164,7 @@ class LoopDetector:
 
     def _begin_run(self) -> list[Anomaly]:
         self._runs_begun += 1
+        self._judging.begin_run()
         for rule in self._rules:
             rule.begin_run()
         self._open = OpenTurn()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -52,9 +53,11 @@ def demo_command(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
-    settings = read_settings(**export_overrides(args))
+    # Offline: a judge (LOOPTRACE_JUDGE) would be asked through the scripted model, which has no answer for it.
+    settings = dataclasses.replace(read_settings(**export_overrides(args)), judge=None)
     telemetry = telemetry_setup.configure(settings)
-    live = None if args.json else LiveView(sys.stderr, capture_content=settings.capture_content)
+    live = None if args.json else LiveView(sys.stderr, capture_content=settings.capture_content,
+                                           no_judge_hint="the demo runs offline")
     agent = Agent(
         demo_story.DEMO_MODEL, tools=demo_story.Inventory().tools(), system=demo_story.DEMO_SYSTEM, name="booking",
         client=ScriptedModel(script()), limits=Limits(max_turns=10, tool_timeout_s=5), on_anomaly=args.on_anomaly,

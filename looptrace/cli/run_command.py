@@ -47,6 +47,10 @@ def add_run_command(commands: Any) -> None:
     run.add_argument("--timeout", type=_positive_float, help="wall-clock limit for the run, seconds")
     run.add_argument("--tool-timeout", type=_positive_float, default=60.0,
                      help="per tool call, seconds (default: %(default)s)")
+    run.add_argument("--judge", metavar="MODEL",
+                     help="a model that confirms ignored_error before it is reported, asked through the run's own "
+                          "client (default: LOOPTRACE_JUDGE, else no judge; LOOPTRACE_JUDGE_MAX_CALLS calls per run "
+                          "at most, default 3); its cost is shown apart, never charged to the run")
     run.add_argument("--stream", action="store_true", help="use server-sent events for model calls")
     run.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
     run.add_argument("--session-id", help="Langfuse session (and gen_ai.conversation.id) of the run's trace")
@@ -79,7 +83,7 @@ def run_command(args: argparse.Namespace) -> int:
     tools = load_tools(Path(args.tools)) if args.tools else []
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
-                             traceparent=args.traceparent or None)
+                             traceparent=args.traceparent or None, judge=args.judge or None)
     _check_priced(settings.model, args.max_cost_usd)
     if not tools:
         print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)

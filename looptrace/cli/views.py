@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.tracefile.read import SpanRecord
 from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from looptrace.runtime.result import RunResult
 
 from .common import plural, plural_of, unresolved_line
 
@@ -20,6 +21,7 @@ ERROR_MARK = "✗"
 OK_MARK = "✓"
 WARN_MARK = "⚠"
 MAX_INDENT = 3 * 40
+NO_JUDGE_HINT = "set LOOPTRACE_JUDGE or pass --judge MODEL"  # `looptrace run`'s way to a judge
 
 
 def short(value: Any, limit: int = 80) -> str:
@@ -49,10 +51,12 @@ class LiveView:
     or result, and the model's text shows only its length.
     """
 
-    def __init__(self, out: TextIO, *, tick_s: float = 0.25, capture_content: bool = True) -> None:
+    def __init__(self, out: TextIO, *, tick_s: float = 0.25, capture_content: bool = True,
+                 no_judge_hint: str = NO_JUDGE_HINT) -> None:
         self.out: TextIO | None = out
         self.tick_s = tick_s
         self.capture_content = capture_content
+        self.no_judge_hint = no_judge_hint  # what the unjudged-errors line says to do when no judge is set
         self._turns_started = 0  # the turn a run failed in is shown; the result counts only completed turns
         self.interactive = _is_terminal(out)
         self._lock = threading.Lock()  # the ticker thread and the run's thread share the line
@@ -90,8 +94,9 @@ class LiveView:
             r = event.result
             cost = "" if r.cost_usd is None else f"  ${r.cost_usd:.4f}"
             turns = max(r.turns, self._turns_started)  # a run failing in turn 1 showed "turn 1": it had one turn
-            self._write(f"{r.status.value}: {plural(turns, 'turn')}, {plural(r.usage.total_tokens, 'token')}"
-                        f"{cost}\n")
+            summary = [f"{r.status.value}: {plural(turns, 'turn')}, {plural(r.usage.total_tokens, 'token')}{cost}",
+                       *judge_lines(r, self.no_judge_hint)]
+            self._write("".join(line + "\n" for line in summary))
             # The fact a user reviews whatever the detector said: the errors the run ended with unresolved. Without
             # content capture, named by tool and turn only, as the tool lines above are.
             errors = r.unresolved_errors if self.capture_content else [
@@ -144,6 +149,24 @@ class LiveView:
         except (BrokenPipeError, ValueError):  # the reader went away, or the stream was closed: stop showing
             self.out = None
             self._stop.set()
+
+
+def judge_lines(result: RunResult, no_judge_hint: str = NO_JUDGE_HINT) -> list[str]:
+    """The end-of-run summary's judge lines: what the judge's calls cost (shown apart: never the run's), and how many
+    errors were left unjudged and why (no judge, or the run's cap on judge calls reached). None of either: no line."""
+    judge = result.judge
+    lines = []
+    if judge.calls:
+        cost = "" if judge.cost_usd is None else f"  ${judge.cost_usd:.4f}"
+        failed = f", {judge.failures} failed" if judge.failures else ""
+        lines.append(f"judge: {plural(judge.calls, 'call')}{failed}, "
+                     f"{plural(judge.input_tokens + judge.output_tokens, 'token')}{cost} (not charged to the run)")
+    if judge.unjudged_over_cap:
+        lines.append(f"{plural(judge.unjudged_over_cap, 'tool error')} left unjudged "
+                     f"(judge cap of {plural(judge.max_calls, 'call')} reached; LOOPTRACE_JUDGE_MAX_CALLS raises it)")
+    if judge.unjudged_no_judge:
+        lines.append(f"{plural(judge.unjudged_no_judge, 'tool error')} left unjudged (no judge: {no_judge_hint})")
+    return lines
 
 
 def _is_terminal(out: TextIO) -> bool:

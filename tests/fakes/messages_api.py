@@ -28,6 +28,13 @@ Script items:
 * ``Error``, ``Delay``, ``DropConnection``, ``NotStreamed`` and ``Trickle`` for
   failure modes.
 
+A request that forces a tool call (``tool_choice`` ``{"type": "tool", "name": N}``,
+as the detector's judge sends for its ``verdict``) can be answered apart from the
+script: ``forced={"verdict": verdict_answer(True)}`` answers every such request
+with that item (any script item: a callable, an ``Error``, a ``Delay``), without
+consuming the script, so a test need not know how many times a judge is asked.
+``forced_requests(name)`` lists the requests that forced it.
+
 A request with ``"stream": true`` gets the same message as a server-sent event
 stream (``stream_events``), so streaming and non-streaming calls reconstruct
 equal Messages. Requests are checked against the API's own rules first
@@ -61,6 +68,7 @@ __all__ = [
     "Trickle",
     "complete_message",
     "stream_events",
+    "verdict_answer",
 ]
 
 
@@ -135,6 +143,22 @@ class Trickle:
 ScriptItem = Any  # dict | Callable[[dict], ScriptItem] | Error | Delay | DropConnection | Trickle
 
 _FAILURE_ITEMS = (Error, Delay, DropConnection, NotStreamed)
+
+
+def verdict_answer(ignored: bool, reason: str = "scripted", *, input_tokens: int = 120,
+                   output_tokens: int = 15) -> dict[str, Any]:
+    """The answer to a judge's forced ``verdict`` tool call: ignored or not, with the usage to price."""
+    return {"stop_reason": "tool_use", "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            "content": [{"type": "tool_use", "name": "verdict", "input": {"ignored": ignored, "reason": reason}}]}
+
+
+def forced_tool(body: Mapping[str, Any]) -> str | None:
+    """The tool a request forces the model to call (``tool_choice`` of type ``tool``), if any."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping) and choice.get("type") == "tool":
+        name = choice.get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -421,9 +445,11 @@ class FakeMessagesAPI:
     ones included, in arrival order.
     """
 
-    def __init__(self, script: Iterable[ScriptItem] = (), *, api_key: str = "test-key", validate: bool = True):
+    def __init__(self, script: Iterable[ScriptItem] = (), *, api_key: str = "test-key", validate: bool = True,
+                 forced: Mapping[str, ScriptItem] | None = None):
         self.api_key = api_key
         self.validate = validate
+        self.forced = dict(forced or {})  # tool name -> the answer to every request forcing that tool
         self.url = ""
         self.requests: list[dict] = []
         self.headers: list[dict] = []
@@ -436,6 +462,11 @@ class FakeMessagesAPI:
         """Append answers to the script (also while serving)."""
         with self._lock:
             self._script.extend(items)
+
+    def forced_requests(self, name: str) -> list[dict]:
+        """The requests (rejected ones included) that forced a call of tool ``name``."""
+        with self._lock:
+            return [body for body in self.requests if isinstance(body, dict) and forced_tool(body) == name]
 
     @property
     def remaining(self) -> int:
@@ -513,7 +544,12 @@ class FakeMessagesAPI:
         if not isinstance(body, dict):
             return Error(400, "invalid_request_error", "The request body is not valid JSON")
         rejection = check_request(headers, body, api_key=self.api_key) if self.validate else None
-        return rejection or self._resolve(self._next_item(), body)
+        if rejection:
+            return rejection
+        forced = forced_tool(body)
+        if forced in self.forced:
+            return self._resolve(self.forced[forced], body)
+        return self._resolve(self._next_item(), body)
 
     def _resolve(self, item: ScriptItem, body: dict) -> ScriptItem:
         """Run callables and sit out delays until a concrete answer remains."""
