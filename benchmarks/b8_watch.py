@@ -13,8 +13,8 @@ failing call, so the detector has something to find.
 * where the time goes: two more interleaved passes over the same requests, in process: ``RunWatcher.ingest`` of
   each decoded request (decoding + run assembly + detector), and the detector alone (each run's tool calls, read
   from the spans beforehand, fed straight to a `LoopDetector` turn by turn, as the rebuilder feeds it). Run assembly
-  is what ingest costs beyond the two (readers, the rebuilder, the watcher's bookkeeping, result digests); HTTP and
-  the queue are what the HTTP pass costs beyond ingest.
+  is what ingest costs beyond the two (readers, the rebuilder, the watcher's bookkeeping, result digests). Read from
+  process CPU time, which other jobs' load does not inflate the way it does wall time.
 * memory: ``OPEN_RUNS`` runs fed to watch's run assembler without their root spans (agents still running), measured
   with tracemalloc after a collection, per open run.
 * alert delay: a run sent one span per request (what SimpleSpanProcessor does); the time from sending the span that
@@ -89,17 +89,20 @@ def post(port: int, body: bytes) -> None:
 
 @dataclass
 class Throughput:
-    """Median seconds of each pass over the same requests, and what watch found."""
+    """Each pass's median seconds over the same requests, wall clock and process CPU, and what watch found.
+
+    The passes: ``decode`` (the requests only decoded), ``watch`` (POSTed to a WatchServer until everything was
+    checked), ``ingest`` (decoded and ingested by a RunWatcher in process: decoding + run assembly + detector) and
+    ``detector`` (the runs' tool calls fed straight to a LoopDetector per run).
+    """
 
     spans: int
-    decode_s: float  # the requests only decoded
-    watch_s: float  # POSTed to a WatchServer until everything was checked
-    ingest_s: float  # decoded and ingested by a RunWatcher in process: decoding + run assembly + detector
-    detector_s: float  # the runs' tool calls fed straight to a LoopDetector per run
+    wall_s: dict[str, float]
+    cpu_s: dict[str, float]  # process CPU time: what the breakdown is read from, as other jobs' load does not count
     flagged: int  # looping runs watch alerted on (repeated_call), in its last pass
 
-    def rate(self, seconds: float) -> float:
-        return self.spans / seconds
+    def rate(self, name: str) -> float:
+        return self.spans / self.wall_s[name]
 
 
 def throughput(runs: int, passes: int = PASSES) -> Throughput:
@@ -107,35 +110,37 @@ def throughput(runs: int, passes: int = PASSES) -> Throughput:
     bodies = [encode_spans(spans[i:i + BATCH]).SerializeToString() for i in range(0, len(spans), BATCH)]
     calls_by_run = _calls_by_run(spans)
     alerts: list[str] = []
+    cpu: dict[str, list[float]] = {}
 
-    def decode() -> float:
-        started = time.perf_counter()
+    def measured(name: str, work: Any) -> Any:
+        def sample() -> float:
+            wall, process = time.perf_counter(), time.process_time()
+            work()
+            cpu.setdefault(name, []).append(time.process_time() - process)
+            return time.perf_counter() - wall
+        return sample
+
+    def decode() -> None:
         for body in bodies:
             spans_of_request(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-        return time.perf_counter() - started
 
-    def watch() -> float:
+    def watch() -> None:
         alerts.clear()
         server = WatchServer(WatchSettings(port=0, grpc_port=None, queue_batches=len(bodies) + 1),
                              alerts=Alerts(callback=lambda a, c: alerts.append(a.type), log_warnings=False)).start()
         try:
-            started = time.perf_counter()
             for body in bodies:
                 post(server.port, body)
             server.wait_idle(600)
-            return time.perf_counter() - started
         finally:
             server.stop()
 
-    def ingest() -> float:
+    def ingest() -> None:
         watcher = RunWatcher(Alerts(log_warnings=False), WatchMetrics())
-        started = time.perf_counter()
         for body in bodies:
             watcher.ingest(parse_request(body, "application/x-protobuf"))
-        return time.perf_counter() - started
 
-    def detector() -> float:
-        started = time.perf_counter()
+    def detector() -> None:
         for turns in calls_by_run:
             loop_detector = LoopDetector()
             for turn, calls in enumerate(turns, start=1):
@@ -143,11 +148,12 @@ def throughput(runs: int, passes: int = PASSES) -> Throughput:
                     loop_detector.observe(call)
                 loop_detector.end_turn(turn)
             loop_detector.end_run(None, None, len(turns))
-        return time.perf_counter() - started
 
-    samples = interleave({"decode": decode, "watch": watch, "ingest": ingest, "detector": detector}, reps=passes)
-    return Throughput(spans=len(spans), decode_s=median(samples["decode"]), watch_s=median(samples["watch"]),
-                      ingest_s=median(samples["ingest"]), detector_s=median(samples["detector"]),
+    passes_by_name = {"decode": decode, "watch": watch, "ingest": ingest, "detector": detector}
+    walls = interleave({name: measured(name, work) for name, work in passes_by_name.items()}, reps=passes)
+    # The warm-up pass is in `cpu` too: it is left out, as interleave leaves it out of the wall samples.
+    return Throughput(spans=len(spans), wall_s={name: median(walls[name]) for name in passes_by_name},
+                      cpu_s={name: median(cpu[name][1:]) for name in passes_by_name},
                       flagged=alerts.count("repeated_call"))
 
 
@@ -226,23 +232,24 @@ def run(quick: bool = False) -> list[Row]:
     reps = 20 if quick else 100
     say(f"  alert delay: {reps} runs, one span per request")
     delays = alert_delays(reps)
-    watch_rate, decode_rate = measured.rate(measured.watch_s), measured.rate(measured.decode_s)
+    watch_rate, decode_rate = measured.rate("watch"), measured.rate("decode")
+    cpu = measured.cpu_s
     parts = {
-        "decoding": measured.decode_s,
-        "run assembly": measured.ingest_s - measured.decode_s - measured.detector_s,
-        "detector": measured.detector_s,
-        "HTTP and queue": measured.watch_s - measured.ingest_s,
+        "decoding": cpu["decode"],
+        "run assembly": cpu["ingest"] - cpu["decode"] - cpu["detector"],
+        "detector": cpu["detector"],
     }
-    shares = " · ".join(f"{name} {seconds / measured.watch_s:.0%}" for name, seconds in parts.items())
+    shares = " · ".join(f"{name} {seconds / cpu['ingest']:.0%}" for name, seconds in parts.items())
     per_span = ", ".join(f"{name} {fmt_s(seconds / measured.spans)}" for name, seconds in parts.items())
     return [
         Row("8 watch", "spans/s ingested and checked (one process, HTTP protobuf)", f"{watch_rate:,.0f}", "", None,
             f"{measured.spans:,} spans, {runs:,} runs, {measured.flagged} looping runs flagged of {runs // 10}; "
             f"decoding alone {decode_rate:,.0f} spans/s (watch at {watch_rate / decode_rate:.2f}x of it); medians "
             f"of {passes} interleaved passes after a warm-up"),
-        Row("8 watch", "where watch's time goes (share of the HTTP pass)", shares, "", None,
-            f"per span: {per_span}; in process, interleaved with the HTTP pass (detector: the runs' calls fed "
-            "straight to a LoopDetector; run assembly: what RunWatcher.ingest costs beyond decoding and detector)"),
+        Row("8 watch", "where ingest's CPU time goes (in process, no HTTP)", shares, "", None,
+            f"CPU per span: {per_span}; the HTTP pass took {cpu['watch'] / cpu['ingest']:.2f}x the CPU of ingest "
+            "in process; process CPU time of passes interleaved with the HTTP pass (detector: the runs' calls fed "
+            "straight to a LoopDetector; run assembly: RunWatcher.ingest beyond decoding and detector)"),
         Row("8 watch", f"memory per open run ({held:,} open)", f"{per_run / 1024:.1f} KiB", "", None,
             f"{per_run * held / 1024 / 1024:.1f} MiB for {held:,} runs of {TURNS} turns without their root span "
             "(tracemalloc, after gc)"),
