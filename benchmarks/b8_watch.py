@@ -7,6 +7,14 @@ failing call, so the detector has something to find.
 * throughput: the runs' spans in export requests of ``BATCH`` spans (what a BatchSpanProcessor or a collector sends),
   POSTed over HTTP to a WatchServer in this process from one client thread, until watch has checked all of them.
   Context: the same requests only decoded (protobuf to span records, no detector), the floor any receiver pays.
+  Both are passes of `common.interleave` (a warm-up pass each, then ``PASSES`` interleaved), so that the ratio is
+  taken side by side: a single cold decoding pass first pays one-off costs the watch pass after it does not, which
+  flattered the ratio by up to 2x.
+* where the time goes: two more interleaved passes over the same requests, in process: ``RunWatcher.ingest`` of
+  each decoded request (decoding + run assembly + detector), and the detector alone (each run's tool calls, read
+  from the spans beforehand, fed straight to a `LoopDetector` turn by turn, as the rebuilder feeds it). Run assembly
+  is what ingest costs beyond the two (readers, the rebuilder, the watcher's bookkeeping, result digests). Read from
+  process CPU time, which other jobs' load does not inflate the way it does wall time.
 * memory: ``OPEN_RUNS`` runs fed to watch's run assembler without their root spans (agents still running), measured
   with tracemalloc after a collection, per open run.
 * alert delay: a run sent one span per request (what SimpleSpanProcessor does); the time from sending the span that
@@ -20,10 +28,12 @@ import threading
 import time
 import tracemalloc
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -32,13 +42,16 @@ from opentelemetry.trace import Status, StatusCode
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.detector import LoopDetector, ToolCall, result_digest
 from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, WatchServer, WatchSettings, spans_of_request
+from looptrace.instrumentation.watch.decoding import parse_request
 
-from .common import Row, fmt_s, median, percentile, say
+from .common import Row, fmt_s, interleave, median, percentile, say
 
 TURNS = 5
 BATCH = 512
 OPEN_RUNS = 10_000
+PASSES = 3
 
 
 def make_runs(count: int, *, with_root: bool = True) -> list[Any]:
@@ -74,27 +87,92 @@ def post(port: int, body: bytes) -> None:
         response.read()
 
 
-def throughput(runs: int) -> tuple[float, float, int, int]:
+@dataclass
+class Throughput:
+    """Each pass's median seconds over the same requests, wall clock and process CPU, and what watch found.
+
+    The passes: ``decode`` (the requests only decoded), ``watch`` (POSTed to a WatchServer until everything was
+    checked), ``ingest`` (decoded and ingested by a RunWatcher in process: decoding + run assembly + detector) and
+    ``detector`` (the runs' tool calls fed straight to a LoopDetector per run).
+    """
+
+    spans: int
+    wall_s: dict[str, float]
+    cpu_s: dict[str, float]  # process CPU time: what the breakdown is read from, as other jobs' load does not count
+    flagged: int  # looping runs watch alerted on (repeated_call), in its last pass
+
+    def rate(self, name: str) -> float:
+        return self.spans / self.wall_s[name]
+
+
+def throughput(runs: int, passes: int = PASSES) -> Throughput:
     spans = make_runs(runs)
     bodies = [encode_spans(spans[i:i + BATCH]).SerializeToString() for i in range(0, len(spans), BATCH)]
-    started = time.perf_counter()
-    for body in bodies:
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-        spans_of_request(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-    decode_s = time.perf_counter() - started
+    calls_by_run = _calls_by_run(spans)
+    alerts: list[str] = []
+    cpu: dict[str, list[float]] = {}
 
-    alerts = []
-    server = WatchServer(WatchSettings(port=0, grpc_port=None, queue_batches=len(bodies) + 1),
-                         alerts=Alerts(callback=lambda a, c: alerts.append(a.type), log_warnings=False)).start()
-    try:
-        started = time.perf_counter()
+    def measured(name: str, work: Any) -> Any:
+        def sample() -> float:
+            wall, process = time.perf_counter(), time.process_time()
+            work()
+            cpu.setdefault(name, []).append(time.process_time() - process)
+            return time.perf_counter() - wall
+        return sample
+
+    def decode() -> None:
         for body in bodies:
-            post(server.port, body)
-        server.wait_idle(600)
-        watch_s = time.perf_counter() - started
-    finally:
-        server.stop()
-    return len(spans) / watch_s, len(spans) / decode_s, len(spans), alerts.count("repeated_call")
+            spans_of_request(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+
+    def watch() -> None:
+        alerts.clear()
+        server = WatchServer(WatchSettings(port=0, grpc_port=None, queue_batches=len(bodies) + 1),
+                             alerts=Alerts(callback=lambda a, c: alerts.append(a.type), log_warnings=False)).start()
+        try:
+            for body in bodies:
+                post(server.port, body)
+            server.wait_idle(600)
+        finally:
+            server.stop()
+
+    def ingest() -> None:
+        watcher = RunWatcher(Alerts(log_warnings=False), WatchMetrics())
+        for body in bodies:
+            watcher.ingest(parse_request(body, "application/x-protobuf"))
+
+    def detector() -> None:
+        for turns in calls_by_run:
+            loop_detector = LoopDetector()
+            for turn, calls in enumerate(turns, start=1):
+                for call in calls:
+                    loop_detector.observe(call)
+                loop_detector.end_turn(turn)
+            loop_detector.end_run(None, None, len(turns))
+
+    passes_by_name = {"decode": decode, "watch": watch, "ingest": ingest, "detector": detector}
+    walls = interleave({name: measured(name, work) for name, work in passes_by_name.items()}, reps=passes)
+    # The warm-up pass is in `cpu` too: it is left out, as interleave leaves it out of the wall samples.
+    return Throughput(spans=len(spans), wall_s={name: median(walls[name]) for name in passes_by_name},
+                      cpu_s={name: median(cpu[name][1:]) for name in passes_by_name},
+                      flagged=alerts.count("repeated_call"))
+
+
+def _calls_by_run(spans: list[Any]) -> list[list[list[ToolCall]]]:
+    """Each run's tool calls by turn, as the run rebuilder hands them to the detector (digests made beforehand)."""
+    runs: dict[int, list[list[ToolCall]]] = {}
+    for span in sorted(spans, key=lambda s: s.start_time):
+        turns = runs.setdefault(span.context.trace_id, [])
+        attributes = span.attributes
+        operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
+        if operation == "chat":
+            turns.append([])
+        elif operation == "execute_tool":
+            turns[-1].append(ToolCall(
+                turn=len(turns), tool=str(attributes[sc.GEN_AI_TOOL_NAME]),
+                arguments=attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS], call_id=str(attributes[sc.GEN_AI_TOOL_CALL_ID]),
+                is_error=span.status.status_code == StatusCode.ERROR, result=str(attributes[sc.GEN_AI_TOOL_CALL_RESULT]),
+                result_digest=result_digest(str(attributes[sc.GEN_AI_TOOL_CALL_RESULT]))))
+    return list(runs.values())
 
 
 def memory_per_open_run(runs: int) -> tuple[float, int]:
@@ -145,18 +223,33 @@ def alert_delays(reps: int) -> list[float]:
 
 def run(quick: bool = False) -> list[Row]:
     runs = 300 if quick else 3000
-    say(f"  throughput: {runs} runs of {TURNS} turns in requests of {BATCH} spans")
-    watch_rate, decode_rate, span_count, found = throughput(runs)
+    passes = 1 if quick else PASSES
+    say(f"  throughput: {runs} runs of {TURNS} turns in requests of {BATCH} spans, {passes} interleaved passes")
+    measured = throughput(runs, passes)
     open_runs = 1000 if quick else OPEN_RUNS
     say(f"  memory: {open_runs} open runs")
     per_run, held = memory_per_open_run(open_runs)
     reps = 20 if quick else 100
     say(f"  alert delay: {reps} runs, one span per request")
     delays = alert_delays(reps)
+    watch_rate, decode_rate = measured.rate("watch"), measured.rate("decode")
+    cpu = measured.cpu_s
+    parts = {
+        "decoding": cpu["decode"],
+        "run assembly": cpu["ingest"] - cpu["decode"] - cpu["detector"],
+        "detector": cpu["detector"],
+    }
+    shares = " · ".join(f"{name} {seconds / cpu['ingest']:.0%}" for name, seconds in parts.items())
+    per_span = ", ".join(f"{name} {fmt_s(seconds / measured.spans)}" for name, seconds in parts.items())
     return [
         Row("8 watch", "spans/s ingested and checked (one process, HTTP protobuf)", f"{watch_rate:,.0f}", "", None,
-            f"{span_count:,} spans, {runs:,} runs, {found} looping runs flagged of {runs // 10}; decoding alone "
-            f"{decode_rate:,.0f} spans/s (watch at {watch_rate / decode_rate:.2f}x of it)"),
+            f"{measured.spans:,} spans, {runs:,} runs, {measured.flagged} looping runs flagged of {runs // 10}; "
+            f"decoding alone {decode_rate:,.0f} spans/s (watch at {watch_rate / decode_rate:.2f}x of it); medians "
+            f"of {passes} interleaved passes after a warm-up"),
+        Row("8 watch", "where ingest's CPU time goes (in process, no HTTP)", shares, "", None,
+            f"CPU per span: {per_span}; the HTTP pass took {cpu['watch'] / cpu['ingest']:.2f}x the CPU of ingest "
+            "in process; process CPU time of passes interleaved with the HTTP pass (detector: the runs' calls fed "
+            "straight to a LoopDetector; run assembly: RunWatcher.ingest beyond decoding and detector)"),
         Row("8 watch", f"memory per open run ({held:,} open)", f"{per_run / 1024:.1f} KiB", "", None,
             f"{per_run * held / 1024 / 1024:.1f} MiB for {held:,} runs of {TURNS} turns without their root span "
             "(tracemalloc, after gc)"),

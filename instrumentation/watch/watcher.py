@@ -124,7 +124,7 @@ class RunWatcher:
             self._runs[verdict.trace_id].agent = verdict.name
         self._report(verdict.trace_id, verdict.anomalies)
         self._runs.pop(verdict.trace_id, None)
-        self.metrics.runs_judged.labels(reason=reason).inc()
+        self.metrics.run_judged(reason)
 
     def _report(self, key: str, anomalies: list[Anomaly]) -> None:
         meta = self._runs.get(key)
@@ -137,7 +137,7 @@ class RunWatcher:
             meta.alerted.add(identity)
             self.alerts_sent += 1
             agent = meta.agent or "unknown"
-            self.metrics.anomalies.labels(service=meta.service, agent=agent, anomaly_type=anomaly.type).inc()
+            self.metrics.anomaly_found(meta.service, agent, anomaly.type)
             shown = anomaly if self.capture_content else without_content(anomaly)
             self.sink.send(shown, AlertContext(agent=agent, trace_id=key, span_id="", action="warn"))
 
