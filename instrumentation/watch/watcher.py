@@ -132,8 +132,8 @@ class RunWatcher:
             return
         for anomaly in anomalies:
             identity = (anomaly.type, anomaly.streak)
-            if identity in meta.alerted:
-                continue  # a streak that grows (count 4, 5, ...) was already reported
+            if identity in meta.alerted or anomaly.continued:
+                continue  # a streak that grows (count 4, 5, ...), or one an earlier run of the session reported
             meta.alerted.add(identity)
             self.alerts_sent += 1
             agent = meta.agent or "unknown"
