@@ -300,24 +300,30 @@ def produce_anthropic_sdk(client_factory: Any, provider: Any, bare: bool = False
         run_plain_loop(client_factory())
 
 
-def produce_langfuse(client_factory: Any, provider: Any, exporters: list[Any], bare: bool = False) -> None:
+def produce_langfuse(client_factory: Any, service: str, exporters: list[Any], bare: bool = False) -> None:
     from langfuse import Langfuse, observe
     from openinference.instrumentation.anthropic import AnthropicInstrumentor
 
-    # Langfuse's own processor (its span filter, its transforming exporter) sends what it would send to a Langfuse
-    # server; here to the file / OTLP endpoint. The loopback base URL keeps anything else it tries on this machine.
-    Langfuse(public_key="pk-lf-test", secret_key="sk-lf-test", base_url="http://127.0.0.1:9",
-             tracer_provider=provider, span_exporter=_FanOutExporter(exporters), flush_at=1)
-    AnthropicInstrumentor().instrument(tracer_provider=provider)
-    if bare:
-        run_plain_loop(client_factory())
-        return
+    # The setup Langfuse documents: its client makes the tracer provider (and sets it globally, so the instrumentation
+    # and the anthropic SDK's own spans use it too); its own processor (its span filter, its transforming exporter)
+    # sends what it would send to a Langfuse server, here to the file / OTLP endpoint. The loopback base URL keeps
+    # anything else it tries on this machine.
+    os.environ["OTEL_SERVICE_NAME"] = service
+    langfuse = Langfuse(public_key="pk-lf-test", secret_key="sk-lf-test", base_url="http://127.0.0.1:9",
+                        span_exporter=_FanOutExporter(exporters), flush_at=1)
+    AnthropicInstrumentor().instrument()
+    try:
+        if bare:
+            run_plain_loop(client_factory())
+            return
 
-    @observe(name="support-agent")
-    def support_agent() -> str:
-        return run_plain_loop(client_factory())
+        @observe(name="support-agent")
+        def support_agent() -> str:
+            return run_plain_loop(client_factory())
 
-    support_agent()
+        support_agent()
+    finally:
+        langfuse.shutdown()
 
 
 class _FanOutExporter:
@@ -404,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.producer == "anthropic-sdk":
             produce_anthropic_sdk(client_factory, provider, bare=args.bare)
         elif args.producer == "langfuse":
-            produce_langfuse(client_factory, provider, exporters, bare=args.bare)
+            produce_langfuse(client_factory, args.service, exporters, bare=args.bare)
         else:
             produce_pydantic_ai(api.url, provider, bare=args.bare)
     provider.shutdown()
