@@ -90,13 +90,17 @@ TOOL_SCHEMAS = [
     for (name, function), argument in zip(TOOLS.items(), ("order_id", "order_id", "message"), strict=True)
 ]
 SCENARIO = "clean"
+# Tool-use ids are unique per process, as the real API's are: two agents' identical conversations sent to one watch
+# must not share a history.
+RUN_TAG = os.urandom(4).hex()
 
 
 def model_script(scenario: str) -> list[dict[str, Any]]:
     """What the fake Messages API answers, turn by turn."""
     def call(tool: str, n: int, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         return {"stop_reason": "tool_use", "content": [
-            {"type": "tool_use", "id": f"toolu_{tool}_{n}", "name": tool, "input": arguments or {"order_id": "A-1"}}]}
+            {"type": "tool_use", "id": f"toolu_{tool}_{n}_{RUN_TAG}", "name": tool,
+             "input": arguments or {"order_id": "A-1"}}]}
     if scenario == "repeat_failing":
         return [call("get_order", n) for n in range(1, 5)] + [
             {"content": "I could not look up order A-1: the order service failed every time."}]
