@@ -312,10 +312,12 @@ def produce_langfuse(client_factory: Any, service: str, exporters: list[Any], ba
     # and the anthropic SDK's own spans use it too); its own processor (its span filter, its transforming exporter)
     # sends what it would send to a Langfuse server, here to the file / OTLP endpoint. The loopback base URL keeps
     # anything else it tries on this machine.
-    os.environ["OTEL_SERVICE_NAME"] = service
-    langfuse = Langfuse(public_key="pk-lf-test", secret_key="sk-lf-test", base_url="http://127.0.0.1:9",
-                        span_exporter=_FanOutExporter(exporters), flush_at=1)
-    AnthropicInstrumentor().instrument()
+    global _LANGFUSE
+    if _LANGFUSE is None:  # one client per process, as an app has (a second scenario reuses it)
+        os.environ["OTEL_SERVICE_NAME"] = service
+        _LANGFUSE = Langfuse(public_key="pk-lf-test", secret_key="sk-lf-test", base_url="http://127.0.0.1:9",
+                             span_exporter=_FanOutExporter(exporters), flush_at=1)
+        AnthropicInstrumentor().instrument()
     try:
         if bare:
             run_plain_loop(client_factory())
@@ -327,7 +329,33 @@ def produce_langfuse(client_factory: Any, service: str, exporters: list[Any], ba
 
         support_agent()
     finally:
-        langfuse.shutdown()
+        _LANGFUSE.flush()  # its batch processor: every span exported before the file is switched or the process ends
+
+
+_LANGFUSE: Any = None
+
+
+class _SwitchableFileExporter:
+    """The OTLP/JSON file exporter, pointed at another file for the next scenario of the same process."""
+
+    def __init__(self, path: str) -> None:
+        from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
+
+        self._make = OTLPJsonFileExporter
+        self.current = OTLPJsonFileExporter(path)
+
+    def switch(self, path: str) -> None:
+        self.current.shutdown()
+        self.current = self._make(path)
+
+    def export(self, spans: Any) -> Any:
+        return self.current.export(spans)
+
+    def shutdown(self) -> None:
+        self.current.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return getattr(self.current, "force_flush", lambda _timeout: True)(timeout_millis)
 
 
 class _FanOutExporter:
@@ -370,24 +398,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service", default="support-app")
     parser.add_argument("--bare", action="store_true",
                         help="no parent span, no session id, no tool spans, the global tracer provider")
+    parser.add_argument("--then", action="append", default=[], metavar="SCENARIO=FILE",
+                        help="then run SCENARIO in the same process, its spans to FILE (with --file only): the "
+                             "instrumentation set up once, as in an app; saves a process start")
     args = parser.parse_args(argv)
     if args.bare and args.producer not in BARE_PRODUCERS:
         parser.error(f"--bare is for {', '.join(BARE_PRODUCERS)} only")
-    SCENARIO = args.scenario
+    runs = [(args.scenario, args.file)]
+    for then in args.then:
+        scenario, _, path = then.partition("=")
+        if scenario not in SCENARIOS or not path or not args.file:
+            parser.error(f"--then {then!r}: SCENARIO=FILE with a scenario of {', '.join(SCENARIOS)}, after --file")
+        runs.append((scenario, path))
 
-    import anthropic
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
     from tests.fakes.messages_api import FakeMessagesAPI
 
     provider = TracerProvider(resource=Resource.create({"service.name": args.service}))
     headers = dict(h.split("=", 1) for h in args.header)
     exporters: list[Any] = []
-    if args.file:
-        exporters.append(OTLPJsonFileExporter(args.file))
+    file_exporter = _SwitchableFileExporter(args.file) if args.file else None
+    if file_exporter is not None:
+        exporters.append(file_exporter)
     if args.otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         exporters.append(OTLPSpanExporter(endpoint=args.otlp, headers=headers))
@@ -400,25 +435,39 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
     os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
-    with FakeMessagesAPI(model_script(args.scenario)) as api:
-        def client_factory() -> anthropic.Anthropic:
-            return anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
-        if args.producer in ("semconv", "semconv-chat"):
-            produce_semconv(client_factory(), provider, with_tool_spans=args.producer == "semconv")
-        elif args.producer == "openllmetry":
-            produce_openllmetry(client_factory, provider, bare=args.bare)
-        elif args.producer == "openinference":
-            produce_openinference(client_factory, provider, bare=args.bare)
-        elif args.producer == "genai-anthropic":
-            produce_genai_anthropic(client_factory, provider, bare=args.bare)
-        elif args.producer == "anthropic-sdk":
-            produce_anthropic_sdk(client_factory, provider, bare=args.bare)
-        elif args.producer == "langfuse":
-            produce_langfuse(client_factory, args.service, exporters, bare=args.bare)
-        else:
-            produce_pydantic_ai(api.url, provider, bare=args.bare)
+    for index, (scenario, path) in enumerate(runs):
+        SCENARIO = scenario
+        if index and file_exporter is not None:
+            file_exporter.switch(path)
+        run_scenario(args.producer, scenario, provider, exporters, args.service, args.bare, FakeMessagesAPI)
+    if _LANGFUSE is not None:
+        _LANGFUSE.shutdown()
     provider.shutdown()
     return 0
+
+
+def run_scenario(producer: str, scenario: str, provider: Any, exporters: list[Any], service: str, bare: bool,
+                 fake_api: Any) -> None:
+    """One conversation of the scenario under the producer, against a fake Messages API of its own."""
+    import anthropic
+
+    with fake_api(model_script(scenario)) as api:
+        def client_factory() -> anthropic.Anthropic:
+            return anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
+        if producer in ("semconv", "semconv-chat"):
+            produce_semconv(client_factory(), provider, with_tool_spans=producer == "semconv")
+        elif producer == "openllmetry":
+            produce_openllmetry(client_factory, provider, bare=bare)
+        elif producer == "openinference":
+            produce_openinference(client_factory, provider, bare=bare)
+        elif producer == "genai-anthropic":
+            produce_genai_anthropic(client_factory, provider, bare=bare)
+        elif producer == "anthropic-sdk":
+            produce_anthropic_sdk(client_factory, provider, bare=bare)
+        elif producer == "langfuse":
+            produce_langfuse(client_factory, service, exporters, bare=bare)
+        else:
+            produce_pydantic_ai(api.url, provider, bare=bare)
 
 
 if __name__ == "__main__":

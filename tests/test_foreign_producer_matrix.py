@@ -71,20 +71,27 @@ ROWS = (
 
 @pytest.fixture(scope="module")
 def produced(request, tmp_path_factory) -> dict[tuple[str, str], Path]:
-    """The span file of every (row, scenario) this session's matrix tests ask for, the agents run side by side: each
-    is a process of its own (instrumentations patch the SDK globally) and most of its time is imports."""
-    wanted = [(item.callspec.params["row"], item.callspec.params["scenario"]) for item in request.session.items
-              if getattr(item, "originalname", "") == "test_the_producer_matrix_row"]
+    """The span file of every (row, scenario) this session's matrix tests ask for. One process per row (an
+    instrumentation patches the SDK globally) runs its scenarios one after the other, set up once as an app is; the
+    rows run side by side, since most of a process's time is its imports."""
+    scenarios: dict[Row, list[str]] = {}
+    for item in request.session.items:
+        if getattr(item, "originalname", "") == "test_the_producer_matrix_row":
+            scenarios.setdefault(item.callspec.params["row"], []).append(item.callspec.params["scenario"])
     folder = tmp_path_factory.mktemp("producer-matrix")
 
-    def produce(row: Row, scenario: str) -> Path:
-        path = folder / f"{row.id.replace('/', '-')}-{scenario}.jsonl"
-        run_agent(row, scenario, "--file", str(path))
-        return path
+    def path_of(row: Row, scenario: str) -> Path:
+        return folder / f"{row.id.replace('/', '-')}-{scenario}.jsonl"
+
+    def produce(row: Row, wanted: list[str]) -> None:
+        first, *then = wanted
+        run_agent(row, first, "--file", str(path_of(row, first)),
+                  *[flag for scenario in then for flag in ("--then", f"{scenario}={path_of(row, scenario)}")])
 
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        futures = {(row.id, scenario): pool.submit(produce, row, scenario) for row, scenario in wanted}
-    return {key: future.result() for key, future in futures.items()}
+        for future in [pool.submit(produce, row, wanted) for row, wanted in scenarios.items()]:
+            future.result()
+    return {(row.id, scenario): path_of(row, scenario) for row, wanted in scenarios.items() for scenario in wanted}
 
 
 def run_agent(row: Row, scenario: str, *flags: str) -> None:
