@@ -115,11 +115,22 @@ def produce(python: str, *flags: str) -> None:
     assert completed.returncode == 0, completed.stderr[-2000:]
 
 
+@pytest.fixture(scope="module")
+def current_spans(current_python, tmp_path_factory) -> dict[tuple[bool, str], Path]:
+    """The span files of both layouts, each process running the looping variant and then the clean one."""
+    folder = tmp_path_factory.mktemp("current-openllmetry")
+    paths = {(bare, scenario): folder / f"{'bare' if bare else 'wrapped'}-{scenario}.jsonl"
+             for bare in (True, False) for scenario in ("repeat", "clean")}
+    for bare in (True, False):
+        produce(current_python, "--scenario", "repeat", "--file", str(paths[bare, "repeat"]),
+                "--then", f"clean={paths[bare, 'clean']}", *(["--bare"] if bare else []))
+    return paths
+
+
 @pytest.mark.parametrize("bare", [True, False], ids=["bare", "wrapped"])
 @pytest.mark.parametrize("scenario", ["repeat", "clean"])
-def test_detect_over_the_current_openllmetrys_spans(current_python, tmp_path, capsys, bare, scenario):
-    path = tmp_path / "spans.jsonl"
-    produce(current_python, "--scenario", scenario, "--file", str(path), *(["--bare"] if bare else []))
+def test_detect_over_the_current_openllmetrys_spans(current_spans, capsys, bare, scenario):
+    path = current_spans[bare, scenario]
     spans = path.read_text()
     assert '"gen_ai.input.messages"' in spans and '"gen_ai.prompt.0.content"' not in spans  # the current format
     code = main(["detect", "--json", "--all", str(path)])
