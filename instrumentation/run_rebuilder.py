@@ -17,7 +17,9 @@ Runs without a root (a session's, or a conversation's rebuilt from its history: 
 end of the input, or when `close` is called (`looptrace watch` does when the run goes idle). One model call described
 by two spans (the SDK's own messageless span and an instrumentation's, with one `gen_ai.response.id`) counts once: in
 one trace the second is skipped; alone in its trace, the messageless span is held until its twin comes (then
-dropped) or until it is closed or the input ends (then judged as a run of its own).
+dropped) or until it is closed or the input ends (then judged as a run of its own). When the instrumentation's span
+is the parent of the SDK's (it wraps the SDK method) and joins its conversation, the trace it leaves behind holds only
+that child: it is dropped too.
 """
 
 from __future__ import annotations
@@ -123,9 +125,12 @@ class RunRebuilder:
         self.last_dropped: str | None = None  # the held twin that span made redundant: that key has no run now
 
     def add(self, span: Any) -> Verdict | None:
+        own_trace, was_root = span.trace_id, span.parent_span_id is None
         span = self._reader.translate(span)
         self.last_key = span.trace_id
         self.last_dropped = None
+        if was_root and span.trace_id != own_trace:
+            self._drop_inner_twin(own_trace, span.span_id)
         response_id = span.attributes.get(sc.GEN_AI_RESPONSE_ID)
         if response_id and self._reader.bare_call:
             twin = self._twins.get(str(response_id)) or self._held_by_response.get(str(response_id))
@@ -151,6 +156,17 @@ class RunRebuilder:
         if held is not None:
             self._unhold(held)
             self.last_dropped = held
+
+    def _drop_inner_twin(self, trace_id: str, root_span_id: str) -> None:
+        """A root model call that joined its conversation leaves its own trace behind; what that trace holds already
+        is the call's children (they end first): the SDK's messageless span of the same call, when an instrumentation
+        wraps the SDK method (OpenInference, OpenTelemetry's GenAI instrumentation). That is no run of its own."""
+        run = self._open.get(trace_id)
+        if run is None or run.calls or any(parent != root_span_id for _, _, parent in run.model_spans):
+            return
+        del self._open[trace_id]
+        self._reader.forget(trace_id)
+        self.last_dropped = trace_id
 
     def _unhold(self, trace_id: str) -> Any:
         span = self._held.pop(trace_id)

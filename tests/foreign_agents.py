@@ -6,6 +6,7 @@ never patch the same process):
     python tests/foreign_agents.py --producer openllmetry --scenario repeat_failing --file out.jsonl
     python tests/foreign_agents.py --producer openinference --scenario clean --otlp http://127.0.0.1:4318/v1/traces
     python tests/foreign_agents.py --producer openllmetry --bare --scenario repeat --otlp http://127.0.0.1:4318/v1/traces
+    python tests/foreign_agents.py --producer langfuse --bare --scenario repeat --file out.jsonl
 
 The agent talks to the local fake Messages API (tests/fakes/messages_api.py) through the real anthropic SDK, and the
 producer's own instrumentation makes the spans. Spans go to a local OTLP/JSON file (looptrace's file exporter, the
@@ -18,11 +19,19 @@ Producers:
   openllmetry    traceloop's opentelemetry-instrumentation-anthropic: gen_ai.prompt.N.* / gen_ai.completion.N.*
   openinference  openinference-instrumentation-anthropic (LLM spans) and OpenInference TOOL spans
   pydantic-ai    pydantic-ai's own instrumentation (instrument=True) with its Anthropic model
+  genai-anthropic  OpenTelemetry contrib's own Anthropic instrumentation (opentelemetry-instrumentation-genai-anthropic,
+                 built on opentelemetry-util-genai): chat spans with gen_ai.input.messages / gen_ai.output.messages
+  anthropic-sdk  no instrumentation at all: the anthropic SDK's own `anthropic.messages.create` spans, which it makes
+                 whenever a tracer provider is set globally (model, usage, stop reason; no messages)
+  langfuse       the Langfuse SDK: `@observe` around the loop and, for the model calls, the instrumentation Langfuse
+                 documents for Anthropic in Python (OpenInference's); Langfuse's own span processor and exporter
+                 write the spans (to the file / OTLP endpoint here, instead of a Langfuse server)
 
-``--bare`` runs the loop as most people instrument it: no agent or workflow span around it and no session id, the
-tracer provider set globally (so the anthropic SDK's own spans, when it makes them, go to the same exporter). Every
-model call is then a trace of its own; only the conversation in each call's input messages ties them together.
-OpenLLMetry only: the other producers need the app's help (a parent span) to make their spans at all.
+``--bare`` runs the loop as most people instrument it: no agent or workflow span around it, no session id and no tool
+spans, the tracer provider set globally (so the anthropic SDK's own spans go to the same exporter beside the
+instrumentation's). Every model call is then a trace of its own (pydantic-ai keeps its own agent-run span); only the
+conversation in each call's input messages ties them together. semconv needs the app to make every span, so it has
+no bare form.
 
 Scenarios:
   repeat_failing  the model calls get_order(A-1) four times; it fails every time; the answer admits it
@@ -45,9 +54,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PRODUCERS = ("semconv", "semconv-chat", "openllmetry", "openinference", "pydantic-ai")
+PRODUCERS = ("semconv", "semconv-chat", "openllmetry", "openinference", "pydantic-ai", "genai-anthropic",
+             "anthropic-sdk", "langfuse")
 SCENARIOS = ("repeat_failing", "repeat", "ignored_error", "clean")
-BARE_PRODUCERS = ("openllmetry",)
+BARE_PRODUCERS = ("openllmetry", "openinference", "pydantic-ai", "genai-anthropic", "anthropic-sdk", "langfuse")
 MODEL = "claude-sonnet-4-6"
 SESSION_ID = "session-under-watch"
 
@@ -80,13 +90,17 @@ TOOL_SCHEMAS = [
     for (name, function), argument in zip(TOOLS.items(), ("order_id", "order_id", "message"), strict=True)
 ]
 SCENARIO = "clean"
+# Tool-use ids are unique per process, as the real API's are: two agents' identical conversations sent to one watch
+# must not share a history.
+RUN_TAG = os.urandom(4).hex()
 
 
 def model_script(scenario: str) -> list[dict[str, Any]]:
     """What the fake Messages API answers, turn by turn."""
     def call(tool: str, n: int, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         return {"stop_reason": "tool_use", "content": [
-            {"type": "tool_use", "id": f"toolu_{tool}_{n}", "name": tool, "input": arguments or {"order_id": "A-1"}}]}
+            {"type": "tool_use", "id": f"toolu_{tool}_{n}_{RUN_TAG}", "name": tool,
+             "input": arguments or {"order_id": "A-1"}}]}
     if scenario == "repeat_failing":
         return [call("get_order", n) for n in range(1, 5)] + [
             {"content": "I could not look up order A-1: the order service failed every time."}]
@@ -194,9 +208,7 @@ def produce_openllmetry(client_factory: Any, provider: Any, bare: bool = False) 
     from opentelemetry.instrumentation.anthropic import AnthropicInstrumentor
 
     if bare:  # the user's setup: the global provider, instrument() with no arguments, the loop alone
-        from opentelemetry import trace
-
-        trace.set_tracer_provider(provider)
+        _set_global_provider(provider)
         AnthropicInstrumentor().instrument()
         run_plain_loop(client_factory())
         return
@@ -207,10 +219,15 @@ def produce_openllmetry(client_factory: Any, provider: Any, bare: bool = False) 
         run_plain_loop(client_factory())
 
 
-def produce_openinference(client_factory: Any, provider: Any) -> None:
+def produce_openinference(client_factory: Any, provider: Any, bare: bool = False) -> None:
     from openinference.instrumentation import OITracer, TraceConfig
     from openinference.instrumentation.anthropic import AnthropicInstrumentor
 
+    if bare:  # LLM spans only: no agent span, no session, no TOOL spans
+        _set_global_provider(provider)
+        AnthropicInstrumentor().instrument()
+        run_plain_loop(client_factory())
+        return
     AnthropicInstrumentor().instrument(tracer_provider=provider)
     tracer = OITracer(provider.get_tracer("support-app"), config=TraceConfig())
 
@@ -236,7 +253,7 @@ def produce_openinference(client_factory: Any, provider: Any) -> None:
             span.set_output(answer)
 
 
-def produce_pydantic_ai(api_url: str, provider: Any) -> None:
+def produce_pydantic_ai(api_url: str, provider: Any, bare: bool = False) -> None:
     from pydantic_ai import Agent, ModelRetry
     from pydantic_ai.capabilities import Instrumentation
     from pydantic_ai.models.anthropic import AnthropicModel
@@ -245,7 +262,9 @@ def produce_pydantic_ai(api_url: str, provider: Any) -> None:
 
     model = AnthropicModel(MODEL, provider=AnthropicProvider(api_key="test-key", base_url=api_url))
     # pydantic-ai 2.x turns instrumentation on as a capability (1.x took instrument=True).
-    settings = InstrumentationSettings(tracer_provider=provider, include_content=True)
+    if bare:  # the global provider, which the anthropic SDK's own spans also go to
+        _set_global_provider(provider)
+    settings = InstrumentationSettings(tracer_provider=None if bare else provider, include_content=True)
     agent = Agent(model, name="support-agent", retries=10, capabilities=[Instrumentation(settings=settings)])
 
     def as_tool(function: Any) -> Any:
@@ -262,6 +281,111 @@ def produce_pydantic_ai(api_url: str, provider: Any) -> None:
     agent.run_sync("What happened to order A-1? Refund it if needed.")
 
 
+def produce_genai_anthropic(client_factory: Any, provider: Any, bare: bool = False) -> None:
+    from opentelemetry.instrumentation.genai.anthropic import AnthropicInstrumentor
+
+    if bare:
+        _set_global_provider(provider)
+        AnthropicInstrumentor().instrument()
+        run_plain_loop(client_factory())
+        return
+    AnthropicInstrumentor().instrument(tracer_provider=provider)
+    with provider.get_tracer("support-app").start_as_current_span("support-agent.workflow"):
+        run_plain_loop(client_factory())
+
+
+def produce_anthropic_sdk(client_factory: Any, provider: Any, bare: bool = False) -> None:
+    # The SDK takes the global provider (or open_telemetry={"tracer_provider": ...}); no instrumentation is installed.
+    _set_global_provider(provider)
+    if bare:
+        run_plain_loop(client_factory())
+        return
+    with provider.get_tracer("support-app").start_as_current_span("support-agent.workflow"):
+        run_plain_loop(client_factory())
+
+
+def produce_langfuse(client_factory: Any, service: str, exporters: list[Any], bare: bool = False) -> None:
+    from langfuse import Langfuse, observe
+    from openinference.instrumentation.anthropic import AnthropicInstrumentor
+
+    # The setup Langfuse documents: its client makes the tracer provider (and sets it globally, so the instrumentation
+    # and the anthropic SDK's own spans use it too); its own processor (its span filter, its transforming exporter)
+    # sends what it would send to a Langfuse server, here to the file / OTLP endpoint. The loopback base URL keeps
+    # anything else it tries on this machine.
+    global _LANGFUSE
+    if _LANGFUSE is None:  # one client per process, as an app has (a second scenario reuses it)
+        os.environ["OTEL_SERVICE_NAME"] = service
+        _LANGFUSE = Langfuse(public_key="pk-lf-test", secret_key="sk-lf-test", base_url="http://127.0.0.1:9",
+                             span_exporter=_FanOutExporter(exporters), flush_at=1)
+        AnthropicInstrumentor().instrument()
+    try:
+        if bare:
+            run_plain_loop(client_factory())
+            return
+
+        @observe(name="support-agent")
+        def support_agent() -> str:
+            return run_plain_loop(client_factory())
+
+        support_agent()
+    finally:
+        _LANGFUSE.flush()  # its batch processor: every span exported before the file is switched or the process ends
+
+
+_LANGFUSE: Any = None
+
+
+class _SwitchableFileExporter:
+    """The OTLP/JSON file exporter, pointed at another file for the next scenario of the same process."""
+
+    def __init__(self, path: str) -> None:
+        from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
+
+        self._make = OTLPJsonFileExporter
+        self.current = OTLPJsonFileExporter(path)
+
+    def switch(self, path: str) -> None:
+        self.current.shutdown()
+        self.current = self._make(path)
+
+    def export(self, spans: Any) -> Any:
+        return self.current.export(spans)
+
+    def shutdown(self) -> None:
+        self.current.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return getattr(self.current, "force_flush", lambda _timeout: True)(timeout_millis)
+
+
+class _FanOutExporter:
+    """One span exporter that hands every batch to several (Langfuse takes a single ``span_exporter``)."""
+
+    def __init__(self, exporters: list[Any]) -> None:
+        self.exporters = exporters
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        results = [exporter.export(spans) for exporter in self.exporters]
+        ok = all(result == SpanExportResult.SUCCESS for result in results)
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        for exporter in self.exporters:
+            exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(getattr(exporter, "force_flush", lambda _timeout: True)(timeout_millis)
+                   for exporter in self.exporters)
+
+
+def _set_global_provider(provider: Any) -> None:
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(provider)
+
+
 def main(argv: list[str] | None = None) -> int:
     global SCENARIO
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -273,47 +397,77 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--header", action="append", default=[], help="NAME=VALUE sent with every OTLP export")
     parser.add_argument("--service", default="support-app")
     parser.add_argument("--bare", action="store_true",
-                        help="no parent span, no session id, the global tracer provider (openllmetry only)")
+                        help="no parent span, no session id, no tool spans, the global tracer provider")
+    parser.add_argument("--then", action="append", default=[], metavar="SCENARIO=FILE",
+                        help="then run SCENARIO in the same process, its spans to FILE (with --file only): the "
+                             "instrumentation set up once, as in an app; saves a process start")
     args = parser.parse_args(argv)
     if args.bare and args.producer not in BARE_PRODUCERS:
         parser.error(f"--bare is for {', '.join(BARE_PRODUCERS)} only")
-    SCENARIO = args.scenario
+    runs = [(args.scenario, args.file)]
+    for then in args.then:
+        scenario, _, path = then.partition("=")
+        if scenario not in SCENARIOS or not path or not args.file:
+            parser.error(f"--then {then!r}: SCENARIO=FILE with a scenario of {', '.join(SCENARIOS)}, after --file")
+        runs.append((scenario, path))
 
-    import anthropic
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
     from tests.fakes.messages_api import FakeMessagesAPI
 
     provider = TracerProvider(resource=Resource.create({"service.name": args.service}))
     headers = dict(h.split("=", 1) for h in args.header)
-    if args.file:
-        provider.add_span_processor(SimpleSpanProcessor(OTLPJsonFileExporter(args.file)))
+    exporters: list[Any] = []
+    file_exporter = _SwitchableFileExporter(args.file) if args.file else None
+    if file_exporter is not None:
+        exporters.append(file_exporter)
     if args.otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.otlp, headers=headers)))
+        exporters.append(OTLPSpanExporter(endpoint=args.otlp, headers=headers))
     if args.grpc:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-        provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=args.grpc, insecure=True,
-                                                                     headers=tuple(headers.items()))))
+        exporters.append(GrpcExporter(endpoint=args.grpc, insecure=True, headers=tuple(headers.items())))
+    if args.producer != "langfuse":  # Langfuse brings its own span processor and takes the exporters itself
+        for exporter in exporters:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
 
     os.environ.setdefault("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
     os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
-    with FakeMessagesAPI(model_script(args.scenario)) as api:
-        def client_factory() -> anthropic.Anthropic:
-            return anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
-        if args.producer in ("semconv", "semconv-chat"):
-            produce_semconv(client_factory(), provider, with_tool_spans=args.producer == "semconv")
-        elif args.producer == "openllmetry":
-            produce_openllmetry(client_factory, provider, bare=args.bare)
-        elif args.producer == "openinference":
-            produce_openinference(client_factory, provider)
-        else:
-            produce_pydantic_ai(api.url, provider)
+    for index, (scenario, path) in enumerate(runs):
+        SCENARIO = scenario
+        if index and file_exporter is not None:
+            file_exporter.switch(path)
+        run_scenario(args.producer, scenario, provider, exporters, args.service, args.bare, FakeMessagesAPI)
+    if _LANGFUSE is not None:
+        _LANGFUSE.shutdown()
     provider.shutdown()
     return 0
+
+
+def run_scenario(producer: str, scenario: str, provider: Any, exporters: list[Any], service: str, bare: bool,
+                 fake_api: Any) -> None:
+    """One conversation of the scenario under the producer, against a fake Messages API of its own."""
+    import anthropic
+
+    with fake_api(model_script(scenario)) as api:
+        def client_factory() -> anthropic.Anthropic:
+            return anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
+        if producer in ("semconv", "semconv-chat"):
+            produce_semconv(client_factory(), provider, with_tool_spans=producer == "semconv")
+        elif producer == "openllmetry":
+            produce_openllmetry(client_factory, provider, bare=bare)
+        elif producer == "openinference":
+            produce_openinference(client_factory, provider, bare=bare)
+        elif producer == "genai-anthropic":
+            produce_genai_anthropic(client_factory, provider, bare=bare)
+        elif producer == "anthropic-sdk":
+            produce_anthropic_sdk(client_factory, provider, bare=bare)
+        elif producer == "langfuse":
+            produce_langfuse(client_factory, service, exporters, bare=bare)
+        else:
+            produce_pydantic_ai(api.url, provider, bare=bare)
 
 
 if __name__ == "__main__":
