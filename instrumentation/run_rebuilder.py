@@ -31,7 +31,10 @@ from typing import Any
 
 from . import semconv as sc
 from .detector import (
+    CYCLE,
+    FAILING_TOOL,
     IGNORED_ERROR,
+    REPEATED_CALL,
     Anomaly,
     DetectorConfig,
     LoopDetector,
@@ -87,6 +90,9 @@ class _OpenRun:
     root_status: str | None = None
     parents: dict[str, str | None] = field(default_factory=dict)  # span id -> parent span id, to tell nested runs apart
     model_ends: dict[str, tuple[int, str | None, Any]] = field(default_factory=dict)  # span id -> last_model's kind
+
+
+_TOOL_STOPS = frozenset({"tool_use", "tool_calls"})  # Anthropic's stop reason; the GenAI finish reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +303,11 @@ class RunRebuilder:
             not_run.setdefault(IGNORED_ERROR, "the final answer's text was not recorded (content capture off?)")
         if stop_reason is None and run.model_spans:
             not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
+        if not run.calls and (len(model_starts) > 1 or (stop_reason or "").lower() in _TOOL_STOPS):
+            # Model calls that asked for tools, and not one call recorded (the anthropic SDK's own spans): the
+            # loops cannot be seen, which is not the same as there being none.
+            for rule in (REPEATED_CALL, CYCLE, FAILING_TOOL):
+                not_run.setdefault(rule, "no tool calls were recorded (no tool spans, no tool-use parts in messages)")
         anomalies = [a for a in detector.anomalies if a.type not in not_run]
         return Verdict(trace_id=trace_id, name=run.root_name or run.first_model_name,
                        turns=max(len(model_starts), len(turns)), tool_calls=len(run.calls), status=run.root_status,

@@ -31,6 +31,7 @@ README = TESTS.parent / "README.md"
 LOOP_CALLS = 8  # the `repeat` scenario: get_order(A-1) eight times, the same answer each time
 NO_ERROR_FLAG = frozenset({"ignored_error", "failing_tool"})  # tool results read from messages without is_error
 NO_ANSWER_TEXT = frozenset({"ignored_error"})  # the SDK's own spans record no message at all
+NO_TOOL_CALLS = frozenset({"repeated_call", "cycle", "failing_tool"})  # model calls that asked for tools, none recorded
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,15 @@ def test_the_producer_matrix_row(produced, capsys, row, scenario):
     flagged = scenario == "repeat" and row.flagged
     assert [a["type"] for v in verdicts for a in v["anomalies"]] == (["repeated_call"] if flagged else [])
     assert code == (1 if flagged else 0)
-    for verdict in verdicts:  # what the producer did not record is named, not guessed
-        assert set(verdict["rules_not_run"]) == row.not_run, verdict["rules_not_run"]
+    # What the producer did not record is named, not guessed. Without tool calls in the spans, a run whose model
+    # asked for tools (several model calls, or a stop reason saying so) says the loop rules could not run.
+    not_run = [set(verdict["rules_not_run"]) for verdict in verdicts]
+    if row.tools_known:
+        assert all(rules == row.not_run for rules in not_run), not_run
+    else:
+        assert all(row.not_run <= rules <= row.not_run | NO_TOOL_CALLS for rules in not_run), not_run
+        if row.joined:  # a run of several model calls and not one tool call recorded
+            assert all(rules == row.not_run | NO_TOOL_CALLS for rules in not_run), not_run
 
 
 @pytest.mark.slow
