@@ -71,20 +71,6 @@ def test_tool_calls_read_from_messages_alone_still_show_a_loop_but_say_error_rul
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", ["repeat", "clean"])
-def test_a_bare_openllmetry_loop_is_one_run_rebuilt_from_its_history(tmp_path, capsys, scenario):
-    # No workflow span, no session id: every model call is a trace of its own, beside the anthropic SDK's own span
-    # of the same call. Only the history in each call's prompt ties them together.
-    path = produce(tmp_path, "openllmetry", scenario, "--bare")
-    code, verdicts = detect(capsys, path)
-    assert len(verdicts) == 1, verdicts
-    calls = 8 if scenario == "repeat" else 1
-    assert (verdicts[0]["turns"], verdicts[0]["tool_calls"]) == (calls + 1, calls)  # the SDK's spans counted once
-    assert [a["type"] for a in verdicts[0]["anomalies"]] == (["repeated_call"] if scenario == "repeat" else [])
-    assert code == (1 if scenario == "repeat" else 0)
-
-
-@pytest.mark.slow
 def test_the_text_report_names_the_foreign_run(tmp_path, capsys):
     path = produce(tmp_path, "openinference", "repeat_failing")
     assert main(["detect", str(path)]) == 1
