@@ -117,8 +117,9 @@ class LoopDetector:
             self.internal_errors += 1
             self.last_internal_error = shorten(safe_text(exc), 300)
             return []
-        fired = [self._remember(anomaly) for anomaly in fired]
-        self.anomalies_reported += len(fired)
+        if fired:  # most checks find nothing
+            fired = [self._remember(anomaly) for anomaly in fired]
+            self.anomalies_reported += len(fired)
         return fired
 
     def _note_judge_failure(self, description: str) -> None:
@@ -148,7 +149,9 @@ class LoopDetector:
 
     def _observe(self, call: ToolCall) -> list[Anomaly]:
         fired: list[Anomaly] = []
-        turn = _as_turn(getattr(call, "turn", None), self._current_turn_guess())
+        turn = getattr(call, "turn", None)
+        if type(turn) is not int:  # the loop's own calls carry their turn: the guess is for other feeds
+            turn = _as_turn(turn, self._current_turn_guess())
         open_turn = self._open
         if open_turn.calls and turn != open_turn.number:
             fired += self._close_turn(open_turn.number)  # the caller moved on without end_turn
