@@ -7,6 +7,7 @@ repeated `end_turn`) and the guard that keeps a detector bug from reaching the a
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -36,7 +37,9 @@ class LoopDetector:
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
-        self._judging = Judging(self.config.judge, self._note_judge_failure)
+        # The judge's failures reach the detector by a weak reference: a bound method would make the two a cycle,
+        # and every run's detector garbage for the cycle collector instead of freed when its run ends.
+        self._judging = Judging(self.config.judge, _judge_failure_note(weakref.ref(self)))
         repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
@@ -121,9 +124,6 @@ class LoopDetector:
             fired = [self._remember(anomaly) for anomaly in fired]
             self.anomalies_reported += len(fired)
         return fired
-
-    def _note_judge_failure(self, description: str) -> None:
-        self.last_internal_error = description
 
     def _remember(self, anomaly: Anomaly) -> Anomaly:
         """Keep one entry per streak; a later firing carries the turn where the streak first fired."""
@@ -223,3 +223,14 @@ def _as_turn(value: Any, fallback: int) -> int:
         except ValueError:
             return fallback
     return fallback
+
+
+def _judge_failure_note(detector: weakref.ref[LoopDetector]) -> Callable[[str], None]:
+    """What the judge calls on a failure: keeps it as the detector's last internal error, while the detector lives."""
+
+    def note(description: str) -> None:
+        alive = detector()
+        if alive is not None:
+            alive.last_internal_error = description
+
+    return note

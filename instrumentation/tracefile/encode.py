@@ -219,7 +219,8 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
             if type(value) is str:
                 # Most text values repeat on every span of a run (agent, model, operation, tool definitions...):
                 # their whole key-value text is looked up rather than escaped again.
-                text = pairs.get(item)
+                # (Only short values are kept, so a long one, a new text each time, is not hashed for a lookup.)
+                text = pairs.get(item) if len(value) <= _PAIR_VALUE_CHARS else None
                 if text is None:
                     if value is last_text:
                         text = prefix(item[0]) + last_escaped
