@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -134,6 +132,11 @@ class Alerts:
 
     def _post(self, payload: dict[str, Any]) -> None:
         assert self.webhook_url is not None  # posts are only started when there is a URL
+        # Imported here: urllib.request brings http.client and email with it, which the reading commands (detect,
+        # show) would otherwise load at start-up through the interface without ever posting.
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(
             self.webhook_url, data=json.dumps(payload).encode(), method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "looptrace-alerts"},

@@ -158,6 +158,8 @@ def _collect_texts(value: Any, into: list[str]) -> None:
 def hidden_texts(values: list[str]) -> tuple[str, ...]:
     """The forms in which redacted values can reappear in a tool's text: each value as it is, URL-encoded (an error
     quoting ``?access_token=...``) and JSON-escaped, longest first so that no shorter form cuts a longer one."""
+    if not values:  # the usual call: nothing was redacted
+        return ()
     from urllib.parse import quote, quote_plus
 
     forms: set[str] = set()

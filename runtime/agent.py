@@ -282,8 +282,9 @@ class Agent:
             run.messages.append({"role": "user", "content": results})
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
-            stopped, _ = (self._react(run, turn, _detected(turn, run.detector.end_turn, index), [])
-                          if run.detector else (False, []))
+            detector = run.detector
+            stopped, _ = (self._react(run, turn, _detected(turn, detector, detector.end_turn, index), [])
+                          if detector else (False, []))
             return RunStatus.STOPPED_BY_DETECTOR if stopped else None
         status = STATUS_FOR_STOP_REASON.get(stop_reason) if stop_reason is not None else None
         if status is None or stop_reason is None:
@@ -294,10 +295,11 @@ class Agent:
     def _check_finish(self, run: _Run, turn: TurnTrace, index: int, stop_reason: str,
                       status: RunStatus) -> RunStatus | None:
         """The model says it is finished: the moment to look for errors it never dealt with."""
-        if run.detector is None:
+        detector = run.detector
+        if detector is None:
             return status
-        stopped, nudges = self._react(run, turn, _detected(turn, run.detector.end_run, stop_reason, run.final_text,
-                                                           index), [])
+        stopped, nudges = self._react(run, turn, _detected(turn, detector, detector.end_run, stop_reason,
+                                                           run.final_text, index), [])
         if stopped:
             return RunStatus.STOPPED_BY_DETECTOR
         if nudges and status is RunStatus.DONE:
@@ -321,10 +323,11 @@ class Agent:
             raise outcome.exc
         results = [self._settle_call(run, index, call) for call in calls]
         stopped, nudges = False, list[str]()
-        if run.detector is not None:
+        detector = run.detector
+        if detector is not None:
             # with what the model said beside its calls: the user sees it, and it may already report a failure
-            stopped, nudges = self._react(run, turn, _detected(turn, run.detector.end_turn, index, run.final_text),
-                                          calls)
+            stopped, nudges = self._react(run, turn, _detected(turn, detector, detector.end_turn, index,
+                                                               run.final_text), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
                           error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
@@ -382,6 +385,8 @@ class Agent:
     def _react(self, run: _Run, turn: TurnTrace, anomalies: list[Anomaly],
                calls: list[_Call]) -> tuple[bool, list[str]]:
         """Report each anomaly once and apply the policy. Returns whether to stop and the nudges to send."""
+        if not anomalies:  # the usual turn
+            return False, []
         stop, nudges = False, []
         turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
         for anomaly in anomalies:
@@ -623,8 +628,12 @@ def _timed(call: _Call, work: Callable[[], Any]) -> None:
 # --- small pure helpers -------------------------------------------------------------------------------------------
 
 
-def _detected(turn: TurnTrace, check: Callable[..., list[Anomaly]], *args: Any) -> list[Anomaly]:
-    """A detector check, made with the turn current: a judge it asks opens its span under the turn."""
+def _detected(turn: TurnTrace, detector: LoopDetector, check: Callable[..., list[Anomaly]],
+              *args: Any) -> list[Anomaly]:
+    """A detector check, made with the turn current: a judge it asks opens its span under the turn. Without a judge
+    nothing opens a span, so the check runs as it is (making the turn current costs a context switch per check)."""
+    if detector.config.judge is None:
+        return check(*args)
     with turn.activate():
         return check(*args)
 

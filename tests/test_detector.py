@@ -96,6 +96,20 @@ def test_canonical_arguments_is_compact_sorted_json_or_the_raw_text():
     assert canonical_arguments({"k": "日本語"}) == '{"k":"日本語"}'
 
 
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20),
+                     st.sampled_from([" a  b ", "line\n  two  \n", "e\u0301", "x\r\ny", 2.0 ** 60, -0.0, 10 ** 5000]))
+_NAMES = st.one_of(st.text(max_size=8), st.sampled_from(["request_id", "Trace-Id", "ts", "e\u0301", "query"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_NAMES, _SCALARS, max_size=6))
+def test_canonical_arguments_of_a_flat_dict_is_the_same_as_any_other_mapping(arguments):
+    from types import MappingProxyType  # a Mapping that is no dict goes the general way
+
+    assert canonical_arguments(arguments) == canonical_arguments(MappingProxyType(arguments))
+
+
 def _deeply_nested(depth):
     value = []
     for _ in range(depth):

@@ -54,12 +54,17 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
 
     `turns_closed` makes an unknown result unique to its turn when unknown results must not count as unchanged.
     """
+    # This runs for every call the loop makes: each field is read once, and a plain str skips the conversions.
     tool = getattr(call, "tool", None)
-    tool = tool if isinstance(tool, str) else ("" if tool is None else safe_text(tool))
-    arguments = canonical_arguments(getattr(call, "arguments", None))
+    if type(tool) is not str:
+        tool = "" if tool is None else safe_text(tool)
+    raw_arguments = getattr(call, "arguments", None)
+    arguments = canonical_arguments(raw_arguments)
     is_error = bool(getattr(call, "is_error", False))
     result = getattr(call, "result", None)
     call_id = getattr(call, "call_id", None)
+    if call_id is not None and (type(call_id) is not str or len(call_id) > 200):
+        call_id = shorten(safe_text(call_id), 200)
     return ObservedCall(
         turn=turn,
         tool=tool,
@@ -67,10 +72,10 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
         arguments=shorten(arguments, config.max_argument_chars),
         outcome=ERROR_OUTCOME if is_error else _success_outcome(call, config, turns_closed),
         is_error=is_error,
-        call_id=None if call_id is None else shorten(safe_text(call_id), 200),
+        call_id=call_id,
         error_text=shorten(safe_text(result), 500) if is_error and result is not None else "",
         recorded_digest=_given_digest(call) if is_error else None,
-        raw_arguments=getattr(call, "arguments", None),
+        raw_arguments=raw_arguments,
         raw_result=result,
     )
 

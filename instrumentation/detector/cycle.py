@@ -92,14 +92,17 @@ class CycleRule(Rule):
         window = self._window
         if len(window) < cfg.cycle_min_period * cfg.cycle_repeats or not window[-1].digest:
             return None  # too few turns yet, or this one had no tool calls: no cycle ends here
+        last = window[-1].digest
+        periods = [period for period in range(cfg.cycle_min_period, cfg.cycle_max_period + 1)
+                   if len(window) > period and window[-1 - period].digest == last]
+        if not periods:
+            return None  # the cheap test first: most turns end every candidate period right here
         # The digests of the whole window, once per turn, rather than a copy of the window for every period tried.
         digests = [s.digest for s in window]
-        for period in range(cfg.cycle_min_period, cfg.cycle_max_period + 1):
+        for period in periods:
             span = period * cfg.cycle_repeats
             if len(digests) < span:
                 break
-            if digests[-1] != digests[-1 - period]:
-                continue  # the cheap test first: most turns end every candidate period right here
             recent = digests[-span:]
             if "" in recent:
                 continue  # a turn without tool calls is no part of a tool loop

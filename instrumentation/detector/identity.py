@@ -12,7 +12,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _MAX_DEPTH = 64  # deeper structures are cut: json would recurse past Python's limit
@@ -41,6 +41,10 @@ def canonical_arguments(args: Any) -> str:
     """Compact JSON of `args` with keys sorted and numbers normalised; raw text if not JSON."""
     if isinstance(args, str):
         return _canonical_text(args)
+    if type(args) is dict:
+        flat = _flat_canonical(args)
+        if flat is not None:
+            return flat
     try:
         return _compact_json(_normalise(args, 0))
     except Exception:  # exotic objects whose __str__ fails, and the like
@@ -57,6 +61,37 @@ def _canonical_text(text: str) -> str:
         return _compact_json(_normalise(value, 0))
     except Exception:
         return f"<unrepresentable {type(value).__qualname__}>"
+
+
+def _flat_canonical(args: dict[Any, Any]) -> str | None:
+    """`canonical_arguments` of the usual arguments, a flat object of ASCII names and plain scalar values, in one pass
+    with no call per value; None for anything else (nested values, other names), which takes the general path.
+
+    The same text as `_normalise` then `_compact_json` gives: ASCII is its own NFC form, so only the whitespace of a
+    one-line string changes, and numbers only where a float is integral.
+    """
+    plain: dict[str, Any] = {}
+    for key, value in args.items():
+        if type(key) is not str or not key.isascii():
+            return None
+        if _is_nonce_name(key):
+            continue
+        kind = type(value)
+        if kind is str:
+            if not value.isascii() or "\n" in value or "\r" in value:
+                value = normal_text(value)
+            else:
+                value = " ".join(value.split())
+        elif kind is int:
+            if value.bit_length() > _MAX_INT_BITS:
+                return None
+        elif kind is float:
+            if math.isfinite(value) and value.is_integer():
+                value = int(value)
+        elif value is not None and kind is not bool:
+            return None
+        plain[key] = value
+    return _compact_json(plain)
 
 
 def _normalise(value: Any, depth: int) -> Any:
@@ -86,13 +121,19 @@ def _key_text(key: Any, depth: int) -> str:
     return unicodedata.normalize("NFC", key) if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
 
 
-def _compact_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False), with the encoder made once: dumps
+# builds a new JSONEncoder on every call that passes options, and this runs for every call the detector sees.
+_compact_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 
 def is_nonce_key(key: Any) -> bool:
     """Whether an argument name is one of `NONCE_KEYS` (any case, "_" and "-" ignored)."""
-    return isinstance(key, str) and key.casefold().replace("_", "").replace("-", "") in NONCE_KEYS
+    return isinstance(key, str) and _is_nonce_name(key)
+
+
+@functools.lru_cache(maxsize=1024)  # a tool's argument names are few and come back on every call
+def _is_nonce_name(name: str) -> bool:
+    return name.casefold().replace("_", "").replace("-", "") in NONCE_KEYS
 
 
 def normal_text(text: str) -> str:
@@ -148,9 +189,22 @@ def result_digest(text: str | None) -> str:
         return ""
     if not isinstance(text, str):
         text = safe_text(text)
+    if len(text) <= _MAX_CACHED_RESULT:
+        return _result_digest_cached(text)
+    return _result_digest(text)
+
+
+def _result_digest(text: str) -> str:
     if len(text) <= _MAX_NORMALISED_RESULT:
         text = _RESULT_NONCES.sub("\x00", normal_text(text))
     return digest(text, size=8)
+
+
+# The loop digests each result twice, for the detector and for the execute_tool span (live and offline detection must
+# compare equal values): a few recent results are remembered so the second costs a lookup. Only results of a bounded
+# size, so what the cache holds on to stays small.
+_MAX_CACHED_RESULT = 16_384
+_result_digest_cached = functools.lru_cache(maxsize=32)(_result_digest)
 
 
 def digest(text: str, size: int = 16) -> str:

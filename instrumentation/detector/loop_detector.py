@@ -7,6 +7,7 @@ repeated `end_turn`) and the guard that keeps a detector bug from reaching the a
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -37,7 +38,10 @@ class LoopDetector:
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
-        self._judging = Judging(self.config.judge, self._note_judge_failure, self.config.judge_cap)
+        # The judge's failures reach the detector by a weak reference: a bound method would make the two a cycle,
+        # and every run's detector garbage for the cycle collector instead of freed when its run ends.
+        self._judging = Judging(self.config.judge, _judge_failure_note(weakref.ref(self)),
+                                self.config.judge_cap)
         repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
         ignored = IgnoredErrorRule(self.config, self._judging)
@@ -139,12 +143,10 @@ class LoopDetector:
             self.internal_errors += 1
             self.last_internal_error = shorten(safe_text(exc), 300)
             return []
-        fired = [self._remember(anomaly) for anomaly in fired]
-        self.anomalies_reported += len(fired)
+        if fired:  # most checks find nothing
+            fired = [self._remember(anomaly) for anomaly in fired]
+            self.anomalies_reported += len(fired)
         return fired
-
-    def _note_judge_failure(self, description: str) -> None:
-        self.last_internal_error = description
 
     def _remember(self, anomaly: Anomaly) -> Anomaly:
         """Keep one entry per streak; a later firing carries the turn where the streak first fired in this run, and
@@ -175,7 +177,9 @@ class LoopDetector:
 
     def _observe(self, call: ToolCall) -> list[Anomaly]:
         fired: list[Anomaly] = []
-        turn = _as_turn(getattr(call, "turn", None), self._current_turn_guess())
+        turn = getattr(call, "turn", None)
+        if type(turn) is not int:  # the loop's own calls carry their turn: the guess is for other feeds
+            turn = _as_turn(turn, self._current_turn_guess())
         open_turn = self._open
         if open_turn.calls and turn != open_turn.number:
             fired += self._close_turn(open_turn.number)  # the caller moved on without end_turn
@@ -247,3 +251,14 @@ def _as_turn(value: Any, fallback: int) -> int:
         except ValueError:
             return fallback
     return fallback
+
+
+def _judge_failure_note(detector: weakref.ref[LoopDetector]) -> Callable[[str], None]:
+    """What the judge calls on a failure: keeps it as the detector's last internal error, while the detector lives."""
+
+    def note(description: str) -> None:
+        alive = detector()
+        if alive is not None:
+            alive.last_internal_error = description
+
+    return note

@@ -210,18 +210,27 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
     if repairs is None:
         prefix, pairs = _key_prefix, _TEXT_PAIRS
         parts = []
+        # A text set under two keys side by side (gen_ai.*'s messages and input.value/output.value, for Phoenix) is
+        # the same object: its escaped form is made once.
+        last_text: str | None = None
+        last_escaped = ""
         for item in plain.items():
             value = item[1]
             if type(value) is str:
                 # Most text values repeat on every span of a run (agent, model, operation, tool definitions...):
                 # their whole key-value text is looked up rather than escaped again.
-                text = pairs.get(item)
+                # (Only short values are kept, so a long one, a new text each time, is not hashed for a lookup.)
+                text = pairs.get(item) if len(value) <= _PAIR_VALUE_CHARS else None
                 if text is None:
-                    if len(value) <= _PAIR_VALUE_CHARS:
-                        text = prefix(item[0]) + '{"stringValue":' + _string(value) + "}}"
+                    if value is last_text:
+                        text = prefix(item[0]) + last_escaped
+                    elif len(value) <= _PAIR_VALUE_CHARS:
+                        last_text, last_escaped = value, '{"stringValue":' + _string(value) + "}}"
+                        text = prefix(item[0]) + last_escaped
                         _remember(item, text)
                     else:
-                        text = prefix(item[0]) + '{"stringValue":' + _grown_string(item[0], value) + "}}"
+                        last_text, last_escaped = value, '{"stringValue":' + _grown_string(item[0], value) + "}}"
+                        text = prefix(item[0]) + last_escaped
             else:
                 text = prefix(item[0]) + _value(value) + "}"
             parts.append(text)
