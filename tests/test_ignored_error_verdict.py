@@ -60,6 +60,11 @@ def _run(calls: list[tuple[str, dict]], answer: str):
                   telemetry=False, alerts=Alerts(log_warnings=False))
     result = agent.run("go")
     assert result.status is RunStatus.DONE
+    # Whatever the verdict, the run records the errors it left standing as facts: every failed target, once.
+    failed = {(name, arguments.get("item_id") or arguments.get("path")) for name, arguments in calls
+              if name == "run_tests" or arguments.get("item_id") == "EQ-001"}
+    recorded = {(e.tool, key) for e in result.unresolved_errors for _, key in failed if key in (e.target or "")}
+    assert recorded == failed and len(result.unresolved_errors) == len(failed), result.unresolved_errors
     return [a for a in result.anomalies if a.type == IGNORED_ERROR]
 
 

@@ -225,6 +225,9 @@ def test_a_session_wide_streak_alerts_once_and_every_run_lists_it(spans, webhook
     assert [(body["trace_id"], body["anomaly"]["count"]) for body in webhook.received] == [(results[0].trace_id, 3)]
     assert scores.sent == [(results[0].trace_id, REPEATED_CALL)]
 
+    # Each run records the failure it left standing as a fact, announced or not.
+    assert [[e.tool for e in result.unresolved_errors] for result in results] == [["book"]] * 3
+
     # The trace of every run still records the finding on its spans.
     for result in results:
         events = [dict(e.attributes) for s in spans.all if format(s.context.trace_id, "032x") == result.trace_id
