@@ -37,8 +37,7 @@ class CycleRule(Rule):
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
-        window = max(config.cycle_max_period * config.cycle_repeats, config.cycle_max_period + 1)
-        self._window: deque[_TurnSignature] = deque(maxlen=window)
+        self._window: deque[_TurnSignature] = deque(maxlen=config.cycle_window)
         self._cycle: _CycleRun | None = None
 
     @property
