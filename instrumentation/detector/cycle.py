@@ -71,6 +71,15 @@ class CycleRule(Rule):
         observed = turn.observed
         if not observed:
             return _TurnSignature(turn.number, "", (), ())
+        if len(observed) == 1 and not turn.overflow:
+            # The common turn, one call: the same signature as below, without the sort and the lists.
+            only = observed[0]
+            return _TurnSignature(
+                turn=turn.number,
+                digest=digest(only.key + "=" + only.outcome + "\n+0"),
+                calls=((only.tool, only.arguments, only.outcome == ERROR_OUTCOME),),
+                call_ids=() if only.call_id is None else (only.call_id,),
+            )
         # a multiset: the order of parallel calls does not matter, their number does
         items = sorted([o.key + "=" + o.outcome for o in observed])
         items.append(f"+{turn.overflow}")
