@@ -46,6 +46,7 @@ from typing import Any
 from . import semconv as sc
 from .conversations import ConversationIndex
 from .detector import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL
+from .tracefile.read import SpanRecord
 
 # OpenInference's attribute names (openinference-semantic-conventions), listed so the reader needs no extra package.
 OI_SPAN_KIND = "openinference.span.kind"
@@ -130,6 +131,10 @@ class NeutralSpan:
     end_ns: int = 0
 
 
+# What `ProducerReader.translate` gives: a NeutralSpan, or a decoded child span read as it is.
+ReadSpan = NeutralSpan | SpanRecord
+
+
 @dataclass(slots=True)
 class _Requested:
     after_ns: int  # the requesting model call's start: the call belongs to its turn
@@ -161,11 +166,12 @@ class ProducerReader:
 
     # -- span by span -------------------------------------------------------------------------------------------
 
-    def translate(self, span: Any) -> NeutralSpan:
+    def translate(self, span: Any) -> ReadSpan:
         attributes = span.attributes
         kind = attributes.get(OI_SPAN_KIND)
         # A span that follows the GenAI conventions is read as such even when it also names an OpenInference kind:
         # looptrace's own spans do (for Phoenix), and their gen_ai.* attributes are the complete record.
+        neutral: ReadSpan
         if kind is not None and not attributes.get(sc.GEN_AI_OPERATION_NAME) and sc.TURN_INDEX not in attributes:
             neutral = _from_openinference(span, str(kind).upper())
         elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
@@ -173,6 +179,10 @@ class ProducerReader:
             neutral = _from_openllmetry(span)
         elif type(span) is NeutralSpan:
             neutral = span  # already in our vocabulary and made for this reader (a file reader's, a processor's)
+        elif type(span) is SpanRecord and span.parent_span_id is not None:
+            # A decoded record (watch's, a file's) has every field the rebuilder reads, and only a root is ever moved
+            # to a session or conversation: a child is read as it is, not copied.
+            neutral = span
         else:
             neutral = _from_gen_ai(span)
         model_call = neutral.attributes.get(sc.GEN_AI_OPERATION_NAME) in MODEL_OPERATIONS
@@ -187,7 +197,7 @@ class ProducerReader:
         self._remember(neutral, span, raw, form)
         return neutral
 
-    def _join_conversation(self, neutral: NeutralSpan, raw: Any, form: str) -> None:
+    def _join_conversation(self, neutral: ReadSpan, raw: Any, form: str) -> None:
         """A lone model call with a history joins the conversation that history continues."""
         history = _canonical_history(raw, form)
         if not history:
@@ -195,7 +205,7 @@ class ProducerReader:
         neutral.trace_id = self._conversations.place(neutral.trace_id, history)
         neutral.parent_span_id = "conversation"  # not a root: the run stays open for the conversation's next call
 
-    def _remember(self, neutral: NeutralSpan, original: Any, raw: Any, form: str) -> None:
+    def _remember(self, neutral: ReadSpan, original: Any, raw: Any, form: str) -> None:
         state = self._traces.get(neutral.trace_id)
         if state is None:
             state = self._traces[neutral.trace_id] = _TraceState()
@@ -353,7 +363,7 @@ def run_key(span: Any) -> str:
     return f"{SESSION_PREFIX}{session}" if session is not None else span.trace_id
 
 
-def _join_session(neutral: NeutralSpan, original: Any) -> bool:
+def _join_session(neutral: ReadSpan, original: Any) -> bool:
     """A lone model call with a session id belongs to its session's run, not to a one-span trace of its own."""
     key = run_key(original)
     if key != original.trace_id:
@@ -363,7 +373,7 @@ def _join_session(neutral: NeutralSpan, original: Any) -> bool:
     return False
 
 
-def _records_no_messages(neutral: NeutralSpan) -> bool:
+def _records_no_messages(neutral: ReadSpan) -> bool:
     """A model call that says which response it got but nothing of the conversation: the SDK's own span, say."""
     a = neutral.attributes
     return bool(a.get(sc.GEN_AI_RESPONSE_ID)) and sc.GEN_AI_OUTPUT_MESSAGES not in a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .judge import DEFAULT_JUDGE_MAX_CALLS, Judge
 
@@ -38,6 +39,18 @@ class DetectorConfig:
         """The per-run cap on judge calls in force."""
         return DEFAULT_JUDGE_MAX_CALLS if self.judge_max_calls is None else self.judge_max_calls
 
+    # Worked out once per config, not once per detector: watch and detect make a detector for every run they judge.
+    # (cached_property writes the instance's __dict__ directly, which a frozen dataclass allows.)
+    @cached_property
+    def ending_reasons(self) -> frozenset[str]:
+        """`ignored_error_stop_reasons` in lower case: the stop reasons at which ignored_error gives its verdict."""
+        return frozenset(reason.lower() for reason in self.ignored_error_stop_reasons)
+
+    @cached_property
+    def cycle_window(self) -> int:
+        """The turn signatures cycle keeps: enough for the longest period repeated, and one more than that period."""
+        return max(self.cycle_max_period * self.cycle_repeats, self.cycle_max_period + 1)
+
     def __post_init__(self) -> None:
         _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
         _require(
@@ -50,6 +63,17 @@ class DetectorConfig:
                      "max_call_ids", "max_argument_chars", "max_kept_anomalies", "repeat_window"):
             _require(getattr(self, name) >= 1, f"{name} must be at least 1")
         _require(self.judge_max_calls is None or self.judge_max_calls >= 1, "judge_max_calls must be at least 1")
+
+
+_DEFAULT: DetectorConfig | None = None
+
+
+def default_config() -> DetectorConfig:
+    """The default config, validated once and shared: it is frozen, so every detector made without one can use it."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = DetectorConfig()
+    return _DEFAULT
 
 
 def _require(condition: bool, message: str) -> None:

@@ -37,8 +37,7 @@ class CycleRule(Rule):
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
-        window = max(config.cycle_max_period * config.cycle_repeats, config.cycle_max_period + 1)
-        self._window: deque[_TurnSignature] = deque(maxlen=window)
+        self._window: deque[_TurnSignature] = deque(maxlen=config.cycle_window)
         self._cycle: _CycleRun | None = None
 
     @property
@@ -72,6 +71,15 @@ class CycleRule(Rule):
         observed = turn.observed
         if not observed:
             return _TurnSignature(turn.number, "", (), ())
+        if len(observed) == 1 and not turn.overflow:
+            # The common turn, one call: the same signature as below, without the sort and the lists.
+            only = observed[0]
+            return _TurnSignature(
+                turn=turn.number,
+                digest=digest(only.key + "=" + only.outcome + "\n+0"),
+                calls=((only.tool, only.arguments, only.outcome == ERROR_OUTCOME),),
+                call_ids=() if only.call_id is None else (only.call_id,),
+            )
         # a multiset: the order of parallel calls does not matter, their number does
         items = sorted([o.key + "=" + o.outcome for o in observed])
         items.append(f"+{turn.overflow}")

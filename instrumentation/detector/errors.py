@@ -16,7 +16,7 @@ from typing import Any
 
 from .answers import FoldedText, free_text_in, names_or_quotes
 from .calls import ObservedCall, observe_call
-from .config import DetectorConfig
+from .config import DetectorConfig, default_config
 from .identity import call_targets, normal_text
 from .rule import OpenTurn
 
@@ -245,7 +245,7 @@ class ToolErrorFacts:
     """
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
-        self.config = config if isinstance(config, DetectorConfig) else DetectorConfig()
+        self.config = config if isinstance(config, DetectorConfig) else default_config()
         self._ledger = ErrorLedger(self.config)
         self._turn = OpenTurn()  # never filled: the batch an error came in is the rules' business
 

@@ -55,7 +55,7 @@ class IgnoredErrorRule(Rule):
         self._errors = ErrorLedger(config)
         self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
         self._succeeded: set[str] = set()  # tools that succeeded this run (on any target)
-        self._ending_reasons = {r.lower() for r in config.ignored_error_stop_reasons}
+        self._ending_reasons = config.ending_reasons
 
     def begin_run(self) -> None:
         self._errors.begin_run()

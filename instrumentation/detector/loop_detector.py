@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from .calls import group_by_call, observe_call
-from .config import DetectorConfig
+from .config import DetectorConfig, default_config
 from .cycle import CycleRule
 from .errors import UnresolvedToolError
 from .failing_tool import FailingToolRule
@@ -34,7 +34,7 @@ class LoopDetector:
     """
 
     def __init__(self, config: DetectorConfig | None = None):
-        self.config = config if isinstance(config, DetectorConfig) else DetectorConfig()
+        self.config = config if isinstance(config, DetectorConfig) else default_config()
         self.internal_errors = 0
         self.last_internal_error: str | None = None
         self.anomalies_reported = 0
@@ -47,22 +47,13 @@ class LoopDetector:
         ignored = IgnoredErrorRule(self.config, self._judging)
         self._errors = ignored._errors  # the run's error ledger, kept by ignored_error: read for the run's facts
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
-        self._rules: tuple[Rule, ...] = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored)
+        rules = self._rules = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored)
         # Each hook goes only to the rules that define it: the feed is the hot path, and most hooks are no-ops.
-        self._observers: list[Rule] = []
-        self._listeners: list[Rule] = []
-        self._turn_rules: list[Rule] = []
-        self._run_rules: list[Rule] = []
-        for rule in self._rules:  # one pass, not one per hook: a detector is made per run or session
-            hooks = rule.hooks
-            if "observe" in hooks:
-                self._observers.append(rule)
-            if "model_said" in hooks:
-                self._listeners.append(rule)
-            if "end_turn" in hooks:
-                self._turn_rules.append(rule)
-            if "end_run" in hooks:
-                self._run_rules.append(rule)
+        # Which rules those are is the same for every detector, worked out once (`_HOOKED`).
+        self._observers = [rules[i] for i in _HOOKED["observe"]]
+        self._listeners = [rules[i] for i in _HOOKED["model_said"]]
+        self._turn_rules = [rules[i] for i in _HOOKED["end_turn"]]
+        self._run_rules = [rules[i] for i in _HOOKED["end_run"]]
         self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
         self._open = OpenTurn()
         self._last_closed_turn: int | None = None
@@ -235,6 +226,14 @@ class LoopDetector:
         if self._open.number is not None:
             return self._open.number
         return (self._last_closed_turn or 0) + 1
+
+
+# The rules a detector runs, in its order, and for each hook the positions of those that define it.
+_RULE_CLASSES: tuple[type[Rule], ...] = (RepeatedCallRule, CycleRule, FailingToolRule, IgnoredErrorRule)
+_HOOKED: dict[str, tuple[int, ...]] = {
+    hook: tuple(i for i, rule in enumerate(_RULE_CLASSES) if hook in rule.hooks)
+    for hook in ("observe", "model_said", "end_turn", "end_run")
+}
 
 
 def _as_turn(value: Any, fallback: int) -> int:
