@@ -93,13 +93,14 @@ class InstrumentedModel:
             return None
 
     def _end(self, chat: Any, response: dict[str, Any]) -> None:
+        usage = Usage.from_response(response)  # parsed once: the price and the span both read it
         cost = None
         if self.cost_of is not None:
             try:
-                cost = self.cost_of(response)
+                cost = self.cost_of(response, usage)
             except Exception:  # a price table that cannot price this response leaves the cost unknown, not the run
                 cost = None
-        chat.end(response, Usage.from_response(response), cost_usd=cost)  # never raises (spans._never_raises)
+        chat.end(response, usage, cost_usd=cost)  # never raises (its body is guarded, see spans._never_raises)
 
     def __getattr__(self, name: str) -> Any:
         # What else the model offers (ScriptedModel.remaining, AnthropicModel.sync_client) stays reachable.

@@ -83,8 +83,9 @@ def _token_count(value: Any) -> int:
     return 0
 
 
-CostOf = Callable[[Mapping[str, Any]], "float | None"]
-"""The USD cost of a Messages API response, or None when its model has no price (the agent's price table decides)."""
+CostOf = Callable[[Mapping[str, Any], Usage], "float | None"]
+"""The USD cost of a Messages API response whose usage was already parsed (``Usage.from_response``), or None when its
+model has no price (the agent's price table decides)."""
 
 
 class ModelLike(Protocol):

@@ -59,7 +59,11 @@ CONTENT_EVENT = sc.CONTENT_EVENT
 def _never_raises(where: str, fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Telemetry never raises into the run it describes: a span method that fails (a value no encoder takes, an
     exporter's bug) is counted and said once (``logs.telemetry_failed``), and ``fallback`` (called with the same
-    arguments) keeps the trace whole around it: the span still ends, a child still gets a place to hang from."""
+    arguments) keeps the trace whole around it: the span still ends, a child still gets a place to hang from.
+
+    The methods every turn calls (``start_turn``, ``start_tool`` and the turn's, chat's and tool's ``end``) hold the
+    same guard written out in place, a ``try`` around their body: it costs nothing until it catches, where this
+    wrapper costs a call frame and the packing of the arguments on every call."""
     def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -281,20 +285,20 @@ class RunSpan:
     def span_id(self) -> str:
         return format(self.span.get_span_context().span_id, "016x")
 
-    def _untraced_turn(self, index: int) -> TurnSpan:
-        return TurnSpan(self, _NON_RECORDING)
-
-    @_never_raises("turn span", _untraced_turn)
     def start_turn(self, index: int) -> TurnSpan:
-        if not self.recording:
+        try:
+            if not self.recording:
+                return TurnSpan(self, _NON_RECORDING)
+            span = self.tracing.tracer.start_span(
+                sc.TURN_SPAN_NAME,
+                context=trace.set_span_in_context(self.span),
+                kind=SpanKind.INTERNAL,
+                attributes={sc.TURN_INDEX: index, **self.common, **_AS_TURN},
+            )
+            return TurnSpan(self, span)
+        except Exception as exc:  # never into the run (see _never_raises)
+            telemetry_failed("turn span", exc)
             return TurnSpan(self, _NON_RECORDING)
-        span = self.tracing.tracer.start_span(
-            sc.TURN_SPAN_NAME,
-            context=trace.set_span_in_context(self.span),
-            kind=SpanKind.INTERNAL,
-            attributes={sc.TURN_INDEX: index, **self.common, **_AS_TURN},
-        )
-        return TurnSpan(self, span)
 
     @_never_raises("invoke_agent span", _end_span)
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
@@ -375,8 +379,10 @@ class TurnSpan:
         self.flagged: str | None = None
 
     def activate(self) -> contextlib.AbstractContextManager:
-        """This turn current while its model call runs: the instrumented model opens the chat span under it."""
-        return _activate(self.span, self)
+        """This turn current while its model call (or a judge's check) runs: the instrumented model opens the chat
+        span under it. Only the turn is made current, not its span: the chat and judge spans name it as their parent
+        explicitly, so the OpenTelemetry context is attached once per call (by the chat span), as before the seam."""
+        return _TurnCurrent(self)
 
     def report(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
         """The one report of an anomaly: an event on this turn and on each offending call, the metric, and the run's
@@ -465,54 +471,56 @@ class TurnSpan:
         return ChatSpan(self.run, span, model, server_address, server_port,
                         history if tracing.capture_events else None)
 
-    def _untraced_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
-        return ToolSpan(self.run, _NON_RECORDING, name, *redact_with_secrets(arguments))
-
-    @_never_raises("execute_tool span", _untraced_tool)
     def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
         """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
         the call (spans, the detector, alerts) may quote; ``scrub`` takes what they hid out of the call's result."""
-        arguments, secrets = redact_with_secrets(arguments)
-        if not self.recording:
-            return ToolSpan(self.run, _NON_RECORDING, name, arguments, secrets)
-        attributes = {
-            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
-            sc.GEN_AI_TOOL_NAME: name,
-            sc.GEN_AI_TOOL_CALL_ID: call_id,
-            sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
-            **self.run.common,
-            **_AS_TOOL,
-        }
-        if description:
-            attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
-        tracing = self.run.tracing
-        if tracing.capture_content:
-            encoded = cap(to_json(arguments), tracing.max_chars)
-            attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
-            attributes[sc.INPUT_VALUE] = encoded  # Phoenix's Input (Langfuse reads the same text either way)
-            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
-        else:
-            attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(arguments))
-        span = tracing.tracer.start_span(
-            sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
-            attributes=attributes,
-        )
-        return ToolSpan(self.run, span, name, arguments, secrets)
+        try:
+            redacted, secrets = redact_with_secrets(arguments)
+            if not self.recording:
+                return ToolSpan(self.run, _NON_RECORDING, name, redacted, secrets)
+            attributes = {
+                sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
+                sc.GEN_AI_TOOL_NAME: name,
+                sc.GEN_AI_TOOL_CALL_ID: call_id,
+                sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
+                **self.run.common,
+                **_AS_TOOL,
+            }
+            if description:
+                attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
+            tracing = self.run.tracing
+            if tracing.capture_content:
+                encoded = cap(to_json(redacted), tracing.max_chars)
+                attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
+                attributes[sc.INPUT_VALUE] = encoded  # Phoenix's Input (Langfuse reads the same text either way)
+                attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
+            else:
+                attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redacted))
+            span = tracing.tracer.start_span(
+                sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
+                attributes=attributes,
+            )
+            return ToolSpan(self.run, span, name, redacted, secrets)
+        except Exception as exc:  # never into the run (see _never_raises)
+            telemetry_failed("execute_tool span", exc)
+            return ToolSpan(self.run, _NON_RECORDING, name, *redact_with_secrets(arguments))
 
-    @_never_raises("turn span", _end_span)
     def end(self, *, stop_reason: str | None) -> None:
-        if not self.recording:
-            return
-        attributes: dict[str, Any] = {}
-        if stop_reason is not None:
-            attributes[sc.STOP_REASON] = stop_reason
-        if self.flagged is not None:
-            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
-            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
-        if attributes:
-            self.span.set_attributes(attributes)
-        self.span.end()
-
+        try:
+            if not self.recording:
+                return
+            attributes: dict[str, Any] = {}
+            if stop_reason is not None:
+                attributes[sc.STOP_REASON] = stop_reason
+            if self.flagged is not None:
+                attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
+                attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
+            if attributes:
+                self.span.set_attributes(attributes)
+            self.span.end()
+        except Exception as exc:  # never into the run (see _never_raises)
+            telemetry_failed("turn span", exc)
+            _end_span(self)
 
 _REQUEST_PARAMETERS = (("temperature", sc.GEN_AI_REQUEST_TEMPERATURE), ("top_p", sc.GEN_AI_REQUEST_TOP_P),
                        ("top_k", sc.GEN_AI_REQUEST_TOP_K))
@@ -539,57 +547,61 @@ class ChatSpan:
         if self.span.is_recording():
             self.span.set_attribute(sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, seconds)
 
-    @_never_raises("chat span", _end_span)
     def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None:
-        # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
-        input_tokens = usage.all_input_tokens
-        metrics = self.run.tracing.metrics
-        if metrics is not None:
-            metrics.record_chat(agent=self.run.agent, request_model=self.model, response_model=response.get("model"),
-                                input_tokens=input_tokens, output_tokens=usage.output_tokens,
-                                duration_s=time.perf_counter() - self.started, cost_usd=cost_usd,
-                                server_address=self.server_address, server_port=self.server_port)
-        stop_reason = response.get("stop_reason")
-        finish = sc.finish_reason(stop_reason)
-        self.run.finish_reason = finish
-        if not self.span.is_recording():
-            return
-        attributes = {
-            sc.GEN_AI_RESPONSE_ID: response.get("id") or "",
-            sc.GEN_AI_RESPONSE_MODEL: response.get("model") or "",
-            sc.GEN_AI_RESPONSE_FINISH_REASONS: (finish,),
-            sc.STOP_REASON: stop_reason or "",
-            sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
-            sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
-            sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_input_tokens,
-            sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: usage.cache_creation_input_tokens,
-        }
-        if cost_usd is not None:
-            attributes[sc.CHAT_COST_USD] = cost_usd
-        # Langfuse's own usage keys win over gen_ai.usage.*, whose cache handling differs between its versions.
-        attributes.update(generation_attributes(
-            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            cache_creation_1h_input_tokens=Usage.one_hour_cache_writes(response), cost_usd=cost_usd))
-        tracing = self.run.tracing
-        if tracing.capture_content or tracing.capture_events:
-            # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
-            encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")},
-                                            self.run.messages.secrets))
-            self.run.messages.remember(encoded)
-            # No finish_reason inside the message: the conventions deprecate it there in favour of
-            # gen_ai.response.finish_reasons, which this span carries.
-            output = cap(f"[{encoded}]", tracing.max_chars)
-            if tracing.capture_content:
-                attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
-                attributes[sc.OUTPUT_VALUE] = output  # the same text object: Phoenix's Output, Langfuse's as before
-                attributes[sc.OUTPUT_MIME_TYPE] = sc.MIME_JSON
-            if tracing.capture_events:
-                event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
-                self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
-        self.span.set_attributes(attributes)
-        self.span.end()
+        try:
+            # The conventions' Anthropic rule: input_tokens is all input, so cache reads and writes are added back.
+            input_tokens = usage.all_input_tokens
+            metrics = self.run.tracing.metrics
+            if metrics is not None:
+                metrics.record_chat(agent=self.run.agent, request_model=self.model,
+                                    response_model=response.get("model"), input_tokens=input_tokens,
+                                    output_tokens=usage.output_tokens, duration_s=time.perf_counter() - self.started,
+                                    cost_usd=cost_usd, server_address=self.server_address,
+                                    server_port=self.server_port)
+            stop_reason = response.get("stop_reason")
+            finish = sc.finish_reason(stop_reason)
+            self.run.finish_reason = finish
+            if not self.span.is_recording():
+                return
+            attributes = {
+                sc.GEN_AI_RESPONSE_ID: response.get("id") or "",
+                sc.GEN_AI_RESPONSE_MODEL: response.get("model") or "",
+                sc.GEN_AI_RESPONSE_FINISH_REASONS: (finish,),
+                sc.STOP_REASON: stop_reason or "",
+                sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+                sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_input_tokens,
+                sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: usage.cache_creation_input_tokens,
+            }
+            if cost_usd is not None:
+                attributes[sc.CHAT_COST_USD] = cost_usd
+            # Langfuse's own usage keys win over gen_ai.usage.*, whose cache handling differs between its versions.
+            attributes.update(generation_attributes(
+                input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                cache_read_input_tokens=usage.cache_read_input_tokens,
+                cache_creation_input_tokens=usage.cache_creation_input_tokens,
+                cache_creation_1h_input_tokens=Usage.one_hour_cache_writes(response), cost_usd=cost_usd))
+            tracing = self.run.tracing
+            if tracing.capture_content or tracing.capture_events:
+                # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
+                encoded = to_json(genai_message({"role": "assistant", "content": response.get("content")},
+                                                self.run.messages.secrets))
+                self.run.messages.remember(encoded)
+                # No finish_reason inside the message: the conventions deprecate it there in favour of
+                # gen_ai.response.finish_reasons, which this span carries.
+                output = cap(f"[{encoded}]", tracing.max_chars)
+                if tracing.capture_content:
+                    attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
+                    attributes[sc.OUTPUT_VALUE] = output  # the same text object: Phoenix's Output, Langfuse's as before
+                    attributes[sc.OUTPUT_MIME_TYPE] = sc.MIME_JSON
+                if tracing.capture_events:
+                    event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
+                    self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
+            self.span.set_attributes(attributes)
+            self.span.end()
+        except Exception as exc:  # never into the run (see _never_raises)
+            telemetry_failed("chat span", exc)
+            _end_span(self)
 
     def fail(self, exc: BaseException) -> None:
         metrics = self.run.tracing.metrics
@@ -672,37 +684,39 @@ class ToolSpan:
             self.span.add_event(sc.ANOMALY_EVENT, anomaly_event)
             self.flagged = message
 
-    @_never_raises("execute_tool span", _end_span)
     def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
             duration_s: float = 0.0, full_length: int | None = None) -> None:
-        metrics = self.run.tracing.metrics
-        if metrics is not None:
-            metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
-        if not self.span.is_recording():
-            return
-        result = self.scrub(result)  # the model got the real text; everything recorded gets it without the secret
-        attributes: dict[str, Any] = {
-            sc.TOOL_RESULT_DIGEST: result_digest(result),
-            sc.TOOL_IS_ERROR: is_error,
-            sc.TOOL_OUTCOME: outcome,
-            sc.TOOL_RESULT_CHARS: len(result) if full_length is None else full_length,
-        }
-        tracing = self.run.tracing
-        if tracing.capture_content:
-            attributes[sc.GEN_AI_TOOL_CALL_RESULT] = attributes[sc.OUTPUT_VALUE] = cap(result, tracing.max_chars)
-        if is_error:
-            # Without content capture the error's text stays off the span too: it can quote the arguments. The
-            # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
-            # anomaly the call is part of stays beside it, as the span's evaluation event.
-            said = cap(result, 1024) if tracing.capture_content else error_type or outcome
-            attributes[sc.ERROR_TYPE] = error_type or outcome
-            self.span.set_status(Status(StatusCode.ERROR, said))
-        elif self.flagged is not None:
-            attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
-            attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
-        self.span.set_attributes(attributes)
-        self.span.end()
-
+        try:
+            metrics = self.run.tracing.metrics
+            if metrics is not None:
+                metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
+            if not self.span.is_recording():
+                return
+            result = self.scrub(result)  # the model got the real text; everything recorded gets it without the secret
+            attributes: dict[str, Any] = {
+                sc.TOOL_RESULT_DIGEST: result_digest(result),
+                sc.TOOL_IS_ERROR: is_error,
+                sc.TOOL_OUTCOME: outcome,
+                sc.TOOL_RESULT_CHARS: len(result) if full_length is None else full_length,
+            }
+            tracing = self.run.tracing
+            if tracing.capture_content:
+                attributes[sc.GEN_AI_TOOL_CALL_RESULT] = attributes[sc.OUTPUT_VALUE] = cap(result, tracing.max_chars)
+            if is_error:
+                # Without content capture the error's text stays off the span too: it can quote the arguments. The
+                # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
+                # anomaly the call is part of stays beside it, as the span's evaluation event.
+                said = cap(result, 1024) if tracing.capture_content else error_type or outcome
+                attributes[sc.ERROR_TYPE] = error_type or outcome
+                self.span.set_status(Status(StatusCode.ERROR, said))
+            elif self.flagged is not None:
+                attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
+                attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
+            self.span.set_attributes(attributes)
+            self.span.end()
+        except Exception as exc:  # never into the run (see _never_raises)
+            telemetry_failed("execute_tool span", exc)
+            _end_span(self)
 
 def _record_error(span: Span, exc: BaseException) -> None:
     span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
@@ -711,34 +725,42 @@ def _record_error(span: Span, exc: BaseException) -> None:
 
 
 class _activate:
-    """Makes ``span`` current while a model or tool call runs, so spans made inside it nest under it; for a turn, the
-    turn is current too, for the instrumented model.
+    """Makes ``span`` current while a model or tool call runs, so spans made inside it nest under it.
 
     A plain class rather than trace.use_span: the loop enters one per call, and use_span's generator machinery and
     exception handling (which we do not want here: failures are recorded by the caller) cost more than the attach.
     """
 
-    __slots__ = ("span", "token", "turn", "turn_token")
+    __slots__ = ("span", "token")
 
-    def __init__(self, span: Span, turn: TurnSpan | None = None) -> None:
+    def __init__(self, span: Span) -> None:
         self.span = span
-        self.turn = turn
         self.token: Any = None  # contextvars.Token of the attach
-        self.turn_token: Any = None
 
     def __enter__(self) -> None:
-        if self.turn is not None:
-            self.turn_token = current_turn_var.set(self.turn)
         if self.span.is_recording():
             self.token = otel_context.attach(trace.set_span_in_context(self.span))
 
     def __exit__(self, *exc_info: Any) -> None:
         if self.token is not None:
             otel_context.detach(self.token)
-        if self.turn_token is not None:
-            current_turn_var.reset(self.turn_token)
 
 
+class _TurnCurrent:
+    """Makes ``turn`` the current turn (``instrumented_model.current_turn_var``) while its model call runs: a context
+    variable set, no OpenTelemetry attach."""
+
+    __slots__ = ("token", "turn")
+
+    def __init__(self, turn: TurnSpan) -> None:
+        self.turn = turn
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        self.token = current_turn_var.set(self.turn)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        current_turn_var.reset(self.token)
 
 
 _NON_RECORDING = NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)

@@ -101,6 +101,9 @@ class Agent:
         self.max_tool_result_chars = max_tool_result_chars
         self.on_event = on_event
         self._prices = DEFAULT_PRICES if prices is None else prices
+        # The last response the instrumented model priced, with its usage and cost: the loop charges the budget with
+        # them rather than parsing and pricing the same response again (see _charge).
+        self._priced: tuple[Mapping[str, Any], Usage, float | None] | None = None
         self._price = price_for(model, self._prices)
         if self.limits.max_cost_usd is not None and self._price is None:
             raise ValueError(
@@ -424,16 +427,27 @@ class Agent:
         return params
 
     def _charge(self, run: _Run, response: Mapping[str, Any]) -> Usage:
-        usage = Usage.from_response(response)
-        run.budget.charge(usage, self._cost_of(response, usage))
+        priced = self._priced
+        if priced is not None and priced[0] is response:  # the instrumented model has just parsed and priced it
+            usage, cost = priced[1], priced[2]
+        else:  # no telemetry (the model is not wrapped), or another run of this agent priced a response since
+            usage = Usage.from_response(response)
+            cost = self._price_of(response, usage)
+        run.budget.charge(usage, cost)
         return usage
 
-    def _cost_of(self, response: Mapping[str, Any], usage: Usage | None = None) -> float | None:
+    def _cost_of(self, response: Mapping[str, Any], usage: Usage) -> float | None:
+        """The instrumented model's pricing of a response of this agent's model (``interface.CostOf``), kept for
+        ``_charge``."""
+        cost = self._price_of(response, usage)
+        self._priced = (response, usage, cost)
+        return cost
+
+    def _price_of(self, response: Mapping[str, Any], usage: Usage) -> float | None:
         """What a response of this agent's model cost, by its price table; None when the model has no price."""
         if self._price is None:
             return None
-        return cost_usd(usage or Usage.from_response(response), self._price,
-                        cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
+        return cost_usd(usage, self._price, cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
 
     def _traced_judge(self, judge: Any) -> Any:
         """A model judge whose calls are traced as the judge's (a copy: the one passed in is left as it was)."""
@@ -445,13 +459,16 @@ class Agent:
         client = self._tracing.instrument(judge.client, cost_of=cost_of, judge=True)
         return ModelJudge(client, judge.model, timeout_s=judge.timeout_s, cost_of=judge.cost_of or cost_of)
 
-    def _judge_cost(self, model: str) -> Callable[[Mapping[str, Any]], float | None]:
-        """The judge's responses priced by the same table (its cost is shown, never charged to the run)."""
+    def _judge_cost(self, model: str) -> Callable[..., float | None]:
+        """The judge's responses priced by the same table (its cost is shown, never charged to the run): called as
+        ``interface.CostOf`` by the instrumented judge, and with the response alone by ``ModelJudge``."""
         price = price_for(model, self._prices)
 
-        def cost(response: Mapping[str, Any]) -> float | None:
-            return None if price is None else cost_usd(Usage.from_response(response), price,
-                                                       cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
+        def cost(response: Mapping[str, Any], usage: Usage | None = None) -> float | None:
+            if price is None:
+                return None
+            return cost_usd(usage or Usage.from_response(response), price,
+                            cache_write_1h_tokens=Usage.one_hour_cache_writes(response))
         return cost
 
     def _finish(self, run: _Run, status: RunStatus, *, error: BaseException | None = None) -> RunResult:

@@ -15,12 +15,25 @@ from pathlib import Path
 from typing import Any
 
 from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
-from .detect_command import detect_command
 from .exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
 from .langfuse_detect import add_langfuse_arguments
-from .list_command import list_command
-from .push_command import push_command
-from .show_command import show_command
+
+
+def _handler(module: str, name: str) -> Any:
+    """The command ``name`` of ``module``, imported when it runs: each command loads only its own readers (`traces
+    show` never loads what `detect` or `push` need)."""
+    def run(args: argparse.Namespace) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(args)
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+detect_command = _handler("detect_command", "detect_command")
+show_command = _handler("show_command", "show_command")
+list_command = _handler("list_command", "list_command")
+push_command = _handler("push_command", "push_command")
 
 
 def add_trace_commands(commands: Any) -> None:

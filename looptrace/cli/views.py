@@ -8,14 +8,16 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.tracefile.read import SpanRecord
-from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
-from looptrace.runtime.result import RunResult
 
 from .common import plural, plural_of, unresolved_line
+
+if TYPE_CHECKING:  # the live view's types: the reading commands (render_trace) never import the runtime
+    from looptrace.runtime.events import Event, ToolFinished
+    from looptrace.runtime.result import RunResult
 
 ERROR_MARK = "✗"
 OK_MARK = "✓"
@@ -70,6 +72,10 @@ class LiveView:
         self._write(text + "\n")
 
     def __call__(self, event: Event) -> None:
+        # Imported here, not with the module: `traces show` renders with this module and would otherwise load the
+        # runtime, its interface and the whole detector at start-up for nothing (a run has them loaded already).
+        from looptrace.runtime.events import AnomalyDetected, ModelResponded, RunFinished, ToolFinished, TurnStarted
+
         if isinstance(event, TurnStarted):
             self._turns_started = max(self._turns_started, event.turn)
             self._write(f"turn {event.turn}\n", waiting_for="waiting for the model")
