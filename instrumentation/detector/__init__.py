@@ -13,14 +13,61 @@ The rules are repeated_call, cycle, failing_tool and ignored_error, one module e
 what each one looks for and why, how a call's identity is made, and what the detector costs.
 """
 
-from .answers import answer_addresses, draws_on, states_operation
-from .config import DetectorConfig
-from .errors import ToolErrorFacts, UnresolvedToolError
-from .identity import NONCE_KEYS, call_targets, canonical_arguments, normal_text, result_digest
-from .judge import DEFAULT_JUDGE_MAX_CALLS, Judge, JudgeRequest, JudgeSummary, JudgeVerdict
-from .loop_detector import LoopDetector
-from .session import SessionDetectors
-from .types import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL, Anomaly, AnomalyRecord, AnomalyType, ToolCall
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the module it lives in. The package loads a module when one of its names is first used, so a
+# reader that needs a record type (`looptrace traces show`) does not pay for the rules it never runs.
+_HOMES = {
+    "answer_addresses": "answers", "draws_on": "answers", "states_operation": "answers",
+    "DetectorConfig": "config",
+    "ToolErrorFacts": "errors",
+    "NONCE_KEYS": "identity", "call_targets": "identity", "canonical_arguments": "identity",
+    "normal_text": "identity", "result_digest": "identity",
+    "DEFAULT_JUDGE_MAX_CALLS": "judge", "Judge": "judge", "JudgeRequest": "judge", "JudgeSummary": "judge",
+    "JudgeVerdict": "judge",
+    "LoopDetector": "loop_detector",
+    "SessionDetectors": "session",
+    "CYCLE": "types", "FAILING_TOOL": "types", "IGNORED_ERROR": "types", "REPEATED_CALL": "types",
+    "Anomaly": "types", "AnomalyRecord": "types", "AnomalyType": "types", "ToolCall": "types",
+    "UnresolvedToolError": "types",
+}
+
+if TYPE_CHECKING:  # the same names, for type checkers
+    from .answers import answer_addresses, draws_on, states_operation
+    from .config import DetectorConfig
+    from .errors import ToolErrorFacts
+    from .identity import NONCE_KEYS, call_targets, canonical_arguments, normal_text, result_digest
+    from .judge import DEFAULT_JUDGE_MAX_CALLS, Judge, JudgeRequest, JudgeSummary, JudgeVerdict
+    from .loop_detector import LoopDetector
+    from .session import SessionDetectors
+    from .types import (
+        CYCLE,
+        FAILING_TOOL,
+        IGNORED_ERROR,
+        REPEATED_CALL,
+        Anomaly,
+        AnomalyRecord,
+        AnomalyType,
+        ToolCall,
+        UnresolvedToolError,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 __all__ = [
     "CYCLE",
