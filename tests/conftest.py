@@ -1,5 +1,5 @@
-"""Shared fixtures: a private tracer provider whose finished spans the tests can read, and the guard that keeps every
-test on this machine.
+"""Shared fixtures: a private tracer provider whose finished spans the tests can read, the guard that keeps every
+test on this machine, and the CLI tests' working directory and Messages-API fake.
 
 Tests never set the global tracer provider (it can be set once per process); they hand the provider to the Agent.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 import network_guard
 import pytest
 import structlog
+from fakes.messages_api import FakeMessagesAPI
 from hypothesis import HealthCheck, settings
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -73,3 +74,26 @@ def _stays_on_this_machine():
     attempts = network_guard.take_attempts()
     if attempts:
         pytest.fail(f"the test tried to reach outside the machine: {', '.join(sorted(set(attempts)))}", pytrace=False)
+
+
+# --- a working directory and the Messages-API fake, for the CLI's tests ---------------------------------------------
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh current directory, and none of the variables that would send the CLI's output elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("LOOPTRACE_EXPORTER", "LOOPTRACE_TRACE_FILE", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED",
+                 "LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+                 "LOOPTRACE_MAX_LINE_BYTES", "LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY",
+                 "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def api(monkeypatch):
+    """The local Messages-API fake, which the anthropic SDK reaches through ANTHROPIC_BASE_URL."""
+    with FakeMessagesAPI() as fake:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        yield fake

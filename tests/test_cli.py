@@ -21,22 +21,6 @@ from looptrace.instrumentation.tracefile.read import read_spans
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for name in ("LOOPTRACE_EXPORTER", "LOOPTRACE_TRACE_FILE", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path
-
-
-@pytest.fixture
-def api(monkeypatch):
-    with FakeMessagesAPI() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        yield fake
-
-
 def run_cli(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import network_guard
 import pytest
-from fakes.messages_api import Error, FakeMessagesAPI, NotStreamed
+from fakes.messages_api import Error, NotStreamed
 
 from looptrace.cli import main
 from looptrace.cli.demo import equipment_script
@@ -25,25 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"
 CLI = [sys.executable, "-m", "looptrace"]
 SUBPROCESS_TIMEOUT_S = 120  # a hang must fail the test, not the suite; generous, since a busy machine is slow
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for name in ("LOOPTRACE_EXPORTER", "LOOPTRACE_TRACE_FILE", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED",
-                 "LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
-                 "LOOPTRACE_MAX_LINE_BYTES", "LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY",
-                 "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path
-
-
-@pytest.fixture
-def api(monkeypatch):
-    with FakeMessagesAPI() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        yield fake
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

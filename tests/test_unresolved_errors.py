@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.messages_api import FakeMessagesAPI
 
 from looptrace.cli.app import main
 from looptrace.cli.demo import Inventory
@@ -183,23 +182,6 @@ def test_the_detectors_accessor_gives_plain_frozen_records():
 
 
 # --- the CLI: run --json, traces show, detect ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for name in ("LOOPTRACE_EXPORTER", "LOOPTRACE_TRACE_FILE", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED",
-                 "LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path
-
-
-@pytest.fixture
-def api(monkeypatch):
-    with FakeMessagesAPI() as fake:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        yield fake
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
