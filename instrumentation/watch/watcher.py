@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import semconv as sc
-from ..alerts import AlertContext
+from ..alerts import AlertContext, announces
 from ..detector import Anomaly, DetectorConfig
 from ..trace_detect import RunRebuilder, Verdict
 from ..tracefile.read import SpanRecord
@@ -130,16 +130,16 @@ class RunWatcher:
         meta = self._runs.get(key)
         if meta is None or not anomalies:
             return
+        agent = meta.agent or "unknown"
+        context = AlertContext(agent=agent, trace_id=key, span_id="", action="warn")
         for anomaly in anomalies:
             identity = (anomaly.type, anomaly.streak)
-            if identity in meta.alerted or anomaly.continued:
+            if identity in meta.alerted or not announces(anomaly, context):
                 continue  # a streak that grows (count 4, 5, ...), or one an earlier run of the session reported
             meta.alerted.add(identity)
             self.alerts_sent += 1
-            agent = meta.agent or "unknown"
             self.metrics.anomaly_found(meta.service, agent, anomaly.type)
-            shown = anomaly if self.capture_content else without_content(anomaly)
-            self.sink.send(shown, AlertContext(agent=agent, trace_id=key, span_id="", action="warn"))
+            self.sink.send(anomaly if self.capture_content else without_content(anomaly), context)
 
 
 def without_content(anomaly: Anomaly) -> Anomaly:
