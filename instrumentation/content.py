@@ -230,11 +230,16 @@ def to_json(value: Any) -> str:
     """A value as compact JSON, whatever a model put in it: an integer too long for Python to write out (over 4,300
     digits) is written as a string that says so, and anything JSON has no form for as its ``str``."""
     try:
-        return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+        return _compact_json(value)
     except ValueError:  # an integer too long to write (sys.get_int_max_str_digits), or a circular value
-        return json.dumps(_writable(value), ensure_ascii=False, default=str, separators=(",", ":"))
+        return _compact_json(_writable(value))
     except RecursionError:
         return '"<nested too deep to encode>"'
+
+
+# json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":")) with its encoder made once: dumps makes a
+# new one on every call given options, and every span with content calls this a few times.
+_compact_json = json.JSONEncoder(ensure_ascii=False, default=str, separators=(",", ":")).encode
 
 
 def _writable(value: Any) -> Any:

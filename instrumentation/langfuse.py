@@ -208,10 +208,14 @@ def generation_attributes(*, input_tokens: int, output_tokens: int, cache_read_i
         usage["input_cache_creation_5m"] = cache_creation_input_tokens - one_hour
     if one_hour:
         usage["input_cache_creation_1h"] = one_hour
-    attributes = {OBSERVATION_USAGE_DETAILS: json.dumps(usage, separators=(",", ":"))}
+    attributes = {OBSERVATION_USAGE_DETAILS: _compact_json(usage)}
     if cost_usd is not None:
-        attributes[OBSERVATION_COST_DETAILS] = json.dumps({"total": cost_usd}, separators=(",", ":"))
+        attributes[OBSERVATION_COST_DETAILS] = _compact_json({"total": cost_usd})
     return attributes
+
+
+# json.dumps(value, separators=(",", ":")) with the encoder made once: this runs for every model call.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def anomaly_attributes(message: str, *, level: str = "WARNING") -> dict[str, str]:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import DetectorConfig
-from .identity import canonical_arguments, digest, result_digest, safe_text, shorten
+from .identity import call_key, canonical_arguments, result_digest, safe_text, shorten
+from .types import ToolCall
 
 ERROR_OUTCOME = "!error"  # not a hex digest, so no result can collide with it
 ERROR_ONLY = frozenset({ERROR_OUTCOME})  # the outcomes of a call that failed every time in a turn
@@ -20,7 +21,7 @@ class ObservedCall:
 
     turn: int  # the turn it was fed in
     tool: str
-    key: str  # digest of tool + canonical arguments
+    key: str  # tool + canonical arguments (`call_key`)
     arguments: str  # canonical arguments, cut for messages
     outcome: str  # result digest, ERROR_OUTCOME, or an unknown-result token
     is_error: bool
@@ -54,47 +55,42 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
 
     `turns_closed` makes an unknown result unique to its turn when unknown results must not count as unchanged.
     """
-    # This runs for every call the loop makes: each field is read once, and a plain str skips the conversions.
-    tool = getattr(call, "tool", None)
+    # This runs for every call the loop makes: each field is read once, a plain str skips the conversions, and the
+    # record is built positionally (keywords cost a dataclass's __init__ more than its work).
+    if type(call) is ToolCall:  # the loop's own record has every field; another feed's may lack some
+        tool, raw_arguments, is_error = call.tool, call.arguments, call.is_error
+        result, given, call_id = call.result, call.result_digest, call.call_id
+    else:
+        tool, raw_arguments = getattr(call, "tool", None), getattr(call, "arguments", None)
+        is_error, result = getattr(call, "is_error", False), getattr(call, "result", None)
+        given, call_id = getattr(call, "result_digest", None), getattr(call, "call_id", None)
     if type(tool) is not str:
         tool = "" if tool is None else safe_text(tool)
-    raw_arguments = getattr(call, "arguments", None)
     arguments = canonical_arguments(raw_arguments)
-    is_error = bool(getattr(call, "is_error", False))
-    result = getattr(call, "result", None)
-    call_id = getattr(call, "call_id", None)
+    if type(is_error) is not bool:
+        is_error = bool(is_error)
+    if given is not None:
+        given = shorten(safe_text(given), 64)
     if call_id is not None and (type(call_id) is not str or len(call_id) > 200):
         call_id = shorten(safe_text(call_id), 200)
-    return ObservedCall(
-        turn=turn,
-        tool=tool,
-        key=digest(tool + "\x00" + arguments),
-        arguments=shorten(arguments, config.max_argument_chars),
-        outcome=ERROR_OUTCOME if is_error else _success_outcome(call, config, turns_closed),
-        is_error=is_error,
-        call_id=call_id,
-        error_text=shorten(safe_text(result), 500) if is_error and result is not None else "",
-        recorded_digest=_given_digest(call) if is_error else None,
-        raw_arguments=raw_arguments,
-        raw_result=result,
-    )
+    if is_error:
+        outcome, error_text, recorded = ERROR_OUTCOME, "" if result is None else shorten(safe_text(result), 500), given
+    else:
+        outcome, error_text, recorded = _success_outcome(given, result, config, turns_closed), "", None
+    limit = config.max_argument_chars
+    return ObservedCall(turn, tool, call_key(tool, arguments),
+                        arguments if len(arguments) <= limit else shorten(arguments, limit),
+                        outcome, is_error, call_id, error_text, recorded, raw_arguments, result)
 
 
-def _success_outcome(call: Any, config: DetectorConfig, turns_closed: int) -> str:
-    given = getattr(call, "result_digest", None)
+def _success_outcome(given: str | None, result: Any, config: DetectorConfig, turns_closed: int) -> str:
     if given is not None:
-        return shorten(safe_text(given), 64)
-    result = getattr(call, "result", None)
+        return given
     if result is not None:
         return result_digest(result)
     if config.assume_unknown_results_unchanged:
         return "?unknown"
     return f"?unknown@{turns_closed}"  # unique per turn: never equal, never a loop
-
-
-def _given_digest(call: Any) -> str | None:
-    given = getattr(call, "result_digest", None)
-    return None if given is None else shorten(safe_text(given), 64)
 
 
 def error_digests(failures: Iterable[ObservedCall]) -> set[str]:
@@ -109,8 +105,10 @@ def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
     calls: dict[str, TurnCall] = {}
     for o in observed:
         call = calls.get(o.key)
-        if call is None:
-            call = calls[o.key] = TurnCall(o.tool, o.key, o.arguments)
+        if call is None:  # the usual case, built whole: a dataclass's default factories cost more than the lists
+            calls[o.key] = TurnCall(o.tool, o.key, o.arguments, {o.outcome},
+                                    [] if o.call_id is None else [o.call_id], [o] if o.is_error else [])
+            continue
         call.outcomes.add(o.outcome)
         if o.is_error and len(call.failures) < _MAX_FAILURES_KEPT:
             call.failures.append(o)

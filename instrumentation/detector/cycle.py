@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .calls import ERROR_OUTCOME, describe_call, recent_ids
 from .config import DetectorConfig
@@ -18,10 +18,10 @@ from .types import CYCLE, Anomaly
 
 
 class _TurnSignature(NamedTuple):  # a NamedTuple: one is made per turn, and cheaper than a frozen dataclass
-    turn: int
-    digest: str  # "" for a turn without tool calls
-    calls: tuple[tuple[str, str, bool], ...]  # (tool, arguments, failed) per distinct call: described only in a cycle
-    call_ids: tuple[str, ...]
+    # The turn's calls with their outcomes, as a tuple that compares equal for equal turns (() for a turn without
+    # tool calls): compared as it is, digested only to name a cycle that fired.
+    identity: tuple[Any, ...]
+    turn: ClosedTurn  # its calls, read only to describe a cycle that fired
 
 
 @dataclass(slots=True)
@@ -70,72 +70,64 @@ class CycleRule(Rule):
     def _signature(self, turn: ClosedTurn) -> _TurnSignature:
         observed = turn.observed
         if not observed:
-            return _TurnSignature(turn.number, "", (), ())
+            return _TurnSignature((), turn)
         if len(observed) == 1 and not turn.overflow:
-            # The common turn, one call: the same signature as below, without the sort and the lists.
-            only = observed[0]
-            return _TurnSignature(
-                turn=turn.number,
-                digest=digest(only.key + "=" + only.outcome + "\n+0"),
-                calls=((only.tool, only.arguments, only.outcome == ERROR_OUTCOME),),
-                call_ids=() if only.call_id is None else (only.call_id,),
-            )
+            only = observed[0]  # the common turn, one call
+            return _TurnSignature((only.key, only.outcome), turn)
         # a multiset: the order of parallel calls does not matter, their number does
-        items = sorted([o.key + "=" + o.outcome for o in observed])
-        items.append(f"+{turn.overflow}")
-        return _TurnSignature(
-            turn=turn.number,
-            digest=digest("\n".join(items)),
-            calls=tuple([(c.tool, c.arguments, ERROR_OUTCOME in c.outcomes) for c in turn.calls.values()]),
-            call_ids=tuple([o.call_id for o in observed if o.call_id is not None])[-self.config.max_call_ids:],
-        )
+        return _TurnSignature((tuple(sorted([(o.key, o.outcome) for o in observed])), turn.overflow), turn)
 
     def _repeats_after(self, period: int) -> bool:
         window = self._window
-        return (len(window) > period and window[-1].digest != ""
-                and window[-1].digest == window[-1 - period].digest)
+        return (len(window) > period and window[-1].identity != ()
+                and window[-1].identity == window[-1 - period].identity)
 
     def _find_cycle(self) -> _CycleRun | None:
         cfg = self.config
         window = self._window
-        if len(window) < cfg.cycle_min_period * cfg.cycle_repeats or not window[-1].digest:
+        if len(window) < cfg.cycle_min_period * cfg.cycle_repeats or not window[-1].identity:
             return None  # too few turns yet, or this one had no tool calls: no cycle ends here
-        last = window[-1].digest
-        periods = [period for period in range(cfg.cycle_min_period, cfg.cycle_max_period + 1)
-                   if len(window) > period and window[-1 - period].digest == last]
-        if not periods:
-            return None  # the cheap test first: most turns end every candidate period right here
-        # The digests of the whole window, once per turn, rather than a copy of the window for every period tried.
-        digests = [s.digest for s in window]
-        for period in periods:
-            span = period * cfg.cycle_repeats
-            if len(digests) < span:
+        last, size = window[-1].identity, len(window)
+        longest = min(cfg.cycle_max_period, size - 1)
+        # The cheap test first: most turns end every candidate period right here.
+        for shortest in range(cfg.cycle_min_period, longest + 1):
+            if window[-1 - shortest].identity == last:
                 break
-            recent = digests[-span:]
-            if "" in recent:
+        else:
+            return None
+        # The signatures of the whole window, once per turn, rather than a copy of the window for every period tried.
+        signatures = [s.identity for s in window]
+        for period in range(shortest, longest + 1):
+            span = period * cfg.cycle_repeats
+            if len(signatures) < span:
+                break
+            recent = signatures[-span:]
+            if () in recent:
                 continue  # a turn without tool calls is no part of a tool loop
             periodic = all(recent[i] == recent[i - period] for i in range(period, span))
             if periodic and _is_primitive(recent[:period]):
-                start_turn = window[-span].turn
-                streak = f"cycle:p{period}:{digest(''.join(recent[:period]))[:10]}@t{start_turn}"
+                start_turn = window[-span].turn.number
+                block = digest(repr(recent[:period]))[:10]
+                streak = f"cycle:p{period}:{block}@t{start_turn}"
                 return _CycleRun(period, start_turn, span, streak)
         return None
 
     def _anomaly(self, run: _CycleRun) -> Anomaly:
         block = list(self._window)[-run.period:]
         covered = list(self._window)[-min(run.length, len(self._window)):]
-        tools = {tool for s in block for tool, _, _ in s.calls}
+        tools = {call.tool for s in block for call in s.turn.calls.values()}
         rounds = run.length // run.period
         pattern = " -> ".join(f"[{self._describe_turn(s)}]" for s in block)
         return Anomaly(
             type=CYCLE,
-            turn=block[-1].turn,
+            turn=block[-1].turn.number,
             tool=tools.pop() if len(tools) == 1 else None,
             arguments=None,
-            call_ids=recent_ids([s.call_ids for s in covered], self.config.max_call_ids),
+            call_ids=recent_ids([_call_ids(s.turn, self.config.max_call_ids) for s in covered],
+                                self.config.max_call_ids),
             count=rounds,
             message=(f"A {run.period}-turn cycle repeated {rounds} times with identical results "
-                     f"(turns {run.start_turn}-{block[-1].turn}): {pattern}; the agent is going "
+                     f"(turns {run.start_turn}-{block[-1].turn.number}): {pattern}; the agent is going "
                      "round in circles: take stock of what these results already show and do "
                      "something different, or tell the user what is blocking you."),
             streak=run.streak,
@@ -143,12 +135,18 @@ class CycleRule(Rule):
 
     def _describe_turn(self, signature: _TurnSignature) -> str:
         """A turn's calls for a cycle's message; made only when a cycle fires, not for every turn."""
-        if not signature.calls:
+        calls = signature.turn.calls.values()
+        if not calls:
             return "(no tool calls)"
-        description = ", ".join(f"{describe_call(tool, arguments, self.config.capture_content)}"
-                                f"{' failed' if failed else ''}"
-                                for tool, arguments, failed in signature.calls)
+        description = ", ".join(f"{describe_call(call.tool, call.arguments, self.config.capture_content)}"
+                                f"{' failed' if ERROR_OUTCOME in call.outcomes else ''}"
+                                for call in calls)
         return shorten(description, 200)
+
+
+def _call_ids(turn: ClosedTurn, limit: int) -> list[str]:
+    """A turn's call ids in the order the calls came, the last `limit`."""
+    return [o.call_id for o in turn.observed if o.call_id is not None][-limit:]
 
 
 def _is_primitive(block: list[str]) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .calls import ERROR_ONLY, ERROR_OUTCOME, TurnCall
+from .calls import ERROR_ONLY, TurnCall
 from .config import DetectorConfig
 from .cycle import CycleRule
 from .repeated_call import RepeatedCallRule
@@ -43,7 +43,7 @@ class FailingToolRule(Rule):
     def end_turn(self, turn: ClosedTurn) -> list[Anomaly]:
         threshold = self.config.failing_tool_threshold
         calls = turn.calls
-        if not any(ERROR_OUTCOME in c.outcomes for c in calls.values()):
+        if not turn.failed:
             self._streaks = {}  # no call failed in this turn: every tool's streak ends here
             return []
         by_tool: dict[str, list[TurnCall]] = {}

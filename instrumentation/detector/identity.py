@@ -64,34 +64,60 @@ def _canonical_text(text: str) -> str:
 
 
 def _flat_canonical(args: dict[Any, Any]) -> str | None:
-    """`canonical_arguments` of the usual arguments, a flat object of ASCII names and plain scalar values, in one pass
-    with no call per value; None for anything else (nested values, other names), which takes the general path.
+    """`canonical_arguments` of the usual arguments, a flat object of ASCII names and plain scalar values, written out
+    in one pass; None for anything else (nested values, other names, NaN), which takes the general path.
 
     The same text as `_normalise` then `_compact_json` gives: ASCII is its own NFC form, so only the whitespace of a
-    one-line string changes, and numbers only where a float is integral.
+    one-line string changes, and numbers only where a float is integral. Written here rather than by the encoder:
+    `JSONEncoder.encode` sets up its machinery on every call, which costs more than this whole object.
     """
-    plain: dict[str, Any] = {}
-    for key, value in args.items():
-        if type(key) is not str or not key.isascii():
-            return None
-        if _is_nonce_name(key):
+    try:
+        names = sorted(args)  # as sort_keys sorts them
+    except TypeError:  # names of several types: not this path's
+        return None
+    members: list[str] = []
+    for name in names:
+        member = _MEMBER_NAMES.get(name)  # '"name":', or "" for a nonce name
+        if member is None:
+            if type(name) is not str or not name.isascii():
+                return None
+            member = _member_name(name)
+        if not member:
             continue
+        value = args[name]
         kind = type(value)
         if kind is str:
             if not value.isascii() or "\n" in value or "\r" in value:
                 value = normal_text(value)
             else:
                 value = " ".join(value.split())
+            members.append(member + _json_string(value))
         elif kind is int:
             if value.bit_length() > _MAX_INT_BITS:
                 return None
-        elif kind is float:
-            if math.isfinite(value) and value.is_integer():
-                value = int(value)
-        elif value is not None and kind is not bool:
+            members.append(member + repr(value))
+        elif kind is bool:
+            members.append(member + ("true" if value else "false"))
+        elif value is None:
+            members.append(member + "null")
+        elif kind is float and math.isfinite(value):
+            members.append(member + (repr(int(value)) if value.is_integer() else repr(value)))
+        else:
             return None
-        plain[key] = value
-    return _compact_json(plain)
+    return "{" + ",".join(members) + "}"
+
+
+# The JSON text that starts a member, by argument name ("" for a nonce name, left out): a tool's argument names are
+# few and come back on every call. Only ASCII str names are kept, and only so many.
+_MEMBER_NAMES: dict[str, str] = {}
+_MAX_MEMBER_NAMES = 1024
+
+
+def _member_name(name: str) -> str:
+    member = "" if _is_nonce_name(name) else _json_string(name) + ":"
+    if len(_MEMBER_NAMES) < _MAX_MEMBER_NAMES:
+        _MEMBER_NAMES[name] = member
+    return member
 
 
 def _normalise(value: Any, depth: int) -> Any:
@@ -124,6 +150,8 @@ def _key_text(key: Any, depth: int) -> str:
 # json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False), with the encoder made once: dumps
 # builds a new JSONEncoder on every call that passes options, and this runs for every call the detector sees.
 _compact_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+# The string escaping that encoder uses (ensure_ascii off): the C one where the json package has it.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def is_nonce_key(key: Any) -> bool:
@@ -205,6 +233,22 @@ def _result_digest(text: str) -> str:
 # size, so what the cache holds on to stays small.
 _MAX_CACHED_RESULT = 16_384
 _result_digest_cached = functools.lru_cache(maxsize=32)(_result_digest)
+
+
+def call_key(tool: str, arguments: str) -> str:
+    """A call's identity, to compare calls by: its tool and canonical arguments as they are when that is short, as
+    most calls' is, else their digest. The two forms never meet: only the plain one holds a NUL."""
+    key = tool + "\x00" + arguments
+    return key if len(key) <= _MAX_PLAIN_KEY else digest(key)
+
+
+def key_id(key: str) -> str:
+    """Ten hex digits naming a call key in streak names: its digest's, whichever form the key has."""
+    return (digest(key) if "\x00" in key else key)[:10]
+
+
+# Keys this long are kept as they are: comparing them costs no more than a digest's, and digesting costs more.
+_MAX_PLAIN_KEY = 256
 
 
 def digest(text: str, size: int = 16) -> str:

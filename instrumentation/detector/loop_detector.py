@@ -178,6 +178,8 @@ class LoopDetector:
         observed = observe_call(call, turn, self.config, self._turn_seq)
         if len(open_turn.calls) < self.config.max_calls_per_turn:
             open_turn.calls.append(observed)
+            if observed.is_error:
+                open_turn.failed = True
         else:
             open_turn.overflow += 1
         for rule in self._observers:
@@ -186,10 +188,10 @@ class LoopDetector:
 
     def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
         open_turn = self._open
-        pending = open_turn.number if open_turn.calls else None
-        fallback = pending if pending is not None else self._current_turn_guess()
-        turn = _as_turn(turn, fallback)
-        if isinstance(text, str) and text.strip():
+        if type(turn) is not int:  # the loop passes its turn number: the guess is for other feeds
+            pending = open_turn.number if open_turn.calls else None
+            turn = _as_turn(turn, pending if pending is not None else self._current_turn_guess())
+        if isinstance(text, str) and text and not text.isspace():
             for rule in self._listeners:
                 rule.model_said(turn, text)
         if turn == self._last_closed_turn and (not open_turn.calls or open_turn.number != turn):
@@ -212,11 +214,12 @@ class LoopDetector:
         """Close the open turn as `turn`: every per-turn rule is judged on it."""
         number = self._current_turn_guess() if turn is None else turn
         open_turn = self._open
-        observed, overflow = open_turn.calls, open_turn.overflow
-        open_turn.number, open_turn.calls, open_turn.overflow = None, [], 0
+        observed, overflow, failed = open_turn.calls, open_turn.overflow, open_turn.failed
+        open_turn.number, open_turn.calls, open_turn.overflow, open_turn.failed = None, [], 0, False
         self._turn_seq += 1
         self._last_closed_turn = number
-        closed = ClosedTurn(number, self._turn_seq, self._runs_begun, observed, group_by_call(observed), overflow)
+        closed = ClosedTurn(number, self._turn_seq, self._runs_begun, observed, group_by_call(observed), overflow,
+                            failed)
         fired: list[Anomaly] = []
         for rule in self._turn_rules:
             fired += rule.end_turn(closed)

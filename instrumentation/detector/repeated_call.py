@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .calls import ERROR_ONLY, ERROR_OUTCOME, ObservedCall, describe_call, error_digests, recent_ids
 from .config import DetectorConfig
-from .identity import digest
+from .identity import digest, key_id
 from .rule import ClosedTurn, Rule
 from .types import REPEATED_CALL, Anomaly
 
@@ -87,18 +87,22 @@ class RepeatedCallRule(Rule):
 
     def _update_streaks(self, turn: ClosedTurn) -> list[Anomaly]:
         streaks: dict[str, _CallStreak] = {}
+        firing: list[_CallStreak] = []
+        threshold = self.config.repeat_threshold  # at least 2: a streak's first turn never fires
         for key, call in turn.calls.items():
             streak = self._streaks.get(key)
             outcome = call.outcome
             if streak is None or streak.outcome != outcome:  # new call, or it made progress
-                streak = _CallStreak(call.tool, key, call.arguments, turn.number, turn.seq, 0,
-                                     outcome, deque(maxlen=self.config.max_call_ids))
-            streak.count += 1
-            streak.call_ids.extend(call.call_ids)
+                streak = _CallStreak(call.tool, key, call.arguments, turn.number, turn.seq, 1, outcome,
+                                     deque(call.call_ids, self.config.max_call_ids))
+            else:
+                streak.count += 1
+                streak.call_ids.extend(call.call_ids)
+                if streak.count >= threshold:
+                    firing.append(streak)
             streaks[key] = streak
         self._streaks = streaks  # calls absent from this turn end their streak here
 
-        firing = [s for s in streaks.values() if s.count >= self.config.repeat_threshold]
         if not firing:
             self.repeating_keys = self._carried_keys = _NO_KEYS
             return []
@@ -145,6 +149,8 @@ class RepeatedCallRule(Rule):
     # ---- the same call failing again and again, other calls between
 
     def _update_failure_runs(self, turn: ClosedTurn) -> list[Anomaly]:
+        if not turn.failed and not self._failures:
+            return []  # nothing failed, in this turn or lately
         cfg = self.config
         oldest = turn.seq - cfg.repeat_window + 1
         fired: list[Anomaly] = []
@@ -179,7 +185,7 @@ class RepeatedCallRule(Rule):
                 run.reported_in = turn.run if run.reported_in is None else run.reported_in
                 continue
             if run.streak is None:
-                run.streak = f"repeated_call:{call.tool}:{key[:10]}@t{run.turns[0]}"
+                run.streak = f"repeated_call:{call.tool}:{key_id(key)}@t{run.turns[0]}"
             continued = run.continued_in(turn.run)
             if run.reported_in is None:
                 run.reported_in = turn.run
@@ -226,8 +232,8 @@ def _group_streaks(firing: list[_CallStreak]) -> list[list[_CallStreak]]:
 def _streak_key(group: list[_CallStreak]) -> str:
     if len(group) == 1:
         only = group[0]
-        return f"repeated_call:{only.tool}:{only.key[:10]}@t{only.start_turn}"
-    members = digest("".join(s.key for s in group))[:10]
+        return f"repeated_call:{only.tool}:{key_id(only.key)}@t{only.start_turn}"
+    members = digest("".join(key_id(s.key) for s in group))[:10]
     return f"repeated_call:batch:{members}@t{group[0].start_turn}"
 
 

@@ -18,12 +18,13 @@ from .types import Anomaly
 class OpenTurn:
     """The turn being fed: its number and its calls so far (capped; `overflow` counts the rest)."""
 
-    __slots__ = ("calls", "number", "overflow")
+    __slots__ = ("calls", "failed", "number", "overflow")
 
     def __init__(self) -> None:
         self.number: int | None = None
         self.calls: list[ObservedCall] = []
         self.overflow = 0
+        self.failed = False  # whether one of `calls` failed
 
 
 class ClosedTurn(NamedTuple):
@@ -35,6 +36,8 @@ class ClosedTurn(NamedTuple):
     observed: list[ObservedCall]  # its calls in the order they came (capped)
     calls: dict[str, TurnCall]  # its distinct calls, by identity
     overflow: int  # calls beyond the cap: they count towards the turn's signature only
+    # Whether one of `observed` failed: most turns have none, and the rules that follow failures skip those on this.
+    failed: bool
 
 
 class RunEnd(NamedTuple):

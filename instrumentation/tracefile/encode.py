@@ -208,32 +208,35 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
         return ""
     plain = _plain(attributes)
     if repairs is None:
-        prefix, pairs = _key_prefix, _TEXT_PAIRS
-        parts = []
+        prefixes, pairs, most = _KEY_PREFIXES, _TEXT_PAIRS, _PAIR_VALUE_CHARS
+        parts: list[str] = []
+        add = parts.append
         # A text set under two keys side by side (gen_ai.*'s messages and input.value/output.value, for Phoenix) is
         # the same object: its escaped form is made once.
         last_text: str | None = None
         last_escaped = ""
         for item in plain.items():
-            value = item[1]
+            key, value = item
             if type(value) is str:
                 # Most text values repeat on every span of a run (agent, model, operation, tool definitions...):
                 # their whole key-value text is looked up rather than escaped again.
                 # (Only short values are kept, so a long one, a new text each time, is not hashed for a lookup.)
-                text = pairs.get(item) if len(value) <= _PAIR_VALUE_CHARS else None
+                short = len(value) <= most
+                text = pairs.get(item) if short else None
                 if text is None:
+                    prefix = prefixes.get(key) or _key_prefix(key)
                     if value is last_text:
-                        text = prefix(item[0]) + last_escaped
-                    elif len(value) <= _PAIR_VALUE_CHARS:
+                        text = prefix + last_escaped
+                    elif short:
                         last_text, last_escaped = value, '{"stringValue":' + _string(value) + "}}"
-                        text = prefix(item[0]) + last_escaped
+                        text = prefix + last_escaped
                         _remember(item, text)
                     else:
-                        last_text, last_escaped = value, '{"stringValue":' + _grown_string(item[0], value) + "}}"
-                        text = prefix(item[0]) + last_escaped
+                        last_text, last_escaped = value, '{"stringValue":' + _grown_string(key, value) + "}}"
+                        text = prefix + last_escaped
+                add(text)
             else:
-                text = prefix(item[0]) + _value(value) + "}"
-            parts.append(text)
+                add((prefixes.get(key) or _key_prefix(key)) + _value(value) + "}")
         return ",".join(parts)
     parts = []
     for key, value in plain.items():
