@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from . import semconv as sc
 from .anthropic_messages import anthropic_message, text_of_parts, tool_definition
-from .detector import UnresolvedToolError, result_digest
+from .detector import result_digest
 
 ERROR_STATUS = 2
 CUT_MARK = "…[truncated "  # content.cap's marker: a value cut at the attribute size cap
@@ -419,32 +419,11 @@ def reported_anomalies(spans: Iterable[StoredSpan]) -> list[RecordedAnomaly]:
     return found
 
 
-def recorded_unresolved_errors(root: StoredSpan) -> tuple[int, list[UnresolvedToolError]] | None:
-    """The tool errors a live run of looptrace's left unresolved, as its root span recorded them: their count and the
-    most recent (its events); None for a root without the record (another producer's, or an older looptrace's)."""
-    count = root.attributes.get(sc.RUN_UNRESOLVED_TOOL_ERRORS)
-    if count is None:
-        return None
-    found = []
-    for name, _, a in getattr(root, "events", ()) or ():
-        if name == sc.UNRESOLVED_TOOL_ERROR_EVENT:
-            found.append(UnresolvedToolError(
-                tool=str(a.get(sc.GEN_AI_TOOL_NAME) or "?"), target=_optional_text(a.get(sc.UNRESOLVED_TARGET)),
-                error=_optional_text(a.get(sc.UNRESOLVED_ERROR)), turn=_int(a.get(sc.UNRESOLVED_TURN)),
-                call_id=_optional_text(a.get(sc.GEN_AI_TOOL_CALL_ID)),
-                failures=max(_int(a.get(sc.UNRESOLVED_FAILURES)), 1)))
-    return max(_int(count), len(found)), found
-
-
 def _int(value: Any) -> int:
     try:
         return int(value or 0)
     except (TypeError, ValueError):
         return 0
-
-
-def _optional_text(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def _optional_int(value: Any) -> int | None:

@@ -23,7 +23,7 @@ def test_a_record_type_loads_without_the_rules():
             "from looptrace.instrumentation.detector import UnresolvedToolError, result_digest\n"
             "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('looptrace.instrumentation.detector.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['identity', 'types']"
+    assert loaded.strip() == "['facts', 'identity']"
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -32,13 +32,14 @@ _HOMES = {
     "SessionDetectors": "session",
     "CYCLE": "types", "FAILING_TOOL": "types", "IGNORED_ERROR": "types", "REPEATED_CALL": "types",
     "Anomaly": "types", "AnomalyRecord": "types", "AnomalyType": "types", "ToolCall": "types",
-    "UnresolvedToolError": "types",
+    "UnresolvedToolError": "facts",
 }
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from .answers import answer_addresses, draws_on, states_operation
     from .config import DetectorConfig
     from .errors import ToolErrorFacts
+    from .facts import UnresolvedToolError
     from .identity import NONCE_KEYS, call_targets, canonical_arguments, normal_text, result_digest
     from .judge import DEFAULT_JUDGE_MAX_CALLS, Judge, JudgeRequest, JudgeSummary, JudgeVerdict
     from .loop_detector import LoopDetector
@@ -52,7 +53,6 @@ if TYPE_CHECKING:  # the same names, for type checkers
         AnomalyRecord,
         AnomalyType,
         ToolCall,
-        UnresolvedToolError,
     )
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from .answers import FoldedText, free_text_in, names_or_quotes
 from .calls import ObservedCall, observe_call
 from .config import DetectorConfig, default_config
+from .facts import UnresolvedToolError
 from .identity import call_targets, normal_text
 from .rule import OpenTurn
-from .types import UnresolvedToolError
 
 _MAX_BATCH_RESULTS = 8  # successful results kept per turn while an error of that turn stands
 

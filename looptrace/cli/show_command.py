@@ -59,7 +59,7 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     """The tool errors each run of the trace left unresolved: as its root recorded them (looptrace's runs), else
     rebuilt from its tool spans as `detect` rebuilds them (another producer's trace); nothing for a run without."""
     from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.recorded_run import recorded_unresolved_errors
+    from looptrace.instrumentation.recorded_facts import recorded_unresolved_errors
 
     from .common import unresolved_line
     from .views import WARN_MARK
