@@ -57,6 +57,7 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
     """
     # This runs for every call the loop makes: each field is read once, a plain str skips the conversions, and the
     # record is built positionally (keywords cost a dataclass's __init__ more than its work).
+    tool: Any
     if type(call) is ToolCall:  # the loop's own record has every field; another feed's may lack some
         tool, raw_arguments, is_error = call.tool, call.arguments, call.is_error
         result, given, call_id = call.result, call.result_digest, call.call_id

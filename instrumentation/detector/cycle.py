@@ -149,7 +149,7 @@ def _call_ids(turn: ClosedTurn, limit: int) -> list[str]:
     return [o.call_id for o in turn.observed if o.call_id is not None][-limit:]
 
 
-def _is_primitive(block: list[str]) -> bool:
+def _is_primitive(block: list[tuple[Any, ...]]) -> bool:
     """False when the block is itself a repetition of a shorter block (A A, A B A B)."""
     size = len(block)
     return not any(
