@@ -48,8 +48,9 @@ class DetectorConfig:
 
     @cached_property
     def cycle_window(self) -> int:
-        """The turn signatures cycle keeps: enough for the longest period repeated, and one more than that period."""
-        return max(self.cycle_max_period * self.cycle_repeats, self.cycle_max_period + 1)
+        """The turn signatures cycle keeps: enough for the longest period repeated, and two more than that period (the
+        turn a period back, and the one before it, whose signature then leaves the rule's index)."""
+        return max(self.cycle_max_period * self.cycle_repeats, self.cycle_max_period + 2)
 
     def __post_init__(self) -> None:
         _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")

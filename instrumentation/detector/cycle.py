@@ -39,6 +39,11 @@ class CycleRule(Rule):
         self.config = config
         self._window: deque[_TurnSignature] = deque(maxlen=config.cycle_window)
         self._cycle: _CycleRun | None = None
+        self._closed = 0  # turns closed in this run
+        # The signatures of the last `cycle_max_period` + 1 turns, each with the turn (its count in `_closed`) it last
+        # came in: a turn whose calls came in none of the turns a period back ends no cycle, as most turns show with
+        # one lookup.
+        self._last_seen: dict[tuple[Any, ...], int] = {}
 
     @property
     def active(self) -> bool:
@@ -49,15 +54,25 @@ class CycleRule(Rule):
         # A cycle does not cross a run boundary: a user message came between.
         self._window.clear()
         self._cycle = None
+        self._closed = 0
+        self._last_seen = {}
 
     def end_turn(self, turn: ClosedTurn) -> list[Anomaly]:
-        self._window.append(self._signature(turn))
+        signature = self._signature(turn)
+        self._window.append(signature)
+        self._closed += 1
+        last_seen = self._last_seen
+        before = last_seen.get(signature.identity)
+        last_seen[signature.identity] = self._closed
+        self._forget_the_signature_out_of_reach()
         run = self._cycle
         if run is not None:
             if self._repeats_after(run.period):
                 run.length += 1
                 return [self._anomaly(run)] if run.length % run.period == 0 else []
             self._cycle = None  # the pattern broke
+        if before is None or self._closed - before > self.config.cycle_max_period:
+            return []  # the same calls came in none of the turns a period back: no cycle ends here
         run = self._find_cycle()
         if run is None:
             return []
@@ -65,7 +80,16 @@ class CycleRule(Rule):
         return [self._anomaly(run)]
 
     def container_sizes(self) -> dict[str, int]:
-        return {"window": len(self._window)}
+        return {"window": len(self._window), "recent_signatures": len(self._last_seen)}
+
+    def _forget_the_signature_out_of_reach(self) -> None:
+        """Drop the signature of the turn a longest period and one back, unless it came again since: what is kept is
+        exactly the last turns' signatures (the window holds that turn: `cycle_window`)."""
+        reach = self.config.cycle_max_period + 1
+        if len(self._window) > reach:
+            old = self._window[-1 - reach].identity
+            if self._last_seen.get(old) == self._closed - reach:
+                del self._last_seen[old]
 
     def _signature(self, turn: ClosedTurn) -> _TurnSignature:
         observed = turn.observed
