@@ -22,16 +22,19 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 CONVERSATION_PREFIX = "conversation:"
 _MAX_OPEN_CONVERSATIONS = 10_000
 
 
-@dataclass(slots=True)
 class _Conversation:
-    prefixes: list[bytes]  # the hash of the latest history up to each message: prefixes[i] covers messages 0..i
-    call_points: set[int] = field(default_factory=set)  # history lengths at which a model call was seen
+    """One open conversation (a plain class, not a dataclass, for start-up time: run_rebuilder.py says why)."""
+
+    __slots__ = ("call_points", "prefixes")
+
+    def __init__(self, prefixes: list[bytes]) -> None:
+        self.prefixes = prefixes  # the hash of the latest history up to each message: prefixes[i] covers 0..i
+        self.call_points: set[int] = set()  # history lengths at which a model call was seen
 
 
 def prefix_hashes(messages: Sequence[str]) -> list[bytes]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import semconv as sc
@@ -135,24 +135,33 @@ class NeutralSpan:
 ReadSpan = NeutralSpan | SpanRecord
 
 
-@dataclass(slots=True)
+# Plain classes with slots rather than dataclasses, for start-up time (run_rebuilder.py says why).
+
+
 class _Requested:
-    after_ns: int  # the requesting model call's start: the call belongs to its turn
-    tool: str
-    arguments: Any
-    call_id: str
-    exact: bool = True  # False when read from a later call's history: the requesting call's start is not known
+    """A tool call a model call's messages asked for."""
+
+    __slots__ = ("after_ns", "arguments", "call_id", "exact", "tool")
+
+    def __init__(self, after_ns: int, tool: str, arguments: Any, call_id: str, *, exact: bool = True) -> None:
+        self.after_ns = after_ns  # the requesting model call's start: the call belongs to its turn
+        self.tool = tool
+        self.arguments = arguments
+        self.call_id = call_id
+        self.exact = exact  # False when read from a later call's history: the requesting call's start is not known
 
 
-@dataclass(slots=True)
 class _TraceState:
     """What the reader remembers of one trace between its spans."""
 
-    has_tool_spans: bool = False
-    tool_span_ids: set[str] = field(default_factory=set)  # call ids of real tool spans: never doubled from messages
-    requested: dict[str, _Requested] = field(default_factory=dict)
-    latest_input: tuple[int, Any, str] = (-1, None, "")  # start, raw input of the newest model call, its format
-    arguments_missing: bool = False
+    __slots__ = ("arguments_missing", "has_tool_spans", "latest_input", "requested", "tool_span_ids")
+
+    def __init__(self) -> None:
+        self.has_tool_spans = False
+        self.tool_span_ids: set[str] = set()  # call ids of real tool spans: never doubled from messages
+        self.requested: dict[str, _Requested] = {}
+        self.latest_input: tuple[int, Any, str] = (-1, None, "")  # start, raw input of the newest model call, format
+        self.arguments_missing = False
 
 
 class ProducerReader:

@@ -58,38 +58,48 @@ DETECTION_KEYS = KeySelection(_OWN_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIX
 _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 
-@dataclass(slots=True)
+# Plain classes with slots rather than dataclasses: defining a dataclass costs about a millisecond at import, which
+# `looptrace detect` pays on every invocation (the detector's records say the same).
+
+
 class _Call:
     """A tool call of an open run; it is also what the detector is fed (it reads a `ToolCall`'s fields by name)."""
 
-    start_ns: int
-    tool: str
-    arguments: Any
-    call_id: str | None
-    is_error: bool
-    result_digest: str | None
-    result: Any = None  # the recorded result (content capture on): error texts, and the batch an error came in
-    turn: int = 0  # set when the run is judged
-    span_id: str = ""  # which run it belongs to, when runs nest, is read from the span tree
+    __slots__ = ("arguments", "call_id", "is_error", "result", "result_digest", "span_id", "start_ns", "tool", "turn")
+
+    def __init__(self, start_ns: int, tool: str, arguments: Any, call_id: str | None, is_error: bool,
+                 result_digest: str | None, result: Any, span_id: str) -> None:
+        self.start_ns = start_ns
+        self.tool = tool
+        self.arguments = arguments
+        self.call_id = call_id
+        self.is_error = is_error
+        self.result_digest = result_digest
+        self.result = result  # the recorded result (content capture on): error texts, and the batch an error came in
+        self.turn = 0  # set when the run is judged
+        self.span_id = span_id  # which run it belongs to, when runs nest, is read from the span tree
 
 
-@dataclass(slots=True)
 class _OpenRun:
     """What the detector needs of one trace, gathered span by span in whatever order they come."""
 
-    model_spans: list[tuple[int, str, str | None]] = field(default_factory=list)  # start, span id, parent id
-    first_model_name: str = ""  # the first model call's span name: the run's name when no root ever comes
-    # gen_ai.response.id -> (start, end) of its first span (made when seen): a second span of one call overlaps it
-    response_starts: dict[str, tuple[int, int]] | None = None
-    model_outputs: dict[int, Any] = field(default_factory=dict)  # start -> raw output messages, parsed only if needed
-    session_id: str | None = None  # gen_ai.conversation.id: runs of one conversation share the detector's memory
-    calls: list[_Call] = field(default_factory=list)
-    last_model: tuple[int, str | None, str | None] = (-1, None, None)  # start, stop reason, output text
-    root_name: str = ""
-    root_text: str | None = None  # the root's gen_ai.output.messages, unparsed
-    root_status: str | None = None
-    parents: dict[str, str | None] = field(default_factory=dict)  # span id -> parent span id, to tell nested runs apart
-    model_ends: dict[str, tuple[int, str | None, Any]] = field(default_factory=dict)  # span id -> last_model's kind
+    __slots__ = ("calls", "first_model_name", "last_model", "model_ends", "model_outputs", "model_spans", "parents",
+                 "response_starts", "root_name", "root_status", "root_text", "session_id")
+
+    def __init__(self, session_id: str | None = None) -> None:
+        self.model_spans: list[tuple[int, str, str | None]] = []  # start, span id, parent id
+        self.first_model_name = ""  # the first model call's span name: the run's name when no root ever comes
+        # gen_ai.response.id -> (start, end) of its first span (made when seen): a second span of one call overlaps it
+        self.response_starts: dict[str, tuple[int, int]] | None = None
+        self.model_outputs: dict[int, Any] = {}  # start -> raw output messages, parsed only if needed
+        self.session_id = session_id  # gen_ai.conversation.id: runs of one conversation share the detector's memory
+        self.calls: list[_Call] = []
+        self.last_model: tuple[int, str | None, str | None] = (-1, None, None)  # start, stop reason, output text
+        self.root_name = ""
+        self.root_text: str | None = None  # the root's gen_ai.output.messages, unparsed
+        self.root_status: str | None = None
+        self.parents: dict[str, str | None] = {}  # span id -> parent span id, to tell nested runs apart
+        self.model_ends: dict[str, tuple[int, str | None, Any]] = {}  # span id -> last_model's kind
 
 
 _TOOL_STOPS = frozenset({"tool_use", "tool_calls"})  # Anthropic's stop reason; the GenAI finish reason

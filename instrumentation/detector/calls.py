@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from .config import DetectorConfig
@@ -15,33 +14,45 @@ ERROR_ONLY = frozenset({ERROR_OUTCOME})  # the outcomes of a call that failed ev
 _MAX_FAILURES_KEPT = 4  # failures of one call in one turn whose errors are compared: a handful says whether it changed
 
 
-@dataclass(slots=True)
+# Plain classes with slots rather than dataclasses: defining a dataclass costs about a millisecond at import, which
+# `looptrace detect` pays on every invocation, and these records need nothing a dataclass would add.
+
+
 class ObservedCall:
     """A ToolCall reduced to what the rules compare."""
 
-    turn: int  # the turn it was fed in
-    tool: str
-    key: str  # tool + canonical arguments (`call_key`)
-    arguments: str  # canonical arguments, cut for messages
-    outcome: str  # result digest, ERROR_OUTCOME, or an unknown-result token
-    is_error: bool
-    call_id: str | None
-    error_text: str  # start of the error text, for the ignored_error message
-    recorded_digest: str | None = None  # a failure's result digest as an offline caller gave it
-    raw_arguments: Any = None  # as given, for the targets of a failed call (parsed only when needed)
-    raw_result: Any = None  # as given: a success's text, read only if an error of the same batch stays unresolved
+    __slots__ = ("arguments", "call_id", "error_text", "is_error", "key", "outcome", "raw_arguments", "raw_result",
+                 "recorded_digest", "tool", "turn")
+
+    def __init__(self, turn: int, tool: str, key: str, arguments: str, outcome: str, is_error: bool,
+                 call_id: str | None, error_text: str, recorded_digest: str | None = None, raw_arguments: Any = None,
+                 raw_result: Any = None) -> None:
+        self.turn = turn  # the turn it was fed in
+        self.tool = tool
+        self.key = key  # tool + canonical arguments (`call_key`)
+        self.arguments = arguments  # canonical arguments, cut for messages
+        self.outcome = outcome  # result digest, ERROR_OUTCOME, or an unknown-result token
+        self.is_error = is_error
+        self.call_id = call_id
+        self.error_text = error_text  # start of the error text, for the ignored_error message
+        self.recorded_digest = recorded_digest  # a failure's result digest as an offline caller gave it
+        self.raw_arguments = raw_arguments  # as given, for the targets of a failed call (parsed only when needed)
+        self.raw_result = raw_result  # as given: a success's text, read only if an error of its batch stays unresolved
 
 
-@dataclass(slots=True)
 class TurnCall:
     """One distinct call within a turn; duplicates in the turn merge here."""
 
-    tool: str
-    key: str
-    arguments: str
-    outcomes: set[str] = field(default_factory=set)
-    call_ids: list[str] = field(default_factory=list)
-    failures: list[ObservedCall] = field(default_factory=list)  # its failed calls in the turn (the first few)
+    __slots__ = ("arguments", "call_ids", "failures", "key", "outcomes", "tool")
+
+    def __init__(self, tool: str, key: str, arguments: str, outcomes: set[str], call_ids: list[str],
+                 failures: list[ObservedCall]) -> None:
+        self.tool = tool
+        self.key = key
+        self.arguments = arguments
+        self.outcomes = outcomes
+        self.call_ids = call_ids
+        self.failures = failures  # its failed calls in the turn (the first few)
 
     @property
     def outcome(self) -> tuple[str, ...]:
@@ -106,7 +117,7 @@ def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
     calls: dict[str, TurnCall] = {}
     for o in observed:
         call = calls.get(o.key)
-        if call is None:  # the usual case, built whole: a dataclass's default factories cost more than the lists
+        if call is None:  # a call first seen in the turn: the usual case
             calls[o.key] = TurnCall(o.tool, o.key, o.arguments, {o.outcome},
                                     [] if o.call_id is None else [o.call_id], [o] if o.is_error else [])
             continue

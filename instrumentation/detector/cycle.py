@@ -7,7 +7,6 @@ repeated `cycle_repeats` times. Once found it fires at every further full round 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .calls import ERROR_OUTCOME, describe_call, recent_ids
@@ -24,12 +23,16 @@ class _TurnSignature(NamedTuple):  # a NamedTuple: one is made per turn, and che
     turn: ClosedTurn  # its calls, read only to describe a cycle that fired
 
 
-@dataclass(slots=True)
 class _CycleRun:
-    period: int
-    start_turn: int
-    length: int  # turns covered so far, the first round included
-    streak: str
+    """A cycle being followed (a plain class, for start-up time: calls.py says why)."""
+
+    __slots__ = ("length", "period", "start_turn", "streak")
+
+    def __init__(self, period: int, start_turn: int, length: int, streak: str) -> None:
+        self.period = period
+        self.start_turn = start_turn
+        self.length = length  # turns covered so far, the first round included
+        self.streak = streak
 
 
 class CycleRule(Rule):

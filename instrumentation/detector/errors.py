@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from .answers import FoldedText, free_text_in, names_or_quotes
@@ -24,34 +23,44 @@ from .rule import OpenTurn
 _MAX_BATCH_RESULTS = 8  # successful results kept per turn while an error of that turn stands
 
 
-@dataclass(slots=True)
+# Plain classes with slots rather than dataclasses, for start-up time: calls.py says why.
+
+
 class Batch:
     """The successful results of a turn that returned an error, kept while an error of that turn is unresolved. Made
     at the turn's first error (a turn without errors makes none), from the successes the turn had returned so far."""
 
-    turn: int
-    results: list[tuple[str, Any]] = field(default_factory=list)  # (tool, its result as given: a reference, no copy)
+    __slots__ = ("results", "turn")
+
+    def __init__(self, turn: int) -> None:
+        self.turn = turn
+        self.results: list[tuple[str, Any]] = []  # (tool, its result as given: a reference, no copy)
 
     def add(self, observed: ObservedCall) -> None:
         if len(self.results) < _MAX_BATCH_RESULTS and observed.raw_result is not None:
             self.results.append((observed.tool, observed.raw_result))
 
 
-@dataclass(slots=True)
 class UnresolvedError:
     """A failed call no later success has resolved."""
 
-    turn: int
-    call_id: str | None
-    arguments: str
-    error_text: str
-    key: str  # tool + canonical arguments
-    targets: frozenset[str]  # identifier-like argument values: what the call acted on
-    failures: int = 1  # times this same call failed in the run without a success between
-    moved_on: bool = False  # another call in a later turn: the model saw the failure and went on with other work
-    reported: bool = False  # a later successful call named its target or quoted its error (a ticket, a hand-off)
-    first_turn: int = 0  # where this call first failed: anything the model said after that may report it
-    batch: Batch | None = None  # the calls that came back with this failure (a parallel batch)
+    __slots__ = ("arguments", "batch", "call_id", "error_text", "failures", "first_turn", "key", "moved_on",
+                 "reported", "targets", "turn")
+
+    def __init__(self, turn: int, call_id: str | None, arguments: str, error_text: str, key: str,
+                 targets: frozenset[str], failures: int = 1, *, moved_on: bool = False, first_turn: int = 0,
+                 batch: Batch | None = None) -> None:
+        self.turn = turn
+        self.call_id = call_id
+        self.arguments = arguments
+        self.error_text = error_text
+        self.key = key  # tool + canonical arguments
+        self.targets = targets  # identifier-like argument values: what the call acted on
+        self.failures = failures  # times this same call failed in the run without a success between
+        self.moved_on = moved_on  # another call in a later turn: the model saw the failure and went on with other work
+        self.reported = False  # a later successful call named its target or quoted its error (a ticket, a hand-off)
+        self.first_turn = first_turn  # where this call first failed: anything the model said after that may report it
+        self.batch = batch  # the calls that came back with this failure (a parallel batch)
 
     def resolved_by(self, success_key: str, success_targets: frozenset[str]) -> bool:
         """A later success resolves the error when it is the same call, or the same operation retried on the same
@@ -61,12 +70,14 @@ class UnresolvedError:
         return bool(self.targets) and 2 * len(self.targets & success_targets) > len(self.targets)
 
 
-@dataclass(slots=True)
 class _ToolErrors:
     """A tool's errors since its last success: all of them counted, the most recent kept."""
 
-    recent: deque[UnresolvedError]
-    total: int = 0
+    __slots__ = ("recent", "total")
+
+    def __init__(self, recent: deque[UnresolvedError]) -> None:
+        self.recent = recent
+        self.total = 0
 
 
 class ErrorLedger:

@@ -7,7 +7,6 @@ repeated_call already covers all of that tool's calls in the turn, or while a cy
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from .calls import ERROR_ONLY, TurnCall
 from .config import DetectorConfig
@@ -17,14 +16,18 @@ from .rule import ClosedTurn, Rule
 from .types import FAILING_TOOL, Anomaly
 
 
-@dataclass(slots=True)
 class _FailingToolStreak:
-    tool: str
-    start_turn: int
-    count: int
-    first_key: str
-    varied: bool
-    call_ids: deque[str]
+    """A tool whose every call failed in consecutive turns (a plain class, for start-up time: calls.py says why)."""
+
+    __slots__ = ("call_ids", "count", "first_key", "start_turn", "tool", "varied")
+
+    def __init__(self, tool: str, start_turn: int, first_key: str, call_ids: deque[str]) -> None:
+        self.tool = tool
+        self.start_turn = start_turn
+        self.count = 0
+        self.first_key = first_key
+        self.varied = False  # whether its failing calls differed: one call failing again is repeated_call's
+        self.call_ids = call_ids
 
 
 class FailingToolRule(Rule):
@@ -56,7 +59,7 @@ class FailingToolRule(Rule):
             if any(c.outcomes != ERROR_ONLY for c in tool_calls):
                 continue  # a success (or no failure) in this turn ends the tool's streak
             streak = self._streaks.get(tool) or _FailingToolStreak(
-                tool, turn.number, 0, tool_calls[0].key, False, deque(maxlen=self.config.max_call_ids))
+                tool, turn.number, tool_calls[0].key, deque(maxlen=self.config.max_call_ids))
             streak.count += 1
             streak.varied = streak.varied or any(c.key != streak.first_key for c in tool_calls)
             streak.call_ids.extend(i for c in tool_calls for i in c.call_ids)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 
 from .calls import ERROR_ONLY, ERROR_OUTCOME, ObservedCall, describe_call, error_digests, recent_ids
 from .config import DetectorConfig
@@ -21,34 +20,42 @@ from .types import REPEATED_CALL, Anomaly
 _NO_KEYS: frozenset[str] = frozenset()
 
 
-@dataclass(slots=True)
+# Plain classes with slots rather than dataclasses, for start-up time: calls.py says why.
+
+
 class _CallStreak:
     """One call seen in consecutive turns with the same outcome."""
 
-    tool: str
-    key: str
-    arguments: str
-    start_turn: int
-    start_seq: int
-    count: int
-    outcome: tuple[str, ...]
-    call_ids: deque[str]
-    streak: str | None = None  # set at first firing so a growing streak keeps its key
+    __slots__ = ("arguments", "call_ids", "count", "key", "outcome", "start_seq", "start_turn", "streak", "tool")
+
+    def __init__(self, tool: str, key: str, arguments: str, start_turn: int, start_seq: int, count: int,
+                 outcome: tuple[str, ...], call_ids: deque[str]) -> None:
+        self.tool = tool
+        self.key = key
+        self.arguments = arguments
+        self.start_turn = start_turn
+        self.start_seq = start_seq
+        self.count = count
+        self.outcome = outcome
+        self.call_ids = call_ids
+        self.streak: str | None = None  # set at first firing so a growing streak keeps its key
 
 
-@dataclass(slots=True)
 class _FailureRun:
     """One canonical call's recent failures (turn sequence numbers), for repeats with other calls between."""
 
-    tool: str
-    arguments: str
-    seqs: deque[int]
-    turns: deque[int]
-    runs: deque[int]  # which run of the session each failure was in
-    call_ids: deque[str]
-    last_failures: list[ObservedCall]  # its latest failed calls: their errors are compared with the next ones
-    streak: str | None = None
-    reported_in: int | None = None  # the run of the session that first reported this streak (either way)
+    __slots__ = ("arguments", "call_ids", "last_failures", "reported_in", "runs", "seqs", "streak", "tool", "turns")
+
+    def __init__(self, tool: str, arguments: str, max_call_ids: int) -> None:
+        self.tool = tool
+        self.arguments = arguments
+        self.seqs: deque[int] = deque()
+        self.turns: deque[int] = deque()
+        self.runs: deque[int] = deque()  # which run of the session each failure was in
+        self.call_ids: deque[str] = deque(maxlen=max_call_ids)
+        self.last_failures: list[ObservedCall] = []  # its latest failed calls: compared with the next ones' errors
+        self.streak: str | None = None
+        self.reported_in: int | None = None  # the run of the session that first reported this streak (either way)
 
     def continued_in(self, run: int) -> bool:
         """Whether this streak was already reported in a run of the session before `run`."""
@@ -162,8 +169,7 @@ class RepeatedCallRule(Rule):
             if run is not None and _made_progress(run, turn.seq, call.failures):
                 run = None  # a new error after other calls (an edit between test runs): a new streak starts here
             if run is None:
-                run = _FailureRun(call.tool, call.arguments, deque(), deque(), deque(),
-                                  deque(maxlen=cfg.max_call_ids), [])
+                run = _FailureRun(call.tool, call.arguments, cfg.max_call_ids)
             self._failures[key] = run  # most recently failing last
             run.last_failures = call.failures
             run.seqs.append(turn.seq)
