@@ -47,6 +47,7 @@ class CycleRule(Rule):
         # came in: a turn whose calls came in none of the turns a period back ends no cycle, as most turns show with
         # one lookup.
         self._last_seen: dict[tuple[Any, ...], int] = {}
+        self._reach = config.cycle_max_period + 1  # how far back a signature is kept in `_last_seen`
 
     @property
     def active(self) -> bool:
@@ -67,7 +68,13 @@ class CycleRule(Rule):
         last_seen = self._last_seen
         before = last_seen.get(signature.identity)
         last_seen[signature.identity] = self._closed
-        self._forget_the_signature_out_of_reach()
+        # The turn a longest period and one back leaves the index, unless its signature came again since; the
+        # window holds that turn (`cycle_window`), so the index is exactly the last turns' signatures.
+        window, reach = self._window, self._reach
+        if len(window) > reach:
+            old = window[-1 - reach].identity
+            if last_seen.get(old) == self._closed - reach:
+                del last_seen[old]
         run = self._cycle
         if run is not None:
             if self._repeats_after(run.period):
@@ -84,15 +91,6 @@ class CycleRule(Rule):
 
     def container_sizes(self) -> dict[str, int]:
         return {"window": len(self._window), "recent_signatures": len(self._last_seen)}
-
-    def _forget_the_signature_out_of_reach(self) -> None:
-        """Drop the signature of the turn a longest period and one back, unless it came again since: what is kept is
-        exactly the last turns' signatures (the window holds that turn: `cycle_window`)."""
-        reach = self.config.cycle_max_period + 1
-        if len(self._window) > reach:
-            old = self._window[-1 - reach].identity
-            if self._last_seen.get(old) == self._closed - reach:
-                del self._last_seen[old]
 
     def _signature(self, turn: ClosedTurn) -> _TurnSignature:
         observed = turn.observed

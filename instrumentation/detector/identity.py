@@ -76,8 +76,9 @@ def _flat_canonical(args: dict[Any, Any]) -> str | None:
     except TypeError:  # names of several types: not this path's
         return None
     members: list[str] = []
+    add, string, known = members.append, _json_string, _MEMBER_NAMES  # read once: this loop runs for every call
     for name in names:
-        member = _MEMBER_NAMES.get(name)  # '"name":', or "" for a nonce name
+        member = known.get(name)  # '"name":', or "" for a nonce name
         if member is None:
             if type(name) is not str or not name.isascii():
                 return None
@@ -91,17 +92,17 @@ def _flat_canonical(args: dict[Any, Any]) -> str | None:
                 value = normal_text(value)
             else:
                 value = " ".join(value.split())
-            members.append(member + _json_string(value))
+            add(member + string(value))
         elif kind is int:
             if value.bit_length() > _MAX_INT_BITS:
                 return None
-            members.append(member + repr(value))
+            add(member + repr(value))
         elif kind is bool:
-            members.append(member + ("true" if value else "false"))
+            add(member + ("true" if value else "false"))
         elif value is None:
-            members.append(member + "null")
+            add(member + "null")
         elif kind is float and math.isfinite(value):
-            members.append(member + (repr(int(value)) if value.is_integer() else repr(value)))
+            add(member + (repr(int(value)) if value.is_integer() else repr(value)))
         else:
             return None
     return "{" + ",".join(members) + "}"
