@@ -27,13 +27,14 @@ def recorded_unresolved_errors(root: StoredSpan) -> tuple[int, list[UnresolvedTo
         if name == sc.UNRESOLVED_TOOL_ERROR_EVENT:
             found.append(UnresolvedToolError(
                 tool=str(a.get(sc.GEN_AI_TOOL_NAME) or "?"), target=_optional_text(a.get(sc.UNRESOLVED_TARGET)),
-                error=_optional_text(a.get(sc.UNRESOLVED_ERROR)), turn=_count(a.get(sc.UNRESOLVED_TURN)),
+                error=_optional_text(a.get(sc.UNRESOLVED_ERROR)), turn=as_count(a.get(sc.UNRESOLVED_TURN)),
                 call_id=_optional_text(a.get(sc.GEN_AI_TOOL_CALL_ID)),
-                failures=max(_count(a.get(sc.UNRESOLVED_FAILURES)), 1)))
-    return max(_count(count), len(found)), found
+                failures=max(as_count(a.get(sc.UNRESOLVED_FAILURES)), 1)))
+    return max(as_count(count), len(found)), found
 
 
-def _count(value: Any) -> int:
+def as_count(value: Any) -> int:
+    """A recorded count or turn number as an int, 0 when it is missing or not a number."""
     try:
         return int(value or 0)
     except (TypeError, ValueError):

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from . import semconv as sc
 from .anthropic_messages import anthropic_message, text_of_parts, tool_definition
 from .detector import result_digest
+from .recorded_facts import as_count
 
 ERROR_STATUS = 2
 CUT_MARK = "…[truncated "  # content.cap's marker: a value cut at the attribute size cap
@@ -169,7 +170,7 @@ def rebuild_run(spans: Iterable[StoredSpan], *, root_span_id: str | None = None)
     else:
         root_id, root_attributes = root.span_id, root.attributes
     turns = sorted((s for s in children.get(root_id, ()) if sc.TURN_INDEX in s.attributes),
-                   key=lambda s: _int(s.attributes.get(sc.TURN_INDEX)))
+                   key=lambda s: as_count(s.attributes.get(sc.TURN_INDEX)))
     if not turns:
         raise NotReplayable("no looptrace run here: the run has no turn spans (replay rebuilds looptrace's own runs; "
                             "`looptrace detect` judges other agents' traces)")
@@ -209,7 +210,7 @@ def rebuild_run(spans: Iterable[StoredSpan], *, root_span_id: str | None = None)
         calls=calls,
         anomalies=reported_anomalies(turns),
         status=root_attributes.get(sc.RUN_STATUS),
-        turns=_int(root_attributes.get(sc.RUN_TURNS)) or len(turns),
+        turns=as_count(root_attributes.get(sc.RUN_TURNS)) or len(turns),
         total_tokens=_optional_int(root_attributes.get(sc.RUN_USAGE_TOTAL_TOKENS)),
         cost_usd=_optional_float(root_attributes.get(sc.RUN_COST_USD)),
         max_tokens=_optional_int(first_chat.attributes.get(sc.GEN_AI_REQUEST_MAX_TOKENS)),
@@ -242,7 +243,7 @@ def _chat_of(turn: StoredSpan, children: Iterable[StoredSpan]) -> StoredSpan:
     chats = [s for s in children if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_CHAT
              and not s.attributes.get(sc.JUDGE)]
     if not chats:
-        index = _int(turn.attributes.get(sc.TURN_INDEX))
+        index = as_count(turn.attributes.get(sc.TURN_INDEX))
         raise IncompleteRecording(turn.span_id, turn.name, f"turn {index} has no chat span: its model call was not "
                                                            f"recorded (a span lost from the file?)")
     return min(chats, key=lambda s: s.start_ns)
@@ -310,20 +311,20 @@ def _usage(a: Mapping[str, Any]) -> dict[str, Any]:
         parsed = json.loads(details) if isinstance(details, str) else None
     except ValueError:
         parsed = None
-    cache_read = _int(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
-    cache_creation = _int(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
+    cache_read = as_count(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
+    cache_creation = as_count(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
     if isinstance(parsed, dict):
-        one_hour = _int(parsed.get("input_cache_creation_1h"))
+        one_hour = as_count(parsed.get("input_cache_creation_1h"))
         usage: dict[str, Any] = {
-            "input_tokens": _int(parsed.get("input")), "output_tokens": _int(parsed.get("output")),
-            "cache_read_input_tokens": _int(parsed.get("input_cache_read")),
-            "cache_creation_input_tokens": _int(parsed.get("input_cache_creation_5m")) + one_hour}
+            "input_tokens": as_count(parsed.get("input")), "output_tokens": as_count(parsed.get("output")),
+            "cache_read_input_tokens": as_count(parsed.get("input_cache_read")),
+            "cache_creation_input_tokens": as_count(parsed.get("input_cache_creation_5m")) + one_hour}
         if one_hour:
             usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
                                        "ephemeral_5m_input_tokens": usage["cache_creation_input_tokens"] - one_hour}
         return usage
-    return {"input_tokens": max(_int(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
-            "output_tokens": _int(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
+    return {"input_tokens": max(as_count(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
+            "output_tokens": as_count(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
             "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_creation}
 
 
@@ -384,7 +385,7 @@ def _task(root: StoredSpan | None, root_attributes: Mapping[str, Any],
     raw, span = root_attributes.get(sc.GEN_AI_INPUT_MESSAGES), root
     if raw is None or span is None:
         raw, span = _content(first_chat, sc.GEN_AI_INPUT_MESSAGES), first_chat
-        if _int(first_chat.attributes.get(sc.INPUT_MESSAGES_OMITTED)):
+        if as_count(first_chat.attributes.get(sc.INPUT_MESSAGES_OMITTED)):
             raise IncompleteRecording(first_chat.span_id, first_chat.name, "the task's older messages were left out "
                                                                            "of gen_ai.input.messages to fit the size "
                                                                            "cap, and the run's root holds none")
@@ -406,28 +407,22 @@ def _task(root: StoredSpan | None, root_attributes: Mapping[str, Any],
 def reported_anomalies(spans: Iterable[StoredSpan]) -> list[RecordedAnomaly]:
     """The anomalies a live run reported, from its turn spans' evaluation events, in turn order. Readable with
     content capture off too: what the live detector said needs no content."""
-    turns = sorted((s for s in spans if sc.TURN_INDEX in s.attributes), key=lambda s: _int(s.attributes[sc.TURN_INDEX]))
+    turns = sorted((s for s in spans if sc.TURN_INDEX in s.attributes),
+                   key=lambda s: as_count(s.attributes[sc.TURN_INDEX]))
     found = []
     for turn in turns:
-        index = _int(turn.attributes.get(sc.TURN_INDEX))
+        index = as_count(turn.attributes.get(sc.TURN_INDEX))
         for name, _, a in getattr(turn, "events", ()) or ():
             if name in ANOMALY_EVENTS and a.get(sc.ANOMALY_TYPE):
                 found.append(RecordedAnomaly(turn=index, type=str(a[sc.ANOMALY_TYPE]), tool=a.get(sc.ANOMALY_TOOL),
-                                             count=_int(a.get(sc.ANOMALY_COUNT)), action=a.get(sc.ANOMALY_ACTION),
+                                             count=as_count(a.get(sc.ANOMALY_COUNT)), action=a.get(sc.ANOMALY_ACTION),
                                              message=str(a.get(sc.ANOMALY_MESSAGE) or ""),
                                              streak=str(a.get(sc.ANOMALY_STREAK) or "")))
     return found
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _optional_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
+    return None if value is None else as_count(value)
 
 
 def _optional_float(value: Any) -> float | None:
