@@ -43,22 +43,26 @@ class ObservedCall:
 class TurnCall:
     """One distinct call within a turn; duplicates in the turn merge here."""
 
-    __slots__ = ("arguments", "call_ids", "failures", "key", "outcomes", "tool")
+    __slots__ = ("arguments", "call_ids", "failures", "key", "outcome", "outcomes", "tool")
 
-    def __init__(self, tool: str, key: str, arguments: str, outcomes: set[str], call_ids: list[str],
-                 failures: list[ObservedCall]) -> None:
-        self.tool = tool
-        self.key = key
-        self.arguments = arguments
-        self.outcomes = outcomes
-        self.call_ids = call_ids
-        self.failures = failures  # its failed calls in the turn (the first few)
+    def __init__(self, first: ObservedCall) -> None:
+        self.tool = first.tool
+        self.key = first.key
+        self.arguments = first.arguments
+        self.outcomes = {first.outcome}
+        self.outcome = (first.outcome,)  # the outcomes in a stable order: what a streak compares
+        self.call_ids = [] if first.call_id is None else [first.call_id]
+        self.failures = [first] if first.is_error else []  # its failed calls in the turn (the first few)
 
-    @property
-    def outcome(self) -> tuple[str, ...]:
-        """The call's outcomes in the turn, in a stable order."""
-        outcomes = self.outcomes
-        return (next(iter(outcomes)),) if len(outcomes) == 1 else tuple(sorted(outcomes))
+    def merge(self, again: ObservedCall) -> None:
+        """The same call again in the turn."""
+        if again.outcome not in self.outcomes:
+            self.outcomes.add(again.outcome)
+            self.outcome = tuple(sorted(self.outcomes))
+        if again.is_error and len(self.failures) < _MAX_FAILURES_KEPT:
+            self.failures.append(again)
+        if again.call_id is not None:
+            self.call_ids.append(again.call_id)
 
 
 def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int) -> ObservedCall:
@@ -114,18 +118,16 @@ def error_digests(failures: Iterable[ObservedCall]) -> set[str]:
 
 def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:
     """A turn's calls merged by identity, in the order they first came."""
+    if len(observed) == 1:  # the usual turn
+        only = observed[0]
+        return {only.key: TurnCall(only)}
     calls: dict[str, TurnCall] = {}
     for o in observed:
         call = calls.get(o.key)
-        if call is None:  # a call first seen in the turn: the usual case
-            calls[o.key] = TurnCall(o.tool, o.key, o.arguments, {o.outcome},
-                                    [] if o.call_id is None else [o.call_id], [o] if o.is_error else [])
-            continue
-        call.outcomes.add(o.outcome)
-        if o.is_error and len(call.failures) < _MAX_FAILURES_KEPT:
-            call.failures.append(o)
-        if o.call_id is not None:
-            call.call_ids.append(o.call_id)
+        if call is None:
+            calls[o.key] = TurnCall(o)
+        else:
+            call.merge(o)
     return calls
 
 

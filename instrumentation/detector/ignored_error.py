@@ -34,6 +34,7 @@ from .types import IGNORED_ERROR, Anomaly
 
 _MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
 _MAX_SUCCEEDED_TOOLS = 256  # tools with a success this run, kept to tell whose operation a statement may be about
+_MAX_SAID_CHARS = 2 * ANSWER_SCAN_CHARS  # of each text, the start kept
 
 # The evidence a firing rests on (Anomaly.evidence), most telling first.
 CLAIMED_DONE = "the answer states the failed operation as done"
@@ -68,7 +69,7 @@ class IgnoredErrorRule(Rule):
             self._succeeded.add(call.tool)
 
     def model_said(self, turn: int, text: str) -> None:
-        self._said.append((turn, shorten(text, 2 * ANSWER_SCAN_CHARS)))
+        self._said.append((turn, text if len(text) <= _MAX_SAID_CHARS else shorten(text, _MAX_SAID_CHARS)))
 
     def container_sizes(self) -> dict[str, int]:
         return {**self._errors.container_sizes(), "succeeded_tools": len(self._succeeded)}

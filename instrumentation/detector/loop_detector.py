@@ -167,13 +167,12 @@ class LoopDetector:
         return []
 
     def _observe(self, call: ToolCall) -> list[Anomaly]:
-        fired: list[Anomaly] = []
         turn = getattr(call, "turn", None)
         if type(turn) is not int:  # the loop's own calls carry their turn: the guess is for other feeds
             turn = _as_turn(turn, self._current_turn_guess())
         open_turn = self._open
-        if open_turn.calls and turn != open_turn.number:
-            fired += self._close_turn(open_turn.number)  # the caller moved on without end_turn
+        # the caller moved on without end_turn: the turn it left is closed here
+        fired = self._close_turn(open_turn.number) if open_turn.calls and turn != open_turn.number else []
         open_turn.number = turn
         observed = observe_call(call, turn, self.config, self._turn_seq)
         if len(open_turn.calls) < self.config.max_calls_per_turn:
