@@ -50,7 +50,7 @@ class TurnCall:
         self.key = first.key
         self.arguments = first.arguments
         self.outcomes = {first.outcome}
-        self.outcome = (first.outcome,)  # the outcomes in a stable order: what a streak compares
+        self.outcome: tuple[str, ...] = (first.outcome,)  # the outcomes in a stable order: what a streak compares
         self.call_ids = [] if first.call_id is None else [first.call_id]
         self.failures = [first] if first.is_error else []  # its failed calls in the turn (the first few)
 
