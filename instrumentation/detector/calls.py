@@ -71,7 +71,7 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
     `turns_closed` makes an unknown result unique to its turn when unknown results must not count as unchanged.
     """
     # This runs for every call the loop makes: each field is read once, a plain str skips the conversions, and the
-    # record is built positionally (keywords cost a dataclass's __init__ more than its work).
+    # record is built positionally.
     tool: Any
     if type(call) is ToolCall:  # the loop's own record has every field; another feed's may lack some
         tool, raw_arguments, is_error = call.tool, call.arguments, call.is_error
