@@ -136,6 +136,10 @@ class Agent:
                                              judge=judge, judge_max_calls=cap if cap is not None
                                              else chosen.judge_max_calls)
         self._sessions = SessionDetectors(self._detector_config)  # runs sharing a session_id share detector memory
+        # With the detector off, the error ledger alone records each run's unresolved tool errors: its config is made
+        # once here, not per run (a config is checked as it is made).
+        self._facts_config = None if self._detector_config is not None else DetectorConfig(
+            capture_content=self._tracing.captures_content)
         self._tool_definitions = [t.definition() for t in self.tools.values()]
 
     @property
@@ -198,9 +202,7 @@ class Agent:
             detector=None if self._detector_config is None else (
                 self._sessions.detector_for(labels.session_id) if labels.session_id
                 else LoopDetector(self._detector_config)),
-            # With the detector off, the run's unresolved tool errors are still recorded: by the error ledger alone.
-            facts=None if self._detector_config is not None else ToolErrorFacts(
-                DetectorConfig(capture_content=self._tracing.captures_content)),
+            facts=None if self._facts_config is None else ToolErrorFacts(self._facts_config),
             span=self._tracing.start_run(
                 agent=self.name,
                 model=self.model,
