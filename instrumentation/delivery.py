@@ -227,6 +227,7 @@ class GuardedExporter(SpanExporter):
                  timeout_s: float = DEFAULT_TIMEOUT_S, spill: SpillSink | None = None) -> None:
         self.name = name
         self.inner = inner
+        self._repairs_text = bool(getattr(inner, "repairs_text", False))
         self.spill = spill
         self.journal: SpanJournal | None = None
         self._delivery = _Delivery(name, "traces", endpoint, probe or OutcomeProbe(), timeout_s)
@@ -275,7 +276,9 @@ class GuardedExporter(SpanExporter):
             if self._save(spans, skip) is not None:
                 self._settle(spans)
             return SpanExportResult.FAILURE
-        sendable = encodable_spans(spans)  # text the protobuf encoders would drop, repaired as the trace file does
+        # Text the SDK's protobuf encoder would drop is repaired first, as the trace file does; looptrace's own
+        # encoding (wire_exporters) repairs it as it goes.
+        sendable = spans if self._repairs_text else encodable_spans(spans)
         failure, future = delivery.attempt(lambda: self.inner.export(sendable),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:

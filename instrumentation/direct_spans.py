@@ -164,7 +164,8 @@ class DirectSpan(trace.Span):
 
     __slots__ = ("_attributes", "_ended_hooks", "_record_exception", "_set_status_on_exception", "context",
                  "dropped_attributes", "dropped_events", "dropped_links", "end_time", "events",
-                 "instrumentation_scope", "kind", "links", "name", "parent", "resource", "start_time", "status")
+                 "instrumentation_scope", "kind", "links", "name", "parent", "resource", "start_time", "status",
+                 "wire_message")
 
     def __init__(self, tracer: DirectTracer, name: str, context: SpanContext, parent: SpanContext | None,
                  kind: SpanKind, attributes: Mapping[str, Any] | None, links: Sequence[Link] | None,
@@ -190,6 +191,7 @@ class DirectSpan(trace.Span):
         self.status = _UNSET  # Status objects are not changed, only replaced
         self.end_time: int | None = None
         self.start_time = start_time if start_time is not None else time_ns()
+        self.wire_message: bytes | None = None  # its OTLP protobuf, made once when it has ended (otlp_wire)
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}(name="{self.name}", context={self.context})'

@@ -28,16 +28,15 @@ LANGFUSE_INGESTION_VERSION = "4"
 
 
 def otlp_span_exporter(settings: OtlpSettings, *, probe: OutcomeProbe | None = None) -> SpanExporter:
-    """The OpenTelemetry OTLP span exporter (HTTP/protobuf or gRPC) for a collector."""
+    """The OpenTelemetry OTLP span exporter (HTTP/protobuf or gRPC) for a collector, sending the spans' own
+    encoding (``wire_exporters``)."""
     settings.check()
     _quiet_sdk_header_warnings()
+    from .wire_exporters import WireHttpSpanExporter, wire_grpc_span_exporter
+
     if settings.protocol == GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-
-        return GrpcSpanExporter(**_grpc_arguments(settings))
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter(**_http_arguments(settings, probe))
+        return wire_grpc_span_exporter(**_grpc_arguments(settings))
+    return WireHttpSpanExporter(**_http_arguments(settings, probe))
 
 
 def otlp_metric_exporter(settings: OtlpSettings, *, probe: OutcomeProbe | None = None) -> MetricExporter:
@@ -58,14 +57,15 @@ def langfuse_span_exporter(settings: LangfuseSettings, *, probe: OutcomeProbe | 
     ``x-langfuse-ingestion-version: 4``, gzip. Langfuse has no gRPC endpoint, so there is no protocol choice."""
     _quiet_sdk_header_warnings()
     from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from .wire_exporters import WireHttpSpanExporter
 
     headers = {"authorization": settings.authorization(), "x-langfuse-ingestion-version": LANGFUSE_INGESTION_VERSION}
     # The HTTP exporter always merges OTEL_EXPORTER_OTLP_[TRACES_]HEADERS into its headers, and its TLS settings come
     # from OTEL_EXPORTER_OTLP_*_CERTIFICATE: both are meant for the collector. The session sends exactly our headers,
     # so a collector's token never travels to Langfuse, and it verifies TLS the ordinary way.
     session = ProbingSession(probe, only_headers=headers)
-    exporter = OTLPSpanExporter(endpoint=settings.traces_url, headers=headers, timeout=settings.timeout_s,
+    exporter = WireHttpSpanExporter(endpoint=settings.traces_url, headers=headers, timeout=settings.timeout_s,
                                 compression=Compression.Gzip, session=session)
     session.verify, session.cert = True, None
     return exporter

@@ -439,25 +439,11 @@ def encode_traces_data(spans: Iterable[Any], extra: str = "") -> str:
 
 
 _LINES: dict[tuple[int, int], tuple[Any, Any, str, str]] = {}
-# The last span encoded and its line: the trace file and a network pipeline's journal write the same line for the
-# same ended span, one after the other on the same thread; the second gets the bytes without encoding again.
-# One tuple, replaced whole, so threads never see one span beside another's line.
-_last_line: tuple[Any, bytes] = (None, b"")
 
 
 def encode_line(span: Any) -> bytes:
     """A whole trace-file line (newline included) for one span: envelope cached, span encoded once, the line
     encoded to UTF-8 once (a lone surrogate surfaces there, and only then is the span encoded again, repaired)."""
-    global _last_line
-    last = _last_line
-    if last[0] is span:
-        return last[1]
-    line = _encode_line(span)
-    _last_line = (span, line)
-    return line
-
-
-def _encode_line(span: Any) -> bytes:
     resource, scope = span.resource, span.instrumentation_scope
     cached = _LINES.get((id(resource), id(scope)))
     if cached is None or cached[0] is not resource or cached[1] is not scope:

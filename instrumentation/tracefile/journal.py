@@ -7,21 +7,23 @@ them, although the trace file already holds them. The spill file only gets what 
 So each network pipeline keeps a journal beside the spill file, one per process and backend
 (``<spill>.journal-<backend>-<pid>-<id>``):
 
-* As a span is queued (on the thread that ended it), its trace-file line is appended: one ``write``, no fsync (the
-  page cache outlives the process), and no encoding of its own when the trace file encoded the span just before
-  (``encode.encode_line`` hands the same bytes to both).
+* As a span is queued (on the thread that ended it), the OTLP protobuf the exporters will send is appended, as
+  base64 in a line of its own: one ``write``, no fsync (the page cache outlives the process), and no encoding of its
+  own, since the bytes are the span's one encoding, which every network exporter sends (``otlp_wire``).
 * When the export thread has settled a batch (delivered, or saved in the spill file), it appends the batch's span
   ids. Once every span written is settled and the file has grown past ``ROTATE_BYTES``, it is emptied.
 * A clean shutdown deletes it. A journal left behind by a process that is gone (its lock is free) holds the spans
   that process never settled: ``recover()``, run by every push, moves them into the spill file as ordinary batches,
   where the spill file's guarantees take over (never twice, never lost, bad lines quarantined).
 
-The journal costs the agent's hot path one ``write`` per span per network backend, and nothing on the network side
-changes: the queue, the batches and the spill file work as before.
+The journal costs the agent's hot path one ``write`` per span per network backend (and the span's encoding, which
+the export would otherwise do on its thread), and nothing on the network side changes: the queue, the batches and
+the spill file work as before. Journals written by earlier versions (a trace-file line per span) are recovered too.
 """
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import json
 import os
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..logs import log
-from .encode import encode_line
+from ..otlp_wire import request_of_one, resource_spans_json
 from .write import append_line, open_private_append
 
 try:
@@ -47,6 +49,8 @@ ROTATE_BYTES = 8 << 20  # a fully settled journal larger than this is emptied, s
 RECOVERED_BATCH_SPANS = 512  # spans per batch moved into the spill file (the BatchSpanProcessor's default batch)
 _SETTLED = '{"looptrace":{"settled":['
 _SETTLED_BYTES = _SETTLED.encode("ascii")
+_WIRE = b'{"looptrace":{"otlp":"'  # then the base64 of an ExportTraceServiceRequest holding the one span
+_WIRE_END = b'"}}\n'
 
 
 def journal_prefix(spill_path: Path) -> str:
@@ -75,8 +79,8 @@ class SpanJournal:
         if self._closed or self._broken:
             return
         try:
-            line = encode_line(span)
-        except Exception:  # noqa: BLE001 - the trace file reports what cannot be encoded; the export still tries
+            line = b"".join((_WIRE, binascii.b2a_base64(request_of_one(span), newline=False), _WIRE_END))
+        except Exception:  # noqa: BLE001 - a span that cannot be encoded is refused by the export, which says so
             return
         with self._lock:
             if self._closed or self._broken:
@@ -221,7 +225,11 @@ def _unsettled(fd: int, limit: int, known: set[str]) -> list[tuple[str, Any]]:
                 if raw.startswith(_SETTLED_BYTES):
                     settled.update(str(span_id) for span_id in document["looptrace"]["settled"])
                     continue
-                for resource_spans in document["resourceSpans"]:
+                if raw.startswith(_WIRE):
+                    queued = resource_spans_json(binascii.a2b_base64(document["looptrace"]["otlp"]))
+                else:  # an earlier version's journal: the span's trace-file line
+                    queued = document["resourceSpans"]
+                for resource_spans in queued:
                     for scope_spans in resource_spans.get("scopeSpans") or ():
                         for span in scope_spans.get("spans") or ():
                             spans.append((str(span["spanId"]).lower(), resource_spans))

@@ -1,0 +1,213 @@
+"""looptrace's own OTLP protobuf encoding (issue 23): what the network exporters send and the export queue's journal
+keeps, checked against the OpenTelemetry encoder it replaces, message by message, and back through a journal
+recovery to the OTLP/JSON the spill file and the trace file hold."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    set_span_in_context,
+)
+from test_direct_spans import run_story
+
+from looptrace.instrumentation import otlp_wire
+from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.direct_spans import DirectTracerProvider
+from looptrace.instrumentation.tracefile.encode import encode_line, encode_traces_data
+from looptrace.instrumentation.tracefile.journal import SpanJournal
+from looptrace.instrumentation.tracefile.spill import SpillFile
+
+REMOTE_PARENT = SpanContext(0x5B8EFFF798038103D269B633813FC60C, 0xEEE19B7EC3C1B174, True,
+                            TraceFlags(TraceFlags.SAMPLED))
+
+
+class _Collect:
+    """An exporting processor that keeps the spans a provider ends."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        self.spans.append(span)
+
+    def force_flush(self, timeout_millis: int = 0) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _direct_spans(produce) -> list[Any]:
+    provider = DirectTracerProvider(Resource.create({"service.name": "booking-service"}))
+    collected = _Collect()
+    provider.add_exporting_processor(collected)
+    produce(provider)
+    return collected.spans
+
+
+def _sdk_spans(produce) -> list[Any]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "booking-service"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    produce(provider)
+    return list(memory.get_finished_spans())
+
+
+def _every_field(provider: Any) -> None:
+    """Spans using every field the encoders write: value types, events, links, a remote parent, statuses, a trace
+    state, drop counts, two scopes (one with a version, attributes and a schema URL)."""
+    plain = provider.get_tracer("plain")
+    versioned = provider.get_tracer("versioned", "2.1", schema_url="https://opentelemetry.io/schemas/1.30.0",
+                                    attributes={"scope.team": "ops"})
+    parent = set_span_in_context(NonRecordingSpan(REMOTE_PARENT))
+    with plain.start_as_current_span("remote child", context=parent, kind=SpanKind.SERVER, attributes={
+            "text": "plain", "unicode": "résumé ✓ 日本", "empty": "", "flag": False, "on": True, "zero": 0,
+            "negative": -7, "large": 2**63 - 1, "smallest": -(2**63), "ratio": 0.25, "nan": float("nan"),
+            "texts": ("a", "b"), "numbers": (1, 2, 3), "floats": (1.5,), "bools": (True, False), "none": ()}) as span:
+        span.add_event("thinking", {"step": 1, "note": "start"})
+        span.add_event("bare")
+        span.set_status(Status(StatusCode.ERROR, "it broke"))
+        for index in range(130):  # beyond the default limit of 128: the oldest are dropped and counted
+            span.set_attribute(f"many.{index}", index)
+    link = Link(SpanContext(0x1234, 0x5678, False, TraceFlags(TraceFlags.SAMPLED)), {"link.kind": "follows"})
+    with versioned.start_as_current_span("linked", kind=SpanKind.CLIENT, links=[link]) as span:
+        span.set_status(StatusCode.OK)
+        with plain.start_as_current_span("grandchild", kind=SpanKind.PRODUCER):
+            pass
+
+
+@pytest.mark.parametrize("make", [_direct_spans, _sdk_spans], ids=["direct spans", "SDK spans"])
+@pytest.mark.parametrize("produce", [_every_field, lambda provider: run_story(tracer_provider=provider)],
+                         ids=["every field", "an agent run"])
+def test_a_batch_decodes_to_what_the_opentelemetry_encoder_builds(make, produce):
+    spans = make(produce)
+    assert len(spans) >= 3
+    sent = ExportTraceServiceRequest.FromString(otlp_wire.export_request(spans))
+    assert sent == encode_spans(spans)
+
+
+def _flat(request: ExportTraceServiceRequest) -> list[tuple[bytes, bytes, str, str, bytes]]:
+    return [(r.resource.SerializeToString(deterministic=True), s.scope.SerializeToString(deterministic=True),
+             r.schema_url, s.schema_url, span.SerializeToString(deterministic=True))
+            for r in request.resource_spans for s in r.scope_spans for span in s.spans]
+
+
+def test_spans_of_several_providers_in_one_batch_keep_each_its_own_resource_and_scope():
+    spans = _sdk_spans(_every_field) + _direct_spans(_every_field) + _sdk_spans(_every_field)[:1]
+    sent = ExportTraceServiceRequest.FromString(otlp_wire.export_request(spans))
+    # Grouped by the resource object (the SDK's encoder merges equal resources, at the cost of hashing their
+    # attributes as JSON for every span): what each span travels with is the same.
+    assert [len(r.scope_spans) for r in sent.resource_spans] == [2, 2, 1]
+    assert sorted(_flat(sent)) == sorted(_flat(encode_spans(spans)))
+
+
+def test_a_link_keeps_its_trace_state_which_the_opentelemetry_encoder_leaves_out():
+    state_link = Link(SpanContext(0x1234, 0x5678, True, TraceFlags(1), trace_state=TraceState([("vendor", "abc")])))
+
+    def produce(provider: Any) -> None:
+        with provider.get_tracer("t").start_as_current_span("s", links=[state_link]):
+            pass
+
+    (span,) = _direct_spans(produce)
+    (link,) = ExportTraceServiceRequest.FromString(otlp_wire.export_request([span])) \
+        .resource_spans[0].scope_spans[0].spans[0].links
+    assert link.trace_state == "vendor=abc" and link.flags == 0x300  # has is_remote, is remote
+
+
+class _Opaque:
+    def __str__(self) -> str:
+        return "opaque thing"
+
+
+def test_values_the_opentelemetry_encoder_drops_are_sent_repaired_and_named(caplog):
+    def produce(provider: Any) -> None:
+        span = provider.get_tracer("t").start_span("read \ud800 blob")
+        span._attributes.update({"ok": "fine", "bad": "bytes \udc80 here", "huge": 2**70, "odd": _Opaque(),
+                                 "nested": ("x", "\ud801")})
+        span.add_event("seen \udfff")
+        span.set_status(Status(StatusCode.ERROR, "failed on \ud800"))
+        span.end()
+
+    (span,) = _direct_spans(produce)
+    with caplog.at_level(logging.WARNING):
+        sent = ExportTraceServiceRequest.FromString(otlp_wire.export_request([span]))
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]  # no traceback per attribute
+    (encoded,) = sent.resource_spans[0].scope_spans[0].spans
+    values = {a.key: a.value for a in encoded.attributes}
+    assert values["ok"].string_value == "fine"
+    assert values["bad"].string_value == "bytes \ufffd here"
+    assert values["huge"].string_value == str(2**70)
+    assert values["odd"].string_value == "opaque thing"
+    assert [v.string_value for v in values["nested"].array_value.values] == ["x", "\ufffd"]
+    assert encoded.name == "read \ufffd blob" and encoded.events[0].name == "seen \ufffd"
+    assert encoded.status.message == "failed on \ufffd"
+    repaired = [v.string_value for v in values[sc.REPAIRED_ATTRIBUTES].array_value.values]
+    assert set(repaired) == {"span.name", "bad", "huge", "odd", "nested", "event.name", "status.message"}
+
+
+def test_a_span_is_encoded_once_for_the_journal_and_every_exporter():
+    span = _direct_spans(_every_field)[0]
+    first = otlp_wire.request_of_one(span)
+    assert span.wire_message is not None  # kept on the span...
+    span.wire_message = b"\x2a\x06marker"  # ...and what the next request sends (a Span whose name is "marker")
+    sent = ExportTraceServiceRequest.FromString(otlp_wire.export_request([span]))
+    assert sent.resource_spans[0].scope_spans[0].spans[0].name == "marker"
+    assert ExportTraceServiceRequest.FromString(first) == encode_spans([span])  # the journal's form: the same span
+
+
+def _spans_of(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"resource": resource_spans["resource"], "scope": scope_spans["scope"], "span": span}
+            for document in documents for resource_spans in document["resourceSpans"]
+            for scope_spans in resource_spans["scopeSpans"] for span in scope_spans["spans"]]
+
+
+@pytest.mark.parametrize("make", [_direct_spans, _sdk_spans], ids=["direct spans", "SDK spans"])
+def test_a_journal_left_by_a_killed_process_is_recovered_as_the_trace_file_would_hold_its_spans(tmp_path, make):
+    spans = make(_every_field) + make(lambda provider: run_story(tracer_provider=provider))
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    journal = SpanJournal(spill.path, "otlp")
+    for span in spans:
+        journal.record(span)
+    journal.settle(spans[:2])  # delivered before the process died
+    journal.close()  # what a killed process leaves: the journal, unlocked, two spans settled
+    assert journal.path.exists()
+    assert spill.recover_journals() == {"otlp": len(spans) - 2}
+    recovered = _spans_of([batch.data for batch in spill.pending()])
+    expected = _spans_of([json.loads(encode_traces_data([span])) for span in spans[2:]])
+    assert sorted(recovered, key=_by_id) == sorted(expected, key=_by_id)
+    assert not journal.path.exists()
+
+
+def _by_id(item: dict[str, Any]) -> str:
+    return item["span"]["spanId"]
+
+
+def test_a_journal_written_by_an_earlier_version_is_still_recovered(tmp_path):
+    spans = _direct_spans(_every_field)
+    spill = SpillFile(tmp_path / "spill.jsonl")
+    older = spill.path.with_name(spill.path.name + ".journal-langfuse-4242-0123456789ab")
+    older.write_bytes(b"".join(encode_line(span) for span in spans))  # a trace-file line per span, as before
+    assert spill.recover_journals() == {"langfuse": len(spans)}
+    recovered = _spans_of([batch.data for batch in spill.pending(["langfuse"])])
+    assert sorted(recovered, key=_by_id) == sorted(_spans_of([json.loads(encode_line(s)) for s in spans]), key=_by_id)
