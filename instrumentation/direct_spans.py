@@ -7,8 +7,9 @@ line of the file and a span in the next export batch. The SDK's spans cost more 
 were most of what the OTLP path paid over its floor (issue 23), so here a span keeps its attributes in a plain dict
 and, at ``end()``, hands itself to the same encoder and writer the SDK path uses (``tracefile.encode.encode_line``,
 ``tracefile.write.TraceFileWriter``) and to each exporting processor's ``on_end``: looptrace's guarded
-``BatchSpanProcessor``, whose OTLP exporter encodes the span as it is (it has the ``ReadableSpan`` fields the
-encoders read), so batching, retries, the spill file and the bounds are the SDK path's.
+``BatchSpanProcessor``, whose OTLP exporter sends the span's protobuf, made once from its fields (``otlp_wire``; the
+span keeps it in ``wire_message`` for the journal and every other network exporter), so batching, retries, the spill
+file and the bounds are the SDK path's.
 
 What the file holds is what the SDK path writes: the same resource (built by the same ``setup._resource``), the SDK's
 ``InstrumentationScope``, random ids from the same generator, the default sampler's decision (ParentBased(ALWAYS_ON):

@@ -1,10 +1,12 @@
-"""Spans the OTLP protobuf encoders can take whole: the one step between a batch and a network exporter.
+"""Spans the OpenTelemetry protobuf encoder can take whole, for where it still encodes: a network exporter of an SDK
+release without the transport seam ``wire_exporters`` sends through, and the check of a spilled batch before a push.
 
 The OpenTelemetry encoders turn every text into UTF-8. A lone surrogate (``"\\ud800"``: a tool result decoded
 badly, or a JSON escape in a model's answer) cannot be, and the encoder then logs a traceback per attribute and drops
 the attribute; in a span's name, status or an event's name it fails the whole batch. An attribute key that is not
 text (a spill line edited by hand, another producer's file) is dropped the same way. The trace file already repairs
-both (``tracefile.encode``); this is the same repair for the copies sent to Langfuse and collectors:
+both (``tracefile.encode``), and so does looptrace's own protobuf (``otlp_wire``); this is the same repair for the
+SDK's encoder:
 
 * a lone surrogate becomes U+FFFD, wherever the text is (attribute values at any depth, keys, names, the status);
 * a key that is not text is kept as its text (``5`` -> ``"5"``), with one warning per process;

@@ -40,6 +40,8 @@ _SMALL = tuple(bytes((n,)) for n in range(128))
 def _varint(number: int) -> bytes:
     if number < 128:
         return _SMALL[number]
+    if number < 16384:  # most lengths: two bytes
+        return bytes(((number & 0x7F) | 0x80, number >> 7))
     out = bytearray()
     while number > 127:
         out.append((number & 0x7F) | 0x80)
@@ -188,9 +190,9 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any], parts: list[bytes]) -
     heads = _KEY_HEADS
     add = parts.append
     # A text set under two keys side by side (gen_ai.*'s messages and input.value/output.value, for Phoenix) is the
-    # same object: its AnyValue is made once.
+    # same object: it is encoded once.
     last_text: str | None = None
-    last_value = b""
+    text = text_head = b""
     for item in getattr(attributes, "_dict", attributes).items():  # the plain dict behind the SDK's mapping
         key, value = item
         if type(value) is str:
@@ -198,10 +200,17 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any], parts: list[bytes]) -
             encoded = fields.get(item) if short else None
             if encoded is None:
                 if value is not last_text:
-                    last_text, last_value = value, _field(b"\x0a", value.encode("utf-8"))
-                encoded = _field(tag, (heads.get(key) or _key_head(key)) + _delimited(last_value))
-                if short:
-                    _remember(fields, item, encoded)
+                    last_text, text = value, value.encode("utf-8")
+                    text_head = b"\x0a" + _varint(len(text))  # AnyValue's string_value field, up to the text
+                # tag, length, KeyValue (key field, value tag, length, AnyValue): everything but the text, which a
+                # long value (a conversation's messages) would otherwise be copied for at every level.
+                key_value_head = (heads.get(key) or _key_head(key)) + _varint(len(text_head) + len(text)) + text_head
+                prefix = tag + _varint(len(key_value_head) + len(text)) + key_value_head
+                if not short:
+                    parts += (prefix, text)
+                    continue
+                encoded = prefix + text
+                _remember(fields, item, encoded)
             add(encoded)
         else:
             add(_field(tag, (heads.get(key) or _key_head(key)) + _delimited(_value(value))))

@@ -26,7 +26,9 @@ The network exporters sit behind a BatchSpanProcessor, so export happens off the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
 open). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``: bounded, never raising,
 one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces push``; their queue is
-journaled beside it (``tracefile.journal``), so a process killed with spans still queued loses none. Metrics go over
+journaled beside it (``tracefile.journal``), so a process killed with spans still queued loses none. A span is
+encoded for the network once (``otlp_wire``): the journal keeps those bytes and every network exporter sends them
+(``wire_exporters``: the SDK's OTLP exporters, but for their encoder). Metrics go over
 OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
