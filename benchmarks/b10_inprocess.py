@@ -21,6 +21,9 @@ Variants:
   the OTLP/HTTP exporter to the sink: OpenLLMetry (``opentelemetry-instrumentation-anthropic``) and OpenInference
   (``openinference-instrumentation-anthropic``) where importable.
 
+``LOOPTRACE_BENCH_INPROCESS_GOALS_ONLY=1`` keeps only the variants the goals divide (the bare loop, both looptrace
+paths and both floors), so that ``LOOPTRACE_BENCH_INPROCESS_REPS`` can be raised for the same time.
+
 Run as ``python -m benchmarks.b10_inprocess`` by ``b10_peers`` (in a venv with OpenLLMetry's current release when one
 could be made, else in this environment); it prints one JSON line: each variant's samples and versions.
 """
@@ -78,6 +81,10 @@ def _variants(tmp: str) -> dict[str, Any]:
     found["looptrace-otlp"] = _looptrace_otlp(pw)
     found["looptrace-otlp-sdk"] = _looptrace_otlp(pw, sdk_path=True)
     found["raw-otlp"] = pw.RawSDK("otlp")
+    if os.environ.get("LOOPTRACE_BENCH_INPROCESS_GOALS_ONLY") == "1":
+        # Only what the goals divide: more repetitions in the same time, for a ratio that moves less between runs.
+        del found["looptrace-otlp-sdk"]
+        return found
     for key, module, package in (("openllmetry", "opentelemetry.instrumentation.anthropic",
                                   "opentelemetry-instrumentation-anthropic"),
                                  ("openinference", "openinference.instrumentation.anthropic",
