@@ -24,22 +24,10 @@ from .common import Row, interleave, median
 TURNS = 10
 
 
-class _Collect:
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def on_end(self, span: Any) -> None:
-        self.spans.append(span)
-
-    def force_flush(self, timeout_millis: int = 0) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        pass
-
-
 def _spans() -> list[Any]:
     from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from looptrace.instrumentation.direct_spans import DirectTracerProvider
     from looptrace.runtime import Agent
@@ -48,13 +36,13 @@ def _spans() -> list[Any]:
     from . import scenario
 
     provider = DirectTracerProvider(Resource.create({"service.name": "bench"}))
-    collected = _Collect()
-    provider.add_exporting_processor(collected)
+    memory = InMemorySpanExporter()
+    provider.add_exporting_processor(SimpleSpanProcessor(memory))
     agent = Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, limits=scenario.LIMITS,
                   name="bench", client=ScriptedModel(scenario.script(TURNS)), tracer_provider=provider,
                   detector=False)
     agent.run(scenario.task("run-0"))
-    return collected.spans
+    return list(memory.get_finished_spans())
 
 
 def run(quick: bool = False) -> list[Row]:

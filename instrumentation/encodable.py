@@ -26,6 +26,7 @@ from opentelemetry.trace import Link, Status
 
 from .logs import log
 from .semconv import REPAIRED_ATTRIBUTES
+from .tracefile.encode import clean_text
 
 __all__ = ["encodable_spans"]
 
@@ -54,15 +55,10 @@ def _text_ok(text: str) -> bool:
     return True
 
 
-def _clean_text(text: str) -> str:
-    # Round-tripping through UTF-16 turns each lone surrogate into U+FFFD and keeps every other character.
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
 def _clean_value(value: Any) -> Any:
     """``value`` itself when it encodes, else a repaired copy (text, sequences and mappings at any depth)."""
     if isinstance(value, str):
-        return value if _text_ok(value) else _clean_text(value)
+        return value if _text_ok(value) else clean_text(value)
     if isinstance(value, (list, tuple)):
         items = [_clean_value(item) for item in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else tuple(items)
@@ -93,8 +89,8 @@ def _clean_attributes(attributes: Mapping[Any, Any] | None, repaired_keys: list[
 def _clean_key(key: Any) -> str:
     global _warned_keys
     if isinstance(key, str):
-        return key if _text_ok(key) else _clean_text(key)
-    text = _clean_text(str(key))
+        return key if _text_ok(key) else clean_text(key)
+    text = clean_text(str(key))
     if not _warned_keys:
         _warned_keys = True
         log.warning("attribute_key_not_text", key=text[:60],

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .semconv import REPAIRED_ATTRIBUTES
+from .tracefile.encode import Repairs, RepeatedTexts, clean_text
 
 __all__ = ["export_request", "request_of_one", "resource_spans_json", "span_message"]
 
@@ -59,21 +60,7 @@ def _delimited(payload: bytes) -> bytes:
     return _varint(len(payload)) + payload
 
 
-class _Repairs:
-    """The keys of one span whose values had to be replaced; None when encoding optimistically."""
-
-    __slots__ = ("keys",)
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-
-
-def _clean_text(text: str) -> str:
-    # Round-tripping through UTF-16 turns each lone surrogate into U+FFFD and keeps every other character.
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _utf8(text: str, repairs: _Repairs | None, where: str) -> bytes:
+def _utf8(text: str, repairs: Repairs | None, where: str) -> bytes:
     """``text`` as UTF-8; with ``repairs``, a lone surrogate becomes U+FFFD and ``where`` is named."""
     if repairs is None:
         return text.encode("utf-8")  # a lone surrogate raises: the span is encoded again, repaired
@@ -81,7 +68,7 @@ def _utf8(text: str, repairs: _Repairs | None, where: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         repairs.keys.append(where)
-        return _clean_text(text).encode("utf-8")
+        return clean_text(text).encode("utf-8")
 
 
 # --- values: AnyValue message bodies ----------------------------------------------------------------------------------
@@ -125,7 +112,7 @@ def _unusual_value(value: Any) -> bytes:
 def _repaired_value(value: Any) -> bytes:
     """The closest valid encoding of a value ``_value`` refused: clean text, or the value's text."""
     if isinstance(value, str):
-        return _value(_clean_text(str(value)))
+        return _value(clean_text(str(value)))
     if isinstance(value, int) and not isinstance(value, bool):
         return _value(str(value) if abs(value) < 10**4000 else "<integer>")
     if isinstance(value, (list, tuple)):
@@ -134,7 +121,7 @@ def _repaired_value(value: Any) -> bytes:
         text = str(value)
     except Exception:  # noqa: BLE001 - an object whose __str__ raises still costs only itself
         text = f"<{type(value).__name__}>"
-    return _value(_clean_text(text))
+    return _value(clean_text(text))
 
 
 def _safe_value(value: Any) -> bytes:
@@ -163,29 +150,16 @@ def _key_value(key: str, value: Any) -> bytes:
     return _key_head(key) + _delimited(_value(value))
 
 
-# field tag -> (key, short text) -> its whole attribute field, for the values a run repeats on every span (agent and
-# model names, operation, tool definitions). Only text: a cache keyed by equality must not hand 1's bytes to True or
-# 1.0. A value is kept once the same key held it last time too, so one-off values (ids, messages) never crowd
-# constants out.
-_TEXT_FIELDS: dict[bytes, dict[tuple[str, str], bytes]] = {}
-_LAST_TEXT: dict[str, str] = {}
-_FIELD_ENTRIES = 2048
+# field tag -> the whole attribute fields of the (key, short text) pairs a run repeats on every span (agent and model
+# names, operation, tool definitions). Only text: a cache keyed by equality must not hand 1's bytes to True or 1.0.
+_TEXT_FIELDS: dict[bytes, RepeatedTexts] = {}
 _FIELD_VALUE_CHARS = 1024
-
-
-def _remember(fields: dict[tuple[str, str], bytes], item: tuple[str, str], encoded: bytes) -> None:
-    key, value = item
-    if _LAST_TEXT.get(key) == value:
-        if len(fields) >= _FIELD_ENTRIES:
-            fields.clear()
-        fields[item] = encoded
-    elif len(_LAST_TEXT) < 4096 or key in _LAST_TEXT:
-        _LAST_TEXT[key] = value
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any], parts: list[bytes]) -> None:
     """Append each attribute as a ``tag`` field to ``parts``; raises for anything that needs repair."""
-    fields = _TEXT_FIELDS.get(tag) or _TEXT_FIELDS.setdefault(tag, {})  # a span's attribute is not an event's
+    repeated = _TEXT_FIELDS.get(tag) or _TEXT_FIELDS.setdefault(tag, RepeatedTexts())  # a span's is not an event's
+    fields = repeated.encoded
     most = _FIELD_VALUE_CHARS
     heads = _KEY_HEADS
     add = parts.append
@@ -210,19 +184,19 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any], parts: list[bytes]) -
                     parts += (prefix, text)
                     continue
                 encoded = prefix + text
-                _remember(fields, item, encoded)
+                repeated.remember(item, encoded)
             add(encoded)
         else:
             add(_field(tag, (heads.get(key) or _key_head(key)) + _delimited(_value(value))))
 
 
-def _repaired_attributes(tag: bytes, attributes: Mapping[Any, Any], parts: list[bytes], repairs: _Repairs) -> None:
+def _repaired_attributes(tag: bytes, attributes: Mapping[Any, Any], parts: list[bytes], repairs: Repairs) -> None:
     for key, value in getattr(attributes, "_dict", attributes).items():
         if key == REPAIRED_ATTRIBUTES and isinstance(value, (list, tuple)):
             repairs.keys[:0] = [str(k) for k in value]  # an earlier repair's list is merged into this one's
             continue
         text_key = key if isinstance(key, str) else str(key)
-        clean_key = _clean_text(text_key)
+        clean_key = clean_text(text_key)
         try:
             encoded = _value(value)
             repaired = clean_key != key
@@ -234,7 +208,7 @@ def _repaired_attributes(tag: bytes, attributes: Mapping[Any, Any], parts: list[
 
 
 def _add_attributes(tag: bytes, attributes: Mapping[Any, Any] | None, parts: list[bytes],
-                    repairs: _Repairs | None) -> None:
+                    repairs: Repairs | None) -> None:
     if not attributes:
         return
     if repairs is None:
@@ -266,7 +240,7 @@ def _trace_state(trace_state: Any) -> str:
     return ",".join([f"{key}={value}" for key, value in trace_state.items()]) if trace_state else ""
 
 
-def _span(span: Any, repairs: _Repairs | None) -> bytes:
+def _span(span: Any, repairs: Repairs | None) -> bytes:
     context = span.context
     parent = span.parent
     parts = [_trace_id_field(context.trace_id), b"\x12\x08" + context.span_id.to_bytes(8, "big")]
@@ -305,7 +279,7 @@ def _span(span: Any, repairs: _Repairs | None) -> bytes:
     return b"".join(parts)
 
 
-def _event(event: Any, repairs: _Repairs | None) -> bytes:
+def _event(event: Any, repairs: Repairs | None) -> bytes:
     parts = [b"\x09" + _fixed64(event.timestamp)] if event.timestamp else []
     if event.name:
         parts.append(_field(b"\x12", _utf8(event.name, repairs, "event.name")))
@@ -315,7 +289,7 @@ def _event(event: Any, repairs: _Repairs | None) -> bytes:
     return b"".join(parts)
 
 
-def _link(link: Any, repairs: _Repairs | None) -> bytes:
+def _link(link: Any, repairs: Repairs | None) -> bytes:
     context = link.context
     parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big")]
     trace_state = _trace_state(context.trace_state)
@@ -328,7 +302,7 @@ def _link(link: Any, repairs: _Repairs | None) -> bytes:
     return b"".join(parts)
 
 
-def _status(status: Any, repairs: _Repairs | None) -> bytes:
+def _status(status: Any, repairs: Repairs | None) -> bytes:
     message = status.description
     code = status.status_code.value
     encoded = _field(b"\x12", _utf8(message, repairs, "status.message")) if message else b""
@@ -339,7 +313,7 @@ def _encode_span(span: Any) -> bytes:
     try:
         return _span(span, None)
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
-        return _span(span, _Repairs())
+        return _span(span, Repairs())
 
 
 def span_message(span: Any) -> bytes:
@@ -367,7 +341,7 @@ def _envelope(resource: Any, scope: Any) -> tuple[bytes, bytes, bytes, bytes]:
     cached = _ENVELOPES.get(key)
     if cached is not None and cached[0] is resource and cached[1] is scope:
         return cached[2:]
-    repairs = _Repairs()
+    repairs = Repairs()
     resource_parts: list[bytes] = []
     _add_attributes(b"\x0a", getattr(resource, "attributes", None), resource_parts, repairs)
     resource_field = _field(b"\x0a", b"".join(resource_parts))

@@ -39,31 +39,12 @@ REMOTE_PARENT = SpanContext(0x5B8EFFF798038103D269B633813FC60C, 0xEEE19B7EC3C1B1
                             TraceFlags(TraceFlags.SAMPLED))
 
 
-class _Collect:
-    """An exporting processor that keeps the spans a provider ends."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        pass
-
-    def on_end(self, span: Any) -> None:
-        self.spans.append(span)
-
-    def force_flush(self, timeout_millis: int = 0) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        pass
-
-
 def _direct_spans(produce) -> list[Any]:
+    memory = InMemorySpanExporter()
     provider = DirectTracerProvider(Resource.create({"service.name": "booking-service"}))
-    collected = _Collect()
-    provider.add_exporting_processor(collected)
+    provider.add_exporting_processor(SimpleSpanProcessor(memory))
     produce(provider)
-    return collected.spans
+    return list(memory.get_finished_spans())
 
 
 def _sdk_spans(produce) -> list[Any]:

@@ -27,15 +27,16 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from ..semconv import REPAIRED_ATTRIBUTES
 
-__all__ = ["REPAIRED_ATTRIBUTES", "encode_line", "encode_span", "encode_traces_data"]
+__all__ = ["REPAIRED_ATTRIBUTES", "Repairs", "RepeatedTexts", "clean_text", "encode_line", "encode_span",
+           "encode_traces_data"]
 
 _string = json.encoder.encode_basestring  # the C escaper: '"' + escaped text + '"', non-ASCII kept as is
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _FLAGS_HAS_IS_REMOTE, _FLAGS_IS_REMOTE = 0x100, 0x200
 
 
-class _Repairs:
-    """Collects what had to be replaced while encoding one span."""
+class Repairs:
+    """Collects the keys whose values had to be replaced while encoding one span (here and in ``otlp_wire``)."""
 
     __slots__ = ("keys",)
 
@@ -43,7 +44,7 @@ class _Repairs:
         self.keys: list[str] = []
 
 
-def _clean_text(text: str) -> str:
+def clean_text(text: str) -> str:
     # Lone surrogates cannot be encoded as UTF-8; round-tripping through UTF-16 turns each into U+FFFD.
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
@@ -111,7 +112,7 @@ def _repaired_value(value: Any) -> str:
         if math.isinf(value):
             return '{"doubleValue":"Infinity"}' if value > 0 else '{"doubleValue":"-Infinity"}'
     if isinstance(value, str):
-        return '{"stringValue":' + _string(_clean_text(value)) + "}"
+        return '{"stringValue":' + _string(clean_text(value)) + "}"
     if isinstance(value, int) and not isinstance(value, bool):
         return '{"stringValue":"' + str(value) + '"}' if abs(value) < 10**4000 else '{"stringValue":"<integer>"}'
     if isinstance(value, (list, tuple)):
@@ -120,7 +121,7 @@ def _repaired_value(value: Any) -> str:
         text = str(value)
     except Exception:  # noqa: BLE001 - an object whose __str__ raises still costs only itself
         text = f"<{type(value).__name__}>"
-    return '{"stringValue":' + _string(_clean_text(text)) + "}"
+    return '{"stringValue":' + _string(clean_text(text)) + "}"
 
 
 def _safe_value(value: Any) -> str:
@@ -143,11 +144,35 @@ def _key_prefix(key: str) -> str:
     return prefix
 
 
+class RepeatedTexts:
+    """The encoded forms of (key, text value) pairs that repeat, in ``encoded``, for an encoder to look up.
+
+    A pair is kept once its value repeats what the same key held last time: a run's constants (agent, model,
+    operation, tool definitions) do, ids and messages do not, so one-off values never crowd the constants out.
+    Bounded: at most ``entries`` pairs (then it starts again), and the last value of at most 4,096 keys.
+    """
+
+    __slots__ = ("_entries", "_last", "encoded")
+
+    def __init__(self, entries: int = 2048) -> None:
+        self.encoded: dict[tuple[str, str], Any] = {}
+        self._last: dict[str, str] = {}  # each key's latest text value
+        self._entries = entries
+
+    def remember(self, item: tuple[str, str], encoded: Any) -> None:
+        key, value = item
+        last = self._last
+        if last.get(key) == value:
+            if len(self.encoded) >= self._entries:
+                self.encoded.clear()
+            self.encoded[item] = encoded
+        elif len(last) < 4096 or key in last:
+            last[key] = value
+
+
 # (key, text value) -> its encoded key-value pair. Only text values: a cache keyed by value equality must not hand
-# 1's encoding to True or 1.0. Bounded: at most _PAIR_ENTRIES values of at most _PAIR_VALUE_CHARS characters.
-_TEXT_PAIRS: dict[tuple[str, str], str] = {}
-_LAST_TEXT: dict[str, str] = {}  # each key's latest text value, to tell a run's constants from one-off values
-_PAIR_ENTRIES = 2048
+# 1's encoding to True or 1.0. Only values of at most _PAIR_VALUE_CHARS characters.
+_TEXT_PAIRS = RepeatedTexts()
 _PAIR_VALUE_CHARS = 1024
 
 
@@ -176,18 +201,6 @@ def _grown_string(key: str, value: str) -> str:
     return text
 
 
-def _remember(item: tuple[str, str], text: str) -> None:
-    """Keep a pair's text when its value repeats what the same key held last time: a run's constants do, ids and
-    messages do not, so one-off values never crowd the constants out of the cache."""
-    key, value = item
-    if _LAST_TEXT.get(key) == value:
-        if len(_TEXT_PAIRS) >= _PAIR_ENTRIES:
-            _TEXT_PAIRS.clear()
-        _TEXT_PAIRS[item] = text
-    elif len(_LAST_TEXT) < 4096 or key in _LAST_TEXT:
-        _LAST_TEXT[key] = value
-
-
 def _key_value(key: str, value: Any) -> str:
     return _key_prefix(key) + _value(value) + "}"
 
@@ -202,13 +215,13 @@ def _plain(attributes: Any) -> Mapping[str, Any]:
     return getattr(attributes, "_dict", attributes)
 
 
-def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) -> str:
+def _attributes(attributes: Mapping[str, Any] | None, repairs: Repairs | None) -> str:
     """The inside of an attributes list: ``{"key":..,"value":..},...``."""
     if not attributes:
         return ""
     plain = _plain(attributes)
     if repairs is None:
-        prefixes, pairs, most = _KEY_PREFIXES, _TEXT_PAIRS, _PAIR_VALUE_CHARS
+        prefixes, pairs, most = _KEY_PREFIXES, _TEXT_PAIRS.encoded, _PAIR_VALUE_CHARS
         parts: list[str] = []
         add = parts.append
         # A text set under two keys side by side (gen_ai.*'s messages and input.value/output.value, for Phoenix) is
@@ -230,7 +243,7 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
                     elif short:
                         last_text, last_escaped = value, '{"stringValue":' + _string(value) + "}}"
                         text = prefix + last_escaped
-                        _remember(item, text)
+                        _TEXT_PAIRS.remember(item, text)
                     else:
                         last_text, last_escaped = value, '{"stringValue":' + _grown_string(key, value) + "}}"
                         text = prefix + last_escaped
@@ -240,7 +253,7 @@ def _attributes(attributes: Mapping[str, Any] | None, repairs: _Repairs | None) 
         return ",".join(parts)
     parts = []
     for key, value in plain.items():
-        clean_key = key if _valid_utf8(key) else _clean_text(key)
+        clean_key = key if _valid_utf8(key) else clean_text(key)
         encoded = _safe_value(value)
         if clean_key is not key or encoded != _try_value(value):
             repairs.keys.append(clean_key)
@@ -259,10 +272,10 @@ def _try_value(value: Any) -> str | None:
 # --- spans -------------------------------------------------------------------------------------------------------
 
 
-def _text(text: str, repairs: _Repairs | None, where: str) -> str:
+def _text(text: str, repairs: Repairs | None, where: str) -> str:
     if repairs is not None and not _valid_utf8(text):
         repairs.keys.append(where)
-        return _string(_clean_text(text))
+        return _string(clean_text(text))
     return _string(text)
 
 
@@ -280,7 +293,7 @@ def _trace_hex(trace_id: int) -> str:
     return text
 
 
-def _span(span: Any, repairs: _Repairs | None) -> str:
+def _span(span: Any, repairs: Repairs | None) -> str:
     context = span.context
     parent = span.parent
     head = f'{{"traceId":"{_trace_hex(context.trace_id)}","spanId":"{context.span_id:016x}"'
@@ -327,7 +340,7 @@ def _span(span: Any, repairs: _Repairs | None) -> str:
     return "".join(parts)
 
 
-def _event(event: Any, repairs: _Repairs | None) -> str:
+def _event(event: Any, repairs: Repairs | None) -> str:
     text = '{"timeUnixNano":"' + str(event.timestamp) + '","name":' + _text(event.name, repairs, "event.name")
     if event.attributes:
         text += ',"attributes":[' + _attributes(event.attributes, repairs) + "]"
@@ -336,7 +349,7 @@ def _event(event: Any, repairs: _Repairs | None) -> str:
     return text + "}"
 
 
-def _link(link: Any, repairs: _Repairs | None) -> str:
+def _link(link: Any, repairs: Repairs | None) -> str:
     context = link.context
     text = '{"traceId":"' + format(context.trace_id, "032x") + '","spanId":"' + format(context.span_id, "016x") + '"'
     if context.trace_state:
@@ -348,7 +361,7 @@ def _link(link: Any, repairs: _Repairs | None) -> str:
     return text + ',"flags":' + ("768" if context.is_remote else "256") + "}"
 
 
-def _status(status: Any, repairs: _Repairs | None) -> str:
+def _status(status: Any, repairs: Repairs | None) -> str:
     message = status.description
     if status.status_code is StatusCode.UNSET and not message:
         return ',"status":{}'
@@ -370,7 +383,7 @@ def encode_span(span: Any) -> str:
         text.encode("utf-8")  # lone surrogates surface here, not in the escaper
         return text
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
-        return _span(span, _Repairs())
+        return _span(span, Repairs())
 
 
 # --- envelopes: what is the same for every span of a process -----------------------------------------------------
@@ -387,9 +400,9 @@ def _envelope(resource: Any, scope: Any) -> tuple[str, str, str, str]:
     resource_head = '{"resource":{' + _resource_body(resource) + '},"scopeSpans":['
     scope_head = '{"scope":{' + _scope_body(scope) + '},"spans":['
     scope_schema = getattr(scope, "schema_url", None) if scope is not None else None
-    scope_tail = "]" + (',"schemaUrl":' + _string(_clean_text(scope_schema)) if scope_schema else "") + "}"
+    scope_tail = "]" + (',"schemaUrl":' + _string(clean_text(scope_schema)) if scope_schema else "") + "}"
     resource_schema = getattr(resource, "schema_url", None)
-    resource_tail = "]" + (',"schemaUrl":' + _string(_clean_text(resource_schema)) if resource_schema else "") + "}"
+    resource_tail = "]" + (',"schemaUrl":' + _string(clean_text(resource_schema)) if resource_schema else "") + "}"
     if len(_ENVELOPES) > 256:  # a process makes few resources and scopes; keep a stray generator from growing this
         _ENVELOPES.clear()
     # Holding the objects keeps their ids from being reused by others while the entry lives.
@@ -399,17 +412,17 @@ def _envelope(resource: Any, scope: Any) -> tuple[str, str, str, str]:
 
 def _resource_body(resource: Any) -> str:
     attributes = getattr(resource, "attributes", None)
-    return '"attributes":[' + _attributes(attributes, _Repairs()) + "]" if attributes else ""
+    return '"attributes":[' + _attributes(attributes, Repairs()) + "]" if attributes else ""
 
 
 def _scope_body(scope: Any) -> str:
     if scope is None:
         return ""
-    inside = ['"name":' + _string(_clean_text(scope.name))] if scope.name else []
+    inside = ['"name":' + _string(clean_text(scope.name))] if scope.name else []
     if scope.version:
-        inside.append('"version":' + _string(_clean_text(scope.version)))
+        inside.append('"version":' + _string(clean_text(scope.version)))
     if scope.attributes:
-        inside.append('"attributes":[' + _attributes(scope.attributes, _Repairs()) + "]")
+        inside.append('"attributes":[' + _attributes(scope.attributes, Repairs()) + "]")
     return ",".join(inside)
 
 
@@ -456,4 +469,4 @@ def encode_line(span: Any) -> bytes:
     try:
         return "".join((head, _span(span, None), tail)).encode("utf-8")
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
-        return "".join((head, _span(span, _Repairs()), tail)).encode("utf-8")
+        return "".join((head, _span(span, Repairs()), tail)).encode("utf-8")
