@@ -109,14 +109,19 @@ def _unusual_value(value: Any) -> bytes:
     raise TypeError(f"cannot encode a {type(value).__name__}")
 
 
-def _repaired_value(value: Any) -> bytes:
+_REPAIRED_DEPTH = 16  # arrays nested deeper become text: decoders refuse messages nested past 100 levels
+
+
+def _repaired_value(value: Any, depth: int = 0) -> bytes:
     """The closest valid encoding of a value ``_value`` refused: clean text, or the value's text."""
     if isinstance(value, str):
         return _value(clean_text(str(value)))
     if isinstance(value, int) and not isinstance(value, bool):
         return _value(str(value) if abs(value) < 10**4000 else "<integer>")
     if isinstance(value, (list, tuple)):
-        return _field(b"\x2a", b"".join([_field(b"\x0a", _safe_value(item)) for item in value]))
+        if depth >= _REPAIRED_DEPTH:
+            return _value("<nested too deeply>")  # a sequence that holds itself ends here
+        return _field(b"\x2a", b"".join([_field(b"\x0a", _safe_value(item, depth + 1)) for item in value]))
     try:
         text = str(value)
     except Exception:  # noqa: BLE001 - an object whose __str__ raises still costs only itself
@@ -124,11 +129,11 @@ def _repaired_value(value: Any) -> bytes:
     return _value(clean_text(text))
 
 
-def _safe_value(value: Any) -> bytes:
+def _safe_value(value: Any, depth: int = 0) -> bytes:
     try:
         return _value(value)
     except (ValueError, TypeError, RecursionError, UnicodeEncodeError):
-        return _repaired_value(value)
+        return _repaired_value(value, depth)
 
 
 # --- attributes: repeated KeyValue fields -----------------------------------------------------------------------------
@@ -275,7 +280,8 @@ def _span(span: Any, repairs: Repairs | None) -> bytes:
     if repairs is not None and repairs.keys:
         # Last, once the events, links and status have said what they repaired too: a repeated field's entries may
         # come anywhere in a message, and a parser appends this one to the span's other attributes.
-        parts.append(_field(b"\x4a", _key_value(REPAIRED_ATTRIBUTES, tuple(dict.fromkeys(repairs.keys)))))
+        named = _safe_value(tuple(dict.fromkeys(repairs.keys)))  # an earlier repair's list may be hostile too
+        parts.append(_field(b"\x4a", _key_head(REPAIRED_ATTRIBUTES) + _delimited(named)))
     return b"".join(parts)
 
 

@@ -37,7 +37,10 @@ class WireHttpSpanExporter(HttpSpanExporter):
         client: Any = getattr(self, "_client", None)
         if getattr(self, "_shutdown", False) or not callable(getattr(client, "export", None)):
             return super().export(encodable_spans(spans))  # the SDK's own way, warnings and all
-        body = export_request(spans)
+        try:
+            body = export_request(spans)
+        except Exception:  # noqa: BLE001 - a fault of looptrace's encoder must not cost the batch: the SDK's sends it
+            return super().export(encodable_spans(spans))
         limit = getattr(self, "_max_request_size", 0) or 0
         if limit > 0 and len(body) > limit:
             # As the SDK's exporter: a request the backend would refuse for its size is not sent.
@@ -63,6 +66,9 @@ def _wire_grpc_class() -> type:
         repairs_text = True
 
         def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
-            return ExportTraceServiceRequest.FromString(export_request(data))
+            try:
+                return ExportTraceServiceRequest.FromString(export_request(data))
+            except Exception:  # noqa: BLE001 - as for HTTP: the SDK's own encoder, text repaired first
+                return super()._translate_data(encodable_spans(data))
 
     return WireGrpcSpanExporter

@@ -192,3 +192,45 @@ def test_a_journal_written_by_an_earlier_version_is_still_recovered(tmp_path):
     assert spill.recover_journals() == {"langfuse": len(spans)}
     recovered = _spans_of([batch.data for batch in spill.pending(["langfuse"])])
     assert sorted(recovered, key=_by_id) == sorted(_spans_of([json.loads(encode_line(s)) for s in spans]), key=_by_id)
+
+
+def test_a_sequence_that_holds_itself_costs_only_that_value():
+    looped: list[Any] = ["start"]
+    looped.append(looped)
+
+    def produce(provider: Any) -> None:
+        span = provider.get_tracer("t").start_span("odd value")
+        span._attributes.update({"looped": looped, "kept": "yes"})  # past the API's cleaning, as a bug might
+        span.end()
+
+    (span,) = _direct_spans(produce)
+    (encoded,) = ExportTraceServiceRequest.FromString(otlp_wire.export_request([span])) \
+        .resource_spans[0].scope_spans[0].spans
+    values = {a.key: a.value for a in encoded.attributes}
+    assert values["kept"].string_value == "yes"
+    assert values["looped"].array_value.values[0].string_value == "start"
+    assert [v.string_value for v in values[sc.REPAIRED_ATTRIBUTES].array_value.values] == ["looped"]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_a_fault_in_looptraces_encoder_costs_no_batch_the_sdks_encoder_sends_it(monkeypatch, protocol):
+    from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver
+
+    from looptrace.instrumentation import wire_exporters
+    from looptrace.instrumentation.exporters import otlp_span_exporter
+    from looptrace.instrumentation.settings import Settings
+
+    def broken(spans: Any) -> bytes:
+        raise RuntimeError("a bug in the encoder")
+
+    monkeypatch.setattr(wire_exporters, "export_request", broken)
+    spans = _sdk_spans(_every_field)
+    with (OTLPGrpcReceiver() if protocol == "grpc" else OTLPReceiver()) as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        exporter = otlp_span_exporter(Settings.from_env().otlp)
+        assert exporter.export(spans).name == "SUCCESS"
+        received = receiver.wait_for_spans(len(spans))
+        exporter.shutdown()
+    assert sorted(s.name for s in received) == sorted(s.name for s in spans)
