@@ -3,8 +3,8 @@
 Everything but the encoding stays the SDK's: the endpoint, headers and ``OTEL_EXPORTER_OTLP_*`` settings, the
 session (looptrace's probing one), compression, TLS, retries and backoff, and for gRPC the channel and its metadata.
 The bytes sent parse to what the SDK's encoder would have built from the same spans (``otlp_wire`` says where they
-differ: values it would drop are repaired), so collectors and Langfuse see the same spans, made for a fifth of the
-CPU and on the agent's thread only once, however many backends and the journal share them.
+differ: values it would drop are repaired), so collectors and Langfuse see the same spans, made for about 0.4x the
+SDK encoder's CPU (benchmark 11), and only once however many backends and the journal share them.
 
 The HTTP exporter hands the bytes to the transport client the SDK's exporter sends its own through; an SDK release
 whose exporter has no such client (before 1.45) encodes with its own encoder, text repaired first
