@@ -35,7 +35,6 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .encodable import encodable_spans
 from .failures import (
     CAUSE_TEXT,
     FAILED,
@@ -227,7 +226,6 @@ class GuardedExporter(SpanExporter):
                  timeout_s: float = DEFAULT_TIMEOUT_S, spill: SpillSink | None = None) -> None:
         self.name = name
         self.inner = inner
-        self._repairs_text = bool(getattr(inner, "repairs_text", False))
         self.spill = spill
         self.journal: SpanJournal | None = None
         self._delivery = _Delivery(name, "traces", endpoint, probe or OutcomeProbe(), timeout_s)
@@ -276,10 +274,8 @@ class GuardedExporter(SpanExporter):
             if self._save(spans, skip) is not None:
                 self._settle(spans)
             return SpanExportResult.FAILURE
-        # Text the SDK's protobuf encoder would drop is repaired first, as the trace file does; looptrace's own
-        # encoding (wire_exporters) repairs it as it goes.
-        sendable = spans if self._repairs_text else encodable_spans(spans)
-        failure, future = delivery.attempt(lambda: self.inner.export(sendable),
+        # Encoding, and repairing what cannot be encoded, is the inner exporter's (wire_exporters): this only delivers.
+        failure, future = delivery.attempt(lambda: self.inner.export(spans),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
             self._count_delivered(len(spans))

@@ -8,7 +8,8 @@ SDK encoder's CPU (benchmark 11), and only once however many backends and the jo
 
 The HTTP exporter hands the bytes to the transport client the SDK's exporter sends its own through; an SDK release
 whose exporter has no such client (before 1.45) encodes with its own encoder, text repaired first
-(``encodable.encodable_spans``), as looptrace did before.
+(``encodable.encodable_spans``), as looptrace did before. Either way the repair is the exporter's, so the delivery
+guard in front of it (``delivery.GuardedExporter``) only delivers.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ __all__ = ["WireHttpSpanExporter", "wire_grpc_span_exporter"]
 
 class WireHttpSpanExporter(HttpSpanExporter):
     """OTLP/HTTP protobuf: the SDK's exporter, sending ``otlp_wire.export_request(spans)``."""
-
-    repairs_text = True  # what the SDK's encoder would drop is repaired by otlp_wire: no cleaning pass is needed
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         client: Any = getattr(self, "_client", None)
@@ -63,8 +62,6 @@ def _wire_grpc_class() -> type:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     class WireGrpcSpanExporter(GrpcSpanExporter):
-        repairs_text = True
-
         def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
             try:
                 return ExportTraceServiceRequest.FromString(export_request(data))

@@ -79,7 +79,7 @@ class SpanJournal:
         if self._closed or self._broken:
             return
         try:
-            line = b"".join((_WIRE, binascii.b2a_base64(request_of_one(span), newline=False), _WIRE_END))
+            line = _journal_line(span)
         except Exception:  # noqa: BLE001 - a span that cannot be encoded is refused by the export, which says so
             return
         with self._lock:
@@ -142,6 +142,21 @@ class SpanJournal:
                     error=f"{type(error).__name__}: {error}",
                     hint="spans queued for export are lost if the process is killed before they are sent; set "
                          "LOOPTRACE_SPILL_FILE to a writable path")
+
+
+# The last span's line: each network backend's journal writes the same line for the same span, one after the other on
+# the thread that ended it. One tuple, replaced whole, so a thread never sees one span beside another's line.
+_last_line: tuple[Any, bytes] = (None, b"")
+
+
+def _journal_line(span: Any) -> bytes:
+    global _last_line
+    last = _last_line
+    if last[0] is span:
+        return last[1]
+    line = b"".join((_WIRE, binascii.b2a_base64(request_of_one(span), newline=False), _WIRE_END))
+    _last_line = (span, line)
+    return line
 
 
 def journals_of(spill_path: Path) -> list[Path]:
