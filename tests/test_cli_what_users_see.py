@@ -260,7 +260,7 @@ def test_a_cost_budget_for_an_unpriced_model_says_what_the_cli_can_do(workdir, a
     assert api.requests == []  # refused before anything was sent
 
 
-# --- item 19: the README's synopsis and every --help ----------------------------------------------------------------
+# --- item 19: the CLI page's synopsis and every --help --------------------------------------------------------------
 
 
 def _help(capsys, *argv: str) -> str:
@@ -270,13 +270,27 @@ def _help(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
-def test_every_flag_of_run_is_in_the_readmes_synopsis(capsys):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    synopsis = readme.split("## The CLI", 1)[1].split("```", 2)[1]
+def _synopsis() -> str:
+    """The synopsis that opens docs/cli.md: its first code block."""
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    return page.split("```", 2)[1]
+
+
+def test_every_flag_of_run_is_in_the_cli_pages_synopsis(capsys):
+    synopsis = _synopsis()
     run_lines = synopsis[synopsis.index("looptrace run"):synopsis.index("looptrace traces show")]
     flags = set(re.findall(r"--[a-z][a-z-]+", _help(capsys, "run"))) - {"--help"}
     assert {"--session-id", "--user-id", "--tag", "--name", "--max-tokens", "--traceparent"} <= flags
     assert sorted(flag for flag in flags if flag not in re.findall(r"--[a-z][a-z-]+", run_lines)) == []
+
+
+def test_every_command_and_flag_is_in_the_cli_pages_synopsis(capsys):
+    synopsis = _synopsis()
+    for argv in _every_command():
+        assert f"looptrace {' '.join(argv)}" in synopsis, f"docs/cli.md's synopsis has no `looptrace {' '.join(argv)}`"
+        flags = set(re.findall(r"--[a-z][a-z-]+", _help(capsys, *argv))) - {"--help"}
+        missing = sorted(flag for flag in flags if flag not in synopsis)
+        assert missing == [], f"docs/cli.md's synopsis lacks {missing} of `looptrace {' '.join(argv)}`"
 
 
 def _every_command() -> list[list[str]]:

@@ -1,9 +1,9 @@
-"""The producer matrix (README, "Watch any agent"): every producer people instrument an Anthropic agent with, as its
+"""The producer matrix (docs/watch.md): every producer people instrument an Anthropic agent with, as its
 real package from PyPI, bare (no agent span, no session id, the global tracer provider) and wrapped, each in a
 looping and a clean variant, read by `looptrace detect` from a file.
 
 Each row is run here by tests/foreign_agents.py against the fake Messages API, except the current OpenLLMetry's
-(tests/test_current_producers.py: it needs a venv of its own). The README's table is checked against `ROWS`: a row
+(tests/test_current_producers.py: it needs a venv of its own). The table there is checked against `ROWS`: a row
 there that is not tested here, or that claims another outcome, fails.
 """
 
@@ -27,7 +27,7 @@ from looptrace.instrumentation.watch import WatchServer, WatchSettings
 
 TESTS = Path(__file__).parent
 AGENTS = TESTS / "foreign_agents.py"
-README = TESTS.parent / "README.md"
+WATCH_GUIDE = TESTS.parent / "docs" / "watch.md"
 LOOP_CALLS = 8  # the `repeat` scenario: get_order(A-1) eight times, the same answer each time
 NO_ERROR_FLAG = frozenset({"ignored_error", "failing_tool"})  # tool results read from messages without is_error
 NO_ANSWER_TEXT = frozenset({"ignored_error"})  # the SDK's own spans record no message at all
@@ -38,7 +38,7 @@ NO_TOOL_CALLS = frozenset({"repeated_call", "cycle", "failing_tool"})  # model c
 class Row:
     """One producer in one layout, and what `detect` makes of its spans."""
 
-    id: str  # as the README's table names it
+    id: str  # as the table in docs/watch.md names it
     producer: str  # tests/foreign_agents.py --producer
     bare: bool
     joined: bool = True  # the run's model calls come together as one run (by parent span, session or history)
@@ -155,8 +155,8 @@ def test_watch_flags_every_bare_loop_it_can_over_otlp():
 
 
 def readme_matrix() -> dict[str, str]:
-    """The README's producer matrix: each row's id and its "looping variant" cell."""
-    text = README.read_text()
+    """docs/watch.md's producer matrix: each row's id and its "looping variant" cell."""
+    text = WATCH_GUIDE.read_text()
     table = text.split("<!-- producer-matrix -->", 1)[1].split("<!-- /producer-matrix -->", 1)[0]
     rows: dict[str, str] = {}
     header: list[str] = []
@@ -178,7 +178,7 @@ def test_the_readme_matrix_is_the_tested_one():
     assert sorted(documented) == sorted(row.id for row in ROWS)
     for row in ROWS:
         claims_flagged = "`repeated_call`" in documented[row.id]
-        assert claims_flagged == row.flagged, f"{row.id}: the README says {documented[row.id]!r}"
+        assert claims_flagged == row.flagged, f"{row.id}: docs/watch.md says {documented[row.id]!r}"
 
 
 def test_an_instrumentations_call_span_around_the_sdks_own_counts_once_when_the_history_joins_it(tmp_path, capsys):

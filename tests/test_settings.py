@@ -1,4 +1,4 @@
-"""One settings object: every variable read in one place, documented in the README, overridable by flags; a malformed
+"""One settings object: every variable read in one place, documented in docs/configuration.md, overridable by flags; a malformed
 header list is named, never printed."""
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ class RecordingEnvironment(dict):
 
 
 def documented_variables() -> set[str]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    table = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     names: set[str] = set()
     for row in table.splitlines():
         if row.startswith("| `"):

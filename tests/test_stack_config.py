@@ -39,7 +39,7 @@ PROMETHEUS = ROOT / "dashboards/prometheus/prometheus.yml"
 ALERTS = ROOT / "dashboards/prometheus/alerts.yml"
 ALERT_TESTS = ROOT / "dashboards/prometheus/alerts_test.yml"
 DASHBOARD = ROOT / "dashboards/grafana/looptrace.json"
-README = ROOT / "README.md"
+STACK_GUIDE = ROOT / "docs" / "stack.md"
 
 # What the collector's spanmetrics connector emits with the namespace and unit dashboards/otel-collector/config.yaml
 # sets (traces.span.metrics, seconds), as its prometheus exporter names them.
@@ -152,9 +152,9 @@ def documented_langfuse_values(text: str) -> dict[str, set[str]]:
 
 
 def full_stack_text() -> str:
-    """The README's "Full stack" section: the one place a new user learns URLs, ports and credentials."""
-    match = re.search(r"^(#+) Full stack\b.*?(?=^\1 |\Z)", README.read_text(), re.M | re.S)
-    assert match, "README.md has no Full stack section"
+    """docs/stack.md's "Full stack" section: the one place a new user learns URLs, ports and credentials."""
+    match = re.search(r"^(#+) Full stack\b.*?(?=^\1 |\Z)", STACK_GUIDE.read_text(), re.M | re.S)
+    assert match, "docs/stack.md has no Full stack section"
     return match.group(0)
 
 
@@ -169,7 +169,7 @@ def test_the_documented_langfuse_credentials_are_the_ones_compose_creates(compos
     text = full_stack_text()
     documented = documented_langfuse_values(text)
     for name, values in expected.items():
-        assert documented.get(name) == values, f"the README gives {name}={documented.get(name)}, not {values}"
+        assert documented.get(name) == values, f"docs/stack.md gives {name}={documented.get(name)}, not {values}"
     assert web["LANGFUSE_INIT_USER_EMAIL"] in text and web["LANGFUSE_INIT_USER_PASSWORD"] in text
 
 
@@ -177,7 +177,7 @@ def test_the_full_stack_guide_lists_every_published_port(compose):
     text = full_stack_text()
     for name, service in compose["services"].items():
         for host_port in published_ports(service).values():
-            assert re.search(rf"\b{host_port}\b", text), f"the README does not mention port {host_port} ({name})"
+            assert re.search(rf"\b{host_port}\b", text), f"docs/stack.md does not mention port {host_port} ({name})"
 
 
 # --- the collector ------------------------------------------------------------------------------------------------
