@@ -4,6 +4,7 @@ that exist."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -272,6 +273,35 @@ def test_the_link_check_sees_links_and_anchors():
 def test_pages_written_elsewhere_are_still_absent():
     for page in PAGES_WRITTEN_ELSEWHERE:
         assert not (ROOT / page).exists(), f"{page} exists now: take it off PAGES_WRITTEN_ELSEWHERE"
+
+
+# --- names -------------------------------------------------------------------------------------------------------
+
+
+PYTHON_PACKAGES = ("instrumentation", "runtime", "testing", "replay", "cli")  # beside span and metric names
+
+
+def python_names() -> list[tuple[Path, str]]:
+    """`looptrace.<module>[.<name>]` references in prose: modules and classes a reader will import."""
+    pattern = re.compile(rf"`(looptrace\.(?:{'|'.join(PYTHON_PACKAGES)})(?:\.\w+)*)`")
+    return [(page, name) for page in PAGES
+            for name in pattern.findall(prose_keeping_inline_code(page))]
+
+
+@pytest.mark.parametrize(("page", "name"), python_names(),
+                         ids=[f"{page.relative_to(ROOT)}: {name}" for page, name in python_names()])
+def test_every_python_name_in_the_prose_imports(page, name):
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            assert hasattr(found, attribute), f"{page.relative_to(ROOT)} names {name}: no {attribute}"
+            found = getattr(found, attribute)
+        return
+    pytest.fail(f"{page.relative_to(ROOT)} names {name}, which does not import")
 
 
 # --- the README itself --------------------------------------------------------------------------------------------
