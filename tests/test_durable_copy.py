@@ -115,7 +115,7 @@ def test_rotation_keeps_a_bounded_number_of_files_and_every_reader_sees_every_ru
     assert [Path(f).name for f in files] == ["traces.jsonl.3", "traces.jsonl.2", "traces.jsonl.1", "traces.jsonl"]
     assert all(os.path.getsize(f) < 200_000 + 64_000 for f in files)  # at most one span past the limit
     roots = {span.trace_id for span in read_spans(tmp_path / "traces.jsonl") if span.parent_span_id is None}
-    kept = sum(1 for f in files for line in open(f) if '"parentSpanId"' not in line)
+    kept = sum(1 for f in files for line in Path(f).read_text().splitlines() if '"parentSpanId"' not in line)
     assert 10 < len(roots) == kept < 200  # the oldest runs rotated away; the rest are read, oldest first
 
     listed = looptrace(["traces", "list", "--file", str(tmp_path / "traces.jsonl")], env, tmp_path)

@@ -31,10 +31,9 @@ from looptrace.instrumentation import delivery, langfuse
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
+from looptrace.instrumentation.push import PushInProgress, push
 from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.tracefile.read import read_spans
-from looptrace.instrumentation.push import PushInProgress, push
 from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
 from looptrace.instrumentation.tracefile.write import TraceFileWriter
 from looptrace.testing import capture_logs

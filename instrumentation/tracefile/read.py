@@ -106,7 +106,8 @@ def _open_all(path: str | os.PathLike[str]) -> list[Any]:
     """Every file of the trace file's rotation, opened, oldest first. ``path`` itself must open unless a rotated one
     did (just rotated, nothing written since)."""
     handles = []
-    *rotated, current = trace_files(path)
+    *rotated, _ = trace_files(path)
+    current = path
     for name in rotated:
         with contextlib.suppress(FileNotFoundError):  # rotated away between listing and opening: read in its new name
             handles.append(open(name, "rb"))  # noqa: SIM115 - closed by the caller
