@@ -586,6 +586,19 @@ def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeyp
         assert rx.requests == []
 
 
+def test_a_batch_a_collector_stored_after_the_timeout_is_not_pushed_a_second_time(monkeypatch, spill):
+    with OTLPReceiver() as rx:
+        rx.fail_next(Delay(1.5))  # stored, answered too late
+        use_collector(monkeypatch, rx.url, timeout_ms=300)
+        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        spans = finished_run_spans()
+        assert exporter.export(spans) == SpanExportResult.FAILURE
+        rx.wait_for_spans(4)  # the collector has them after all
+        report = push(spill.path, settings=Settings.from_env())
+        assert report.held == {"otlp": 4} and report.sent == {} and "--resend-interrupted" in report.summary()
+        assert sorted(s.span_id for s in rx.spans) == sorted(span_ids(spans))  # once
+
+
 def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tmp_path):
     baseline, _ = run_agent(TracerProvider())
     run_agent(TracerProvider())  # warm-up, so the timed runs compare like with like
