@@ -376,8 +376,10 @@ class LangfuseScores:
         self._warned.add(failure.cause)
         log.warning("langfuse_score_failed", backend="langfuse", cause=failure.cause, detail=failure.detail,
                     endpoint=safe_url(self.url),
-                    hint="the run's spans are not affected; the score is kept for `looptrace traces push`; check "
-                         "LANGFUSE_BASE_URL and the keys")
+                    hint="the run's spans are not affected; " + (
+                        "scores Langfuse could not take are kept for `looptrace traces push` (a malformed one, "
+                        "HTTP 400 or 422, is not); " if self.keep_undelivered is not None else "")
+                    + "check LANGFUSE_BASE_URL and the keys")
 
 
 def stable_score_id(trace_id: str, name: str, value: Any, observation_id: str | None = None) -> str:
