@@ -599,6 +599,29 @@ def test_a_batch_a_collector_stored_after_the_timeout_is_not_pushed_a_second_tim
         assert sorted(s.span_id for s in rx.spans) == sorted(span_ids(spans))  # once
 
 
+def test_a_score_that_failed_while_langfuse_was_down_is_delivered_by_push_once(monkeypatch, tmp_path):
+    from looptrace.cli.demo import Inventory, runaway_script
+    from looptrace.runtime import Agent, ScriptedModel
+
+    use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}")
+    telemetry = configure(exporters="file,langfuse", set_global=False, trace_file=tmp_path / "traces.jsonl",
+                          spill_file=tmp_path / "undelivered.jsonl")
+    with capture_logs() as logs:
+        Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(runaway_script()),
+              tracer_provider=telemetry.tracer_provider, on_anomaly="warn").run("find a projector")
+        telemetry.shutdown(timeout_ms=2000)
+    assert "looptrace traces push" in warnings_of(logs, "langfuse_score_failed")[0]["hint"]
+    assert_no_secret([(tmp_path / "undelivered.jsonl").read_text()])
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
+        use_langfuse(monkeypatch, rx.base_url)
+        report = push(tmp_path / "undelivered.jsonl", settings=Settings.from_env())
+        again = push(tmp_path / "undelivered.jsonl", settings=Settings.from_env())
+        scores = list(rx.scores)
+    assert report.ok and report.scores_sent == {"langfuse": 1} and "sent 1 score to langfuse" in report.summary()
+    assert [(score["name"], score["value"]) for score in scores] == [(langfuse.ANOMALY_SCORE, "repeated_call")]
+    assert again.summary().startswith("nothing to push")
+
+
 def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tmp_path):
     baseline, _ = run_agent(TracerProvider())
     run_agent(TracerProvider())  # warm-up, so the timed runs compare like with like
