@@ -143,12 +143,12 @@ def _push_spans(listing: UndeliveredList, exporters: Mapping[str, SpanExporter],
                 else:
                     wanted[trace_file].setdefault(key, []).append(backend)
     sender = _Sender(listing, exporters, report)
-    for trace_file, keys in wanted.items():
-        for key, span in _listed_spans(trace_file, keys, max_line_bytes):
-            for backend in keys.pop(key):  # popped: a span written twice is sent once
+    for trace_file, backends_of in wanted.items():
+        for key, span in _listed_spans(trace_file, backends_of, max_line_bytes):
+            for backend in backends_of.pop(key, []):  # popped: a span written twice is sent once
                 sender.add(backend, key, span)
         sender.flush_all()
-        for key, backends in keys.items():
+        for key, backends in backends_of.items():
             for backend in backends:
                 report.missing[backend] += 1
                 listing.record(backend, "delivered", [key])  # nothing left to send: reported now, listed no more

@@ -149,7 +149,7 @@ class UndeliveredList:
             if not self.path.exists():
                 return
             pending = _replay(self._entries())
-            lines = []
+            lines: list[dict[str, Any]] = []
             for backend, waiting in sorted(pending.items()):
                 for trace_file, keys in waiting.spans.items():
                     for uncertain in (False, True):

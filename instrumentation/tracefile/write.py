@@ -115,6 +115,7 @@ class TraceFileWriter:
         self.lost_spans = 0
         self._fd: int | None = None
         self._lock_fd: int | None = None
+        self._identity: tuple[int, int] = (0, 0)  # (inode, device) of the file self._fd appends to
         self._lock = threading.Lock()
         self._warned = False
         self._closed = False
@@ -127,11 +128,11 @@ class TraceFileWriter:
                 return False
             try:
                 with self._shared():
-                    fd, opened = self._current_file()
+                    fd, opened, size = self._current_file()
                     # A torn line is looked for when the file is opened (a crashed run before this one) and after a
                     # failed write of ours; a process killed mid-write while this one appends costs its line and ours.
                     append_line(fd, line, fresh=opened or self._failed)
-                    end = os.lseek(fd, 0, os.SEEK_CUR)
+                end = size + len(line)  # at least: other writers may have added theirs
                 self._failed = False
                 if 0 < self.rotation.max_bytes <= end:
                     self._rotate()
@@ -156,24 +157,27 @@ class TraceFileWriter:
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _current_file(self) -> tuple[int, bool]:
-        """The descriptor of the file the path names now (reopened when another writer rotated ours away), and
-        whether it was just opened."""
-        fd = self._fd
-        if fd is not None and self.rotation.max_bytes > 0:
-            try:
-                current = os.stat(self.path)
-                mine = os.fstat(fd)
-                moved = (current.st_ino, current.st_dev) != (mine.st_ino, mine.st_dev)
-            except FileNotFoundError:
-                moved = True
-            if moved:
-                os.close(fd)
-                fd = self._fd = None
-        if fd is None:
-            fd = self._fd = open_private_append(self.path)
-            return fd, True
-        return fd, False
+    def _current_file(self) -> tuple[int, bool, int]:
+        """The descriptor of the file the path names now (reopened when another writer rotated ours away), whether it
+        was just opened, and its size before this line (0 when the file does not rotate: not needed)."""
+        if self.rotation.max_bytes <= 0:
+            if self._fd is None:
+                self._fd = open_private_append(self.path)
+                return self._fd, True, 0
+            return self._fd, False, 0
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            current = None
+        if self._fd is not None and (current is None or (current.st_ino, current.st_dev) != self._identity):
+            os.close(self._fd)  # rotated away by another writer: what it holds is complete, the path is the new file
+            self._fd = None
+        if self._fd is None:
+            self._fd = open_private_append(self.path)
+            opened = os.fstat(self._fd)
+            self._identity = (opened.st_ino, opened.st_dev)
+            return self._fd, True, opened.st_size
+        return self._fd, False, current.st_size if current is not None else 0
 
     def _rotate(self) -> None:
         """Rotate unless another writer just did (the file the path names is small again)."""
