@@ -2,23 +2,25 @@
 
 ``GuardedExporter`` is wrapped around each network span exporter (behind a BatchSpanProcessor, so all of this happens
 off the agent's thread). It bounds the time of every export, turns a failure into *one* warning per backend and cause
-(see ``failures.py``) that names the backend and the endpoint but never a key or a header, and hands what it could not
-deliver to a spill sink (``spill.SpillFile``), from which ``looptrace traces push`` sends it later, exactly once.
+(see ``failures.py``) that names the backend and the endpoint but never a key or a header, and notes the ids of the
+spans it could not deliver in the undelivered list (``tracefile/undelivered.py``). The spans themselves are in the
+trace file already; ``looptrace traces push`` reads them from there and sends them later, once.
 
 Time a dead or slow backend can cost (measured figures are in tests/test_export.py and tests/test_setup.py):
 
-* A turn: nothing but one local write per span (the queue's journal, ``tracefile/journal.py``). Spans are queued by
-  the BatchSpanProcessor and exported on its own thread.
+* A turn: nothing. Spans are queued by the BatchSpanProcessor and exported on its own thread.
 * One export on that thread: at most the export timeout (``OTEL_EXPORTER_OTLP[_TRACES]_TIMEOUT``, default 10 s;
   ``LANGFUSE_TIMEOUT`` for Langfuse). A refused connection or rejected keys end the wait at once (about 0.05 s),
   without waiting for the exporter's own retries.
-* After a failure the backend is skipped for ``RETRY_AFTER_FAILURE_S``: batches go straight to the spill sink.
+* After a failure the backend is skipped for ``RETRY_AFTER_FAILURE_S``: batches are noted as undelivered at once.
 * A flush or shutdown with a deadline: at most that deadline plus one wait slice (0.05 s). Past it every batch is
-  spilled instead of sent; an export still on the wire is left to finish on its daemon thread, and if it does succeed
-  its batch is marked delivered so push() will not send it again.
+  noted instead of sent; an export still on the wire is left to finish on its daemon thread, and if it does succeed
+  its batch is marked delivered so push will not send it again.
 
-A timeout is ambiguous: the backend may have stored a batch whose answer never arrived. Such a batch is spilled, and
-pushing it can then show it twice in Langfuse. looptrace prefers that to losing it.
+A timeout is ambiguous: the backend may have stored a batch whose answer never arrived. Such a batch is noted as
+*uncertain*; ``push`` resends it to Langfuse (which keeps one observation per span id) and holds it back for an OTLP
+backend unless asked (docs/reliability.md). Without the trace file (an exporter list without ``file``) there is no
+copy to push: what a backend could not take is lost, and the warning says so.
 """
 
 from __future__ import annotations
@@ -56,25 +58,19 @@ _GRACE_S = 1.0  # the exporters enforce their timeout themselves; this only catc
 
 
 class SpillSink(Protocol):
-    """Where undelivered batches go (``spill.SpillFile``): kept until pushed, forgotten once delivered after all."""
+    """Where undelivered batches are noted (``tracefile.undelivered.UndeliveredList``): by span id, the spans being
+    in the trace file; forgotten once delivered after all."""
 
     @property
     def path(self) -> Path: ...
 
-    def append(self, backend: str, spans: Sequence[ReadableSpan]) -> str:
-        """Keep the batch; returns its id."""
+    def append(self, backend: str, spans: Sequence[ReadableSpan], *, uncertain: bool = False) -> str:
+        """Note the batch; returns its id. ``uncertain``: it may have reached the backend (no answer in time)."""
         ...
 
     def mark_delivered(self, batch: str) -> None:
         """The batch got through after all: it must never be pushed."""
         ...
-
-
-class SpanJournal(Protocol):
-    """Where the spans queued for export were written as they ended (``tracefile.journal.SpanJournal``): told when
-    the export is done with them, so that only the spans a killed process left in its queue are recovered."""
-
-    def settle(self, spans: Sequence[ReadableSpan]) -> None: ...
 
 
 class _Sender:
@@ -216,10 +212,9 @@ class GuardedExporter(SpanExporter):
     """A network span exporter that never raises, never blocks for long, and never loses a span silently.
 
     ``export`` waits for the inner exporter at most ``timeout_s`` (less when a flush deadline is set, much less when
-    the connection is refused or the keys are rejected). What it cannot deliver goes to ``spill`` (when given), and
-    the first failure of each cause is reported once. After a failure the backend is left alone for
-    ``RETRY_AFTER_FAILURE_S``; batches meanwhile go straight to the spill file. A ``journal`` (set by the pipeline
-    that journals its queue) is told of every batch delivered or spilled.
+    the connection is refused or the keys are rejected). What it cannot deliver is noted in ``spill`` (the undelivered
+    list, when the trace file holds the spans), and the first failure of each cause is reported once. After a failure
+    the backend is left alone for ``RETRY_AFTER_FAILURE_S``; batches meanwhile are noted at once.
     """
 
     def __init__(self, name: str, inner: SpanExporter, *, endpoint: str, probe: OutcomeProbe | None = None,
@@ -227,12 +222,12 @@ class GuardedExporter(SpanExporter):
         self.name = name
         self.inner = inner
         self.spill = spill
-        self.journal: SpanJournal | None = None
         self._delivery = _Delivery(name, "traces", endpoint, probe or OutcomeProbe(), timeout_s)
         self._spilled: dict[str, int] = {}  # batch id -> spans, for this exporter's lifetime
         self._spill_lock = threading.Lock()
         self._spill_warned = False
         self.delivered_spans = 0
+        self.lost_spans = 0  # not delivered and not noted for push (no trace file, or the list unwritable)
 
     @property
     def endpoint(self) -> str:
@@ -244,7 +239,7 @@ class GuardedExporter(SpanExporter):
 
     @property
     def spilled_spans(self) -> int:
-        """Spans of this exporter's lifetime that sit in the spill file, undelivered."""
+        """Spans of this exporter's lifetime noted as undelivered (in the trace file, for push)."""
         with self._spill_lock:
             return sum(self._spilled.values())
 
@@ -253,7 +248,7 @@ class GuardedExporter(SpanExporter):
         return self._delivery.deadline
 
     def set_deadline(self, deadline: float | None) -> None:
-        """From ``deadline`` (time.monotonic()) on, batches are spilled instead of sent; None lifts it."""
+        """From ``deadline`` (time.monotonic()) on, batches are noted as undelivered instead of sent; None lifts it."""
         self._delivery.deadline = deadline
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -271,47 +266,43 @@ class GuardedExporter(SpanExporter):
         delivery = self._delivery
         skip = delivery.reason_to_skip()
         if skip is not None:
-            if self._save(spans, skip) is not None:
-                self._settle(spans)
+            self._save(spans, skip, uncertain=False)  # never sent
             return SpanExportResult.FAILURE
         # Encoding, and repairing what cannot be encoded, is the inner exporter's (wire_exporters): this only delivers.
         failure, future = delivery.attempt(lambda: self.inner.export(spans),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
             self._count_delivered(len(spans))
-            self._settle(spans)
             return SpanExportResult.SUCCESS
-        batch = self._save(spans, failure)
+        # A timeout may hide a batch the backend stored; a refusal, an error status or a fault of the exporter not.
+        batch = self._save(spans, failure, uncertain=failure.cause == TIMEOUT)
         if batch is not None:
-            self._settle(spans)
             # Possibly still on the wire (the wait was cut short): if it gets through after all, the spilled copy
             # must never be pushed. A future that already ended runs the callback at once.
             future.add_done_callback(lambda done: self._late_answer(done, batch, len(spans)))
         return SpanExportResult.FAILURE
 
-    def _save(self, spans: list[ReadableSpan], failure: Failure) -> str | None:
+    def _save(self, spans: list[ReadableSpan], failure: Failure, *, uncertain: bool) -> str | None:
         batch = None
         if self.spill is not None:
             try:
-                batch = self.spill.append(self.name, spans)
+                batch = self.spill.append(self.name, spans, uncertain=uncertain)
             except (OSError, ValueError, TypeError) as error:
                 self._warn_spill(error)
             else:
                 with self._spill_lock:
                     self._spilled[batch] = len(spans)
+        if batch is None:
+            with self._spill_lock:
+                self.lost_spans += len(spans)
         if batch is not None and self.spill is not None:
-            self._delivery.warn_once(failure, spans_saved_to=str(self.spill.path))
+            self._delivery.warn_once(failure, undelivered_listed_in=str(self.spill.path))
+        elif self.spill is None:
+            self._delivery.warn_once(failure, lost="the trace file is off, so there is no copy for `looptrace traces "
+                                                   "push` to send: these spans are lost for this backend")
         else:
             self._delivery.warn_once(failure)
         return batch
-
-    def _settle(self, spans: list[ReadableSpan]) -> None:
-        journal = self.journal
-        if journal is not None:
-            try:
-                journal.settle(spans)
-            except Exception:  # noqa: BLE001 - a journal that fails keeps its spans: a later push may send them twice
-                pass
 
     def _late_answer(self, future: Future[Any], batch: str, count: int) -> None:
         try:
@@ -333,9 +324,10 @@ class GuardedExporter(SpanExporter):
     def _warn_spill(self, error: BaseException) -> None:
         if not self._spill_warned:
             self._spill_warned = True
-            log.warning("spill_file_unwritable", backend=self.name, path=str(self.spill.path if self.spill else ""),
-                        error=type(error).__name__, hint="undelivered spans are lost; set LOOPTRACE_SPILL_FILE to a "
-                        "writable path")
+            log.warning("undelivered_list_unwritable", backend=self.name,
+                        path=str(self.spill.path if self.spill else ""), error=type(error).__name__,
+                        hint="the spans this backend could not take are in the trace file, but push cannot know "
+                             "which: set LOOPTRACE_SPILL_FILE to a writable path")
 
     def shutdown(self) -> None:
         self._delivery.closed = True
@@ -345,7 +337,7 @@ class GuardedExporter(SpanExporter):
             pass
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True  # nothing is buffered here: every batch is delivered or spilled before export() returns
+        return True  # nothing is buffered here: every batch is delivered or noted before export() returns
 
 
 class GuardedMetricExporter(MetricExporter):

@@ -51,7 +51,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import requests
@@ -261,6 +261,8 @@ class LangfuseScores:
         self._warned: set[str] = set()
         self._closed = False
         self.sent = 0
+        # Where a score Langfuse could not take goes (the undelivered list's keep_score), for `looptrace traces push`.
+        self.keep_undelivered: Callable[[Mapping[str, Any]], None] | None = None
 
     @classmethod
     def from_settings(cls, settings: LangfuseSettings, *, resource: Any, timeout_s: float | None = None
@@ -322,6 +324,15 @@ class LangfuseScores:
             self._closed = True
             if self._thread is not None:
                 self._queue.put(_STOP)
+        if not drained:  # what the deadline left unsent is kept, not dropped (the worker may still post one)
+            while True:
+                try:
+                    body = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if body is not _STOP:
+                    self._keep(body)
+                self._queue.task_done()
         return drained
 
     def _work(self) -> None:
@@ -341,12 +352,23 @@ class LangfuseScores:
             response = session.post(self.url, json=body, headers=headers, timeout=self.timeout_s)
         except Exception as error:  # noqa: BLE001 - classified, reported once, never raised
             self._warn(failure_from_exception(error))
+            self._keep(body)
             return
         if response.status_code >= 300:
             self._warn(failure_from_status(response.status_code))
+            if response.status_code not in (400, 422):  # a body Langfuse refuses would be refused again
+                self._keep(body)
         else:
             self.sent += 1
             self._warned.clear()
+
+    def _keep(self, body: Mapping[str, Any]) -> None:
+        keep = self.keep_undelivered
+        if keep is not None:
+            try:
+                keep(body)
+            except Exception:  # noqa: BLE001 - an unwritable list costs the score, as it did before it existed
+                pass
 
     def _warn(self, failure: Failure) -> None:
         if failure.cause in self._warned:
@@ -354,7 +376,10 @@ class LangfuseScores:
         self._warned.add(failure.cause)
         log.warning("langfuse_score_failed", backend="langfuse", cause=failure.cause, detail=failure.detail,
                     endpoint=safe_url(self.url),
-                    hint="the run's spans are not affected; check LANGFUSE_BASE_URL and the keys")
+                    hint="the run's spans are not affected; " + (
+                        "scores Langfuse could not take are kept for `looptrace traces push` (a malformed one, "
+                        "HTTP 400 or 422, is not); " if self.keep_undelivered is not None else "")
+                    + "check LANGFUSE_BASE_URL and the keys")
 
 
 def stable_score_id(trace_id: str, name: str, value: Any, observation_id: str | None = None) -> str:

@@ -35,7 +35,10 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEOUT (10000 ms)
 DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
-DEFAULT_SPILL_FILE = Path(".looptrace") / "spill.jsonl"
+DEFAULT_SPILL_FILE = Path(".looptrace") / "undelivered.jsonl"
+# The trace file rotates past this size, keeping this many older files beside it (traces.jsonl.1 is the newest).
+DEFAULT_TRACE_FILE_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_TRACE_FILE_BACKUPS = 8
 DEFAULT_MAX_ATTRIBUTE_CHARS = 32_000
 # The longest trace-file line read back; a longer one is skipped without being held (a file of any size is read in
 # memory bounded by this). Never below 1 KiB, whatever the variable says.
@@ -68,7 +71,9 @@ _DEFAULT_SAMPLER = "parentbased_always_on"
 VARIABLES: dict[str, str] = {
     "LOOPTRACE_EXPORTER": "exporters: file, console, otlp, langfuse, none",
     "LOOPTRACE_TRACE_FILE": "the file exporter's path",
-    "LOOPTRACE_SPILL_FILE": "where undelivered spans wait for `looptrace traces push`",
+    "LOOPTRACE_TRACE_FILE_MAX_BYTES": "the trace file rotates past this size (default 64 MiB; 0: never)",
+    "LOOPTRACE_TRACE_FILE_BACKUPS": "rotated trace files kept beside it (default 8)",
+    "LOOPTRACE_SPILL_FILE": "the list of spans (by id) and scores a backend has not taken, for `looptrace traces push`",
     "LOOPTRACE_PROMETHEUS_PORT": "serve metrics at /metrics on this port",
     "LOOPTRACE_MODEL": "`looptrace run`'s default model",
     "LOOPTRACE_JUDGE": "model that confirms ignored_error before it is reported (the detector's judge)",
@@ -371,7 +376,9 @@ class Settings:
 
     exporters: tuple[str, ...] | None = None
     trace_file: Path = DEFAULT_TRACE_FILE
-    spill_file: Path = DEFAULT_SPILL_FILE
+    spill_file: Path = DEFAULT_SPILL_FILE  # the undelivered list (tracefile/undelivered.py), not a copy of spans
+    trace_file_max_bytes: int = DEFAULT_TRACE_FILE_MAX_BYTES  # 0: the trace file never rotates
+    trace_file_backups: int = DEFAULT_TRACE_FILE_BACKUPS
     prometheus_port: int | None = None
     model: str = DEFAULT_MODEL
     judge: str | None = None  # the detector's judge model: confirms ignored_error before it is reported
@@ -415,6 +422,8 @@ class Settings:
             exporters_variable=exporters_variable,
             trace_file=Path(env.get("LOOPTRACE_TRACE_FILE") or DEFAULT_TRACE_FILE),
             spill_file=Path(env.get("LOOPTRACE_SPILL_FILE") or DEFAULT_SPILL_FILE),
+            trace_file_max_bytes=_count(env, "LOOPTRACE_TRACE_FILE_MAX_BYTES", ignored, DEFAULT_TRACE_FILE_MAX_BYTES),
+            trace_file_backups=_count(env, "LOOPTRACE_TRACE_FILE_BACKUPS", ignored, DEFAULT_TRACE_FILE_BACKUPS),
             prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
             model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
             judge=env.get("LOOPTRACE_JUDGE"),
@@ -553,6 +562,17 @@ def _whole(env: _Env, name: str, ignored: list[str], default: int | None = None)
         return int(value)
     instead = f"the default ({default:,})" if default is not None else "the default"
     ignored.append(f"{name}={value[:40]!r} is not a positive whole number; {instead} is used")
+    return default
+
+
+def _count(env: _Env, name: str, ignored: list[str], default: int) -> int:
+    """A whole number, 0 included, from ``name``; unset is ``default``, and so is anything else, said."""
+    value = env.get(name)
+    if value is None or not value.strip():
+        return default
+    if value.strip().isdigit():
+        return int(value)
+    ignored.append(f"{name} is not a whole number; the default ({default:,}) is used")
     return default
 
 

@@ -25,17 +25,17 @@ when both are, always beside the local trace file (``file``). Names combine: ``f
 The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
 open). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``: bounded, never raising,
-one warning per failure cause, undelivered spans saved to the spill file for ``looptrace traces push``; their queue is
-journaled beside it (``tracefile.journal``), so a process killed with spans still queued loses none. A span is
-encoded for the network once (``otlp_wire``): the journal keeps those bytes and every network exporter sends them
+one warning per failure cause, the ids of undelivered spans noted in the undelivered list
+(``tracefile.undelivered``) for ``looptrace traces push``, which reads the spans back from the trace file. A span is
+encoded for the network once (``otlp_wire``) and every network exporter sends those bytes
 (``wire_exporters``: the SDK's OTLP exporters, but for their encoder). Metrics go over
 OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
 about 0.1 s, whatever the backends do (default 5 s); the span and metric parts run side by side against the one
 deadline. On the way out, ``Telemetry.leaving()`` makes every later flush and the shutdown share a single deadline, so
-the whole exit is bounded once (the CLI's 5 s). Past the deadline, spans still queued go to the spill file rather
-than being dropped; metrics that miss it are not exported (the next run's cumulative points make up for them), and
+the whole exit is bounded once (the CLI's 5 s). Past the deadline, spans still queued are noted as undelivered rather
+than dropped; metrics that miss it are not exported (the next run's cumulative points make up for them), and
 ``spill_notice()`` says so.
 """
 
@@ -68,9 +68,8 @@ from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log, settings_ignored
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
-from .tracefile.journal import SpanJournal
-from .tracefile.spill import SpillFile
-from .tracefile.write import TraceFileProcessor
+from .tracefile.undelivered import UndeliveredList
+from .tracefile.write import Rotation, TraceFileProcessor
 
 __all__ = [
     "ConfigurationError",
@@ -111,7 +110,6 @@ class Telemetry:
     guards: list[GuardedExporter] = field(default_factory=list)
     metric_guards: list[GuardedMetricExporter] = field(default_factory=list)
     exit_deadline: Deadline | None = None  # set by leaving(): what every later flush and the shutdown share
-    journals: list[SpanJournal] = field(default_factory=list)  # the network pipelines' queues, on disk
     _metric_readers: int = 0  # how many readers the meter provider was given (none: nothing ever sees its metrics)
     _stopped: bool = False
     _metrics_missed: bool = False
@@ -145,9 +143,9 @@ class Telemetry:
         return flushed and self.spilled_spans == spilled_before
 
     def shutdown(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
-        """Deliver what can be delivered within ``timeout_ms`` (or what is left of the exit deadline), spill the
-        rest, stop everything. Idempotent. Spans that miss the deadline are saved to the spill file; metrics that
-        miss it are lost, and ``spill_notice`` says so."""
+        """Deliver what can be delivered within ``timeout_ms`` (or what is left of the exit deadline), note the
+        rest as undelivered, stop everything. Idempotent. Spans that miss the deadline are listed for push (they are
+        in the trace file); metrics that miss it are lost, and ``spill_notice`` says so."""
         if self._stopped:
             return
         self._stopped = True
@@ -166,16 +164,8 @@ class Telemetry:
         else:  # the application's provider stays up; only what looptrace added to it stops
             for processor in self.processors:
                 _quietly(processor.shutdown)
-        for journal in self.journals:  # every queued span is delivered or spilled by now: the journals can go
-            _quietly(journal.close)
-        for journal in self.journals:
-            if journal.made_directory:  # a directory made for the journals alone goes with them, if it is empty
-                _quietly(journal.path.parent.rmdir)
         if self.scores is not None:
             self.scores.close(deadline.remaining_s())
-        if self.spill_file is not None and self.guards:
-            spill = SpillFile(self.spill_file, max_line_bytes=self.settings.max_line_bytes)
-            _quietly(spill.compact)  # drops batches an export delivered after all
 
     def _flush_processors(self, deadline: Deadline) -> bool:
         if self.owns_provider:
@@ -202,8 +192,13 @@ class Telemetry:
 
     @property
     def spilled_spans(self) -> int:
-        """Spans of this process's runs that sit undelivered in the spill file."""
+        """Spans of this process's runs that a backend did not take, listed for push."""
         return sum(guard.spilled_spans for guard in self.guards)
+
+    @property
+    def lost_spans(self) -> int:
+        """Spans a backend could not take and that push cannot send: no trace file holds them."""
+        return sum(guard.lost_spans for guard in self.guards)
 
     @property
     def dropped_spans(self) -> int:
@@ -222,7 +217,13 @@ class Telemetry:
         if counts:
             each = ", ".join(f"{count} for {name}" for name, count in counts)
             lines.append(f"looptrace: {sum(c for _, c in counts)} spans could not be delivered ({each}); they are "
-                         f"saved in {self.spill_file}. Send them later with: looptrace traces push")
+                         f"in the trace file {self.trace_file} and listed in {self.spill_file}. Send them later "
+                         "with: looptrace traces push")
+        lost = [(guard.name, guard.lost_spans) for guard in self.guards if guard.lost_spans]
+        if lost:
+            each = ", ".join(f"{count} for {name}" for name, count in lost)
+            lines.append(f"looptrace: {sum(c for _, c in lost)} spans could not be delivered ({each}) and are lost: "
+                         "no trace file holds a copy to push (add the file exporter to keep one)")
         if self.dropped_spans:
             lines.append(f"looptrace: {self.dropped_spans} spans were dropped because the export queue was full "
                          "(OTEL_BSP_MAX_QUEUE_SIZE); they are lost")
@@ -264,27 +265,24 @@ def _quietly(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
 
 
 class _BoundedBatchSpanProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor whose force_flush keeps its timeout, and whose queue is journaled (when given a journal).
+    """A BatchSpanProcessor whose force_flush keeps its timeout.
 
     The SDK's exports everything on the caller's thread whatever the timeout (opentelemetry-python#4568). Here the
-    timeout becomes the guard's deadline: batches past it are spilled in microseconds instead of sent, so the queue
-    still drains completely, in time, and no span is dropped. Whoever calls it (Telemetry.flush, the agent's own flush
-    on Ctrl-C, TracerProvider.force_flush) gets the bound.
+    timeout becomes the guard's deadline: batches past it are noted as undelivered in microseconds instead of sent, so
+    the queue still drains completely, in time, and no span is dropped. Whoever calls it (Telemetry.flush, the agent's
+    own flush on Ctrl-C, TracerProvider.force_flush) gets the bound.
 
-    The queue is in memory, and a process killed while spans wait in it would lose them: each span queued is also
-    written to the ``journal`` (``tracefile.journal``), which the guard tells of every batch it settles, and which a
-    later push recovers from when the process died first.
+    The queue is in memory, as every OpenTelemetry exporter's is: a process killed while spans wait in it loses them
+    for this backend (they are in the trace file, which is written as each span ends).
     """
 
-    def __init__(self, guard: GuardedExporter, settings: Settings, journal: SpanJournal | None = None) -> None:
+    def __init__(self, guard: GuardedExporter, settings: Settings) -> None:
         # A network backend can stall a batch for its whole timeout; the SDK's 2,048-span queue then overflows within
         # a second of a busy process and drops spans before they could be spilled. A larger queue (a few tens of MB
         # at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
         arguments = {"max_queue_size": NETWORK_QUEUE_SPANS, **settings.batch.arguments()}
         super().__init__(guard, **arguments)
         self.guard = guard
-        self.journal = journal
-        guard.journal = journal
         self.max_queue_size: int = arguments["max_queue_size"]
         self.dropped_spans = 0
 
@@ -297,8 +295,6 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
                 log.warning("export_queue_full", backend=self.guard.name, queue_size=self.max_queue_size,
                             hint="spans are dropped until the backend catches up; raise OTEL_BSP_MAX_QUEUE_SIZE")
             return
-        if self.journal is not None and span.context.trace_flags.sampled:  # what the SDK queues, and only that
-            self.journal.record(span)
         super().on_end(span)
 
     def _queue_length(self) -> int:
@@ -351,7 +347,8 @@ def configure(
         console_stream: where the console exporter prints (standard error by default).
         set_global: make looptrace's own provider the global one, if no application set one before. Never replaces
             a global provider that is already set.
-        spill_file: where undelivered spans wait for ``looptrace traces push``.
+        spill_file: the undelivered list: which spans (by id; the trace file holds them) and scores a backend did
+            not take, for ``looptrace traces push``.
         prometheus_port: serve metrics for Prometheus on this port.
         tracer_provider: the application's SDK TracerProvider: looptrace's processors are added to it (nothing of the
             application's is replaced), and runs of an Agent given no provider join it through the global API or
@@ -412,6 +409,7 @@ def _build_direct(settings: Settings) -> Telemetry:
     """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
     settings_ignored(settings.ignored)
     provider = DirectTracerProvider(_resource(settings), settings.trace_file)
+    _rotate_as_set(provider, settings)
     telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
                           trace_file=settings.trace_file, meter_provider=None)
     _register_sinks(telemetry)
@@ -461,6 +459,7 @@ def _build_direct_with(settings: Settings, names: list[str]) -> Telemetry:
     resource = _resource(settings)
     trace_file = settings.trace_file if "file" in names else None
     provider = DirectTracerProvider(resource, trace_file)
+    _rotate_as_set(provider, settings)
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings, trace_file=trace_file)
     try:
         processors = _processors(settings, [n for n in names if n in NETWORK_EXPORTERS], None, telemetry)
@@ -472,10 +471,21 @@ def _build_direct_with(settings: Settings, names: list[str]) -> Telemetry:
     return _finish(telemetry, settings, processors, provider, resource)
 
 
+def _rotation(settings: Settings) -> Rotation:
+    return Rotation(max_bytes=settings.trace_file_max_bytes, backups=settings.trace_file_backups)
+
+
+def _rotate_as_set(provider: DirectTracerProvider, settings: Settings) -> None:
+    if provider.writer is not None:
+        provider.writer.rotation = _rotation(settings)
+
+
 def _processors(settings: Settings, names: list[str], console_stream: IO[str] | None,
                 telemetry: Telemetry) -> list[SpanProcessor]:
     """One span processor per exporter named; if one cannot be built, those already built are shut down."""
-    spill = SpillFile(settings.spill_file, max_line_bytes=settings.max_line_bytes)  # the path; written only on failure
+    # What a backend cannot take is noted by id; the trace file holds the spans. Without the file, nothing is kept.
+    keeps_spans = "file" in settings.chosen_exporters()
+    spill = UndeliveredList(settings.spill_file, trace_file=settings.trace_file if keeps_spans else None)
     processors: list[SpanProcessor] = []
     try:
         for name in names:
@@ -503,22 +513,22 @@ def _langfuse_extras(telemetry: Telemetry, settings: Settings, provider: Any, re
         from .langfuse import LangfuseScores, TraceLinks, register_trace_links
 
         telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
+        # A score Langfuse cannot take now is kept for `looptrace traces push`.
+        telemetry.scores.keep_undelivered = UndeliveredList(settings.spill_file).keep_score
         register_trace_links(provider, TraceLinks(settings.langfuse))
 
 
-def _processor(name: str, settings: Settings, spill: SpillFile, console_stream: IO[str] | None,
+def _processor(name: str, settings: Settings, spill: UndeliveredList, console_stream: IO[str] | None,
                telemetry: Telemetry) -> SpanProcessor:
     if name in NETWORK_EXPORTERS:
-        guard = network_exporter(name, settings, spill=spill)
+        guard = network_exporter(name, settings, spill=spill if spill.trace_file is not None else None)
         telemetry.guards.append(guard)
         telemetry.spill_file = spill.path
-        journal = SpanJournal(spill.path, name)
-        telemetry.journals.append(journal)
-        return _BoundedBatchSpanProcessor(guard, settings, journal)
+        return _BoundedBatchSpanProcessor(guard, settings)
     if name == "file":
         telemetry.trace_file = settings.trace_file
         # Each span is written as it ends: no queue to overflow, and a crash loses only the spans still open.
-        return TraceFileProcessor(settings.trace_file)
+        return TraceFileProcessor(settings.trace_file, _rotation(settings))
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

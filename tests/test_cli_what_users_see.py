@@ -69,13 +69,13 @@ def test_an_endless_line_is_read_up_to_the_limit_and_called_not_trace_data(tmp_p
 
 
 @pytest.mark.slow
-def test_traces_push_refuses_a_spill_file_that_is_a_device(tmp_path):
+def test_traces_push_refuses_an_undelivered_list_that_is_a_device(tmp_path):
     if not Path("/dev/zero").exists():
         pytest.skip("no /dev/zero on this system")
     done = process("traces", "push", "--file", "/dev/zero", cwd=tmp_path)  # it used to read it for ever
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == ("looptrace: error: spill file /dev/zero is not a regular file (a device or a pipe); give "
-                           "the spill file, e.g. .looptrace/spill.jsonl\n")
+    assert done.stderr == ("looptrace: error: undelivered list /dev/zero is not a regular file (a device or a pipe); "
+                           "give the list, e.g. .looptrace/undelivered.jsonl\n")
 
 
 # --- item 8: content capture off keeps content off stderr -----------------------------------------------------------

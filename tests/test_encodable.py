@@ -13,13 +13,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from looptrace.instrumentation import encodable
 from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.push import push
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.tracefile.spill import SpillFile, push
+from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
+from looptrace.instrumentation.tracefile.write import TraceFileWriter
 from looptrace.runtime import Agent, ScriptedModel, tool
-from looptrace.testing import capture_logs
 
 PUBLIC, SECRET = "pk-lf-test", "sk-lf-test-secret"
 BAD = "bytes \ud800 decoded badly"
@@ -84,27 +84,28 @@ def test_a_surrogate_in_a_span_name_and_status_no_longer_fails_the_whole_batch(t
 
 @pytest.fixture
 def spill_with_an_integer_key(tmp_path):
-    """A spill file whose one batch has an attribute under the key 5 (a number, not text), as a hand edit or another
-    producer could leave it."""
+    """A trace file whose one listed span has an attribute under the key 5 (a number, not text), as a hand edit or
+    another producer could leave it."""
     finished = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(finished))
     with provider.get_tracer("test").start_as_current_span("work", attributes={"color": "blue", "size": 3}):
         pass
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    spill.append("otlp", finished.get_finished_spans())
-    spill.path.write_text(spill.path.read_text().replace('{"key":"color"', '{"key":5'))
-    return spill
+    trace_file = tmp_path / "traces.jsonl"
+    writer = TraceFileWriter(trace_file)
+    writer.write_span(finished.get_finished_spans()[0])
+    writer.close()
+    trace_file.write_text(trace_file.read_text().replace('{"key":"color"', '{"key":5'))
+    listing = UndeliveredList(tmp_path / "undelivered.jsonl", trace_file=trace_file)
+    listing.append("otlp", finished.get_finished_spans())
+    return listing
 
 
-def test_an_integer_key_in_a_spill_line_is_pushed_as_text_with_one_warning(spill_with_an_integer_key, caplog,
-                                                                           monkeypatch):
-    monkeypatch.setattr(encodable, "_warned_keys", False)  # as in a new process
-    with OTLPReceiver() as collector, capture_logs() as logs, caplog.at_level(logging.WARNING):
+def test_an_integer_key_in_the_trace_file_is_pushed_as_text(spill_with_an_integer_key, caplog):
+    with OTLPReceiver() as collector, caplog.at_level(logging.WARNING):
         report = push(spill_with_an_integer_key.path,
                       settings=Settings.from_env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}))
         [span] = collector.wait_for_spans(1)
     assert report.ok and report.sent == {"otlp": 1}
     assert (span.attributes["5"], span.attributes["size"]) == ("blue", 3)
-    assert [entry["event"] for entry in logs] == ["attribute_key_not_text"]
     assert _tracebacks(caplog.records) == []

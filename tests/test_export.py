@@ -3,7 +3,8 @@
 What is checked: the Langfuse endpoint, auth and ingestion-version header; every span of a run arriving with its
 parent; the Langfuse attributes as Langfuse reads them; the anomaly score; the standard OTLP variables over HTTP and
 gRPC; and the faults (refused, 503 then success, a 2 s delay, 401): each export bounded, one warning naming backend and
-cause and never a secret, the spill file holding exactly the undelivered spans, push delivering them once.
+cause and never a secret, the undelivered list naming exactly the spans a backend did not take, push reading them
+back from the trace file and delivering them once.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from looptrace.instrumentation import delivery, langfuse
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
+from looptrace.instrumentation.push import PushInProgress, push
 from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 from looptrace.instrumentation.setup import configure
-from looptrace.instrumentation.tracefile.read import read_spans
-from looptrace.instrumentation.tracefile.spill import PushInProgress, SpillFile, push
+from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
+from looptrace.instrumentation.tracefile.write import TraceFileWriter
 from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-test-public", "sk-lf-test-secret-do-not-print"
@@ -58,9 +60,40 @@ def _isolated(monkeypatch, tmp_path):
     monkeypatch.setattr(delivery, "RETRY_AFTER_FAILURE_S", 10.0)
 
 
+class ListedRun:
+    """The trace file and the undelivered list as a run leaves them: every span in the trace file (the file processor
+    writes each as it ends), and the ones a backend did not take listed by id. Given to a guard as its list."""
+
+    def __init__(self, tmp_path) -> None:
+        self.trace_file = tmp_path / "traces.jsonl"
+        self.listing = UndeliveredList(tmp_path / "undelivered.jsonl", trace_file=self.trace_file)
+        self.path = self.listing.path
+
+    def append(self, backend, spans, *, uncertain=False):
+        write_spans(self.trace_file, spans)
+        return self.listing.append(backend, spans, uncertain=uncertain)
+
+    def mark_delivered(self, batch):
+        self.listing.mark_delivered(batch)
+
+    def pending_spans(self, backend=None):
+        return self.listing.pending_spans(backend)
+
+    def pending_ids(self, backend):
+        waiting = self.listing.pending().get(backend)
+        return {key[32:] for keys in waiting.spans.values() for key in keys} if waiting else set()
+
+
+def write_spans(path, spans):
+    writer = TraceFileWriter(path)
+    for span in spans:
+        writer.write_span(span)
+    writer.close()
+
+
 @pytest.fixture
-def spill(tmp_path) -> SpillFile:
-    return SpillFile(tmp_path / "spill.jsonl")
+def spill(tmp_path) -> ListedRun:
+    return ListedRun(tmp_path)
 
 
 @pytest.fixture
@@ -456,11 +489,11 @@ def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spi
     (warning,) = warnings_of(logs)
     assert (warning["backend"], warning["cause"]) == ("langfuse", "refused")
     assert warning["endpoint"] == f"http://127.0.0.1:{port}/api/public/otel/v1/traces"
-    assert warning["spans_saved_to"] == str(spill.path)
+    assert warning["undelivered_listed_in"] == str(spill.path)
     assert_no_secret(logs)
     expected = set().union(*(span_ids(b) for b in batches))
-    assert {s.span_id for s in read_spans(spill.path)} == expected  # the trace-file reader reads the spill file
-    assert exporter.spilled_spans == 12
+    assert spill.pending_ids("langfuse") == expected and exporter.spilled_spans == 12
+    assert_no_secret([spill.path.read_text()])  # ids and paths only
 
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url)
@@ -471,7 +504,7 @@ def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spi
         rx.clear()
         assert push(spill.path, settings=Settings.from_env()).summary().startswith("nothing to push")
         assert rx.requests == []
-    assert not spill.path.exists() and not spill.ledger.exists()
+    assert not spill.path.exists()
 
 
 def test_503_then_success_is_delivered_without_a_warning(langfuse_rx, spill):
@@ -501,7 +534,9 @@ def test_a_slow_backend_costs_the_timeout_then_the_batch_is_spilled(monkeypatch,
     (warning,) = warnings_of(logs)
     assert (warning["backend"], warning["cause"]) == ("otlp", "timeout")
     assert elapsed >= 0.35
-    assert {b.backend for b in spill.pending()} == {"otlp"} and spill.pending_spans() == 8
+    assert set(spill.listing.pending()) == {"otlp"} and spill.pending_spans() == 8
+    # The first batch timed out: it may have arrived. The second was never sent.
+    assert len(spill.listing.pending()["otlp"].uncertain) == 4
 
 
 def test_401_names_the_keys_and_never_prints_them(monkeypatch, spill):
@@ -551,13 +586,49 @@ def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeyp
         assert rx.requests == []
 
 
+def test_a_batch_a_collector_stored_after_the_timeout_is_not_pushed_a_second_time(monkeypatch, spill):
+    with OTLPReceiver() as rx:
+        rx.fail_next(Delay(1.5))  # stored, answered too late
+        use_collector(monkeypatch, rx.url, timeout_ms=300)
+        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        spans = finished_run_spans()
+        assert exporter.export(spans) == SpanExportResult.FAILURE
+        rx.wait_for_spans(4)  # the collector has them after all
+        report = push(spill.path, settings=Settings.from_env())
+        assert report.held == {"otlp": 4} and report.sent == {} and "--resend-interrupted" in report.summary()
+        assert sorted(s.span_id for s in rx.spans) == sorted(span_ids(spans))  # once
+
+
+def test_a_score_that_failed_while_langfuse_was_down_is_delivered_by_push_once(monkeypatch, tmp_path):
+    from looptrace.cli.demo import Inventory, runaway_script
+    from looptrace.runtime import Agent, ScriptedModel
+
+    use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}")
+    telemetry = configure(exporters="file,langfuse", set_global=False, trace_file=tmp_path / "traces.jsonl",
+                          spill_file=tmp_path / "undelivered.jsonl")
+    with capture_logs() as logs:
+        Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(runaway_script()),
+              tracer_provider=telemetry.tracer_provider, on_anomaly="warn").run("find a projector")
+        telemetry.shutdown(timeout_ms=2000)
+    assert "looptrace traces push" in warnings_of(logs, "langfuse_score_failed")[0]["hint"]
+    assert_no_secret([(tmp_path / "undelivered.jsonl").read_text()])
+    with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
+        use_langfuse(monkeypatch, rx.base_url)
+        report = push(tmp_path / "undelivered.jsonl", settings=Settings.from_env())
+        again = push(tmp_path / "undelivered.jsonl", settings=Settings.from_env())
+        scores = list(rx.scores)
+    assert report.ok and report.scores_sent == {"langfuse": 1} and "sent 1 score to langfuse" in report.summary()
+    assert [(score["name"], score["value"]) for score in scores] == [(langfuse.ANOMALY_SCORE, "repeated_call")]
+    assert again.summary().startswith("nothing to push")
+
+
 def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tmp_path):
     baseline, _ = run_agent(TracerProvider())
     run_agent(TracerProvider())  # warm-up, so the timed runs compare like with like
     _, baseline_s = run_agent(TracerProvider())
     use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_s=60)
     use_collector(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_ms=60_000)
-    telemetry, memory = configure_with_memory(exporters="langfuse,otlp", spill_file=tmp_path / "spill.jsonl")
+    telemetry, memory = configure_with_memory(exporters="file,langfuse,otlp", spill_file=tmp_path / "spill.jsonl")
     with capture_logs() as logs:
         result, run_s = run_agent(telemetry.tracer_provider)
         started = time.monotonic()
@@ -570,10 +641,10 @@ def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tm
     assert shutdown_s < 30
     assert sorted((w["backend"], w["cause"]) for w in warnings_of(logs)) == [("langfuse", "refused"),
                                                                              ("otlp", "refused")]
-    spill = SpillFile(tmp_path / "spill.jsonl")
+    spill = UndeliveredList(tmp_path / "spill.jsonl")
     made = span_ids(memory.get_finished_spans())
     for backend in ("langfuse", "otlp"):
-        assert {span_id for batch in spill.pending([backend]) for span_id in span_ids(batch.readable_spans())} == made
+        assert {key[32:] for keys in spill.pending()[backend].spans.values() for key in keys} == made
     assert telemetry.spilled_spans == 2 * len(made)
     assert "looptrace traces push" in telemetry.spill_notice() and str(spill.path) in telemetry.spill_notice()
 
@@ -585,7 +656,20 @@ def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tm
     assert spill.pending_spans("otlp") == len(made) and spill.pending_spans("langfuse") == 0
 
 
-# --- the spill file and push --------------------------------------------------------------------------------------
+def test_without_the_trace_file_an_undelivered_batch_is_said_to_be_lost(monkeypatch, tmp_path):
+    use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_s=60)
+    telemetry, memory = configure_with_memory(exporters="langfuse", spill_file=tmp_path / "undelivered.jsonl")
+    with capture_logs() as logs:
+        run_agent(telemetry.tracer_provider)
+        telemetry.shutdown(timeout_ms=1000)
+    (warning,) = warnings_of(logs)
+    assert "lost" in warning["lost"] and "trace file is off" in warning["lost"]
+    made = len(memory.get_finished_spans())
+    assert f"{made} spans could not be delivered (" in telemetry.spill_notice()
+    assert "are lost" in telemetry.spill_notice() and not (tmp_path / "undelivered.jsonl").exists()
+
+
+# --- the undelivered list and push --------------------------------------------------------------------------------
 
 
 def test_spilled_spans_come_back_as_they_were_sent(spill):
@@ -593,7 +677,7 @@ def test_spilled_spans_come_back_as_they_were_sent(spill):
     provider = TracerProvider(resource=Resource.create({"service.name": "svc", "deployment.environment": "test"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("looptrace", "1.2.3")
-    remote = trace.SpanContext(0x5AB, 0xC0FFEE, is_remote=True)
+    remote = trace.SpanContext(0x5AB, 0xC0FFEE, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
     with tracer.start_as_current_span("root", context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
                                       kind=SpanKind.SERVER, links=[Link(remote, {"why": "caller"})],
                                       attributes={"s": "x", "i": 7, "f": 1.5, "b": True, "l": ["a", "b"]}) as root:
@@ -602,10 +686,13 @@ def test_spilled_spans_come_back_as_they_were_sent(spill):
         with tracer.start_as_current_span("child", kind=SpanKind.CLIENT):
             pass
     original = memory.get_finished_spans()
+    assert len(original) == 2
     spill.append("otlp", original)
-    (batch,) = spill.pending()
-    assert encode_proto(batch.readable_spans()) == encode_proto(original)
-    assert json.loads(json.dumps(encode_json(batch.readable_spans()).to_dict())) == batch.data
+    backend = ScriptedExporter()
+    push(spill.path, {"otlp": backend})
+    (sent,) = backend.batches
+    assert encode_proto(sent) == encode_proto(original)  # what the SDK's exporter puts on the wire, byte for byte
+    assert encode_json(sent).to_dict() == encode_json(original).to_dict()
 
 
 class ScriptedExporter:
@@ -613,9 +700,11 @@ class ScriptedExporter:
 
     def __init__(self, fail_on=(), raise_on=()):
         self.calls, self.fail_on, self.raise_on = [], set(fail_on), set(raise_on)
+        self.batches = []
 
     def export(self, spans):
         self.calls.append([format(s.context.span_id, "016x") for s in spans])
+        self.batches.append(list(spans))
         if len(self.calls) in self.raise_on:
             raise KeyboardInterrupt  # the user pressed Ctrl-C in the middle of a push
         return SpanExportResult.FAILURE if len(self.calls) in self.fail_on else SpanExportResult.SUCCESS
@@ -624,23 +713,37 @@ class ScriptedExporter:
         pass
 
 
-def test_an_interrupted_push_never_sends_a_batch_twice(spill):
+def test_an_interrupted_push_never_sends_a_batch_twice_to_a_collector(spill, monkeypatch):
+    from looptrace.instrumentation import push as push_module
+
+    monkeypatch.setattr(push_module, "BATCH_SPANS", 4)  # one run's spans per request
     batches = [finished_run_spans() for _ in range(3)]
     for batch in batches:
-        spill.append("langfuse", batch)
+        spill.append("otlp", batch)
     first = ScriptedExporter(raise_on={2})
     with pytest.raises(KeyboardInterrupt):
-        push(spill.path, {"langfuse": first})
+        push(spill.path, {"otlp": first})
     second = ScriptedExporter()
-    report = push(spill.path, {"langfuse": second})
+    report = push(spill.path, {"otlp": second})
     # The interrupted call never got its answer: it may have arrived, so it is held back, reported, not resent.
     assert second.calls == [span_ids_in_order(batches[2])]
-    assert report.held == {"langfuse": 4} and not report.ok and "--resend-interrupted" in report.summary()
+    assert report.held == {"otlp": 4} and not report.ok and "--resend-interrupted" in report.summary()
     third = ScriptedExporter()
-    assert push(spill.path, {"langfuse": third}).held == {"langfuse": 4} and third.calls == []
+    assert push(spill.path, {"otlp": third}).held == {"otlp": 4} and third.calls == []
     fourth = ScriptedExporter()
-    push(spill.path, {"langfuse": fourth}, resend_interrupted=True)  # the user's explicit choice
-    assert fourth.calls == [span_ids_in_order(batches[1])] and not spill.path.exists() and not spill.ledger.exists()
+    push(spill.path, {"otlp": fourth}, resend_interrupted=True)  # the user's explicit choice
+    assert fourth.calls == [span_ids_in_order(batches[1])] and not spill.path.exists()
+
+
+def test_langfuse_gets_an_uncertain_batch_again_because_it_keeps_one_observation_per_span_id(spill):
+    # A batch Langfuse may have stored although its answer never came (a timeout). Langfuse's OTel ingestion makes
+    # the span id the observation id and merges events with the same id, so a second copy adds nothing there.
+    spans = finished_run_spans()
+    spill.append("langfuse", spans, uncertain=True)
+    backend = ScriptedExporter()
+    report = push(spill.path, {"langfuse": backend})
+    assert backend.calls == [span_ids_in_order(spans)] and report.ok and report.held == {}
+    assert push(spill.path, {"langfuse": ScriptedExporter()}).summary().startswith("nothing to push")
 
 
 def span_ids_in_order(spans):
@@ -662,18 +765,27 @@ def test_a_failing_backend_keeps_its_batches_and_others_go_on(spill):
 def test_two_pushes_at_once_are_refused(spill):
     spill.append("otlp", finished_run_spans())
     exporter = ScriptedExporter()
-    with spill.pushing(), pytest.raises(PushInProgress):
+    with spill.listing.pushing(), pytest.raises(PushInProgress):
         push(spill.path, {"otlp": exporter})
     assert exporter.calls == []
 
 
-def test_a_bad_line_is_kept_not_sent(spill):
+def test_a_torn_line_in_the_trace_file_or_the_list_costs_only_itself(spill):
     spill.append("otlp", finished_run_spans())
-    with open(spill.path, "a") as handle:
-        handle.write('{"truncated": \n')
+    for path in (spill.path, spill.trace_file):
+        with open(path, "a") as handle:
+            handle.write('{"truncated": ')  # a writer killed mid-line
+    spill.append("otlp", finished_run_spans())  # written on a line of its own, after the torn one
     report = push(spill.path, {"otlp": ScriptedExporter()})
-    assert spill.quarantine.read_text() == '{"truncated": \n' and not spill.path.exists()
-    assert report.sent == {"otlp": 4} and str(spill.quarantine) in report.summary()
+    assert report.sent == {"otlp": 8} and report.ok and not spill.path.exists()
+
+
+def test_spans_no_longer_in_any_trace_file_are_reported_lost_once(spill):
+    spill.append("otlp", finished_run_spans())
+    spill.trace_file.unlink()
+    report = push(spill.path, {"otlp": ScriptedExporter()})
+    assert report.missing == {"otlp": 4} and not report.ok and "lost" in report.summary()
+    assert push(spill.path, {"otlp": ScriptedExporter()}).summary().startswith("nothing to push")
 
 
 def test_guarded_exporter_survives_an_exporter_that_raises(spill):

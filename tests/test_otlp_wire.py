@@ -4,7 +4,6 @@ recovery to the OTLP/JSON the spill file and the trace file hold."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -31,9 +30,6 @@ from test_direct_spans import run_story
 from looptrace.instrumentation import otlp_wire
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.direct_spans import DirectTracerProvider
-from looptrace.instrumentation.tracefile.encode import encode_line, encode_traces_data
-from looptrace.instrumentation.tracefile.journal import SpanJournal
-from looptrace.instrumentation.tracefile.spill import SpillFile
 
 REMOTE_PARENT = SpanContext(0x5B8EFFF798038103D269B633813FC60C, 0xEEE19B7EC3C1B174, True,
                             TraceFlags(TraceFlags.SAMPLED))
@@ -155,43 +151,6 @@ def test_a_span_is_encoded_once_for_the_journal_and_every_exporter():
     sent = ExportTraceServiceRequest.FromString(otlp_wire.export_request([span]))
     assert sent.resource_spans[0].scope_spans[0].spans[0].name == "marker"
     assert ExportTraceServiceRequest.FromString(first) == encode_spans([span])  # the journal's form: the same span
-
-
-def _spans_of(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"resource": resource_spans["resource"], "scope": scope_spans["scope"], "span": span}
-            for document in documents for resource_spans in document["resourceSpans"]
-            for scope_spans in resource_spans["scopeSpans"] for span in scope_spans["spans"]]
-
-
-@pytest.mark.parametrize("make", [_direct_spans, _sdk_spans], ids=["direct spans", "SDK spans"])
-def test_a_journal_left_by_a_killed_process_is_recovered_as_the_trace_file_would_hold_its_spans(tmp_path, make):
-    spans = make(_every_field) + make(lambda provider: run_story(tracer_provider=provider))
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    journal = SpanJournal(spill.path, "otlp")
-    for span in spans:
-        journal.record(span)
-    journal.settle(spans[:2])  # delivered before the process died
-    journal.close()  # what a killed process leaves: the journal, unlocked, two spans settled
-    assert journal.path.exists()
-    assert spill.recover_journals() == {"otlp": len(spans) - 2}
-    recovered = _spans_of([batch.data for batch in spill.pending()])
-    expected = _spans_of([json.loads(encode_traces_data([span])) for span in spans[2:]])
-    assert sorted(recovered, key=_by_id) == sorted(expected, key=_by_id)
-    assert not journal.path.exists()
-
-
-def _by_id(item: dict[str, Any]) -> str:
-    return item["span"]["spanId"]
-
-
-def test_a_journal_written_by_an_earlier_version_is_still_recovered(tmp_path):
-    spans = _direct_spans(_every_field)
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    older = spill.path.with_name(spill.path.name + ".journal-langfuse-4242-0123456789ab")
-    older.write_bytes(b"".join(encode_line(span) for span in spans))  # a trace-file line per span, as before
-    assert spill.recover_journals() == {"langfuse": len(spans)}
-    recovered = _spans_of([batch.data for batch in spill.pending(["langfuse"])])
-    assert sorted(recovered, key=_by_id) == sorted(_spans_of([json.loads(encode_line(s)) for s in spans]), key=_by_id)
 
 
 def test_a_sequence_that_holds_itself_costs_only_that_value():

@@ -111,7 +111,7 @@ def fetch(url: str, access_token: str) -> str:
 
 
 @pytest.mark.slow
-def test_the_cli_keeps_the_token_out_of_the_trace_file_langfuse_the_spill_and_json(tmp_path):
+def test_the_cli_keeps_the_token_out_of_the_trace_file_langfuse_the_undelivered_list_and_json(tmp_path):
     (tmp_path / "tools.py").write_text(textwrap.dedent(TOOLS))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LANGFUSE_", "OTEL_", "LOOPTRACE_", "ANTHROPIC_", "TRACEPARENT"))}
@@ -119,14 +119,14 @@ def test_the_cli_keeps_the_token_out_of_the_trace_file_langfuse_the_spill_and_js
             FakeMessagesAPI(_calls(1)) as api:
         env.update(LANGFUSE_PUBLIC_KEY="pk", LANGFUSE_SECRET_KEY="sk", LANGFUSE_BASE_URL=langfuse.base_url,
                    XDG_CACHE_HOME=str(tmp_path / "cache"), ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY="test-key",
-                   # a collector that is down: its copy of the spans goes to the spill file
+                   # a collector that is down: its spans are listed for push
                    OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{unused_port()}", OTEL_METRICS_EXPORTER="none")
         done = subprocess.run([sys.executable, "-m", "looptrace", "run", "fetch the items", "--tools",
                                str(tmp_path / "tools.py"), "--json"], env=env, cwd=tmp_path, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         received = langfuse.wait_for_spans(6)
-    trace_file, spill = tmp_path / ".looptrace" / "traces.jsonl", tmp_path / ".looptrace" / "spill.jsonl"
+    trace_file, spill = tmp_path / ".looptrace" / "traces.jsonl", tmp_path / ".looptrace" / "undelivered.jsonl"
     assert len(list(read_spans(trace_file))) == 6 and spill.exists()
     places = {"trace file": trace_file.read_text(), "spill": spill.read_text(), "stdout": done.stdout,
               "stderr": done.stderr,

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from looptrace.instrumentation.metrics import LoopMetrics
 from looptrace.instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
 from looptrace.instrumentation.tracefile.read import read_spans
-from looptrace.instrumentation.tracefile.spill import SpillFile
+from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
 from looptrace.testing import capture_logs
 
 PUBLIC_KEY, SECRET_KEY = "pk-lf-setup", "sk-lf-setup"
@@ -172,6 +172,12 @@ def test_configure_installs_its_meter_provider_only_where_none_was_set(applicati
 # --- bounded flush and shutdown -----------------------------------------------------------------------------------
 
 
+def listed(path, backend: str = "otlp") -> set[str]:
+    """The span ids the undelivered list at ``path`` holds for ``backend``."""
+    waiting = UndeliveredList(path).pending().get(backend)
+    return {key[32:] for keys in waiting.spans.values() for key in keys} if waiting else set()
+
+
 def slow_collector(monkeypatch, receiver, seconds: float) -> None:
     receiver.fail_next(*[Delay(seconds)] * 10)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
@@ -181,7 +187,8 @@ def slow_collector(monkeypatch, receiver, seconds: float) -> None:
 def test_flush_keeps_its_timeout_with_a_slow_backend(monkeypatch, tmp_path):
     with OTLPReceiver() as collector:
         slow_collector(monkeypatch, collector, 60.0)  # the receiver's stop ends the delay
-        telemetry = configure(exporters="otlp", spill_file=tmp_path / "spill.jsonl", set_global=False)
+        telemetry = configure(exporters="file,otlp", spill_file=tmp_path / "spill.jsonl",
+                              trace_file=tmp_path / "traces.jsonl", set_global=False)
         memory = with_memory(telemetry)
         run_agent(telemetry.tracer_provider)
         with capture_logs() as logs:
@@ -195,16 +202,14 @@ def test_flush_keeps_its_timeout_with_a_slow_backend(monkeypatch, tmp_path):
             started = time.monotonic()
             telemetry.shutdown(timeout_ms=300)
             shutdown_s = time.monotonic() - started
-        spill = SpillFile(tmp_path / "spill.jsonl")
         made = ids(memory.get_finished_spans())
-        pending = {format(s.context.span_id, "016x") for b in spill.pending() for s in b.readable_spans()}
-        assert pending == made  # nothing dropped: what missed the deadline is saved
+        assert listed(tmp_path / "spill.jsonl") == made  # nothing dropped: what missed the deadline is listed
     # Stopping the receiver ends its delay: the request still on the wire is answered 200 after all, and its batch
     # is marked delivered, so a push will not send it a second time.
     waited_until = time.monotonic() + 30
-    while spill.pending() and time.monotonic() < waited_until:
+    while listed(tmp_path / "spill.jsonl") and time.monotonic() < waited_until:
         time.sleep(0.02)
-    assert spill.pending() == [] and {s.span_id for s in collector.spans} == made
+    assert listed(tmp_path / "spill.jsonl") == set() and {s.span_id for s in collector.spans} == made
     # Each kept its 0.3 s deadline rather than the backend's 60 s delay or the exporter's 60 s timeout: half of that
     # is a margin no busy machine eats.
     assert (delivered, flush_s < 30, provider_flush_s < 30, shutdown_s < 30) == (False, True, True, True), \
@@ -226,7 +231,7 @@ def test_shutdown_spills_what_is_still_queued(monkeypatch, tmp_path):
     telemetry.shutdown(timeout_ms=1000)
     assert time.monotonic() - started < 30
     made = ids(memory.get_finished_spans())
-    assert telemetry.spilled_spans == len(made) == SpillFile(tmp_path / "elsewhere.jsonl").pending_spans("langfuse")
+    assert telemetry.spilled_spans == len(made) == UndeliveredList(tmp_path / "elsewhere.jsonl").pending_spans("langfuse")
     assert str(tmp_path / "elsewhere.jsonl") in telemetry.spill_notice()
     telemetry.shutdown()  # idempotent
 
@@ -236,7 +241,8 @@ def test_a_full_export_queue_counts_every_dropped_span_and_says_so(monkeypatch, 
         slow_collector(monkeypatch, collector, 60.0)  # the first batch hangs on the wire: the queue cannot drain
         monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
         monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
-        telemetry = configure(exporters="otlp", spill_file=tmp_path / "spill.jsonl", set_global=False)
+        telemetry = configure(exporters="file,otlp", spill_file=tmp_path / "spill.jsonl",
+                              trace_file=tmp_path / "traces.jsonl", set_global=False)
         tracer = telemetry.tracer_provider.get_tracer("test")
         with capture_logs() as logs:
             for n in range(10):
@@ -247,7 +253,7 @@ def test_a_full_export_queue_counts_every_dropped_span_and_says_so(monkeypatch, 
         assert [entry["event"] for entry in logs].count("export_queue_full") == 1  # one warning, not one per span
         assert f"{dropped} spans were dropped" in telemetry.spill_notice()
         telemetry.shutdown(timeout_ms=300)
-        spilled = {s.context.span_id for b in SpillFile(tmp_path / "spill.jsonl").pending() for s in b.readable_spans()}
+        spilled = listed(tmp_path / "spill.jsonl")
     assert len(spilled) + dropped == 10  # every span is either kept for a push or counted as lost
 
 

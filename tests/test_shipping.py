@@ -208,8 +208,10 @@ def test_with_the_backend_down_the_run_is_as_fast_and_push_delivers_later_exactl
     assert "12 spans could not be delivered" in down.stderr and "looptrace traces push" in down.stderr
 
     stored = {s.span_id for s in read_spans(tmp_path / ".looptrace" / "traces.jsonl")}
-    spilled = {s.span_id for s in read_spans(tmp_path / ".looptrace" / "spill.jsonl")}
-    assert spilled == stored  # exactly the undelivered spans
+    listing = (tmp_path / ".looptrace" / "undelivered.jsonl").read_text()
+    listed = {key[32:] for line in listing.splitlines() for key in json.loads(line).get("undelivered", [])}
+    assert listed == stored  # exactly the undelivered spans, by id: the trace file holds them
+    assert keys[1] not in listing and "Basic" not in listing
 
     with OTLPReceiver(basic_auth=(PUBLIC, SECRET), path_prefix="/api/public/otel") as langfuse:
         env.update(LANGFUSE_BASE_URL=langfuse.base_url, LANGFUSE_SECRET_KEY=SECRET)

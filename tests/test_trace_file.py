@@ -1,4 +1,4 @@
-"""The local trace file and the spill file: written exactly in the OTLP file format, never losing a span to a bad
+"""The local trace file and the undelivered list: written exactly in the OTLP file format, never losing a span to a bad
 value, a crash or a full queue; read back in one pass by CLI commands that survive whatever a file holds.
 
 Issue 14 (goals 1 and 3: the direct writer, one-pass readers) and issue 12 (items 1-6, 11, 16, 18, 23).
@@ -31,12 +31,18 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from looptrace.cli.app import main
 from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.push import push
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.tracefile import encode
-from looptrace.instrumentation.tracefile.read import read_spans
-from looptrace.instrumentation.tracefile.spill import SpillFile, push
-from looptrace.instrumentation.tracefile.write import OTLPJsonFileExporter, TraceFileProcessor
+from looptrace.instrumentation.tracefile.read import read_lines, read_spans, trace_files
+from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
+from looptrace.instrumentation.tracefile.write import (
+    OTLPJsonFileExporter,
+    Rotation,
+    TraceFileProcessor,
+    TraceFileWriter,
+)
 from looptrace.runtime import Agent, ScriptedModel, tool
 
 # --- helpers --------------------------------------------------------------------------------------------------------
@@ -267,22 +273,27 @@ def test_spans_that_cannot_be_written_are_counted_and_reported(tmp_path, capsys)
 # --- item 16: private files -----------------------------------------------------------------------------------------
 
 
-def test_trace_and_spill_files_are_readable_by_their_owner_only(tmp_path):
+def test_trace_files_and_the_undelivered_list_are_readable_by_their_owner_only(tmp_path):
     old = os.umask(0o022)
     try:
         tool_run(tmp_path / "private" / "t.jsonl", "secret result")
-        spill = SpillFile(tmp_path / "spill-dir" / "spill.jsonl")
-        batch = spill.append("otlp", finished_spans())
-        spill.mark_delivered(batch)
+        listing = UndeliveredList(tmp_path / "list-dir" / "undelivered.jsonl", trace_file=tmp_path / "t.jsonl")
+        batch = listing.append("otlp", finished_spans())
+        listing.mark_delivered(batch)
+        rotating = TraceFileWriter(tmp_path / "rotating" / "t.jsonl", Rotation(max_bytes=3, backups=2))
+        rotating.write(b"{}\n")
+        rotating.write(b"{}\n")
+        rotating.close()
     finally:
         os.umask(old)
-    for path in (tmp_path / "private" / "t.jsonl", spill.path, spill.ledger):
+    for path in (tmp_path / "private" / "t.jsonl", listing.path, tmp_path / "rotating" / "t.jsonl.1",
+                 tmp_path / "rotating" / "t.jsonl.lock"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    for directory in (tmp_path / "private", tmp_path / "spill-dir"):
+    for directory in (tmp_path / "private", tmp_path / "list-dir", tmp_path / "rotating"):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
 
 
-# --- items 2, 3, 4: the spill file ----------------------------------------------------------------------------------
+# --- the undelivered list and push: the spans come from the trace file -----------------------------------------------
 
 
 class Recorder:
@@ -299,79 +310,126 @@ class Recorder:
         pass
 
 
-def test_the_settings_say_where_the_spill_file_is_and_how_long_a_line_may_be(tmp_path):
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    spill.append("otlp", finished_spans())
-    with open(spill.path, "a") as handle:
-        handle.write('{"looptrace":{"backend":"otlp","batch":"big"},"resourceSpans":[],"x":"' + "y" * 10_000 + '"}\n')
-    spill.append("otlp", finished_spans())
-    assert SpillFile(spill.path).pending_spans() == 6  # within the default limit the long line is a (spanless) batch
-    exporter = Recorder()
-    report = push(None, {"otlp": exporter}, settings=Settings(spill_file=spill.path, max_line_bytes=8192))
-    assert len(exporter.batches) == 2 and report.sent == {"otlp": 6}  # the batch after the long line too
-    assert [bad.reason for bad in report.quarantined] == ["longer than 8,192 bytes"]
-    assert spill.quarantine.read_text().startswith('{"looptrace":{"backend":"otlp","batch":"big"}')  # kept whole
+def ran(tmp_path: Path, backend: str = "otlp", line_after: str | None = None) -> UndeliveredList:
+    """Two runs' spans in the trace file (and ``line_after`` between them), listed as undelivered for ``backend``."""
+    trace_file = tmp_path / "traces.jsonl"
+    listing = UndeliveredList(tmp_path / "undelivered.jsonl", trace_file=trace_file)
+    for run in range(2):
+        spans = finished_spans()
+        writer = TraceFileWriter(trace_file)
+        for span in spans:
+            writer.write_span(span)
+        writer.close()
+        listing.append(backend, spans)
+        if line_after is not None and run == 0:
+            with open(trace_file, "a") as handle:
+                handle.write(line_after)
+    return listing
 
 
-def test_a_spill_append_after_a_torn_line_is_still_pushed(tmp_path):
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    spill.append("otlp", finished_spans())
-    spill.path.write_bytes(spill.path.read_bytes()[:-40])  # the writer died mid-line
-    spill.append("otlp", finished_spans())
+def test_push_reads_the_trace_file_within_the_line_limit_the_settings_give(tmp_path):
+    listing = ran(tmp_path, line_after='{"resourceSpans":[],"x":"' + "y" * 10_000 + '"}\n')
     exporter = Recorder()
-    report = push(spill.path, {"otlp": exporter})
-    assert len(exporter.batches) == 1 and report.sent == {"otlp": 3}
-    assert len(report.quarantined) == 1 and spill.quarantine.exists()  # the torn half, kept aside
+    report = push(None, {"otlp": exporter}, settings=Settings(spill_file=listing.path, max_line_bytes=8192))
+    assert report.sent == {"otlp": 6} and report.ok  # the spans after the long line too
 
 
 @pytest.mark.parametrize("bad_line", [
-    '{"looptrace":{"backend":"otlp","batch":"b1"},"resourceSpans":{"not":"a list"}}\n',
-    '{"looptrace":{"backend":"otlp","batch":"b2"},"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz",'
-    '"spanId":"01"}]}]}]}\n',
+    '{"resourceSpans":{"not":"a list"}}\n',
+    '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz","spanId":"01"}]}]}]}\n',
     "[" * 100_000 + "\n",
     "not json at all\n",
+    '{"resourceSpans": [',
 ])
-def test_a_bad_spill_batch_is_quarantined_and_the_batches_after_it_are_delivered(tmp_path, bad_line):
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    spill.append("otlp", finished_spans())
-    with open(spill.path, "a") as handle:
-        handle.write(bad_line)
-    spill.append("otlp", finished_spans())
+def test_a_bad_line_in_the_trace_file_costs_the_push_nothing_else(tmp_path, bad_line):
+    listing = ran(tmp_path, line_after=bad_line)
     exporter = Recorder()
-    report = push(spill.path, {"otlp": exporter})
-    assert len(exporter.batches) == 2 and report.sent == {"otlp": 6}  # the batch after the bad one too
-    assert spill.quarantine.read_text() == bad_line and not spill.path.exists()  # kept, out of the way
-    assert not report.ok and str(spill.quarantine) in report.summary()
-    assert push(spill.path, {"otlp": Recorder()}).summary().startswith("nothing to push")
+    report = push(listing.path, {"otlp": exporter})
+    assert report.sent == {"otlp": 6} and report.ok and not listing.path.exists()
+    assert push(listing.path, {"otlp": Recorder()}).summary().startswith("nothing to push")
 
 
 @pytest.mark.slow
-def test_kill_9_in_the_middle_of_a_push_never_sends_a_batch_twice(tmp_path, monkeypatch):
-    spill = SpillFile(tmp_path / "spill.jsonl")
-    first, second = finished_spans(), finished_spans()
-    spill.append("otlp", first)
-    spill.append("otlp", second)
+def test_kill_9_in_the_middle_of_a_push_never_sends_a_span_twice_to_a_collector(tmp_path, monkeypatch):
+    listing = ran(tmp_path)
     with OTLPReceiver() as receiver:
-        receiver.fail_next(Delay(2.0))  # the first batch reaches the backend; its answer comes late
+        receiver.fail_next(Delay(2.0))  # the request reaches the backend; its answer comes late
         env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
         for name in ("LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
             env.pop(name, None)
         pusher = subprocess.Popen([sys.executable, "-c", "from looptrace.instrumentation.settings import Settings; "
-                                   "from looptrace.instrumentation.tracefile.spill import push; "
-                                   f"push({str(spill.path)!r}, settings=Settings.from_env())"], env=env)
+                                   "from looptrace.instrumentation.push import push; "
+                                   f"push({str(listing.path)!r}, settings=Settings.from_env())"], env=env)
         deadline = time.monotonic() + 30
-        while not (spill.ledger.exists() and "sending" in spill.ledger.read_text()) and time.monotonic() < deadline:
+        while not (listing.path.exists() and '"sending"' in listing.path.read_text()) \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.5)  # the request is on the wire
         pusher.send_signal(signal.SIGKILL)
         pusher.wait(timeout=30)
-        receiver.wait_for_spans(3, timeout=10)  # the backend did store the first batch
+        receiver.wait_for_spans(6, timeout=10)  # the backend did store them
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
-        report = push(spill.path, to=["otlp"], settings=Settings.from_env())
+        report = push(listing.path, to=["otlp"], settings=Settings.from_env())
         ids = [span.span_id for span in receiver.spans]
     assert sorted(ids) == sorted({*ids}) and len(ids) == 6  # each span exactly once
-    assert report.held == {"otlp": 3} and "--resend-interrupted" in report.summary()
+    assert report.held == {"otlp": 6} and "--resend-interrupted" in report.summary()
+
+
+# --- rotation -----------------------------------------------------------------------------------------------------
+
+
+def test_the_trace_file_rotates_by_size_and_keeps_the_backups_asked_for(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    writer = TraceFileWriter(path, Rotation(max_bytes=1000, backups=2))
+    for n in range(100):
+        writer.write(json.dumps({"n": n, "pad": "x" * 80}).encode() + b"\n")
+    writer.close()
+    assert [Path(name).name for name in trace_files(path)] == ["traces.jsonl.2", "traces.jsonl.1", "traces.jsonl"]
+    numbers = [data["n"] for _, data in read_lines(path)]
+    assert numbers == list(range(numbers[0], 100)) and 10 < numbers[0] < 95  # oldest first, the newest kept
+
+
+def test_writers_sharing_a_file_lose_and_tear_no_line_across_rotations(tmp_path):
+    # Several writers, each with its own descriptors as separate processes have: the advisory locks are per open
+    # file, so they contend here exactly as processes do.
+    path = tmp_path / "traces.jsonl"
+    rotation = Rotation(max_bytes=4096, backups=10_000)
+    lines_each, writers = 500, 4
+
+    def write(index: int) -> None:
+        writer = TraceFileWriter(path, rotation)
+        for n in range(lines_each):
+            writer.write(json.dumps({"w": index, "n": n, "pad": "x" * (n % 50)}).encode() + b"\n")
+        writer.close()
+
+    import threading
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    bad: list[Any] = []
+    seen = sorted((data["w"], data["n"]) for _, data in read_lines(path, bad.append))
+    assert bad == [] and seen == [(w, n) for w in range(writers) for n in range(lines_each)]
+    assert len(trace_files(path)) > 20  # it did rotate, many times
+    assert all(os.path.getsize(name) < 4096 + 200 for name in trace_files(path))
+
+
+def test_the_rotation_settings_come_from_the_environment(tmp_path):
+    settings = Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": "0", "LOOPTRACE_TRACE_FILE_BACKUPS": "3"})
+    assert (settings.trace_file_max_bytes, settings.trace_file_backups) == (0, 3)
+    wrong = Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": "10MB"})
+    assert wrong.trace_file_max_bytes == 64 * 1024 * 1024 and "LOOPTRACE_TRACE_FILE_MAX_BYTES" in wrong.ignored[0]
+    telemetry = configure(Settings(trace_file=tmp_path / "t.jsonl", trace_file_max_bytes=2000, trace_file_backups=1),
+                          exporters="file", set_global=False)
+    for _ in range(5):
+        Agent("claude-sonnet-5-5", client=ScriptedModel([{"stop_reason": "end_turn", "content": [
+            {"type": "text", "text": "done " * 100}], "usage": {"input_tokens": 1, "output_tokens": 1}}]),
+              tracer_provider=telemetry.tracer_provider).run("go")
+    telemetry.shutdown()
+    assert [Path(name).name for name in trace_files(tmp_path / "t.jsonl")] == ["t.jsonl.1", "t.jsonl"]
 
 
 # --- item 11: malformed files never end in a traceback --------------------------------------------------------------

@@ -5,9 +5,9 @@
   only, so that `looptrace detect` and `traces` start fast.
 * ``write``: appending lines safely (``TraceFileWriter``), and the SDK's way in (``TraceFileProcessor``,
   ``OTLPJsonFileExporter``).
-* ``spill``: the same lines for spans a backend could not take, kept until ``push`` delivers them, never twice.
-* ``journal``: the network pipelines' export queue on disk, so that spans a killed process had queued reach the
-  spill file at the next push.
+* ``write`` also rotates the file by size (``Rotation``), and ``read`` reads the rotated files with it, oldest first.
+* ``undelivered``: which spans (by id) and scores a backend could not take, for ``push`` (``instrumentation/push.py``)
+  to send from the trace file later, never twice.
 
 The names below load on first use: reading a file must not pay for the OpenTelemetry SDK the writers import.
 """
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .encode import encode_line, encode_span, encode_traces_data
-    from .read import BadLine, SpanRecord, TraceFileError, read_lines, read_spans
-    from .spill import PushInProgress, PushReport, SpillFile, push
-    from .write import OTLPJsonFileExporter, TraceFileProcessor, TraceFileWriter
+    from .read import BadLine, SpanRecord, TraceFileError, read_lines, read_spans, trace_files
+    from .undelivered import PushInProgress, UndeliveredList
+    from .write import OTLPJsonFileExporter, Rotation, TraceFileProcessor, TraceFileWriter
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
@@ -36,28 +36,28 @@ _EXPORTS: dict[str, str] = {
     "OTLPJsonFileExporter": "write",
     "TraceFileProcessor": "write",
     "TraceFileWriter": "write",
-    "PushInProgress": "spill",
-    "PushReport": "spill",
-    "SpillFile": "spill",
-    "push": "spill",
+    "trace_files": "read",
+    "Rotation": "write",
+    "PushInProgress": "undelivered",
+    "UndeliveredList": "undelivered",
 }
 
 __all__ = [
     "BadLine",
     "OTLPJsonFileExporter",
     "PushInProgress",
-    "PushReport",
+    "Rotation",
     "SpanRecord",
-    "SpillFile",
     "TraceFileError",
     "TraceFileProcessor",
     "TraceFileWriter",
+    "UndeliveredList",
     "encode_line",
     "encode_span",
     "encode_traces_data",
-    "push",
     "read_lines",
     "read_spans",
+    "trace_files",
 ]
 
 

@@ -9,10 +9,15 @@ longer than ``max_line_bytes`` (the caller's ``Settings.max_line_bytes``: ``LOOP
 are skipped without being held. A malformed line (torn by
 a crash, not JSON, JSON that is not trace data, nested beyond reason) is reported by number and skipped; the read
 goes on with the next line.
+
+A rotated trace file (``write.Rotation``) is read whole: ``read_lines(".looptrace/traces.jsonl")`` reads
+``traces.jsonl.<n>`` .. ``traces.jsonl.1`` and then ``traces.jsonl``, oldest first, as one stream (line numbers count
+across them). Every file is opened before the first is read, so a rotation meanwhile neither hides nor repeats lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -71,58 +76,116 @@ SKIP = object()  # what a ``read_lines`` parser returns for a line not worth par
 _LINE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
 
+def trace_files(path: str | os.PathLike[str]) -> list[str]:
+    """``path`` and the files it was rotated into, oldest first: ``path.<n>`` .. ``path.1``, ``path``. Only the
+    rotated files that exist are listed; ``path`` always is (it may not exist yet)."""
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    numbers = []
+    try:
+        entries = os.listdir(directory or ".")
+    except OSError:
+        entries = []
+    for entry in entries:
+        head, dot, number = entry.rpartition(".")
+        if dot and head == name and number.isdigit():
+            numbers.append(int(number))
+    return [f"{path}.{number}" for number in sorted(numbers, reverse=True)] + [path]
+
+
+def total_size(path: str | os.PathLike[str]) -> int:
+    """The bytes ``read_lines(path)`` reads: the file and its rotated predecessors."""
+    size = 0
+    for name in trace_files(path):
+        with contextlib.suppress(OSError):
+            size += os.path.getsize(name)
+    return size
+
+
+def _open_all(path: str | os.PathLike[str]) -> list[Any]:
+    """Every file of the trace file's rotation, opened, oldest first. ``path`` itself must open unless a rotated one
+    did (just rotated, nothing written since)."""
+    handles = []
+    *rotated, _ = trace_files(path)
+    current = path
+    for name in rotated:
+        with contextlib.suppress(FileNotFoundError):  # rotated away between listing and opening: read in its new name
+            handles.append(open(name, "rb"))  # noqa: SIM115 - closed by the caller
+    try:
+        handles.append(open(current, "rb"))  # noqa: SIM115 - closed by the caller
+    except OSError as exc:
+        if not (handles and isinstance(exc, FileNotFoundError)):
+            for handle in handles:
+                handle.close()
+            raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
+    return handles
+
+
 def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
                on_progress: Callable[[int], None] | None = None,
                parse: Callable[[bytes], Any] | None = None, *,
                max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON) for every non-blank line that parses; the others go to ``on_bad_line``.
+    """(line number, parsed JSON) for every non-blank line that parses, across the rotated files (oldest first); the
+    others go to ``on_bad_line``.
 
     Memory is bounded by the longest line kept: a line longer than ``max_line_bytes`` is read past in chunks and
     reported, never held. ``parse`` replaces ``json.loads``: it may return ``SKIP`` for a line its caller can tell it
     has no use for without parsing it, or anything else it makes of the bytes (raising ValueError for a bad line).
     """
-    limit = max_line_bytes
+    handles = _open_all(path)
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only opening is an error of ours
-    except OSError as exc:
-        raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
-    loads = parse or json.loads
-    with handle:
+        yield from _lines_of(handles, on_bad_line, on_progress, parse, max_line_bytes)
+    finally:
+        for handle in handles:
+            handle.close()
+
+
+def _raw_lines(handles: list[Any], limit: int) -> Iterator[tuple[Callable[[int], bytes], bool, bytes]]:
+    """(readline, endless, raw) for each line of each file in turn."""
+    for handle in handles:
         readline = handle.readline
         # A regular file ends, so an over-long line in it is read past to the next one. A stream (a device, a pipe)
         # may never end its line (/dev/zero): there, reading stops at the limit instead of skipping forever.
         endless = not stat.S_ISREG(os.fstat(handle.fileno()).st_mode)
-        number = read = 0
         while True:
             raw = readline(limit + 1)
             if not raw:
                 break
-            number += 1
-            read += len(raw)
-            if on_progress is not None and number % 4096 == 0:
-                on_progress(read)
-            if len(raw) > limit:
-                if endless:
-                    if on_bad_line is not None:
-                        on_bad_line(BadLine(number, f"longer than {limit:,} bytes in a stream that is not a regular "
-                                                    f"file; reading stopped there (raise {MAX_LINE_BYTES_VARIABLE} to "
-                                                    "read it)"))
-                    break
-                read += _skip_rest_of_line(readline, raw)
-                if on_bad_line is not None:
-                    on_bad_line(BadLine(number, f"longer than {limit:,} bytes; skipped without reading it "
-                                                f"(raise {MAX_LINE_BYTES_VARIABLE} to read it)"))
-                continue
-            try:
-                data = loads(raw)
-            except _LINE_ERRORS as exc:
-                if raw.strip() and on_bad_line is not None:
-                    on_bad_line(BadLine(number, _describe(exc, raw)))
-                continue
-            if data is not SKIP:
-                yield number, data
-        if on_progress is not None:
+            yield readline, endless, raw
+
+
+def _lines_of(handles: list[Any], on_bad_line: Callable[[BadLine], None] | None,
+              on_progress: Callable[[int], None] | None, parse: Callable[[bytes], Any] | None,
+              limit: int) -> Iterator[tuple[int, Any]]:
+    loads = parse or json.loads
+    number = read = 0
+    for readline, endless, raw in _raw_lines(handles, limit):
+        number += 1
+        read += len(raw)
+        if on_progress is not None and number % 4096 == 0:
             on_progress(read)
+        if len(raw) > limit:
+            if endless:
+                if on_bad_line is not None:
+                    on_bad_line(BadLine(number, f"longer than {limit:,} bytes in a stream that is not a regular "
+                                                f"file; reading stopped there (raise {MAX_LINE_BYTES_VARIABLE} to "
+                                                "read it)"))
+                break
+            read += _skip_rest_of_line(readline, raw)
+            if on_bad_line is not None:
+                on_bad_line(BadLine(number, f"longer than {limit:,} bytes; skipped without reading it "
+                                            f"(raise {MAX_LINE_BYTES_VARIABLE} to read it)"))
+            continue
+        try:
+            data = loads(raw)
+        except _LINE_ERRORS as exc:
+            if raw.strip() and on_bad_line is not None:
+                on_bad_line(BadLine(number, _describe(exc, raw)))
+            continue
+        if data is not SKIP:
+            yield number, data
+    if on_progress is not None:
+        on_progress(read)
 
 
 def _skip_rest_of_line(readline: Callable[[int], bytes], start: bytes) -> int:

@@ -6,6 +6,13 @@ mode, so concurrent processes interleave whole lines, and the first line a write
 the file ends in the middle of a line (a writer killed mid-write, a full disk), a newline is written first, so the
 torn line costs only itself.
 
+Rotation. Past ``Rotation.max_bytes`` the file is renamed ``<file>.1`` (``.1`` to ``.2`` and so on first, the oldest
+beyond ``Rotation.backups`` replaced), and the next line starts a new file. Several processes may append to the same
+file, so writers share an advisory lock beside it (``<file>.lock``): each line is written under the shared lock, to the
+file the path names at that moment (a writer whose file was rotated away reopens first), and a rotation takes the lock
+exclusively. No line is torn or lost across a rotation, and none lands in a file already deleted. Size is the only
+trigger: age adds no bound that size does not give, and a quiet process would have to wake up to honour it.
+
 Trace files hold prompts and tool results: they are created readable by their owner only (0600), in a directory
 created 0700. A trace file is a convenience that must never take an agent down: a failed write costs a warning
 (once) and the span, and every span lost that way is counted and reported when the writer shuts down.
@@ -13,9 +20,11 @@ created 0700. A trace file is a convenience that must never take an agent down: 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,13 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..logs import log
+from ..settings import DEFAULT_TRACE_FILE_BACKUPS, DEFAULT_TRACE_FILE_MAX_BYTES
 from .encode import encode_line, encode_traces_data
+
+try:  # advisory locks keep a rotation from racing other processes' writes; without them (Windows) threads still lock
+    import fcntl
+except ImportError:  # pragma: no cover - not on the platforms we test
+    fcntl = None  # type: ignore[assignment]
 
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
@@ -61,13 +76,46 @@ def append_line(fd: int, line: bytes, fresh: bool = True) -> None:
         written += os.write(fd, line[written:])
 
 
-class TraceFileWriter:
-    """Appends lines to one trace file; thread-safe; opens the file on first use and keeps it open."""
+@dataclass(frozen=True)
+class Rotation:
+    """When the trace file rotates (``max_bytes``; 0 never) and how many older files are kept (``backups``)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    max_bytes: int = DEFAULT_TRACE_FILE_MAX_BYTES
+    backups: int = DEFAULT_TRACE_FILE_BACKUPS
+
+
+def rotated_name(path: Path, number: int) -> Path:
+    return path.with_name(f"{path.name}.{number}")
+
+
+def lock_name(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def rotate(path: Path, backups: int) -> None:
+    """Shift ``path.1`` .. ``path.<backups-1>`` up by one (the oldest is replaced) and rename ``path`` to ``path.1``;
+    with no backups, the file is removed. The caller holds the exclusive lock."""
+    if backups <= 0:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    for number in range(backups - 1, 0, -1):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(rotated_name(path, number), rotated_name(path, number + 1))
+    os.replace(path, rotated_name(path, 1))
+
+
+class TraceFileWriter:
+    """Appends lines to one trace file, rotating it by size; thread-safe, and safe beside other processes writing
+    the same file (see the module's note on rotation). The file is opened on first use and kept open."""
+
+    def __init__(self, path: str | os.PathLike[str], rotation: Rotation | None = None) -> None:
         self.path = Path(path)
+        self.rotation = rotation or Rotation()
         self.lost_spans = 0
         self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._identity: tuple[int, int] = (0, 0)  # (inode, device) of the file self._fd appends to
         self._lock = threading.Lock()
         self._warned = False
         self._closed = False
@@ -79,20 +127,72 @@ class TraceFileWriter:
                 self.lost_spans += spans
                 return False
             try:
-                fd = self._fd
-                opened = fd is None
-                if fd is None:
-                    fd = self._fd = open_private_append(self.path)
-                # A torn line is looked for when the file is opened (a crashed run before this one) and after a
-                # failed write of ours; a process killed mid-write while this one appends costs its line and ours.
-                append_line(fd, line, fresh=opened or self._failed)
+                with self._shared():
+                    fd, opened, size = self._current_file()
+                    # A torn line is looked for when the file is opened (a crashed run before this one) and after a
+                    # failed write of ours; a process killed mid-write while this one appends costs its line and ours.
+                    append_line(fd, line, fresh=opened or self._failed)
+                end = size + len(line)  # at least: other writers may have added theirs
                 self._failed = False
+                if 0 < self.rotation.max_bytes <= end:
+                    self._rotate()
             except OSError as error:
                 self.lost_spans += spans
                 self._failed = True
                 self._warn_once(error)
                 return False
         return True
+
+    @contextlib.contextmanager
+    def _shared(self) -> Iterator[None]:
+        """Held while a line is written: a rotation (exclusive) waits for it, and it waits for a rotation."""
+        if fcntl is None or self.rotation.max_bytes <= 0:
+            yield
+            return
+        if self._lock_fd is None:
+            self._lock_fd = open_private_append(lock_name(self.path))
+        fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _current_file(self) -> tuple[int, bool, int]:
+        """The descriptor of the file the path names now (reopened when another writer rotated ours away), whether it
+        was just opened, and its size before this line (0 when the file does not rotate: not needed)."""
+        if self.rotation.max_bytes <= 0:
+            if self._fd is None:
+                self._fd = open_private_append(self.path)
+                return self._fd, True, 0
+            return self._fd, False, 0
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            current = None
+        if self._fd is not None and (current is None or (current.st_ino, current.st_dev) != self._identity):
+            os.close(self._fd)  # rotated away by another writer: what it holds is complete, the path is the new file
+            self._fd = None
+        if self._fd is None:
+            self._fd = open_private_append(self.path)
+            opened = os.fstat(self._fd)
+            self._identity = (opened.st_ino, opened.st_dev)
+            return self._fd, True, opened.st_size
+        return self._fd, False, current.st_size if current is not None else 0
+
+    def _rotate(self) -> None:
+        """Rotate unless another writer just did (the file the path names is small again)."""
+        if self._lock_fd is not None and fcntl is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            try:
+                if os.stat(self.path).st_size < self.rotation.max_bytes:
+                    return
+            except FileNotFoundError:
+                return
+            rotate(self.path, self.rotation.backups)
+        finally:
+            if self._lock_fd is not None and fcntl is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def write_span(self, span: Any) -> bool:
         """Append one finished span (an SDK ``ReadableSpan`` or a direct span) as its own line. A span that cannot be
@@ -122,9 +222,10 @@ class TraceFileWriter:
             if self._closed:
                 return
             self._closed = True
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            for fd in (self._fd, self._lock_fd):
+                if fd is not None:
+                    os.close(fd)
+            self._fd = self._lock_fd = None
         if self.lost_spans:
             log.warning("trace_file_spans_lost", path=str(self.path), spans=self.lost_spans,
                         hint="these spans are not in the trace file; the warning above says why")
@@ -133,8 +234,8 @@ class TraceFileWriter:
 class _OnTheTraceFile:
     """What the processor and the exporter share: one writer, its path, and the spans it could not write."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.writer = TraceFileWriter(path)
+    def __init__(self, path: str | os.PathLike[str], rotation: Rotation | None = None) -> None:
+        self.writer = TraceFileWriter(path, rotation)
 
     @property
     def path(self) -> Path:

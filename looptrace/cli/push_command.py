@@ -1,5 +1,5 @@
-"""`looptrace traces push [--to langfuse|otlp]`: send the spans a backend could not take earlier (the spill file),
-never twice. It loads the exporters when it runs."""
+"""`looptrace traces push [--to langfuse|otlp]`: send the spans and scores a backend could not take earlier, never
+twice (``instrumentation/push.py``). It loads the exporters when it runs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from .exit_codes import EXIT_OK
 
 
 def push_command(args: argparse.Namespace) -> int:
-    """Push the spill file's pending batches; print what was sent and what is still pending."""
+    """Push what the undelivered list names; print what was sent and what is still pending."""
+    from looptrace.instrumentation.push import PushInProgress, push
     from looptrace.instrumentation.settings import ConfigurationError
-    from looptrace.instrumentation.tracefile.spill import PushInProgress, push
+    from looptrace.instrumentation.tracefile.read import TraceFileError
 
     from .logging_setup import configure_logging
 
@@ -26,23 +27,23 @@ def push_command(args: argparse.Namespace) -> int:
     try:
         report = push(settings.spill_file, to=[args.to] if args.to else None,
                       resend_interrupted=args.resend_interrupted, settings=settings)
-    except (PushInProgress, ConfigurationError) as exc:
+    except (PushInProgress, ConfigurationError, TraceFileError) as exc:
         raise UsageError(str(exc)) from None
     print(report.summary())
     return EXIT_OK if report.ok else 1
 
 
 def _require_a_regular_file(path: Path) -> None:
-    """A spill file is read to its end and rewritten in place: a device or a pipe can be neither (/dev/zero never
-    ends; /dev/null must not be replaced). One that does not exist yet simply holds nothing to push."""
+    """The undelivered list is read to its end and rewritten in place: a device or a pipe can be neither (/dev/zero
+    never ends; /dev/null must not be replaced). One that does not exist yet simply lists nothing to push."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise UsageError(f"cannot read spill file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read the undelivered list {path}: {exc.strerror or exc}") from None
     if stat.S_ISDIR(mode):
-        raise UsageError(f"spill file {path} is a directory")
+        raise UsageError(f"undelivered list {path} is a directory")
     if not stat.S_ISREG(mode):
-        raise UsageError(f"spill file {path} is not a regular file (a device or a pipe); give the spill file, "
-                         "e.g. .looptrace/spill.jsonl")
+        raise UsageError(f"undelivered list {path} is not a regular file (a device or a pipe); give the list, "
+                         "e.g. .looptrace/undelivered.jsonl")

@@ -89,18 +89,23 @@ def add_trace_commands(commands: Any) -> None:
                          help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
     listing.set_defaults(command_parser=listing, handler=list_command)
     push = traces_commands.add_parser(
-        "push", help="send spans a backend could not take earlier (from the spill file), never twice",
+        "push", help="send the spans and scores a backend could not take earlier (read back from the trace file), "
+                     "never twice",
         epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
                "pending and are listed)\n  1   some spans are still pending because their backend failed again, "
-               "were held back after an interrupted push, or unreadable lines were set aside\n"
-               "  2   bad flag or configuration, or a spill file that is not a regular file",
+               "were held back (a request may have delivered them: --resend-interrupted), or are lost (no trace file "
+               "holds them any more)\n"
+               "  2   bad flag or configuration, or an undelivered list that is not a regular file",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     push.add_argument("--to", choices=("langfuse", "otlp"),
                       help="only this backend (default: every backend the environment configures)")
-    push.add_argument("--file", type=Path, help="spill file (default: LOOPTRACE_SPILL_FILE or .looptrace/spill.jsonl)")
+    push.add_argument("--file", type=Path, help="the undelivered list (default: LOOPTRACE_SPILL_FILE or "
+                                                ".looptrace/undelivered.jsonl); the spans are read from the trace "
+                                                "files it names")
     push.add_argument("--resend-interrupted", action="store_true",
-                      help="also send batches an interrupted push may or may not have delivered (a second copy "
-                           "may reach the backend)")
+                      help="also send spans to an OTLP backend that a request without an answer (a timeout, an "
+                           "interrupted push) may have delivered already (a second copy may reach it); Langfuse "
+                           "keeps one copy per span id, so they are always resent there")
     push.set_defaults(command_parser=push, handler=push_command)
 
 

@@ -24,6 +24,8 @@ from looptrace.instrumentation.tracefile.read import (
     raw_spans,
     read_lines,
     span_record,
+    total_size,
+    trace_files,
 )
 
 from .common import UsageError, plural
@@ -55,8 +57,12 @@ class LineReporter:
             raise UsageError(f"{self.path} is a directory, not a trace file")
         try:
             self.size = os.path.getsize(self.path)
+        except FileNotFoundError as exc:
+            if len(trace_files(self.path)) == 1:  # nothing rotated either
+                raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
         except OSError as exc:
             raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
+        self.size = total_size(self.path)  # with the files it was rotated into, read first
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
