@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "Agent": "agent", "RunInterrupted": "agent",
+    "ApprovalRequest": "approvals", "Decision": "approvals", "PendingCall": "approvals", "approve": "approvals",
+    "reject": "approvals",
+    "RunState": "state", "StateError": "state",
     "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
     "ToolFinished": "events", "TurnStarted": "events",
     "Limits": "limits",
@@ -21,13 +24,15 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "Agent", "AnomalyDetected", "AnthropicModel", "Event", "Limits", "Model", "ModelResponded", "Price",
+    "Agent", "ApprovalRequest", "Decision", "PendingCall", "RunState", "StateError", "approve", "reject", "AnomalyDetected", "AnthropicModel", "Event", "Limits", "Model", "ModelResponded", "Price",
     "RunFinished", "RunInterrupted", "RunResult", "RunStatus", "ScriptedModel", "Tool", "ToolFinished",
     "TurnStarted", "Usage", "tool",
 ]
 
 if TYPE_CHECKING:
     from .agent import Agent, RunInterrupted
+    from .approvals import ApprovalRequest, Decision, PendingCall, approve, reject
+    from .state import RunState, StateError
     from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from .limits import Limits
     from .models import AnthropicModel, Model, ScriptedModel

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from looptrace.runtime.result import RunResult, RunStatus
 
 from .common import plural
-from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+from .exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
@@ -39,13 +39,14 @@ EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.CONTEXT_WINDOW: 23,
     RunStatus.STOPPED_BY_DETECTOR: 30,
     RunStatus.INTERRUPTED: EXIT_INTERRUPTED,
+    RunStatus.AWAITING_APPROVAL: EXIT_AWAITING_APPROVAL,
 }
 
 
 def add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--on-anomaly", choices=("warn", "nudge", "stop"),
+    parser.add_argument("--on-anomaly", choices=("warn", "nudge", "ask", "stop"),
                         help="what a loop anomaly does (default: nudge repeated calls and cycles once, stop them if "
-                             "they go on; warn about ignored errors)")
+                             "they go on; warn about ignored errors); ask: a person says go on or stop")
 
 
 def add_export_flags(parser: argparse.ArgumentParser) -> None:
