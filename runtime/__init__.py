@@ -24,20 +24,42 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "Agent", "ApprovalRequest", "Decision", "PendingCall", "RunState", "StateError", "approve", "reject", "AnomalyDetected", "AnthropicModel", "Event", "Limits", "Model", "ModelResponded", "Price",
-    "RunFinished", "RunInterrupted", "RunResult", "RunStatus", "ScriptedModel", "Tool", "ToolFinished",
-    "TurnStarted", "Usage", "tool",
+    "Agent",
+    "AnomalyDetected",
+    "AnthropicModel",
+    "ApprovalRequest",
+    "Decision",
+    "Event",
+    "Limits",
+    "Model",
+    "ModelResponded",
+    "PendingCall",
+    "Price",
+    "RunFinished",
+    "RunInterrupted",
+    "RunResult",
+    "RunState",
+    "RunStatus",
+    "ScriptedModel",
+    "StateError",
+    "Tool",
+    "ToolFinished",
+    "TurnStarted",
+    "Usage",
+    "approve",
+    "reject",
+    "tool",
 ]
 
 if TYPE_CHECKING:
     from .agent import Agent, RunInterrupted
     from .approvals import ApprovalRequest, Decision, PendingCall, approve, reject
-    from .state import RunState, StateError
     from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from .limits import Limits
     from .models import AnthropicModel, Model, ScriptedModel
     from .pricing import Price
     from .result import RunResult, RunStatus, Usage
+    from .state import RunState, StateError
     from .tools import Tool, tool
 
 
