@@ -927,6 +927,7 @@ class _Gate(_Effect):
                 answers.append((needed, None, 0.0))
                 continue
             started = time.perf_counter()
+            decision: Decision | None
             try:
                 decision = approvals.as_decision(await approvals.resolve_async(self.approver(request)))
             except Exception as exc:
@@ -967,6 +968,7 @@ def _decided(needed: bool, approver: Approver | None, request: ApprovalRequest,
     if not needed or approver is None:
         return needed, None, 0.0
     started = time.perf_counter()
+    decision: Decision | None
     try:
         decision = approvals.as_decision(resolve(approver(request)))
     except Exception as exc:  # an approver's bug rejects the call: a call nobody approved does not run

@@ -73,7 +73,9 @@ class PendingCall:
                    turn=int(data["turn"]))
 
 
-Approver = Callable[[ApprovalRequest], "Decision | bool | Awaitable[Decision | bool]"]
+Approver = Callable[[ApprovalRequest], "Decision | bool | Awaitable[Decision | bool | None] | None"]
+"""Decides a call in process: approve(), reject(reason) (or True/False), or None to leave it to a person: the run
+pauses with the call pending, as it does with no approver."""
 
 
 class Rejected(ToolError):
@@ -88,10 +90,10 @@ class Rejected(ToolError):
         self.by = by
 
 
-def as_decision(answer: object) -> Decision:
-    """An approver's answer as a Decision: a Decision as it is, True/False as approve/reject. Anything else is a bug
-    in the approver, said as such."""
-    if isinstance(answer, Decision):
+def as_decision(answer: object) -> Decision | None:
+    """An approver's answer as a Decision: a Decision as it is, True/False as approve/reject, None as "a person
+    decides later". Anything else is a bug in the approver, said as such."""
+    if answer is None or isinstance(answer, Decision):
         return answer
     if isinstance(answer, bool):
         return approve() if answer else reject("rejected")

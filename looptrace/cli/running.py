@@ -72,13 +72,17 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def execute(agent: Agent, task: str, telemetry: Telemetry,
-            labels: dict[str, Any] | None = None) -> RunResult:
-    """Run the agent; Ctrl-C or SIGTERM end the run, deliver its spans and exit with 130 or 143."""
+def execute(agent: Agent, task: str | None, telemetry: Telemetry,
+            labels: dict[str, Any] | None = None, *, resume: tuple[Any, dict[str, Any]] | None = None) -> RunResult:
+    """Run the agent (or resume a paused run: ``resume`` is its state and decisions); Ctrl-C or SIGTERM end the
+    run, deliver its spans and exit with 130 or 143."""
     from looptrace.runtime.agent import RunInterrupted
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
+        if resume is not None:
+            return agent.resume(resume[0], **resume[1])
+        assert task is not None
         return agent.run(task, **(labels or {}))
     except RunInterrupted as interrupted:
         close(telemetry)
