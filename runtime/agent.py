@@ -648,7 +648,7 @@ class Agent:
             metadata=dict(labels.metadata) if labels.metadata is not None else None, final_text=run.final_text,
             stop_reason=run.stop_reason, pending=paused.pending if paused else [],
             settled=paused.settled if paused else {}, pending_anomaly=run.asked if paused is None else None,
-            anomalies=[a.to_dict() for a in run.anomalies.values()], nudged=sorted(run.nudged),
+            anomalies=[dict(a.to_dict()) for a in run.anomalies.values()], nudged=sorted(run.nudged),
             detector_feed=list(run.feed), looptrace_version=__version__,
         )
 
@@ -913,14 +913,14 @@ class _Gate(_Effect):
     approver: Approver | None
 
     def perform_sync(self, agent: Agent) -> list[tuple[bool, Decision | None, float]]:
-        answers = []
+        answers: list[tuple[bool, Decision | None, float]] = []
         for call, request in zip(self.calls, self.requests, strict=True):
             needed = _needs_approval(call, approvals.resolve_sync)
             answers.append(_decided(needed, self.approver, request, approvals.resolve_sync))
         return answers
 
     async def perform_async(self, agent: Agent) -> list[tuple[bool, Decision | None, float]]:
-        answers = []
+        answers: list[tuple[bool, Decision | None, float]] = []
         for call, request in zip(self.calls, self.requests, strict=True):
             needed = await _needs_approval_async(call)
             if not needed or self.approver is None:

@@ -26,7 +26,7 @@ from looptrace.instrumentation.detector import Anomaly
 
 from .approvals import PendingCall
 
-FORMAT = "looptrace.run_state"
+FORMAT = "looptrace-run-state"
 FORMAT_VERSION = 1
 MAX_STATE_BYTES = 256 << 20  # a state holds a conversation; beyond this, it is the wrong file
 
@@ -108,7 +108,7 @@ class RunState:
     def from_dict(cls, data: Any) -> RunState:
         """A state from its JSON data; StateError saying what is wrong with it otherwise."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-            raise StateError("this is not a looptrace run state (no \"format\": \"looptrace.run_state\")")
+            raise StateError("this is not a looptrace run state (no \"format\": \"looptrace-run-state\")")
         if data.get("version") != FORMAT_VERSION:
             raise StateError(f"this run state has format version {data.get('version')!r}, written by looptrace "
                              f"{data.get('looptrace_version') or '?'}; this looptrace reads version {FORMAT_VERSION}")
