@@ -481,11 +481,14 @@ class Agent:
         shown = call.span.scrub(call.result)
         watcher = run.detector if run.detector is not None else run.facts
         if watcher is not None:
+            # A person's rejection is a decision, not a failure the model could leave unresolved: the detector sees
+            # it as an answer (so asking again and again for a rejected call is still a repeated call).
+            failed = call.is_error and call.outcome != approvals.Rejected.kind
             # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
             watcher.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
-                                     call_id=call.call_id, is_error=call.is_error, result=shown))
+                                     call_id=call.call_id, is_error=failed, result=shown))
             run.feed.append({"call": {"turn": turn_index, "tool": call.name, "arguments": call.span.arguments,
-                                      "call_id": call.call_id, "is_error": call.is_error, "result": shown}})
+                                      "call_id": call.call_id, "is_error": failed, "result": shown}})
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, shown,
                                     call.is_error, call.outcome, call.duration_s))
@@ -729,6 +732,8 @@ class Agent:
         if state.pending:
             index = state.pending[0].turn
             turn = run.span.start_turn(index)
+            if self.on_event is not None:
+                self._emit(TurnStarted(index))  # the paused turn, completed
             blocks = [b for b in run.messages[-1].get("content") or []
                       if isinstance(b, dict) and b.get("type") == "tool_use"]
             calls = [self._prepare_call(turn, b) for b in blocks if b.get("id") in resumption.decisions]
