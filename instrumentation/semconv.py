@@ -125,7 +125,8 @@ INPUT_MESSAGES_OMITTED = "looptrace.chat.input_messages_omitted"  # older messag
 TOOL_RESULT_DIGEST = "looptrace.tool.result_digest"  # recorded even without content capture: the detector needs it
 TOOL_ARGUMENTS_DIGEST = "looptrace.tool.arguments_digest"  # of the canonical, redacted arguments; likewise always
 TOOL_IS_ERROR = "looptrace.tool.is_error"
-TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
+# ok | error | timeout | invalid_arguments | unknown_tool | rejected | awaiting_approval
+TOOL_OUTCOME = "looptrace.tool.outcome"
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
 # A call that needed approval: pending (its run paused), approved or rejected; by "approver" (in process) or "person"
 # (on resume); the reason of a rejection (content: only with capture on); seconds it waited for the decision.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -326,3 +328,21 @@ def test_a_streak_spanning_the_pause_is_one_streak():
         api.add(asks(use("search", "s3", query="red shoes")), says("none"))
         finished = agent.resume(RunState.from_json(result.state.to_json()), approve=["t1"])
     assert [(a.type, a.count) for a in finished.anomalies] == [("repeated_call", 3)]
+
+
+# --- the documentation's examples run ---------------------------------------------------------------------------------
+
+
+def documented_examples():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8").split("## A person in the loop", 1)[1]
+    readme = readme.split("\n## ", 1)[0]
+    page = (root / "docs" / "approvals.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S) + re.findall(r"```python\n(.*?)```", page, re.S)
+    return [pytest.param(block, id=f"example-{n}") for n, block in enumerate(blocks)]
+
+
+@pytest.mark.parametrize("example", documented_examples())
+def test_the_documented_examples_run(example, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "example", "exec"), {"__name__": "example"})  # the docs' own code, as a reader runs it
