@@ -103,19 +103,23 @@ def test_approve_flags_skip_the_question(workdir, api, capsys, tools_file):
     assert payments(workdir) == ["Ann 500", "Bob 700"]
 
 
-@pytest.mark.parametrize("argv, says", [
+BAD_DECISIONS = [
     (["--approve", "t9"], "call 't9' is not pending"),
     ([], "waits for a decision"),
     (["--reject", "t2"], "--reject takes ID=REASON"),
     (["--approve", "t2", "--go-on"], "no anomaly waits"),
     (["--go-on", "--stop"], "choose one"),
-])
-def test_a_bad_decision_is_one_line_and_exit_2_with_nothing_run(workdir, api, capsys, tools_file, argv, says):
+    (["--approve", "t2", "--reject", "t2=no"], "both approved and rejected"),
+]
+
+
+def test_a_bad_decision_is_one_line_and_exit_2_with_nothing_run(workdir, api, capsys, tools_file):
     paused(capsys, api, tools_file)
     requests = len(api.requests)
-    code, out, err = run_cli(capsys, "resume", "paused.json", *argv)
-    assert (code, out) == (EXIT_USAGE, "")
-    assert err.count("\n") == 1 and says in err, err
+    for argv, says in BAD_DECISIONS:
+        code, out, err = run_cli(capsys, "resume", "paused.json", *argv)
+        assert (code, out) == (EXIT_USAGE, ""), argv
+        assert err.count("\n") == 1 and says in err, (argv, err)
     assert len(api.requests) == requests and payments(workdir) == []
     # nothing lost: the state still resumes
     api.add({"stop_reason": "end_turn", "content": "ok"})
