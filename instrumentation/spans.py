@@ -225,8 +225,8 @@ class Tracing:
         attributes.update(langfuse.root_attributes(
             joins_outer_trace=joins, trace_input=attributes.get(sc.INPUT_VALUE)))
         links = _resumed_run_link(resumes)
-        if links:
-            attributes[sc.RUN_RESUMES_TRACE_ID] = resumes[0] if resumes else ""
+        if links and resumes is not None:
+            attributes[sc.RUN_RESUMES_TRACE_ID] = resumes[0]
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes,
                                        links=links)
         # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.

@@ -346,3 +346,24 @@ def documented_examples():
 def test_the_documented_examples_run(example, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "example", "exec"), {"__name__": "example"})  # the docs' own code, as a reader runs it
+
+
+def test_approvals_pending_and_decided_are_metrics(spans):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    with FakeMessagesAPI() as api:
+        api.add(asks(use("balance", "t1"), use("pay", "t2", to="Ann", amount=500)), says("ok"))
+        agent = Agent(MODEL, tools=[pay, balance], tracer_provider=spans.provider,
+                      meter_provider=MeterProvider(metric_readers=[reader]),
+                      client=anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0))
+        result = agent.run("pay Ann")
+        agent.resume(result.state, reject={"t2": "no"})
+    metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics}
+    counted = {(p.attributes[sc.TOOL_APPROVAL], p.attributes.get(sc.TOOL_APPROVAL_BY)): p.value
+               for p in metrics[sc.METRIC_APPROVALS].data.data_points}
+    assert counted == {("pending", None): 1, ("rejected", "person"): 1}
+    (waited,) = metrics[sc.METRIC_APPROVAL_WAIT].data.data_points
+    assert waited.count == 1 and waited.attributes[sc.TOOL_APPROVAL] == "rejected"
