@@ -69,6 +69,13 @@ class ToolTrace(Protocol):
         """The call settled: what the model is sent, whether it is an error and why."""
         ...
 
+    def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,
+                 wait_s: float | None = None) -> None:
+        """The call needed approval: ``decision`` is pending (the run pauses before it runs), approved or rejected;
+        ``by`` the approver or a person; ``reason`` a rejection's (content: recorded only with capture on);
+        ``wait_s`` how long it waited for the decision. Called before ``end``."""
+        ...
+
 
 class TurnTrace(Protocol):
     """One loop iteration: a model call and the tool calls it asked for."""
@@ -111,7 +118,10 @@ class RunTrace(Protocol):
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None: ...
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+        """``session_id``: the session a run that had none joins as it ends (a paused run: the run that resumes it
+        continues in that session)."""
+        ...
 
 
 class AgentTelemetry(Protocol):
@@ -131,7 +141,10 @@ class AgentTelemetry(Protocol):
 
     def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
-                  tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None) -> RunTrace: ...
+                  tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None,
+                  resumes: tuple[str, str] | None = None) -> RunTrace:
+        """``resumes``: the (trace id, root span id) of the paused run this run resumes, which its root links to."""
+        ...
 
     def flush(self, timeout_ms: int = 5_000) -> None:
         """Best effort: push out what is buffered (on the way out of an interrupted run)."""

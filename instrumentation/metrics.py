@@ -15,6 +15,8 @@ exporter (both apply the OpenTelemetry-to-Prometheus rules: dots become undersco
     looptrace.tool.duration           s          looptrace_tool_duration_seconds_bucket|_sum|_count
     looptrace.anomalies               {anomaly}  looptrace_anomalies_total
     looptrace.cost                    usd        looptrace_cost_usd_total
+    looptrace.approvals               {call}     looptrace_approvals_total
+    looptrace.approval.wait           s          looptrace_approval_wait_seconds_bucket|_sum|_count
 
 The cost unit is `usd`, lower case, on purpose. UCUM has no currency, so no spelling is "correct" to OpenTelemetry;
 what matters is the Prometheus name. `USD` is not in the unit table, so both exporters append it verbatim and the
@@ -46,6 +48,10 @@ OPERATION_DURATION_BUCKETS: Sequence[float] = (
 TURN_BUCKETS: Sequence[float] = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100)
 TOOL_DURATION_BUCKETS: Sequence[float] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+)
+# A decision takes from an approver's milliseconds to a person's days.
+APPROVAL_WAIT_BUCKETS: Sequence[float] = (
+    0.01, 0.1, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400,
 )
 
 # The same attribute names the spans carry, so a metric and its span events can be joined.
@@ -100,6 +106,14 @@ class LoopMetrics:
         self._cost = meter.create_counter(
             sc.METRIC_COST, unit="usd", description="Estimated spend on model calls, in US dollars."
         )
+        self._approvals = meter.create_counter(
+            sc.METRIC_APPROVALS, unit="{call}",
+            description="Tool calls that needed approval, by state: pending (the run paused), approved, rejected."
+        )
+        self._approval_wait = meter.create_histogram(
+            sc.METRIC_APPROVAL_WAIT, unit="s", description="Time a call waited for its approval decision.",
+            explicit_bucket_boundaries_advisory=APPROVAL_WAIT_BUCKETS,
+        )
 
     def record_chat(
         self,
@@ -147,6 +161,17 @@ class LoopMetrics:
         attributes = {_gen_ai.GEN_AI_AGENT_NAME: agent, _gen_ai.GEN_AI_TOOL_NAME: tool, sc.TOOL_OUTCOME: outcome}
         self._tool_calls.add(1, attributes)
         self._tool_duration.record(duration_s, attributes)
+
+    def record_approval(self, *, agent: str, tool: str, decision: str, by: str | None = None,
+                        wait_s: float | None = None) -> None:
+        """A call that needed approval: ``decision`` is pending (its run paused), approved or rejected; a decided
+        one records how long it waited, and whether the approver or a person decided."""
+        attributes = {_gen_ai.GEN_AI_AGENT_NAME: agent, _gen_ai.GEN_AI_TOOL_NAME: tool, sc.TOOL_APPROVAL: decision}
+        if by is not None:
+            attributes[sc.TOOL_APPROVAL_BY] = by
+        self._approvals.add(1, attributes)
+        if wait_s is not None:
+            self._approval_wait.record(wait_s, attributes)
 
     def record_run(self, *, agent: str, status: str, turns: int) -> None:
         """The end of a run: its final status (a RunStatus value) and how many turns it took."""

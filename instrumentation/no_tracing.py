@@ -41,6 +41,10 @@ class _NoTool:
             duration_s: float = 0.0, full_length: int | None = None) -> None:
         pass
 
+    def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,
+                 wait_s: float | None = None) -> None:
+        pass
+
 
 class _NoTurn:
     __slots__ = ("run",)
@@ -86,7 +90,7 @@ class _NoRun:
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
         pass
 
 
@@ -105,7 +109,8 @@ class NoTracing:
 
     def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
-                  tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None) -> RunTrace:
+                  tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None,
+                  resumes: tuple[str, str] | None = None) -> RunTrace:
         from .langfuse import trace_attributes
 
         # Checked even here: a label Langfuse would drop should fail in tests, not once telemetry is switched on.

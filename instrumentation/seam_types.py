@@ -12,9 +12,10 @@ from typing import Any, Literal, Protocol
 
 __all__ = ["ACTIONS", "Action", "CostOf", "ModelLike", "Usage", "first_chunk_receiver", "report_first_chunk"]
 
-Action = Literal["warn", "nudge", "stop"]
-"""What the policy did about an anomaly: alert only, alert and send one corrective message, or end the run."""
-ACTIONS: tuple[Action, ...] = ("warn", "nudge", "stop")
+Action = Literal["warn", "nudge", "ask", "stop"]
+"""What the policy did about an anomaly: alert only, alert and send one corrective message, pause the run for a
+person to say go on or stop, or end the run."""
+ACTIONS: tuple[Action, ...] = ("warn", "nudge", "ask", "stop")
 
 
 @dataclass(slots=True)

@@ -125,8 +125,17 @@ INPUT_MESSAGES_OMITTED = "looptrace.chat.input_messages_omitted"  # older messag
 TOOL_RESULT_DIGEST = "looptrace.tool.result_digest"  # recorded even without content capture: the detector needs it
 TOOL_ARGUMENTS_DIGEST = "looptrace.tool.arguments_digest"  # of the canonical, redacted arguments; likewise always
 TOOL_IS_ERROR = "looptrace.tool.is_error"
-TOOL_OUTCOME = "looptrace.tool.outcome"  # ok | error | timeout | invalid_arguments | unknown_tool
+# ok | error | timeout | invalid_arguments | unknown_tool | rejected | awaiting_approval
+TOOL_OUTCOME = "looptrace.tool.outcome"
 TOOL_RESULT_CHARS = "looptrace.tool.result_chars"  # the full length, before any truncation
+# A call that needed approval: pending (its run paused), approved or rejected; by "approver" (in process) or "person"
+# (on resume); the reason of a rejection (content: only with capture on); seconds it waited for the decision.
+TOOL_APPROVAL = "looptrace.tool.approval"
+TOOL_APPROVAL_BY = "looptrace.tool.approval.by"
+TOOL_APPROVAL_REASON = "looptrace.tool.approval.reason"
+TOOL_APPROVAL_WAIT_S = "looptrace.tool.approval.wait_s"
+# A resumed run: the trace of the paused run it continues (also a span link from its root to that run's root).
+RUN_RESUMES_TRACE_ID = "looptrace.run.resumes_trace_id"
 REPAIRED_ATTRIBUTES = "looptrace.repaired_attributes"  # keys whose values could not be written as they were
 
 # An anomaly is a span event on the turn span and on each offending tool span: the conventions' evaluation result
@@ -186,6 +195,8 @@ METRIC_TOOL_CALLS = "looptrace.tool.calls"
 METRIC_TOOL_DURATION = "looptrace.tool.duration"
 METRIC_ANOMALIES = "looptrace.anomalies"
 METRIC_COST = "looptrace.cost"
+METRIC_APPROVALS = "looptrace.approvals"  # calls that needed approval, by decision: pending, approved, rejected
+METRIC_APPROVAL_WAIT = "looptrace.approval.wait"  # seconds from the call's request to its decision
 
 # --- span names ---------------------------------------------------------------------------------------------------
 

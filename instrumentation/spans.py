@@ -177,13 +177,15 @@ class Tracing:
         user_id: str | None = None,
         tags: Iterable[str] = (),
         metadata: Mapping[str, Any] | None = None,
+        resumes: tuple[str, str] | None = None,
     ) -> RunSpan:
-        """``task`` is the user's request, or the whole message history a run continues."""
+        """``task`` is the user's request, or the whole message history a run continues. ``resumes``: the (trace id,
+        root span id) of the paused run this one resumes; the root span links to it."""
         # Checked even when nothing records: an empty session id should fail in tests, not in production.
         trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
-        return self._open_run(agent, model, task, system, tool_definitions, session_id, trace_level)
+        return self._open_run(agent, model, task, system, tool_definitions, session_id, trace_level, resumes)
 
     def _untraced_run(self, agent: str, *args: Any) -> RunSpan:
         return RunSpan(self, trace.INVALID_SPAN, agent, {})
@@ -191,7 +193,7 @@ class Tracing:
     @_never_raises("invoke_agent span", _untraced_run)
     def _open_run(self, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None,
-                  trace_level: dict[str, Any]) -> RunSpan:
+                  trace_level: dict[str, Any], resumes: tuple[str, str] | None = None) -> RunSpan:
         self._select_providers()
         # On every span of the run: Langfuse's v4 ingestion reads trace name, user, session, tags and metadata per
         # observation. The session goes once, as gen_ai.conversation.id, which Langfuse and Phoenix both read.
@@ -222,11 +224,27 @@ class Tracing:
             attributes.update(run_content)
         attributes.update(langfuse.root_attributes(
             joins_outer_trace=joins, trace_input=attributes.get(sc.INPUT_VALUE)))
-        span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes)
+        links = _resumed_run_link(resumes)
+        if links and resumes is not None:
+            attributes[sc.RUN_RESUMES_TRACE_ID] = resumes[0]
+        span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes,
+                                       links=links)
         # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.
         system_message = (to_json({"role": "system", "content": cap(system, self.max_chars)})
                           if self.capture_content and system else None)
         return RunSpan(self, span, agent, common, run_content, joins, system_message)
+
+
+def _resumed_run_link(resumes: tuple[str, str] | None) -> list[trace.Link]:
+    """A link from a resumed run's root to the root of the paused run it continues (another trace)."""
+    if resumes is None:
+        return []
+    try:
+        context = trace.SpanContext(trace_id=int(resumes[0], 16), span_id=int(resumes[1], 16), is_remote=True,
+                                    trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    except (TypeError, ValueError):
+        return []
+    return [trace.Link(context, {sc.RUN_RESUMES_TRACE_ID: resumes[0]})] if context.is_valid else []
 
 
 def _joins_outer_trace() -> bool:
@@ -303,7 +321,7 @@ class RunSpan:
     @_never_raises("invoke_agent span", _end_span)
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = ()) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
         metrics = self.tracing.metrics
         if metrics is not None:
             metrics.record_run(agent=self.agent, status=status, turns=turns)
@@ -322,6 +340,9 @@ class RunSpan:
         }
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
+        if session_id is not None and sc.GEN_AI_CONVERSATION_ID not in self.common:
+            # A paused run joins the session its resumption continues in (Langfuse shows both traces together).
+            attributes[sc.GEN_AI_CONVERSATION_ID] = langfuse.session_id_of(session_id)
         if self.finish_reason is not None:
             attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (self.finish_reason,)  # of the response the run ended on
         if final_text and self.tracing.capture_content:
@@ -677,6 +698,27 @@ class ToolSpan:
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
+
+    def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,
+                 wait_s: float | None = None) -> None:
+        """The approval decision of this call (pending, approved, rejected): attributes, and the approval metrics."""
+        try:
+            metrics = self.run.tracing.metrics
+            if metrics is not None:
+                metrics.record_approval(agent=self.run.agent, tool=self.tool, decision=decision, by=by,
+                                        wait_s=wait_s)
+            if not self.span.is_recording():
+                return
+            attributes: dict[str, Any] = {sc.TOOL_APPROVAL: decision}
+            if by is not None:
+                attributes[sc.TOOL_APPROVAL_BY] = by
+            if wait_s is not None:
+                attributes[sc.TOOL_APPROVAL_WAIT_S] = wait_s
+            if reason and self.run.tracing.capture_content:  # a person's words may quote anything: content
+                attributes[sc.TOOL_APPROVAL_REASON] = cap(self.scrub(reason), 1024)
+            self.span.set_attributes(attributes)
+        except Exception as exc:  # never into the run (see _never_raises)
+            telemetry_failed("execute_tool span", exc)
 
     def flag(self, anomaly_event: Mapping[str, Any], message: str) -> None:
         """Mark this call as part of an anomaly: an event now, WARNING level when the span ends."""

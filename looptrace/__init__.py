@@ -19,6 +19,13 @@ __version__ = "0.2.0"
 _EXPORTS: dict[str, str] = {
     "Agent": "looptrace.runtime.agent",
     "RunInterrupted": "looptrace.runtime.agent",
+    "ApprovalRequest": "looptrace.runtime.approvals",
+    "Decision": "looptrace.runtime.approvals",
+    "PendingCall": "looptrace.runtime.approvals",
+    "approve": "looptrace.runtime.approvals",
+    "reject": "looptrace.runtime.approvals",
+    "RunState": "looptrace.runtime.state",
+    "StateError": "looptrace.runtime.state",
     "AnomalyDetected": "looptrace.runtime.events",
     "Event": "looptrace.runtime.events",
     "ModelResponded": "looptrace.runtime.events",
@@ -51,19 +58,24 @@ __all__ = [
     "Anomaly",
     "AnomalyDetected",
     "AnthropicModel",
+    "ApprovalRequest",
+    "Decision",
     "DetectorConfig",
     "Event",
     "Limits",
     "LoopDetector",
     "Model",
     "ModelResponded",
+    "PendingCall",
     "Price",
     "RunFinished",
     "RunInterrupted",
     "RunResult",
+    "RunState",
     "RunStatus",
     "ScriptedModel",
     "Settings",
+    "StateError",
     "Telemetry",
     "Tool",
     "ToolCall",
@@ -71,7 +83,9 @@ __all__ = [
     "TurnStarted",
     "Usage",
     "__version__",
+    "approve",
     "configure",
+    "reject",
     "tool",
 ]
 
@@ -81,11 +95,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from looptrace.instrumentation.settings import Settings
     from looptrace.instrumentation.setup import Telemetry, configure
     from looptrace.runtime.agent import Agent, RunInterrupted
+    from looptrace.runtime.approvals import ApprovalRequest, Decision, PendingCall, approve, reject
     from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
     from looptrace.runtime.pricing import Price
     from looptrace.runtime.result import RunResult, RunStatus, Usage
+    from looptrace.runtime.state import RunState, StateError
     from looptrace.runtime.tools import Tool, tool
 
 

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "Agent": "agent", "RunInterrupted": "agent",
+    "ApprovalRequest": "approvals", "Decision": "approvals", "PendingCall": "approvals", "approve": "approvals",
+    "reject": "approvals",
+    "RunState": "state", "StateError": "state",
     "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
     "ToolFinished": "events", "TurnStarted": "events",
     "Limits": "limits",
@@ -21,18 +24,42 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "Agent", "AnomalyDetected", "AnthropicModel", "Event", "Limits", "Model", "ModelResponded", "Price",
-    "RunFinished", "RunInterrupted", "RunResult", "RunStatus", "ScriptedModel", "Tool", "ToolFinished",
-    "TurnStarted", "Usage", "tool",
+    "Agent",
+    "AnomalyDetected",
+    "AnthropicModel",
+    "ApprovalRequest",
+    "Decision",
+    "Event",
+    "Limits",
+    "Model",
+    "ModelResponded",
+    "PendingCall",
+    "Price",
+    "RunFinished",
+    "RunInterrupted",
+    "RunResult",
+    "RunState",
+    "RunStatus",
+    "ScriptedModel",
+    "StateError",
+    "Tool",
+    "ToolFinished",
+    "TurnStarted",
+    "Usage",
+    "approve",
+    "reject",
+    "tool",
 ]
 
 if TYPE_CHECKING:
     from .agent import Agent, RunInterrupted
+    from .approvals import ApprovalRequest, Decision, PendingCall, approve, reject
     from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from .limits import Limits
     from .models import AnthropicModel, Model, ScriptedModel
     from .pricing import Price
     from .result import RunResult, RunStatus, Usage
+    from .state import RunState, StateError
     from .tools import Tool, tool
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
@@ -41,13 +43,16 @@ from looptrace.instrumentation.interface import (
     log,
 )
 
+from . import approvals
 from . import policy as policies
 from . import tools as toolkit
+from .approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, Decision, PendingCall
 from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 from .limits import Budget, Limits
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
+from .state import PendingAnomaly, RunState, StateError, anomaly_from_dict
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -90,8 +95,12 @@ class Agent:
         capture_content: bool | None = None,
         telemetry: bool = True,
         settings: Settings | None = None,
+        approver: Approver | None = None,
     ) -> None:
         self.model = model
+        # Decides, in process, each call of a tool with needs_approval; without one such a call pauses the run.
+        self.approver = approver
+        self._resumed_states: set[str] = set()  # ids of the states this agent resumed: each resumes once
         self.name = name
         self.system = system
         self.limits = limits or Limits()
@@ -161,7 +170,28 @@ class Agent:
         ``task`` is the user's request, or a whole message history to continue. ``session_id``, ``user_id``, ``tags``
         and ``metadata`` label the trace (Langfuse's trace attributes, on every span of the run).
         """
-        loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata))
+        return self._drive_sync(self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata)))
+
+    def resume(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], *,
+               approve: Iterable[str] = (), reject: Mapping[str, str] | None = None, go_on: bool | None = None,
+               message: str | None = None) -> RunResult:
+        """Finish a paused run (``RunResult.state``, or a state file's path, or its JSON data).
+
+        Every pending call is decided: its id in ``approve``, or in ``reject`` with the reason the model is told.
+        A run paused on an anomaly whose policy says "ask" takes ``go_on=True`` (with an optional ``message`` the
+        model receives) or ``go_on=False`` (the run stops). A state resumes once; anything wrong with it or with the
+        decisions is a StateError, raised before anything runs. The resumed run is a new trace in the same session,
+        linked to the paused one.
+        """
+        return self._drive_sync(self._resume_loop(self._accepted(state, approve, reject, go_on, message)))
+
+    async def aresume(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], *,
+                      approve: Iterable[str] = (), reject: Mapping[str, str] | None = None,
+                      go_on: bool | None = None, message: str | None = None) -> RunResult:
+        """``resume`` in asyncio."""
+        return await self._drive_async(self._resume_loop(self._accepted(state, approve, reject, go_on, message)))
+
+    def _drive_sync(self, loop: Generator[_Effect, Any, RunResult]) -> RunResult:
         value: Any = None
         while True:
             try:
@@ -180,7 +210,9 @@ class Agent:
                    user_id: str | None = None, tags: Iterable[str] = (),
                    metadata: Mapping[str, Any] | None = None) -> RunResult:
         """Run to completion in asyncio; parallel tool calls of one turn run concurrently. Arguments as for run()."""
-        loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata))
+        return await self._drive_async(self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata)))
+
+    async def _drive_async(self, loop: Generator[_Effect, Any, RunResult]) -> RunResult:
         value: Any = None
         while True:
             try:
@@ -214,16 +246,24 @@ class Agent:
                 tags=labels.tags,
                 metadata=labels.metadata,
             ),
+            labels=labels,
         )
+        return (yield from self._lifecycle(run, self._turns(run)))
+
+    def _turns(self, run: _Run) -> Generator[_Effect, Any, RunStatus]:
+        while True:
+            if run.budget.turns >= (self.limits.max_turns or float("inf")):
+                return RunStatus.MAX_TURNS
+            if run.budget.timed_out():
+                return RunStatus.TIMEOUT
+            status = yield from self._turn(run)
+            if status is not None:
+                return status
+
+    def _lifecycle(self, run: _Run, steps: Generator[_Effect, Any, RunStatus]) -> Generator[_Effect, Any, RunResult]:
+        """Drive a run's steps to its status, and end the run however they end."""
         try:
-            while True:
-                if run.budget.turns >= (self.limits.max_turns or float("inf")):
-                    return self._finish(run, RunStatus.MAX_TURNS)
-                if run.budget.timed_out():
-                    return self._finish(run, RunStatus.TIMEOUT)
-                status = yield from self._turn(run)
-                if status is not None:
-                    return self._finish(run, status)
+            return self._finish(run, (yield from steps))
         except (KeyboardInterrupt, asyncio.CancelledError) as exc:
             result = self._finish(run, RunStatus.INTERRUPTED, error=exc)
             if isinstance(exc, KeyboardInterrupt):
@@ -283,14 +323,20 @@ class Agent:
              stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
         """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
         if stop_reason == "tool_use":
-            results, stopped = yield from self._tool_round(run, turn, index, content)
-            run.messages.append({"role": "user", "content": results})
-            return RunStatus.STOPPED_BY_DETECTOR if stopped else None
+            calls = [self._prepare_call(turn, block) for block in content
+                     if isinstance(block, dict) and block.get("type") == "tool_use"]
+            if not calls:
+                # tool_use with no tool_use block: nothing can answer it, so say so rather than send an empty message.
+                run.messages.append({"role": "user", "content": [
+                    {"type": "text", "text": "(no tool_use block was found in the previous response)"}]})
+                return None
+            yield from self._gate(run, index, calls)
+            return (yield from self._tool_round(run, turn, index, calls, [c.call_id for c in calls], {}))
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
-            detector = run.detector
-            stopped, _ = (self._react(run, turn, _detected(turn, detector, detector.end_turn, index), [])
-                          if detector else (False, []))
-            return RunStatus.STOPPED_BY_DETECTOR if stopped else None
+            stopped, _ = self._react(run, turn, self._end_turn_detected(run, turn, index), [])
+            if stopped:
+                return RunStatus.STOPPED_BY_DETECTOR
+            return RunStatus.AWAITING_APPROVAL if run.asked is not None else None
         status = STATUS_FOR_STOP_REASON.get(stop_reason) if stop_reason is not None else None
         if status is None or stop_reason is None:
             run.error = UnknownStopReason(f"the model stopped with an unknown stop_reason {stop_reason!r}")
@@ -307,37 +353,96 @@ class Agent:
                                                            run.final_text, index), [])
         if stopped:
             return RunStatus.STOPPED_BY_DETECTOR
+        if run.asked is not None:  # a person decides whether the run ends here, or goes on with their message
+            run.asked = PendingAnomaly(run.asked.anomaly, at_end=True, finish_status=status.value)
+            if nudges:
+                run.messages.append({"role": "user", "content": [{"type": "text", "text": t} for t in nudges]})
+            return RunStatus.AWAITING_APPROVAL
         if nudges and status is RunStatus.DONE:
             run.messages.append({"role": "user", "content": [{"type": "text", "text": t} for t in nudges]})
             return None  # one more turn, for the model to answer the nudge
         return status
 
-    def _tool_round(self, run: _Run, turn: TurnTrace, index: int,
-                    content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
-        """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
-        whether the detector stops the run."""
-        calls = [self._prepare_call(turn, block) for block in content
-                 if isinstance(block, dict) and block.get("type") == "tool_use"]
-        if not calls:
-            # tool_use with no tool_use block: nothing can answer it, so say so rather than send an empty message.
-            return [{"type": "text", "text": "(no tool_use block was found in the previous response)"}], False
-        outcome = yield _ToolRound(calls, run.budget)
+    def _tool_round(self, run: _Run, turn: TurnTrace, index: int, calls: list[_Call], order: list[str],
+                    settled: dict[str, dict[str, Any]]) -> Generator[_Effect, Any, RunStatus | None]:
+        """Run the turn's calls that may run, and write back one tool_result per tool_use block in ``order`` (the
+        blocks' call ids; ``settled`` holds the results of those a paused round already ran), then any nudges.
+
+        A call still waiting for a decision pauses the run once the others have run. Returns the run's status when
+        this round ends it (stopped or paused), else None."""
+        ready = [call for call in calls if not call.waiting]
+        outcome = yield _ToolRound(ready, run.budget)
         if isinstance(outcome, _Raised):  # interrupted mid-tool: close the spans of the calls, then let it through
             for call in calls:
                 call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
             raise outcome.exc
-        results = [self._settle_call(run, index, call) for call in calls]
-        stopped, nudges = False, list[str]()
-        detector = run.detector
-        if detector is not None:
-            # with what the model said beside its calls: the user sees it, and it may already report a failure
-            stopped, nudges = self._react(run, turn, _detected(turn, detector, detector.end_turn, index,
-                                                               run.final_text), calls)
+        settled = {**settled, **{call.call_id: self._settle_call(run, index, call) for call in ready}}
+        waiting = [call for call in calls if call.waiting]
+        if waiting:  # the turn stays open: its detector turn closes when the round completes, after the pause
+            for call in ready:
+                self._end_call_span(call)
+            for call in waiting:
+                call.span.approval(decision="pending")
+                call.span.end(result="(awaiting approval)", is_error=False, outcome="awaiting_approval")
+            run.paused = _Pause([PendingCall(c.call_id, c.name, c.span.arguments, index) for c in waiting], settled)
+            return RunStatus.AWAITING_APPROVAL
+        results = [settled[call_id] for call_id in order]
+        # with what the model said beside its calls: the user sees it, and it may already report a failure
+        stopped, nudges = self._react(run, turn, self._end_turn_detected(run, turn, index, run.final_text), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
-            call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
-                          error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
+            self._end_call_span(call)
         results.extend({"type": "text", "text": text} for text in nudges)
-        return results, stopped
+        run.messages.append({"role": "user", "content": results})
+        if stopped:
+            return RunStatus.STOPPED_BY_DETECTOR
+        return RunStatus.AWAITING_APPROVAL if run.asked is not None else None
+
+    @staticmethod
+    def _end_call_span(call: _Call) -> None:
+        call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome, error_type=call.error_type,
+                      duration_s=call.duration_s, full_length=call.full_length)
+
+    def _end_turn_detected(self, run: _Run, turn: TurnTrace, index: int, text: str | None = None) -> list[Anomaly]:
+        """Close the detector's turn (kept in the run's detector feed, which a resumed run replays)."""
+        detector = run.detector
+        if detector is None:
+            return []
+        run.feed.append({"end_turn": index, "text": text})
+        if text is None:
+            return _detected(turn, detector, detector.end_turn, index)
+        return _detected(turn, detector, detector.end_turn, index, text)
+
+    def _gate(self, run: _Run, index: int, calls: list[_Call]) -> Generator[_Effect, Any, None]:
+        """Which calls need approval (their tool's ``needs_approval``), and the approver's decision on each. A call
+        needing approval with no approver waits: the run pauses after the others ran."""
+        candidates = [call for call in calls if call.runnable and call.tool is not None
+                      and call.tool.needs_approval is not False]
+        if not candidates:
+            return
+        requests = [ApprovalRequest(tool=c.tool, arguments=dict(c.arguments) if isinstance(c.arguments, Mapping)
+                                    else {}, call_id=c.call_id, turn=index, agent=self.name,
+                                    trace_id=run.span.trace_id, session_id=run.labels.session_id)
+                    for c in candidates if c.tool is not None]
+        outcome = yield _Gate(candidates, requests, self.approver)
+        if isinstance(outcome, _Raised):  # Ctrl-C at an approval prompt: close the turn's spans, then let it through
+            for call in calls:
+                call.span.end(result="(interrupted)", is_error=True, outcome="interrupted")
+            raise outcome.exc
+        for call, (needed, decision, waited) in zip(candidates, outcome, strict=True):
+            if not needed:
+                continue
+            if decision is None:
+                call.waiting = True
+            else:
+                run.budget.exclude(waited)  # the time it waited for a decision is not the run's running time
+                self._apply_decision(call, decision, BY_APPROVER, waited)
+
+    @staticmethod
+    def _apply_decision(call: _Call, decision: Decision, by: approvals.DecidedBy, waited_s: float) -> None:
+        call.span.approval(decision="approved" if decision.approved else "rejected", by=by, reason=decision.reason,
+                           wait_s=waited_s)
+        if not decision.approved:
+            call.error = approvals.Rejected(call.name, decision.reason, by)
 
     def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:
         name = block.get("name") or ""
@@ -376,9 +481,14 @@ class Agent:
         shown = call.span.scrub(call.result)
         watcher = run.detector if run.detector is not None else run.facts
         if watcher is not None:
+            # A person's rejection is a decision, not a failure the model could leave unresolved: the detector sees
+            # it as an answer (so asking again and again for a rejected call is still a repeated call).
+            failed = call.is_error and call.outcome != approvals.Rejected.kind
             # Redacted as on the spans: anomaly messages quote arguments, and offline detection sees only these.
             watcher.observe(ToolCall(turn=turn_index, tool=call.name, arguments=call.span.arguments,
-                                     call_id=call.call_id, is_error=call.is_error, result=shown))
+                                     call_id=call.call_id, is_error=failed, result=shown))
+            run.feed.append({"call": {"turn": turn_index, "tool": call.name, "arguments": call.span.arguments,
+                                      "call_id": call.call_id, "is_error": failed, "result": shown}})
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, shown,
                                     call.is_error, call.outcome, call.duration_s))
@@ -412,6 +522,8 @@ class Agent:
                 nudges.append(text)
             elif action == policies.STOP:
                 stop = True
+            elif action == policies.ASK and run.asked is None:
+                run.asked = PendingAnomaly(anomaly, at_end=False)
         return stop, nudges
 
     # --- helpers ---------------------------------------------------------------------------------------------------
@@ -492,12 +604,21 @@ class Agent:
             unresolved_errors=run.unresolved_errors(),
             judge=run.detector.judge_summary if run.detector is not None else JudgeSummary(),
         )
+        session_id = None
+        if status is RunStatus.AWAITING_APPROVAL:
+            # A paused run without a session gets one, so that it and the run that resumes it share it.
+            session_id = run.labels.session_id or (run.span.trace_id if run.span.trace_id.strip("0")
+                                                   else uuid.uuid4().hex)
+            result.state = self._state_of(run, session_id)
+            result.pending = list(result.state.pending)
+            result.pending_anomaly = run.asked.anomaly if run.asked is not None else None
         run.span.end(
             status=status.value, turns=result.turns, usage=result.usage, cost_usd=result.cost_usd,
             anomalies=len(result.anomalies), final_text=result.final_text,
             unresolved_errors=result.unresolved_errors,
             error=result.error if status is RunStatus.ERROR else None,
             error_type=type(error).__qualname__ if error is not None else None,
+            session_id=session_id if run.labels.session_id is None else None,
         )
         self._emit(RunFinished(result))
         return result
@@ -511,6 +632,139 @@ class Agent:
             log.warning("observer_failed", event_type=type(event).__name__, error=f"{type(exc).__name__}: {exc}")
 
 
+    # --- pausing and resuming -------------------------------------------------------------------------------------
+
+    def _state_of(self, run: _Run, session_id: str) -> RunState:
+        """The paused run as data that resumes it, here or in another process."""
+        from looptrace import __version__
+
+        labels = run.labels
+        paused = run.paused
+        usage = run.budget.usage
+        return RunState(
+            agent=self.name, model=self.model, tools=sorted(self.tools), messages=run.messages,
+            turns=run.budget.turns, usage={"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                                           "cache_read_input_tokens": usage.cache_read_input_tokens,
+                                           "cache_creation_input_tokens": usage.cache_creation_input_tokens},
+            cost_usd=run.budget.cost_usd, running_s=run.budget.running_s(), trace_id=run.span.trace_id,
+            span_id=run.span.span_id, session_id=session_id, user_id=labels.user_id, tags=list(labels.tags),
+            metadata=dict(labels.metadata) if labels.metadata is not None else None, final_text=run.final_text,
+            stop_reason=run.stop_reason, pending=paused.pending if paused else [],
+            settled=paused.settled if paused else {}, pending_anomaly=run.asked if paused is None else None,
+            anomalies=[dict(a.to_dict()) for a in run.anomalies.values()], nudged=sorted(run.nudged),
+            detector_feed=list(run.feed), looptrace_version=__version__,
+        )
+
+    def _accepted(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], approve: Iterable[str],
+                  reject: Mapping[str, str] | None, go_on: bool | None, message: str | None) -> _Resumption:
+        """The state and decisions of a resume, checked before anything runs; StateError says what does not fit."""
+        if isinstance(state, RunState):
+            loaded = state
+        elif isinstance(state, Mapping):
+            loaded = RunState.from_dict(state)
+        elif isinstance(state, (str, os.PathLike)):
+            loaded = RunState.load(state)
+        else:
+            raise TypeError(f"resume takes a RunState, a state file's path or its JSON data, "
+                            f"not {type(state).__name__}")
+        if loaded.resumed or loaded.state_id in self._resumed_states:
+            raise StateError(f"run state {loaded.state_id[:12]} was resumed already; a paused run resumes once")
+        mine = (self.name, self.model, sorted(self.tools))
+        theirs = (loaded.agent, loaded.model, sorted(loaded.tools))
+        if mine != theirs:
+            raise StateError(f"this run state belongs to agent {loaded.agent!r} (model {loaded.model}, tools "
+                             f"{', '.join(theirs[2]) or 'none'}), not to agent {self.name!r} (model {self.model}, "
+                             f"tools {', '.join(mine[2]) or 'none'})")
+        approved = list(approve)
+        rejected = dict(reject or {})
+        pending = {p.call_id: p for p in loaded.pending}
+        for call_id in [*approved, *rejected]:
+            if call_id not in pending:
+                waiting = ", ".join(pending) or "none"
+                raise StateError(f"call {call_id!r} is not pending in this run state (pending: {waiting})")
+        both = set(approved) & set(rejected)
+        if both:
+            raise StateError(f"call {sorted(both)[0]!r} is both approved and rejected")
+        undecided = [p for p in loaded.pending if p.call_id not in approved and p.call_id not in rejected]
+        if undecided:
+            raise StateError(f"call {undecided[0].call_id!r} ({undecided[0].tool}) waits for a decision: approve "
+                             "or reject every pending call")
+        if loaded.pending_anomaly is None and (go_on is not None or message is not None):
+            raise StateError("no anomaly waits for a decision in this run state: go on / stop do not apply")
+        if loaded.pending_anomaly is not None and go_on is None:
+            raise StateError(f"the run waits for a decision on a {loaded.pending_anomaly.anomaly.type} anomaly: "
+                             "go on (perhaps with a message for the model) or stop")
+        if message is not None and not go_on:
+            raise StateError("a message for the model goes with going on, not with stopping")
+        loaded.claim()
+        self._resumed_states.add(loaded.state_id)
+        decisions = {call_id: Decision(True) for call_id in approved}
+        decisions.update({call_id: Decision(False, reason) for call_id, reason in rejected.items()})
+        return _Resumption(loaded, decisions, go_on, message)
+
+    def _resume_loop(self, resumption: _Resumption) -> Generator[_Effect, Any, RunResult]:
+        state = resumption.state
+        budget = Budget(self.limits, running_s=state.running_s)
+        budget.turns = state.turns
+        budget.usage = Usage(**state.usage)
+        budget.cost_usd = state.cost_usd
+        labels = _Labels(state.session_id, state.user_id, tuple(state.tags), state.metadata)
+        messages = list(state.messages)
+        run = _Run(
+            budget=budget, messages=messages, labels=labels,
+            # The run's own detector, fed again what it saw before the pause: its streaks go on where they were.
+            detector=None if self._detector_config is None else LoopDetector(self._detector_config),
+            facts=None if self._facts_config is None else ToolErrorFacts(self._facts_config),
+            span=self._tracing.start_run(
+                agent=self.name, model=self.model, task=messages, system=self.system,
+                tool_definitions=self._tool_definitions, session_id=labels.session_id, user_id=labels.user_id,
+                tags=labels.tags, metadata=labels.metadata, resumes=(state.trace_id, state.span_id)),
+            final_text=state.final_text, stop_reason=state.stop_reason,
+        )
+        _replay(run, state.detector_feed)
+        run.anomalies = {a["streak"]: anomaly_from_dict(a) for a in state.anomalies}
+        run.nudged = set(state.nudged)
+        return (yield from self._lifecycle(run, self._resumed(run, resumption)))
+
+    def _resumed(self, run: _Run, resumption: _Resumption) -> Generator[_Effect, Any, RunStatus]:
+        """The paused run's decisions carried out, then its turns as usual."""
+        state = resumption.state
+        if state.pending:
+            index = state.pending[0].turn
+            turn = run.span.start_turn(index)
+            if self.on_event is not None:
+                self._emit(TurnStarted(index))  # the paused turn, completed
+            blocks = [b for b in run.messages[-1].get("content") or []
+                      if isinstance(b, dict) and b.get("type") == "tool_use"]
+            calls = [self._prepare_call(turn, b) for b in blocks if b.get("id") in resumption.decisions]
+            waited = max(time.time() - state.paused_at, 0.0)
+            for call in calls:
+                self._apply_decision(call, resumption.decisions[call.call_id], BY_PERSON, waited)
+            try:
+                status = yield from self._tool_round(run, turn, index, calls, [b.get("id") or "" for b in blocks],
+                                                     state.settled)
+            finally:
+                turn.end(stop_reason="tool_use")
+            if status is not None:
+                return status
+        elif state.pending_anomaly is not None:
+            asked = state.pending_anomaly
+            log.info("anomaly_decided", agent=self.name, anomaly_type=asked.anomaly.type,
+                     decision="go_on" if resumption.go_on else "stop")
+            if not resumption.go_on:
+                return RunStatus.STOPPED_BY_DETECTOR
+            if resumption.message:
+                text = {"type": "text", "text": resumption.message}
+                last = run.messages[-1] if run.messages else None
+                if last is not None and last.get("role") == "user" and isinstance(last.get("content"), list):
+                    run.messages[-1] = {**last, "content": [*last["content"], text]}
+                else:
+                    run.messages.append({"role": "user", "content": [text]})
+            elif asked.at_end:
+                return RunStatus(asked.finish_status or RunStatus.DONE.value)
+        return (yield from self._turns(run))
+
+
 class UnknownStopReason(Exception):
     """The API returned a stop_reason this version of looptrace does not know."""
 
@@ -519,10 +773,27 @@ class UnknownStopReason(Exception):
 
 
 @dataclass(slots=True)
+class _Pause:
+    """A round paused for decisions: the calls that wait, and the tool_results of those that ran."""
+
+    pending: list[PendingCall]
+    settled: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumption:
+    state: RunState
+    decisions: dict[str, Decision]
+    go_on: bool | None
+    message: str | None
+
+
+@dataclass(slots=True)
 class _Run:
     budget: Budget
     messages: list[dict[str, Any]]
     span: RunTrace
+    labels: _Labels
     final_text: str = ""
     stop_reason: str | None = None
     error: BaseException | None = None
@@ -530,6 +801,9 @@ class _Run:
     anomalies: dict[str, Anomaly] = field(default_factory=dict)  # streak key -> its latest firing
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
     facts: ToolErrorFacts | None = None  # the error ledger alone, when the detector is off
+    feed: list[dict[str, Any]] = field(default_factory=list)  # what the detector was fed, for a resumed run's replay
+    paused: _Pause | None = None
+    asked: PendingAnomaly | None = None  # an anomaly whose policy said "ask"
 
     def unresolved_errors(self) -> list[UnresolvedToolError]:
         """The tool errors standing as the run ends, from the detector's ledger (or the ledger alone)."""
@@ -570,6 +844,7 @@ class _Call:
     is_error: bool = False
     outcome: str = "ok"
     error_type: str | None = None
+    waiting: bool = False  # needs a decision no approver gave: the run pauses before it runs
 
     @property
     def runnable(self) -> bool:
@@ -631,6 +906,107 @@ class _ToolRound(_Effect):
             call.duration_s = time.perf_counter() - started
 
         await asyncio.gather(*(one(call) for call in self.calls if call.runnable))
+
+
+@dataclass(slots=True)
+class _Gate(_Effect):
+    """Whether each call needs approval (its tool's predicate, perhaps async) and, with an approver, its decision.
+    Answers (needed, decision or None, seconds waited) per call."""
+
+    calls: list[_Call]
+    requests: list[ApprovalRequest]
+    approver: Approver | None
+
+    def perform_sync(self, agent: Agent) -> list[tuple[bool, Decision | None, float]]:
+        answers: list[tuple[bool, Decision | None, float]] = []
+        for call, request in zip(self.calls, self.requests, strict=True):
+            needed = _needs_approval(call, approvals.resolve_sync)
+            answers.append(_decided(needed, self.approver, request, approvals.resolve_sync))
+        return answers
+
+    async def perform_async(self, agent: Agent) -> list[tuple[bool, Decision | None, float]]:
+        answers: list[tuple[bool, Decision | None, float]] = []
+        for call, request in zip(self.calls, self.requests, strict=True):
+            needed = await _needs_approval_async(call)
+            if not needed or self.approver is None:
+                answers.append((needed, None, 0.0))
+                continue
+            started = time.perf_counter()
+            decision: Decision | None
+            try:
+                decision = approvals.as_decision(await approvals.resolve_async(self.approver(request)))
+            except Exception as exc:
+                decision = _approver_failed(call, exc)
+            answers.append((True, decision, time.perf_counter() - started))
+        return answers
+
+
+def _needs_approval(call: _Call, resolve: Callable[[Any], Any]) -> bool:
+    """The tool's answer for this call; a predicate that fails holds the call for a decision (fail closed)."""
+    rule = call.tool.needs_approval if call.tool is not None else False
+    if isinstance(rule, bool):
+        return rule
+    try:
+        return bool(resolve(rule(call.kwargs or {})))
+    except Exception as exc:
+        return _predicate_failed(call, exc)
+
+
+async def _needs_approval_async(call: _Call) -> bool:
+    rule = call.tool.needs_approval if call.tool is not None else False
+    if isinstance(rule, bool):
+        return rule
+    try:
+        return bool(await approvals.resolve_async(rule(call.kwargs or {})))
+    except Exception as exc:
+        return _predicate_failed(call, exc)
+
+
+def _predicate_failed(call: _Call, exc: Exception) -> bool:
+    log.warning("approval_predicate_failed", tool=call.name, call_id=call.call_id, error=toolkit.error_text(exc),
+                hint="the call waits for a decision, as if the predicate had said it needs one")
+    return True
+
+
+def _decided(needed: bool, approver: Approver | None, request: ApprovalRequest,
+             resolve: Callable[[Any], Any]) -> tuple[bool, Decision | None, float]:
+    if not needed or approver is None:
+        return needed, None, 0.0
+    started = time.perf_counter()
+    decision: Decision | None
+    try:
+        decision = approvals.as_decision(resolve(approver(request)))
+    except Exception as exc:  # an approver's bug rejects the call: a call nobody approved does not run
+        decision = _approver_failed(request, exc)
+    return True, decision, time.perf_counter() - started
+
+
+def _approver_failed(where: Any, exc: Exception) -> Decision:
+    text = toolkit.error_text(exc)
+    log.warning("approver_failed", call_id=getattr(where, "call_id", None), error=text,
+                hint="the call was rejected: a call nobody approved does not run")
+    return Decision(False, f"the approver failed ({text})")
+
+
+def _replay(run: _Run, feed: list[dict[str, Any]]) -> None:
+    """Feed a resumed run's detector (or error ledger) what the paused run's saw, in order: its streaks, cycles and
+    standing errors continue. What the replay fires was reported before the pause, and is not reported again."""
+    watcher = run.detector if run.detector is not None else run.facts
+    if watcher is None:
+        return
+    for entry in feed:
+        call = entry.get("call")
+        if isinstance(call, Mapping):
+            watcher.observe(ToolCall(turn=int(call["turn"]), tool=str(call["tool"]), arguments=call.get("arguments"),
+                                     call_id=call.get("call_id"), is_error=bool(call.get("is_error")),
+                                     result=call.get("result")))
+        elif "end_turn" in entry and run.detector is not None:
+            text = entry.get("text")
+            if text is None:
+                run.detector.end_turn(int(entry["end_turn"]))
+            else:
+                run.detector.end_turn(int(entry["end_turn"]), text)
+        run.feed.append(entry)
 
 
 def _timed(call: _Call, work: Callable[[], Any]) -> None:

@@ -41,7 +41,7 @@ class ToolFinished:
     arguments: Any  # secrets redacted, as on the spans
     result: str
     is_error: bool
-    outcome: str  # ok | error | timeout | invalid_arguments | unknown_tool
+    outcome: str  # ok | error | timeout | invalid_arguments | unknown_tool | rejected
     duration_s: float
 
 
@@ -50,7 +50,7 @@ class AnomalyDetected:
     """The loop detector flagged ``anomaly`` (a ``looptrace.Anomaly``) and the policy chose ``action``."""
 
     anomaly: Any
-    action: str  # warn | nudge | stop
+    action: str  # warn | nudge | ask | stop
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ class Limits:
     max_turns: int | None = 10  # model calls, the OpenAI Agents SDK's default
     max_total_tokens: int | None = None  # input + output + cache read + cache creation, summed over the run
     max_cost_usd: float | None = None
-    timeout_s: float | None = None  # wall clock for the whole run
+    timeout_s: float | None = None  # wall clock for the whole run, while it runs (not while it waits for a person)
     tool_timeout_s: float | None = 60.0  # per tool call
 
     def __post_init__(self) -> None:
@@ -33,13 +33,25 @@ class Limits:
 class Budget:
     """What a run has used so far, measured against its Limits."""
 
-    def __init__(self, limits: Limits, *, clock=time.monotonic) -> None:
+    def __init__(self, limits: Limits, *, clock=time.monotonic, running_s: float = 0.0) -> None:
+        """``running_s``: the time a resumed run already ran before its pause, which its timeout counts on from."""
         self.limits = limits
         self.usage = Usage()
         self.cost_usd: float | None = 0.0
         self.turns = 0
         self._clock = clock
-        self._deadline = None if limits.timeout_s is None else clock() + limits.timeout_s
+        self._started = clock() - running_s
+        self._deadline = None if limits.timeout_s is None else self._started + limits.timeout_s
+
+    def exclude(self, seconds: float) -> None:
+        """Time the run spent waiting (for a person's decision), not running: its clock does not count it."""
+        self._started += seconds
+        if self._deadline is not None:
+            self._deadline += seconds
+
+    def running_s(self) -> float:
+        """Seconds the run has been running, the time before a pause included and the pause itself not."""
+        return self._clock() - self._started
 
     def charge(self, usage: Usage, cost_usd: float | None) -> None:
         self.usage.add(usage)

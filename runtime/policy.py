@@ -1,8 +1,9 @@
-"""What an anomaly does to the run: warn (alerts only), nudge (alerts and one corrective message), or stop.
+"""What an anomaly does to the run: warn (alerts only), nudge (alerts and one corrective message), ask (the run pauses
+until a person says go on or stop, see docs/approvals.md), or stop.
 
-``Agent(on_anomaly=...)`` takes one action for every type ("warn", "nudge", "stop"), a mapping from type to action
-(merged over the defaults), or a callable that receives the anomaly and returns an action. The defaults give a loop
-one chance: repeated calls and cycles are nudged the first time a streak fires and stopped if the same streak fires
+``Agent(on_anomaly=...)`` takes one action for every type ("warn", "nudge", "ask", "stop"), a mapping from type to
+action (merged over the defaults), or a callable that receives the anomaly and returns an action. The defaults give a
+loop one chance: repeated calls and cycles are nudged the first time a streak fires and stopped if the same streak fires
 again; a tool that keeps failing is nudged once; an ignored error is reported.
 """
 
@@ -16,10 +17,11 @@ from looptrace.instrumentation.interface import Action, log
 
 WARN: Final = "warn"
 NUDGE: Final = "nudge"
+ASK: Final = "ask"  # pause the run: a person says go on (perhaps with a message for the model) or stop
 STOP: Final = "stop"
 ESCALATE: Final = "escalate"  # nudge the first time a streak fires, stop if it fires again
 Rule = Action | Literal["escalate"]  # what a policy may say; ESCALATE becomes NUDGE or STOP per firing
-ACTIONS: tuple[Rule, ...] = (WARN, NUDGE, STOP, ESCALATE)
+ACTIONS: tuple[Rule, ...] = (WARN, NUDGE, ASK, STOP, ESCALATE)
 
 DEFAULT_ACTIONS: dict[str, Rule] = {
     "repeated_call": ESCALATE,

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from looptrace.instrumentation.detector import Anomaly, JudgeSummary, UnresolvedToolError
 from looptrace.instrumentation.interface import Usage
+
+if TYPE_CHECKING:
+    from .approvals import PendingCall
+    from .state import RunState
 
 __all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "UnresolvedToolError", "Usage"]
 
@@ -27,6 +31,9 @@ class RunStatus(enum.StrEnum):
     ERROR = "error"
     INTERRUPTED = "interrupted"
     STOPPED_BY_DETECTOR = "stopped_by_detector"
+    # Paused: calls wait for a person's decision, or an anomaly whose policy says "ask" does (RunResult.state
+    # resumes it with Agent.resume).
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
 # Every stop_reason except the two that continue the loop (tool_use, pause_turn) ends the run with its own status.
@@ -63,6 +70,11 @@ class RunResult:
     unresolved_errors: list[UnresolvedToolError] = field(default_factory=list)  # oldest tool first
     # The detector's judge in this run: calls, tokens, cost (never in usage or cost_usd), errors left unjudged.
     judge: JudgeSummary = field(default_factory=JudgeSummary)
+    # A paused run (status awaiting_approval): the calls waiting for a decision, the anomaly that asks a person, and
+    # the state that resumes it (Agent.resume); empty or None for a run that ended.
+    pending: list[PendingCall] = field(default_factory=list)
+    pending_anomaly: Anomaly | None = None
+    state: RunState | None = None
 
     @property
     def ok(self) -> bool:
@@ -94,5 +106,7 @@ class RunResult:
             "anomalies": [a.to_dict() for a in self.anomalies],
             "unresolved_errors": [e.to_dict() for e in self.unresolved_errors],
             "judge": self.judge.to_dict(),
+            "pending": [p.to_dict() for p in self.pending],
+            "pending_anomaly": None if self.pending_anomaly is None else self.pending_anomaly.to_dict(),
             "messages": self.messages,
         }

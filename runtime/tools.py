@@ -15,12 +15,16 @@ import inspect
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, get_type_hints
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeAlias, get_type_hints
 
 import pydantic
 
 from looptrace.instrumentation.interface import redact
+
+NeedsApproval: TypeAlias = "bool | Callable[[dict[str, Any]], bool | Awaitable[bool]]"
+"""Whether a tool's calls wait for a decision: always (True), never (False), or as a predicate over the validated
+arguments says (its answer may be awaitable)."""
 
 NO_RESULT = "(the tool returned no result)"
 EMPTY_RESULT = "(the tool returned an empty string)"
@@ -57,13 +61,20 @@ class ToolRaisedBaseException(ToolError):
 
 @dataclasses.dataclass(frozen=True)
 class Tool:
-    """A callable offered to the model. Build one with `@tool`; construct directly only for hand-written schemas."""
+    """A callable offered to the model. Build one with `@tool`; construct directly only for hand-written schemas.
+
+    ``needs_approval`` makes a person (or ``Agent(approver=...)``) decide each call before it runs: ``True`` for every
+    call, or a predicate over the call's validated arguments (sync or async) that says whether this one needs it.
+    The loop reads nothing else, so a Tool built by any source (a hand-written schema, a server's tool list) gets the
+    same approval flow.
+    """
 
     name: str
     description: str
     input_schema: dict[str, Any]
     fn: Callable[..., Any]
     arguments_model: type[pydantic.BaseModel] | None = None
+    needs_approval: NeedsApproval = False
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -99,13 +110,17 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None):
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         needs_approval: NeedsApproval = False):
     """Offer a typed, documented function to the model.
 
     The name is the function's, the description its docstring's text before the parameter section, and each
     parameter's description its entry in that section (Google, NumPy or Sphinx style). Parameters with defaults are
     optional. Usable bare or with arguments: ``@tool`` or ``@tool(name="search", description="...")``.
+    ``needs_approval=True`` (or a predicate over the validated arguments) holds each call for a decision (see Tool).
     """
+    if not (isinstance(needs_approval, bool) or callable(needs_approval)):
+        raise TypeError(f"needs_approval must be True, False or a callable, got {type(needs_approval).__name__}")
 
     def build(func: Callable[..., Any]) -> Tool:
         summary, param_docs = _parse_docstring(inspect.getdoc(func) or "")
@@ -119,6 +134,7 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
             input_schema=_schema_of(model),
             fn=func,
             arguments_model=model,
+            needs_approval=needs_approval,
         )
 
     return build if fn is None else build(fn)

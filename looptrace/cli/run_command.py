@@ -27,8 +27,11 @@ from .running import (
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.setup import Telemetry
+    from looptrace.runtime.agent import Agent
     from looptrace.runtime.result import RunResult
     from looptrace.runtime.tools import Tool
+
+    from .approval_prompt import TerminalApprover
 
 
 def add_run_command(commands: Any) -> None:
@@ -58,9 +61,21 @@ def add_run_command(commands: Any) -> None:
     run.add_argument("--tag", action="append", default=[], metavar="TAG", help="a trace tag; repeat for more")
     run.add_argument("--traceparent",
                      help="W3C traceparent of a trace to join (default: TRACEPARENT), e.g. from a job scheduler")
+    add_approval_flags(run)
+    run.add_argument("--approve", action="append", default=[], metavar="TOOL",
+                     help="approve every call of TOOL without asking; repeat for more")
     add_anomaly_flag(run)
     add_export_flags(run)
     run.set_defaults(command_parser=run, handler=run_command)
+
+
+def add_approval_flags(parser: argparse.ArgumentParser) -> None:
+    """What `run` and `resume` share about calls that need approval."""
+    parser.add_argument("--approve-all", action="store_true",
+                        help="approve every call that needs approval without asking")
+    parser.add_argument("--state-file", type=Path, metavar="PATH",
+                        help="where a run that pauses for a decision (stdin is no terminal) writes its state "
+                             "(default: .looptrace/paused/TRACE_ID.json); `looptrace resume PATH` finishes it")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -69,17 +84,13 @@ def run_command(args: argparse.Namespace) -> int:
 
     from looptrace.instrumentation import setup as telemetry_setup
     from looptrace.instrumentation.langfuse import trace_attributes
-    from looptrace.runtime.agent import Agent
-    from looptrace.runtime.limits import Limits
-    from looptrace.runtime.models import AnthropicModel
-
-    from .views import LiveView
 
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do, e.g. looptrace run \"Summarise README.md\"")
     if not anthropic_credentials_set():
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
+    options = agent_options(args)
     tools = load_tools(Path(args.tools)) if args.tools else []
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
@@ -97,15 +108,9 @@ def run_command(args: argparse.Namespace) -> int:
         # and the run goes ahead in a trace of its own (the library's rule for the variable).
         parent = telemetry_setup.context_from_traceparent(settings=settings)
     telemetry = telemetry_setup.configure(settings)
+    approver = terminal_approver(args, approve_tools=args.approve)
     try:
-        agent = Agent(
-            settings.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
-            client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
-            limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
-                          max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
-            on_event=None if args.json else LiveView(sys.stderr, capture_content=settings.capture_content),
-            **telemetry_options(telemetry, live_view=not args.json),
-        )
+        agent = build_agent(options, tools, settings, telemetry, approver, json_output=args.json)
         labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
         trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
     except ValueError as exc:
@@ -113,10 +118,19 @@ def run_command(args: argparse.Namespace) -> int:
     token = otel_context.attach(parent) if parent is not None else None
     try:
         result = execute(agent, args.task, telemetry, labels)
+        result = settle_asked(agent, result, approver, telemetry)
     finally:
         if token is not None:
             otel_context.detach(token)
+    return report(args, telemetry, result, options)
+
+
+def report(args: argparse.Namespace, telemetry: Telemetry, result: RunResult, options: dict[str, Any]) -> int:
+    """The outcome on stdout, where the trace went on stderr, and a paused run's state file and the command that
+    resumes it; then everything delivered. Returns the exit code."""
     try:
+        if result.state is not None:
+            _write_state(args, result, options)
         if args.json:
             print_json(result, sys.stdout)
         else:
@@ -128,6 +142,87 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
     return EXIT_CODES[result.status]
+
+
+def agent_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What builds the run's agent, as JSON data: a paused run's state keeps it, so `looptrace resume` builds the
+    same agent again."""
+    return {"tools": str(Path(args.tools).resolve()) if args.tools else None, "model": args.model or None,
+            "system": args.system, "name": args.name, "max_tokens": args.max_tokens, "max_turns": args.max_turns,
+            "max_total_tokens": args.max_total_tokens, "max_cost_usd": args.max_cost_usd, "timeout": args.timeout,
+            "tool_timeout": args.tool_timeout, "stream": args.stream, "on_anomaly": args.on_anomaly}
+
+
+def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telemetry: Telemetry,
+                approver: TerminalApprover, *, json_output: bool) -> Agent:
+    from looptrace.runtime.agent import Agent
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import AnthropicModel
+
+    from .views import LiveView
+
+    return Agent(
+        settings.model, tools=tools, system=options["system"], name=options["name"],
+        max_tokens=options["max_tokens"], client=AnthropicModel(stream=options["stream"]),
+        on_anomaly=options["on_anomaly"], approver=approver,
+        limits=Limits(max_turns=options["max_turns"], max_total_tokens=options["max_total_tokens"],
+                      max_cost_usd=options["max_cost_usd"], timeout_s=options["timeout"],
+                      tool_timeout_s=options["tool_timeout"]),
+        on_event=None if json_output else LiveView(sys.stderr, capture_content=settings.capture_content),
+        **telemetry_options(telemetry, live_view=not json_output),
+    )
+
+
+def terminal_approver(args: argparse.Namespace, approve_tools: list[str]) -> TerminalApprover:
+    """Asks at the terminal when stdin is one; otherwise decides only what the flags approve, and the run pauses."""
+    from .approval_prompt import TerminalApprover
+
+    return TerminalApprover(sys.stdin, sys.stderr, approve_tools=approve_tools, approve_all=args.approve_all,
+                            ask=_is_terminal(sys.stdin))
+
+
+def settle_asked(agent: Agent, result: RunResult, approver: TerminalApprover, telemetry: Telemetry) -> RunResult:
+    """A run paused on an anomaly that asks: with a person at the terminal, their answer resumes it at once."""
+    while approver.ask and result.state is not None and result.pending_anomaly is not None:
+        go_on, message = approver.go_on(result)
+        result = resume_run(agent, result.state, telemetry, go_on=go_on, message=message)
+    return result
+
+
+def resume_run(agent: Agent, state: Any, telemetry: Telemetry, **decisions: Any) -> RunResult:
+    """``agent.resume`` under the same Ctrl-C and SIGTERM handling as a run."""
+    return execute(agent, None, telemetry, resume=(state, decisions))
+
+
+def _write_state(args: argparse.Namespace, result: RunResult, options: dict[str, Any]) -> None:
+    state = result.state
+    assert state is not None
+    state.app["cli"] = options
+    path = args.state_file or Path(".looptrace") / "paused" / f"{result.trace_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state.save(path)
+    waiting = [f"  {p.call_id}  {p.tool}({short_arguments(p.arguments)})" for p in result.pending]
+    decisions = " ".join(f"--approve {p.call_id}" for p in result.pending) or "--go-on"
+    asked = result.pending_anomaly
+    what = (f"{len(result.pending)} call(s) wait for approval:\n" + "\n".join(waiting) if result.pending else
+            f"a {asked.type} anomaly asks whether to go on: {asked.message}" if asked is not None else "")
+    print(f"looptrace: the run paused; {what}\nstate written to {path}; resume it with:\n"
+          f"  looptrace resume {path} {decisions}\n"
+          f"  (or --reject ID=REASON per call; --go-on [--message TEXT] or --stop for an anomaly)", file=sys.stderr)
+
+
+def short_arguments(arguments: Any) -> str:
+    from .approval_prompt import shown_arguments
+
+    text = shown_arguments(arguments)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 MAX_TOOLS_FILE_BYTES = 16 << 20  # a tools file is source code: beyond this, it is the wrong file (or /dev/zero)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from looptrace.runtime.result import RunResult, RunStatus
 
 from .common import plural
-from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
+from .exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
@@ -39,13 +39,14 @@ EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.CONTEXT_WINDOW: 23,
     RunStatus.STOPPED_BY_DETECTOR: 30,
     RunStatus.INTERRUPTED: EXIT_INTERRUPTED,
+    RunStatus.AWAITING_APPROVAL: EXIT_AWAITING_APPROVAL,
 }
 
 
 def add_anomaly_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--on-anomaly", choices=("warn", "nudge", "stop"),
+    parser.add_argument("--on-anomaly", choices=("warn", "nudge", "ask", "stop"),
                         help="what a loop anomaly does (default: nudge repeated calls and cycles once, stop them if "
-                             "they go on; warn about ignored errors)")
+                             "they go on; warn about ignored errors); ask: a person says go on or stop")
 
 
 def add_export_flags(parser: argparse.ArgumentParser) -> None:
@@ -71,13 +72,17 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def execute(agent: Agent, task: str, telemetry: Telemetry,
-            labels: dict[str, Any] | None = None) -> RunResult:
-    """Run the agent; Ctrl-C or SIGTERM end the run, deliver its spans and exit with 130 or 143."""
+def execute(agent: Agent, task: str | None, telemetry: Telemetry,
+            labels: dict[str, Any] | None = None, *, resume: tuple[Any, dict[str, Any]] | None = None) -> RunResult:
+    """Run the agent (or resume a paused run: ``resume`` is its state and decisions); Ctrl-C or SIGTERM end the
+    run, deliver its spans and exit with 130 or 143."""
     from looptrace.runtime.agent import RunInterrupted
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
+        if resume is not None:
+            return agent.resume(resume[0], **resume[1])
+        assert task is not None
         return agent.run(task, **(labels or {}))
     except RunInterrupted as interrupted:
         close(telemetry)

@@ -234,9 +234,11 @@ def _describe(span: SpanRecord, children: list[SpanRecord]) -> str:
         drawn = sum(1 for child in children if sc.TURN_INDEX in child.attributes)
         if drawn and (not _is_count(turns) or drawn > turns):
             turns = drawn
+        resumes = a.get(sc.RUN_RESUMES_TRACE_ID)
+        resumed = f"  resumes trace {resumes}" if isinstance(resumes, str) and resumes else ""
         return (f"{mark}{span.name}  [{a.get(sc.RUN_STATUS, '?')}]  {_count(turns, 'turn')}  "
                 f"{_count(a.get(sc.RUN_USAGE_TOTAL_TOKENS, 0), 'token')}{cost_text}  {took}{flagged}  "
-                f"trace {span.trace_id}")
+                f"trace {span.trace_id}{resumed}")
     if operation == sc.OPERATION_CHAT:
         cache = (f" (cache read {_number(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, 0))},"
                  f" write {_number(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, 0))})")
@@ -249,12 +251,35 @@ def _describe(span: SpanRecord, children: list[SpanRecord]) -> str:
         call = f"({short(arguments, 60)})" if arguments is not None else "(…)"
         outcome = f" -> {short(result, 70)}" if result is not None else ""
         error = f"  ERROR {a.get(sc.ERROR_TYPE, '')}".rstrip() if span.is_error else ""
-        return f"{mark}{span.name}{call}{outcome}  {took}{error}"
+        return f"{mark}{span.name}{call}{outcome}  {took}{error}{_approval(a)}"
     if sc.TURN_INDEX in a:
         # Turn spans share one name; the index is an attribute (traces written before that name it "turn 3").
         name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
         return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
+
+
+def _approval(a: Any) -> str:
+    """The approval decision of a tool call, as the tool line ends: who decided, after how long, and why not."""
+    decision = a.get(sc.TOOL_APPROVAL)
+    if not isinstance(decision, str):
+        return ""
+    if decision == "pending":
+        return "  [awaiting approval]"
+    by = a.get(sc.TOOL_APPROVAL_BY)
+    waited = a.get(sc.TOOL_APPROVAL_WAIT_S)
+    after = f" after {_wait(waited)}" if isinstance(waited, (int, float)) and not isinstance(waited, bool) else ""
+    reason = a.get(sc.TOOL_APPROVAL_REASON)
+    why = f": {short(reason, 60)}" if isinstance(reason, str) and reason else ""
+    return f"  [{decision}{f' by {by}' if isinstance(by, str) else ''}{after}{why}]"
+
+
+def _wait(seconds: float) -> str:
+    """A person's wait reads in the unit it took: seconds, minutes, hours or days."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.1f} {unit}"
+    return duration(seconds)
 
 
 def _failure(error_type: Any, message: str) -> str:

@@ -1,0 +1,92 @@
+"""`looptrace resume STATE --approve ID --reject ID=REASON`: finish a run that paused for a person's decision.
+
+The state file says which agent to build again (the `run` flags it was started with, its tools file included), and
+the flags bring the decisions: every pending call approved or rejected, or, for a run paused by an anomaly whose
+policy says "ask", --go-on (with an optional --message for the model) or --stop. Anything wrong with the state or the
+decisions is one line and exit code 2, with nothing run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .common import UsageError
+from .exit_codes import EXIT_CODE_HELP
+from .running import add_export_flags, export_overrides
+
+
+def add_resume_command(commands: Any) -> None:
+    resume = commands.add_parser("resume", help="finish a run that paused for a person's decision",
+                                 epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    resume.add_argument("state", type=Path, help="the state file the paused run wrote")
+    resume.add_argument("--approve", action="append", default=[], metavar="ID",
+                        help="approve the pending call ID; repeat for more")
+    resume.add_argument("--reject", action="append", default=[], metavar="ID=REASON",
+                        help="reject the pending call ID; the model reads REASON; repeat for more")
+    resume.add_argument("--go-on", action="store_true", help="a run paused by an anomaly goes on")
+    resume.add_argument("--message", help="with --go-on: a message the model receives")
+    resume.add_argument("--stop", action="store_true", help="a run paused by an anomaly stops")
+    resume.add_argument("--approve-tool", action="append", default=[], metavar="TOOL",
+                        help="in the resumed run, approve every new call of TOOL without asking")
+    resume.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
+    from .run_command import add_approval_flags
+
+    add_approval_flags(resume)
+    add_export_flags(resume)
+    resume.set_defaults(command_parser=resume, handler=resume_command)
+
+
+def resume_command(args: argparse.Namespace) -> int:
+    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.runtime.state import RunState, StateError
+
+    from .environment import anthropic_credentials_set, read_settings
+    from .run_command import build_agent, load_tools, report, resume_run, settle_asked, terminal_approver
+
+    decisions = _decisions(args)
+    try:
+        state = RunState.load(args.state)
+    except StateError as exc:
+        raise UsageError(str(exc)) from None
+    options = state.app.get("cli")
+    if not isinstance(options, dict):
+        raise UsageError(f"{args.state} was not written by `looptrace run`: resume it from the application that "
+                         "paused it (Agent.resume)")
+    if not anthropic_credentials_set():
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
+                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
+    tools = load_tools(Path(options["tools"])) if options.get("tools") else []
+    settings = read_settings(**export_overrides(args), model=options.get("model") or state.model)
+    telemetry = telemetry_setup.configure(settings)
+    approver = terminal_approver(args, approve_tools=args.approve_tool)
+    try:
+        agent = build_agent(options, tools, settings, telemetry, approver, json_output=args.json)
+        result = resume_run(agent, state, telemetry, **decisions)
+    except (StateError, ValueError, KeyError) as exc:
+        telemetry.shutdown()
+        raise UsageError(str(exc).strip('"')) from None
+    result = settle_asked(agent, result, approver, telemetry)
+    args.tools = options.get("tools")
+    return report(args, telemetry, result, options)
+
+
+def _decisions(args: argparse.Namespace) -> dict[str, Any]:
+    rejected: dict[str, str] = {}
+    for item in args.reject:
+        call_id, sep, reason = item.partition("=")
+        if not sep or not call_id or not reason.strip():
+            raise UsageError(f"--reject takes ID=REASON (the model reads the reason), got {item!r}")
+        rejected[call_id] = reason
+    if args.go_on and args.stop:
+        raise UsageError("--go-on and --stop: choose one")
+    if args.message is not None and not args.go_on:
+        raise UsageError("--message goes with --go-on")
+    go_on = True if args.go_on else False if args.stop else None
+    decisions: dict[str, Any] = {"approve": list(args.approve), "reject": rejected}
+    if go_on is not None:
+        decisions["go_on"] = go_on
+        if args.message is not None:
+            decisions["message"] = args.message
+    return decisions
