@@ -45,6 +45,7 @@ from . import policy as policies
 from . import tools as toolkit
 from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 from .limits import Budget, Limits
+from .mcp_servers import MCPConnections, MCPServer
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
@@ -73,6 +74,7 @@ class Agent:
         model: str,
         *,
         tools: Iterable[toolkit.Tool | Callable[..., Any]] = (),
+        mcp_servers: Iterable[MCPServer] = (),
         system: str | None = None,
         name: str = "agent",
         limits: Limits | None = None,
@@ -97,6 +99,11 @@ class Agent:
         self.limits = limits or Limits()
         self.max_tokens = max_tokens
         self.tools = toolkit.as_tools(tools)
+        # Connected per run, closed when the run ends (see mcp_servers): their tools join these at each run's start.
+        self.mcp_servers = tuple(mcp_servers)
+        if self.mcp_servers:
+            from .mcp_servers import check_installed
+            check_installed()
         self.model_params = dict(model_params or {})
         self.max_tool_result_chars = max_tool_result_chars
         self.on_event = on_event
@@ -161,17 +168,24 @@ class Agent:
         ``task`` is the user's request, or a whole message history to continue. ``session_id``, ``user_id``, ``tags``
         and ``metadata`` label the trace (Langfuse's trace attributes, on every span of the run).
         """
-        loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata))
-        value: Any = None
-        while True:
-            try:
-                effect = loop.send(value)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value = effect.perform_sync(self)
-            except BaseException as exc:  # hand it to the core, which decides what it means for the run
-                value = _Raised(exc)
+        servers = self._open_servers()
+        try:
+            if servers is not None:
+                servers.wait_ready()
+            loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata), servers)
+            value: Any = None
+            while True:
+                try:
+                    effect = loop.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    value = effect.perform_sync(self)
+                except BaseException as exc:  # hand it to the core, which decides what it means for the run
+                    value = _Raised(exc)
+        finally:  # however the run ends: its MCP servers do not outlive it
+            if servers is not None:
+                servers.close()
 
     # run() and arun() are the same few lines but for `await`: kept apart on purpose, since one function cannot both
     # block and await; everything they drive is shared in _loop.
@@ -180,22 +194,38 @@ class Agent:
                    user_id: str | None = None, tags: Iterable[str] = (),
                    metadata: Mapping[str, Any] | None = None) -> RunResult:
         """Run to completion in asyncio; parallel tool calls of one turn run concurrently. Arguments as for run()."""
-        loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata))
-        value: Any = None
-        while True:
-            try:
-                effect = loop.send(value)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value = await effect.perform_async(self)
-            except BaseException as exc:
-                value = _Raised(exc)
+        servers = self._open_servers()
+        try:
+            if servers is not None:
+                await servers.await_ready()
+            loop = self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata), servers)
+            value: Any = None
+            while True:
+                try:
+                    effect = loop.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    value = await effect.perform_async(self)
+                except BaseException as exc:
+                    value = _Raised(exc)
+        finally:  # a cancelled arun too: the close finishes before the cancellation goes on
+            if servers is not None:
+                await servers.aclose()
+
+    def _open_servers(self) -> MCPConnections | None:
+        """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
+        if not self.mcp_servers:
+            return None
+        from .mcp_servers import MCPConnections
+        return MCPConnections(self.mcp_servers, self._tracing)
 
     # --- the shared core -------------------------------------------------------------------------------------------
 
-    def _loop(self, task: str | list[dict[str, Any]], labels: _Labels) -> Generator[_Effect, Any, RunResult]:
+    def _loop(self, task: str | list[dict[str, Any]], labels: _Labels,
+              servers: MCPConnections | None = None) -> Generator[_Effect, Any, RunResult]:
         messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
+        tools, definitions = self._tools_with(servers)
         run = _Run(
             budget=Budget(self.limits),
             messages=messages,
@@ -208,12 +238,16 @@ class Agent:
                 model=self.model,
                 task=task if isinstance(task, str) else messages,
                 system=self.system,
-                tool_definitions=self._tool_definitions,
+                tool_definitions=definitions,
                 session_id=labels.session_id,
                 user_id=labels.user_id,
                 tags=labels.tags,
                 metadata=labels.metadata,
             ),
+            tools=tools,
+            tool_definitions=definitions,
+            servers=servers,
+            servers_version=servers.version if servers is not None else 0,
         )
         try:
             while True:
@@ -243,7 +277,10 @@ class Agent:
         turn = run.span.start_turn(index)
         if self.on_event is not None:
             self._emit(TurnStarted(index))
-        params = self._request(run.messages, run.budget)
+        if run.servers is not None and run.servers.version != run.servers_version:  # a server's tool list changed
+            run.servers_version = run.servers.version
+            run.tools, run.tool_definitions = self._tools_with(run.servers)
+        params = self._request(run.messages, run.budget, run.tool_definitions)
         started = time.perf_counter()
         outcome = yield _ModelCall(params, turn, run.budget.remaining_s())
         if isinstance(outcome, _Raised):  # the instrumented model already ended its chat span with the error
@@ -316,7 +353,7 @@ class Agent:
                     content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
         """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
         whether the detector stops the run."""
-        calls = [self._prepare_call(turn, block) for block in content
+        calls = [self._prepare_call(turn, block, run.tools) for block in content
                  if isinstance(block, dict) and block.get("type") == "tool_use"]
         if not calls:
             # tool_use with no tool_use block: nothing can answer it, so say so rather than send an empty message.
@@ -339,16 +376,18 @@ class Agent:
         results.extend({"type": "text", "text": text} for text in nudges)
         return results, stopped
 
-    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:
+    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any],
+                      tools: Mapping[str, toolkit.Tool] | None = None) -> _Call:
+        tools = self.tools if tools is None else tools
         name = block.get("name") or ""
         call_id = block.get("id") or ""
         arguments = block.get("input")
-        tool = self.tools.get(name)
+        tool = tools.get(name)
         span = turn.start_tool(call_id=call_id, name=name, description=tool.description if tool else None,
                                arguments=arguments)
         call = _Call(call_id=call_id, name=name, arguments=arguments, tool=tool, span=span)
         if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
+            known = ", ".join(sorted(tools)) or "none"
             call.error = toolkit.UnknownTool(f"unknown tool {name!r}; the tools available are: {known}")
         else:
             try:
@@ -382,7 +421,10 @@ class Agent:
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, shown,
                                     call.is_error, call.outcome, call.duration_s))
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
+        content: str | list[dict[str, Any]] = call.result
+        if not call.is_error and isinstance(call.value, toolkit.ContentBlocks):  # images and documents go as blocks
+            content = call.value.message_content(self.max_tool_result_chars, _truncate_result)
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": content}
         if call.is_error:
             block["is_error"] = True
         return block
@@ -416,15 +458,24 @@ class Agent:
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 
-    def _request(self, messages: list[dict[str, Any]], budget: Budget) -> dict[str, Any]:
+    def _tools_with(self, servers: MCPConnections | None) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
+        """The run's tools and their definitions: the agent's own, then its MCP servers' (which yield on a clash)."""
+        if servers is None:
+            return self.tools, self._tool_definitions
+        tools = {**self.tools, **servers.tools(taken=self.tools)}
+        return tools, [t.definition() for t in tools.values()]
+
+    def _request(self, messages: list[dict[str, Any]], budget: Budget,
+                 tool_definitions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, **self.model_params}
         output_left = budget.output_tokens_left(self._price.output / 1_000_000 if self._price else None)
         if output_left is not None and output_left < params["max_tokens"]:
             _lower_max_tokens(params, output_left)
         if self.system is not None:
             params["system"] = self.system
-        if self._tool_definitions:
-            params["tools"] = self._tool_definitions
+        definitions = self._tool_definitions if tool_definitions is None else tool_definitions
+        if definitions:
+            params["tools"] = definitions
         params["messages"] = list(messages)  # a snapshot: the history grows after the call
         return params
 
@@ -530,6 +581,10 @@ class _Run:
     anomalies: dict[str, Anomaly] = field(default_factory=dict)  # streak key -> its latest firing
     nudged: set[str] = field(default_factory=set)  # streak keys already nudged: nudge once, then escalate
     facts: ToolErrorFacts | None = None  # the error ledger alone, when the detector is off
+    tools: dict[str, toolkit.Tool] = field(default_factory=dict)  # the agent's own and its MCP servers'
+    tool_definitions: list[dict[str, Any]] = field(default_factory=list)
+    servers: MCPConnections | None = None
+    servers_version: int = 0  # of the servers' tool lists this run's tools were built from
 
     def unresolved_errors(self) -> list[UnresolvedToolError]:
         """The tool errors standing as the run ends, from the detector's ledger (or the ledger alone)."""
