@@ -196,6 +196,7 @@ class _Server:
     protocol_version: str | None = None
     session_id: str | None = None
     stderr: TextIO | None = None
+    stale: bool = False  # the server said its tool list changed; not listed again yet
     stop: asyncio.Event | None = None
     keeper: asyncio.Task | None = None
 
@@ -239,7 +240,14 @@ class MCPConnections:
         return [(server.label, t) for server in self._servers for t in server.tools]
 
     def tools(self, taken: Collection[str] = ()) -> dict[str, toolkit.Tool]:
-        """The servers' tools by the names the model sees (see the module's note on clashes)."""
+        """The servers' tools by the names the model sees (see the module's note on clashes); a server whose list
+        changed is asked for it again first (a local round trip, waited for here)."""
+        if any(server.stale for server in self._servers) and not self._closed.is_set():
+            relisting = asyncio.run_coroutine_threadsafe(self._relist_stale(), self._loop)
+            try:
+                relisting.result(max(s.config.connect_timeout_s for s in self._servers))
+            except Exception as exc:
+                log.warning("mcp_tool_list_failed", error=_describe(exc), hint="the run keeps the tools it had")
         used = set(taken)
         built: dict[str, toolkit.Tool] = {}
         for server in self._servers:
@@ -394,19 +402,21 @@ class MCPConnections:
         from mcp import types
 
         if isinstance(message, types.ToolListChangedNotification):
-            asyncio.get_running_loop().create_task(self._relist(server))
+            # Noted at once, listed when the run next builds its tools: the notification may be handled just after
+            # the call that caused it returned, but never after the next turn begins.
+            server.stale = True
+            self.version += 1
         elif isinstance(message, Exception):  # a line from the server that is not MCP
             log.warning("mcp_server_garbled", server=server.label, error=_describe(message))
 
-    async def _relist(self, server: _Server) -> None:
-        session = server.session
-        if session is None:
-            return
-        try:
-            server.tools = await _list_tools(session)
-            self.version += 1
-        except Exception as exc:
-            log.warning("mcp_tool_list_failed", server=server.label, error=_describe(exc))
+    async def _relist_stale(self) -> None:
+        for server in self._servers:
+            if server.stale and server.session is not None:
+                server.stale = False
+                try:
+                    server.tools = await _list_tools(server.session)
+                except Exception as exc:
+                    log.warning("mcp_tool_list_failed", server=server.label, error=_describe(exc))
 
     async def _call(self, server: _Server, name: str, arguments: dict[str, Any]) -> Any:
         from mcp.shared.exceptions import MCPError
