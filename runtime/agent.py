@@ -218,7 +218,7 @@ class Agent:
         if not self.mcp_servers:
             return None
         from .mcp_servers import MCPConnections
-        return MCPConnections(self.mcp_servers, self._tracing)
+        return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
 
     # --- the shared core -------------------------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 Approval = bool | Collection[str] | Callable[[str, dict[str, Any]], bool | Awaitable[bool]]
 
 CONNECT_TIMEOUT_S = 30.0
+REQUEST_GRACE_S = 1.0
 CLOSE_TIMEOUT_S = 15.0  # the mcp package stops a stdio server within ~4 s (stdin closed, SIGTERM, SIGKILL)
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})  # what the Messages API takes
 STDERR_LINES_LOGGED = 50
@@ -207,9 +208,13 @@ class MCPConnections:
     ``version`` grows each time a server's tool list changes; ``tools`` builds the run's MCP tools.
     """
 
-    def __init__(self, servers: Iterable[MCPServer], telemetry: Any = None) -> None:
+    def __init__(self, servers: Iterable[MCPServer], telemetry: Any = None, *,
+                 call_timeout_s: float | None = None) -> None:
         check_installed()
         self._telemetry = telemetry
+        # The run's per-tool timeout decides what the model is told; the request itself gets a moment longer, then
+        # the mcp package gives up on it too and tells the server to stop (a call from run() is not cancellable).
+        self._request_timeout_s = None if call_timeout_s is None else call_timeout_s + REQUEST_GRACE_S
         self._servers = [_Server(config, config.label, "pipe" if isinstance(config, MCPServerStdio) else "tcp")
                          for config in servers]
         self.version = 0
@@ -432,14 +437,16 @@ class MCPConnections:
             with mcp_call_scope(self._telemetry, transport=server.transport, session_id=server.session_id,
                                 protocol_version=server.protocol_version, tool=name, server_address=address,
                                 server_port=port):
-                result = await session.call_tool(name, arguments)
+                result = await session.call_tool(name, arguments, read_timeout_seconds=self._request_timeout_s)
         except asyncio.CancelledError:
             log.warning("mcp_call_abandoned", server=server.label, tool=name,
                         reason="the call was cancelled (its time ran out, or the run ended)")
             raise
         except MCPError as exc:
             problem = _mcp_error_text(server, name, exc)
-            log.warning("mcp_call_failed", server=server.label, tool=name, error=problem)
+            # A call still waiting when the run closes its servers was abandoned already (and said so): no warning.
+            (log.debug if self._closed.is_set() else log.warning)("mcp_call_failed", server=server.label, tool=name,
+                                                                 error=problem)
             raise toolkit.ToolError(problem) from None
         except Exception as exc:  # an answer that is not a valid MCP result, a transport failure
             problem = f"MCP server {server.label!r} failed during {name}: {_describe(exc)}"

@@ -154,7 +154,11 @@ async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) ->
     _refuse_when_out_of_time(t, timeout_s)
     if t.is_async:
         task = asyncio.ensure_future(t.fn(**kwargs))
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        except asyncio.CancelledError:  # the run was cancelled: so is the call it was waiting for
+            task.cancel()
+            raise
         if not done:
             # Cancel but do not await: a coroutine that swallows cancellation must not hang the run.
             task.cancel()

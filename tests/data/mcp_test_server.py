@@ -98,9 +98,25 @@ async def hang() -> str:
 async def garble() -> str:
     """Writes a line that is not JSON-RPC where the answer should go, then never answers."""
     _mark("garble")
-    os.write(1, b"this is not json-rpc\n")
+    os.write(_wire_fd(), b"this is not json-rpc\n")
     await asyncio.sleep(3600)
     return "unreachable"
+
+
+_WIRE: tuple[int, int] | None = None  # (device, inode) of the pipe stdout was at start
+
+
+def _wire_fd() -> int:
+    """The descriptor the server writes its protocol to: the mcp package moves it off fd 1 (so a stray print cannot
+    corrupt the stream), and a server that is to misbehave on purpose has to find it again."""
+    for fd in range(3, 256):
+        try:
+            stat = os.fstat(fd)
+        except OSError:
+            continue
+        if (stat.st_dev, stat.st_ino) == _WIRE:
+            return fd
+    return 1
 
 
 @server.tool()
@@ -151,6 +167,9 @@ def main() -> None:
     pid_file = os.environ.get("MCP_TEST_PID_FILE")
     if pid_file:
         Path(pid_file).write_text(str(os.getpid()))
+    global _WIRE
+    stdout = os.fstat(1)
+    _WIRE = (stdout.st_dev, stdout.st_ino)
     print("test server starting", file=sys.stderr)  # stderr chatter the client must keep off the terminal
     if sys.argv[1:2] == ["http"]:
         asyncio.run(_serve_http(Path(sys.argv[2])))
