@@ -55,6 +55,9 @@ CLOSE_TIMEOUT_S = 15.0  # the mcp package stops a stdio server within ~4 s (stdi
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})  # what the Messages API takes
 STDERR_LINES_LOGGED = 50
 _INVALID_NAME_CHARACTERS = re.compile(r"[^a-zA-Z0-9_-]")
+# Commands that run a server named by an argument: the server is named after that argument, not the launcher.
+_LAUNCHERS = frozenset({"python", "node", "npx", "uvx", "uv", "deno", "bun", "bunx", "pipx", "docker"})
+_LAUNCHER_WORDS = frozenset({"run", "tool", "exec", "-m"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +76,18 @@ class MCPServerStdio:
     name: str | None = None
     needs_approval: Approval = False
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    required: bool = False  # True: a run does not begin without this server (MCPServerUnavailable is raised)
 
     @property
     def label(self) -> str:
-        return self.name or Path(self.command).name or "mcp"
+        if self.name:
+            return self.name
+        command = Path(self.command).name
+        if command.split(".")[0].rstrip("0123456789.") in _LAUNCHERS:  # `npx -y @org/server-x`: server-x
+            script = next((arg for arg in self.args if not arg.startswith("-") and arg not in _LAUNCHER_WORDS), None)
+            if script:
+                return Path(script.split("@", 2)[-1] if script.startswith("@") else script).stem or command
+        return command or "mcp"
 
     @classmethod
     def parse(cls, command_line: str, **options: Any) -> MCPServerStdio:
@@ -97,6 +108,7 @@ class MCPServerHTTP:
     name: str | None = None
     needs_approval: Approval = False
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    required: bool = False  # True: a run does not begin without this server (MCPServerUnavailable is raised)
 
     @property
     def label(self) -> str:
@@ -198,6 +210,7 @@ class _Server:
     session_id: str | None = None
     stderr: TextIO | None = None
     stale: bool = False  # the server said its tool list changed; not listed again yet
+    last_stderr: str = ""  # the last line the server wrote to stderr, for the reason it could not start
     stop: asyncio.Event | None = None
     keeper: asyncio.Task | None = None
 
@@ -229,11 +242,19 @@ class MCPConnections:
     # --- the caller's side --------------------------------------------------------------------------------------
 
     def wait_ready(self) -> None:
-        """Block until every server is connected or has failed (each failure already warned about)."""
+        """Block until every server is connected or has failed (each failure already warned about). Raises
+        MCPServerUnavailable for a ``required`` server that failed."""
         self._ready.result()
+        self._check_required()
 
     async def await_ready(self) -> None:
         await asyncio.wrap_future(self._ready)
+        self._check_required()
+
+    def _check_required(self) -> None:
+        for server in self._servers:
+            if server.config.required and server.session is None:
+                raise MCPServerUnavailable(f"MCP server {server.label!r} cannot start: {server.failure}")
 
     @property
     def failures(self) -> dict[str, str]:
@@ -342,8 +363,9 @@ class MCPConnections:
             server.keeper.cancel()
             await asyncio.gather(server.keeper, return_exceptions=True)
         except Exception as exc:
-            server.failure = _describe(exc)
-        if server.failure is not None:
+            server.failure = _startup_failure(exc) + (f" (its stderr: {server.last_stderr[:300]})"
+                                               if server.last_stderr else "")
+        if server.failure is not None and not server.config.required:  # a required one is raised, not warned
             log.warning("mcp_server_unavailable", server=server.label, error=server.failure,
                         hint="the run goes on without its tools")
 
@@ -491,6 +513,17 @@ def _settle_future(task: asyncio.Task, outcome: concurrent.futures.Future) -> No
         outcome.set_result(task.result())
 
 
+def _startup_failure(exc: BaseException) -> str:
+    from mcp import types
+    from mcp.shared.exceptions import MCPError
+
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED:
+        return "it exited (or closed the connection) before it answered"
+    return _describe(exc)
+
+
 def _mcp_error_text(server: _Server, name: str, exc: Any) -> str:
     from mcp import types
 
@@ -524,6 +557,7 @@ def _log_stderr(server: _Server) -> None:
     try:
         stream.seek(0)
         lines = stream.read().splitlines()[-STDERR_LINES_LOGGED:]
+        server.last_stderr = next((line.strip() for line in reversed(lines) if line.strip()), "")
         for line in lines:
             log.debug("mcp_server_stderr", server=server.label, line=line)
     except Exception:

@@ -14,6 +14,7 @@ from looptrace.instrumentation.settings import DEFAULT_MODEL
 from .common import UsageError
 from .environment import anthropic_credentials_set, no_trace_file_reason, read_settings
 from .exit_codes import EXIT_CODE_HELP
+from .mcp_command import add_mcp_flags, servers_from
 from .running import (
     EXIT_CODES,
     add_anomaly_flag,
@@ -37,6 +38,7 @@ def add_run_command(commands: Any) -> None:
                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
+    add_mcp_flags(run)
     run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL})")
     run.add_argument("--system", help="system prompt")
     run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
@@ -71,6 +73,7 @@ def run_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.langfuse import trace_attributes
     from looptrace.runtime.agent import Agent
     from looptrace.runtime.limits import Limits
+    from looptrace.runtime.mcp_servers import MCPServerUnavailable
     from looptrace.runtime.models import AnthropicModel
 
     from .views import LiveView
@@ -81,11 +84,12 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(args.tools)) if args.tools else []
+    servers = servers_from(args)
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
                              traceparent=args.traceparent or None, judge=args.judge or None)
     _check_priced(settings.model, args.max_cost_usd)
-    if not tools:
+    if not tools and not servers:
         print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     if args.traceparent:
         try:
@@ -99,7 +103,8 @@ def run_command(args: argparse.Namespace) -> int:
     telemetry = telemetry_setup.configure(settings)
     try:
         agent = Agent(
-            settings.model, tools=tools, system=args.system, name=args.name, max_tokens=args.max_tokens,
+            settings.model, tools=tools, mcp_servers=servers, system=args.system, name=args.name,
+            max_tokens=args.max_tokens,
             client=AnthropicModel(stream=args.stream), on_anomaly=args.on_anomaly,
             limits=Limits(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
                           max_cost_usd=args.max_cost_usd, timeout_s=args.timeout, tool_timeout_s=args.tool_timeout),
@@ -113,6 +118,9 @@ def run_command(args: argparse.Namespace) -> int:
     token = otel_context.attach(parent) if parent is not None else None
     try:
         result = execute(agent, args.task, telemetry, labels)
+    except MCPServerUnavailable as exc:  # said before the run began: nothing was asked of the model
+        close(telemetry)
+        raise UsageError(str(exc)) from None
     finally:
         if token is not None:
             otel_context.detach(token)
