@@ -331,3 +331,29 @@ def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(ap
     assert len(served) == 1
     assert served[0].trace_id == result.trace_id == format(client.context.trace_id, "032x")
     assert served[0].parent_span_id == format(client.context.span_id, "016x")
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+
+
+def test_looptrace_mcp_list_shows_what_a_server_offers_and_stops_it(workdir, capsys, tmp_path):
+    from looptrace.cli.app import main
+
+    pid_file = tmp_path / "listed.pid"
+    code = main(["mcp", "list", "--mcp", f"{sys.executable} {SERVER} stdio --pid-file {pid_file}"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "mcp_test_server  add\n    Add two integers.\n    arguments: a: integer, b: integer\n" in out
+    assert "mcp_test_server  notes.search  (offered to the model as notes_search)" in out
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_looptrace_run_with_mcp_calls_the_servers_tools(workdir, api, capsys):
+    from looptrace.cli.app import main
+
+    api.add(use("add", {"a": 20, "b": 22}), final("42"))
+    code = main(["run", "add 20 and 22", "--mcp", f"{sys.executable} {SERVER} stdio", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert results_sent(api.requests[1])[0]["content"] == "42"
+    assert "no --tools" not in captured.err

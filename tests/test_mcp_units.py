@@ -235,3 +235,21 @@ def test_outside_a_call_scope_the_package_records_as_it_always_did(spans):
 class _Telemetry:
     def __init__(self, tracer_provider, meter_provider):
         self.providers = (tracer_provider, meter_provider)
+
+
+def test_looptrace_run_with_a_server_that_cannot_start_says_so_in_one_line_and_exits_2(workdir, api, capsys):
+    from looptrace.cli.app import main
+
+    code = main(["run", "hello", "--mcp", "/nonexistent/notes-server --db x"])
+    err = capsys.readouterr().err
+    assert code == 2 and api.requests == []
+    assert err.strip().splitlines() == [
+        "looptrace: error: MCP server 'notes-server' cannot start: FileNotFoundError: [Errno 2] No such file or "
+        "directory: '/nonexistent/notes-server'"]
+
+
+def test_looptrace_mcp_list_needs_a_server(capsys):
+    from looptrace.cli.app import main
+
+    assert main(["mcp", "list"]) == 2
+    assert "--mcp 'COMMAND ARGS' or --mcp-url URL" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """A real MCP server for the tests, written with the mcp package's own server API (MCPServer, formerly FastMCP).
 
-    python mcp_test_server.py stdio
+    python mcp_test_server.py stdio [--pid-file PATH]
     python mcp_test_server.py http PORT_FILE     # streamable HTTP on 127.0.0.1, port 0; the port goes to PORT_FILE
 
 Environment: MCP_TEST_PID_FILE gets the process id at start; MCP_TEST_MARKS (a directory) gets a file per tool call
@@ -165,6 +165,8 @@ def notes_search(query: str) -> str:
 
 def main() -> None:
     pid_file = os.environ.get("MCP_TEST_PID_FILE")
+    if "--pid-file" in sys.argv:  # for a command line, where the client passes no environment of the caller's
+        pid_file = sys.argv[sys.argv.index("--pid-file") + 1]
     if pid_file:
         Path(pid_file).write_text(str(os.getpid()))
     global _WIRE
