@@ -357,3 +357,24 @@ def test_looptrace_run_with_mcp_calls_the_servers_tools(workdir, api, capsys):
     assert code == 0, captured.err
     assert results_sent(api.requests[1])[0]["content"] == "42"
     assert "no --tools" not in captured.err
+
+
+# --- the README's example ---------------------------------------------------------------------------------------------
+
+
+def test_the_readme_mcp_example_runs_with_the_shipped_server(api, tmp_path):
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## MCP servers", 1)[1].split("\n## ", 1)[0]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    api.add(use("add_note", {"title": "groceries", "text": "eggs"}), use("search_notes", {"query": "eggs"}),
+            final("groceries: eggs"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPTRACE_", "OTEL_", "LANGFUSE_"))}
+    env.update(ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY="test-key", LOOPTRACE_EXPORTER="none")
+    done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=PATIENCE_S * 2)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done groceries: eggs"
+    assert results_sent(api.requests[1])[0]["content"] == "saved 'groceries'"
+    assert results_sent(api.requests[2])[0]["content"] == "groceries: eggs"
