@@ -111,8 +111,9 @@ class _RoutingTracer(trace.Tracer):
         return tracer.start_span(name, context, kind, merged, links, start_time, record_exception,
                                  set_status_on_exception)
 
-    @contextlib.contextmanager  # type: ignore[override]
-    def start_as_current_span(self, name: str, context: Any = None, kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    @contextlib.contextmanager
+    def start_as_current_span(  # type: ignore[override]  # the API types its own decorator's context manager
+            self, name: str, context: Any = None, kind: trace.SpanKind = trace.SpanKind.INTERNAL,
                               attributes: Attributes = None, links: Any = None, start_time: int | None = None,
                               record_exception: bool = True, set_status_on_exception: bool = True,
                               end_on_exit: bool = True) -> Iterator[trace.Span]:
@@ -163,14 +164,11 @@ def _install() -> bool:
         return _installed
     with _install_lock:
         if _installed is None:
-            try:
-                from mcp.shared import _otel
-            except ImportError:
-                _otel = None  # type: ignore[assignment]
-            original = getattr(_otel, "_tracer", None)
+            module = _mcp_otel_module()
+            original = getattr(module, "_tracer", None)
             if isinstance(original, trace.Tracer):
                 if not isinstance(original, _RoutingTracer):
-                    _otel._tracer = _RoutingTracer(original)  # type: ignore[union-attr]
+                    module._tracer = _RoutingTracer(original)
                 _installed = True
             else:
                 log.warning("mcp_tracing_unavailable",
@@ -178,6 +176,14 @@ def _install() -> bool:
                                    "tracer provider")
                 _installed = False
     return _installed
+
+
+def _mcp_otel_module() -> Any:
+    try:
+        from mcp.shared import _otel
+    except ImportError:
+        return None
+    return _otel
 
 
 _tracers: dict[int, tuple[Any, trace.Tracer]] = {}

@@ -265,7 +265,7 @@ class MCPConnections:
         """(server name, mcp Tool) for every tool the connected servers offer, as they list them."""
         return [(server.label, t) for server in self._servers for t in server.tools]
 
-    def tools(self, taken: Collection[str] = ()) -> dict[str, toolkit.Tool]:
+    def tools(self, taken: Collection[str] = ()) -> dict[str, MCPTool]:
         """The servers' tools by the names the model sees (see the module's note on clashes); a server whose list
         changed is asked for it again first (a local round trip, waited for here)."""
         if any(server.stale for server in self._servers) and not self._closed.is_set():
@@ -275,7 +275,7 @@ class MCPConnections:
             except Exception as exc:
                 log.warning("mcp_tool_list_failed", error=_describe(exc), hint="the run keeps the tools it had")
         used = set(taken)
-        built: dict[str, toolkit.Tool] = {}
+        built: dict[str, MCPTool] = {}
         for server in self._servers:
             for listed in server.tools:
                 name = tool_name(listed.name)
@@ -508,7 +508,7 @@ def _settle_future(task: asyncio.Task, outcome: concurrent.futures.Future) -> No
     if task.cancelled():
         outcome.cancel()
     elif task.exception() is not None:
-        outcome.set_exception(task.exception())  # type: ignore[arg-type]
+        outcome.set_exception(task.exception())
     else:
         outcome.set_result(task.result())
 
