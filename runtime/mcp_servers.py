@@ -231,6 +231,7 @@ class MCPConnections:
         self._servers = [_Server(config, config.label, "pipe" if isinstance(config, MCPServerStdio) else "tcp")
                          for config in servers]
         self.version = 0
+        self._connecting: list[asyncio.Future] = []
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -350,10 +351,14 @@ class MCPConnections:
     # --- the connections' loop ----------------------------------------------------------------------------------
 
     async def _connect_all(self) -> None:
-        await asyncio.gather(*(self._connect(server) for server in self._servers))
+        self._connecting = [asyncio.ensure_future(self._connect(server)) for server in self._servers]
+        await asyncio.gather(*self._connecting)
 
     async def _connect(self, server: _Server) -> None:
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        # A start cut short by the close is not an error anyone must hear about: read it, so it is never reported
+        # as "never retrieved" when the loop shuts down first.
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())
         server.stop = asyncio.Event()
         server.keeper = asyncio.create_task(self._keep(server, ready))
         try:
@@ -485,8 +490,10 @@ class MCPConnections:
         for server in self._servers:
             if server.stop is not None:
                 server.stop.set()
+            if server.session is None and server.keeper is not None:  # still starting: stop it starting
+                server.keeper.cancel()
         keepers = [s.keeper for s in self._servers if s.keeper is not None]
-        await asyncio.gather(*keepers, return_exceptions=True)
+        await asyncio.gather(*keepers, *self._connecting, return_exceptions=True)
 
 
 async def _list_tools(session: ClientSession) -> list[Any]:

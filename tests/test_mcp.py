@@ -357,6 +357,14 @@ def test_looptrace_run_with_mcp_calls_the_servers_tools(workdir, api, capsys):
     assert code == 0, captured.err
     assert results_sent(api.requests[1])[0]["content"] == "42"
     assert "no --tools" not in captured.err
+    # The mcp package's client span went where the CLI's run records (its trace file), under execute_tool.
+    from looptrace.instrumentation.tracefile.read import read_spans
+
+    spans = list(read_spans(workdir / ".looptrace" / "traces.jsonl"))
+    execute = next(s for s in spans if s.name == "execute_tool add")
+    client = next(s for s in spans if s.name == "MCP send tools/call add")
+    assert client.parent_span_id == execute.span_id and client.trace_id == execute.trace_id
+    assert client.attributes["network.transport"] == "pipe"
 
 
 # --- the README's example ---------------------------------------------------------------------------------------------
@@ -378,3 +386,25 @@ def test_the_readme_mcp_example_runs_with_the_shipped_server(api, tmp_path):
     assert done.stdout.strip() == "done groceries: eggs"
     assert results_sent(api.requests[1])[0]["content"] == "saved 'groceries'"
     assert results_sent(api.requests[2])[0]["content"] == "groceries: eggs"
+
+
+def test_a_run_cancelled_while_its_server_is_still_starting_stops_it(api, tmp_path):
+    slow_start = tmp_path / "slow_server.py"
+    slow_start.write_text(textwrap.dedent(f"""
+        import os, pathlib, sys, time
+        pathlib.Path({str(tmp_path / "slow.pid")!r}).write_text(str(os.getpid()))
+        time.sleep(3600)  # never answers initialize
+    """))
+    agent = quiet_agent(mcp_servers=[MCPServerStdio(sys.executable, [str(slow_start)], name="slow")])
+
+    async def cancel_while_starting():
+        task = asyncio.ensure_future(agent.arun("hello"))
+        while not (tmp_path / "slow.pid").exists():
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(cancel_while_starting(), PATIENCE_S))
+    assert not alive(int((tmp_path / "slow.pid").read_text()))
+    assert api.requests == []
