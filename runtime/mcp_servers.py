@@ -286,17 +286,21 @@ class MCPConnections:
                     log.warning("mcp_tool_skipped", server=server.label, tool=listed.name,
                                 reason=f"the name {name!r} is already taken")
                     continue
+                schema = listed.input_schema if isinstance(listed.input_schema, dict) else {}
+                if schema.get("type", "object") != "object":
+                    log.warning("mcp_tool_skipped", server=server.label, tool=listed.name,
+                                reason="its input schema is not an object, which the Messages API requires")
+                    continue
                 used.add(name)
-                built[name] = self._tool(server, listed, name)
+                built[name] = self._tool(server, listed, name, {"type": "object", **schema})
         return built
 
-    def _tool(self, server: _Server, listed: Any, name: str) -> MCPTool:
+    def _tool(self, server: _Server, listed: Any, name: str, schema: dict[str, Any]) -> MCPTool:
         remote = listed.name
 
         async def call_mcp_tool(**arguments: Any) -> Any:
             return await self.call(server, remote, arguments)
 
-        schema = listed.input_schema if isinstance(listed.input_schema, dict) else {"type": "object"}
         return MCPTool(name=name, description=listed.description or listed.title or remote, input_schema=schema,
                        fn=call_mcp_tool, needs_approval=_approval_for(server.config, remote), server=server.label,
                        remote_name=remote)

@@ -137,13 +137,14 @@ def test_a_run_lists_and_calls_a_stdio_servers_tools_and_stops_the_server(api, t
 
 def test_a_run_calls_a_streamable_http_server_traced_under_its_execute_tool_span(api, http_server, spans):
     reader = InMemoryMetricReader()
-    api.add(use("add", {"a": 1, "b": 1}), final("2"))
+    api.add(use("add", {"a": 1, "b": 1}), use("authorized"), final("2"))
 
     result = quiet_agent(mcp_servers=[http_server.config], tracer_provider=spans.provider,
                          meter_provider=MeterProvider(metric_readers=[reader])).run("1+1")
 
     assert result.status is RunStatus.DONE
     assert results_sent(api.requests[1])[0]["content"] == "2"
+    assert results_sent(api.requests[2])[0]["content"] == "yes"  # the configured headers went with the call
     execute = spans.one("execute_tool add")
     [client] = [s for s in spans.children_of(execute) if s.name.startswith("MCP send tools/call")]
     assert client.name == "MCP send tools/call add" and client.context.trace_id == execute.context.trace_id
@@ -155,8 +156,8 @@ def test_a_run_calls_a_streamable_http_server_traced_under_its_execute_tool_span
     assert attributes["mcp.session.id"] and attributes["mcp.protocol.version"]
     assert "gen_ai.operation.name" not in attributes  # the execute_tool span is the tool call; not counted twice
     points = [p for m in _metrics(reader) if m.name == "mcp.client.operation.duration" for p in m.data.data_points]
-    assert [(p.attributes["mcp.method.name"], p.attributes["gen_ai.tool.name"], p.count) for p in points] == [
-        ("tools/call", "add", 1)]
+    assert sorted((p.attributes["mcp.method.name"], p.attributes["gen_ai.tool.name"], p.count) for p in points) == [
+        ("tools/call", "add", 1), ("tools/call", "authorized", 1)]
     assert alive(http_server.pid)  # a server the run did not start is left running
 
 
@@ -321,7 +322,7 @@ def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(ap
         server = stdio_server(tmp_path, env={"MCP_TEST_OTLP": receiver.traces_url})
         api.add(use("add", {"a": 4, "b": 4}), final("8"))
 
-        # The global tracer provider is the API's no-op one in this process: the traceparent comes from the run.
+        # The traceparent comes from the run's provider, not the global one (the API's no-op, in a fresh process).
         result = quiet_agent(mcp_servers=[server.config], tracer_provider=spans.provider).run("4+4")
 
         assert result.status is RunStatus.DONE

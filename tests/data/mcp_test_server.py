@@ -156,6 +156,14 @@ async def unlock(ctx: Context) -> str:
     return "a new tool is available"
 
 
+@server.tool()
+async def authorized(ctx: Context) -> str:
+    """Whether the request carried the tests' bearer token (streamable HTTP only)."""
+    _mark("authorized")
+    headers = ctx.headers or {}
+    return "yes" if headers.get("authorization") == "Bearer test-token" else "no"
+
+
 @server.tool(name="notes.search")
 def notes_search(query: str) -> str:
     """A dotted name, as MCP allows and the Messages API does not."""
