@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from looptrace.instrumentation.interface import log, mcp_call_scope
 
 from . import tools as toolkit
+from .mcp_results import tool_result
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -52,7 +53,6 @@ Approval = bool | Collection[str] | Callable[[str, dict[str, Any]], bool | Await
 CONNECT_TIMEOUT_S = 30.0
 REQUEST_GRACE_S = 1.0
 CLOSE_TIMEOUT_S = 15.0  # the mcp package stops a stdio server within ~4 s (stdin closed, SIGTERM, SIGKILL)
-IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})  # what the Messages API takes
 STDERR_LINES_LOGGED = 50
 _INVALID_NAME_CHARACTERS = re.compile(r"[^a-zA-Z0-9_-]")
 # Commands that run a server named by an argument: the server is named after that argument, not the launcher.
@@ -257,11 +257,6 @@ class MCPConnections:
             if server.config.required and server.session is None:
                 raise MCPServerUnavailable(f"MCP server {server.label!r} cannot start: {server.failure}")
 
-    @property
-    def failures(self) -> dict[str, str]:
-        """The servers that could not be reached, by name, with why."""
-        return {s.label: s.failure for s in self._servers if s.failure is not None and s.session is None}
-
     def listing(self) -> list[tuple[str, Any]]:
         """(server name, mcp Tool) for every tool the connected servers offer, as they list them."""
         return [(server.label, t) for server in self._servers for t in server.tools]
@@ -316,7 +311,8 @@ class MCPConnections:
         def start() -> None:
             task = self._loop.create_task(self._call(server, name, arguments), context=context)
             task.add_done_callback(lambda done: _settle_future(done, outcome))
-            outcome.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+            # The caller gave up (its timeout, a cancelled arun): cancel the request on its own loop's thread.
+            outcome.add_done_callback(lambda f: self._loop.call_soon_threadsafe(task.cancel) if f.cancelled() else None)
 
         try:
             self._loop.call_soon_threadsafe(start)
@@ -577,56 +573,6 @@ def _log_stderr(server: _Server) -> None:
         stream.close()
 
 
-# --- results ------------------------------------------------------------------------------------------------------
-
-
-def tool_result(result: Any) -> str | toolkit.ContentBlocks:
-    """An MCP CallToolResult as the Messages API takes a tool_result's content: text alone as a string (the same
-    path as a Python tool's text), otherwise text, image and document blocks. Structured content is sent as JSON
-    text when the server gave no content for it (the spec asks servers to mirror it in a text block as well)."""
-    blocks: list[dict[str, Any]] = []
-    for item in result.content:
-        blocks.extend(_blocks_of(item))
-    if result.structured_content is not None and not any(b["type"] == "text" for b in blocks):
-        blocks.append({"type": "text", "text": json.dumps(result.structured_content, ensure_ascii=False)})
-    if all(block["type"] == "text" for block in blocks):
-        return "\n".join(block["text"] for block in blocks)
-    return toolkit.ContentBlocks(blocks)
-
-
-def _blocks_of(item: Any) -> list[dict[str, Any]]:
-    kind = getattr(item, "type", None)
-    if kind == "text":
-        return [{"type": "text", "text": item.text}]
-    if kind == "image":
-        return [_base64_block(item.mime_type, item.data, what="image")]
-    if kind == "audio":
-        return [_note(f"[audio ({item.mime_type}) not shown: the Messages API takes no audio]")]
-    if kind == "resource_link":
-        return [_note(f"[resource link: {item.uri}{f' ({item.name})' if item.name else ''}]")]
-    if kind == "resource":
-        resource = item.resource
-        mime = resource.mime_type or "unknown type"
-        text = getattr(resource, "text", None)
-        if text is not None:
-            return [_note(f"[resource {resource.uri} ({mime})]\n{text}")]
-        return [_base64_block(resource.mime_type or "", resource.blob, what=f"resource {resource.uri}")]
-    return [_note(f"[a {kind or 'content'} block looptrace cannot pass on]")]
-
-
-def _base64_block(mime: str, data: str, *, what: str) -> dict[str, Any]:
-    if mime in IMAGE_TYPES:
-        return {"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}}
-    if mime == "application/pdf":
-        return {"type": "document", "source": {"type": "base64", "media_type": mime, "data": data}}
-    return _note(f"[{what} ({mime or 'unknown type'}, {len(data):,} characters of base64) not shown: the Messages "
-                 "API takes images (JPEG, PNG, GIF, WebP) and PDF documents]")
-
-
-def _note(text: str) -> dict[str, Any]:
-    return {"type": "text", "text": text}
-
-
 # --- safety net ---------------------------------------------------------------------------------------------------
 
 _open_connections: set[MCPConnections] = set()
@@ -641,4 +587,4 @@ def _close_left_open() -> None:
 atexit.register(_close_left_open)
 
 __all__ = ["MCPConnections", "MCPServer", "MCPServerHTTP", "MCPServerStdio", "MCPServerUnavailable", "MCPTool",
-           "check_installed", "tool_name", "tool_result"]
+           "check_installed", "tool_name"]

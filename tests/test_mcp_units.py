@@ -19,7 +19,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from looptrace.instrumentation.interface import mcp_call_scope
 from looptrace.runtime import tools as toolkit
-from looptrace.runtime.mcp_servers import MCPConnections, MCPServerHTTP, MCPServerStdio, MCPTool, tool_name, tool_result
+from looptrace.runtime.mcp_results import tool_result
+from looptrace.runtime.mcp_servers import MCPConnections, MCPServerHTTP, MCPServerStdio, MCPTool, tool_name
 
 PNG = "iVBORw0KGgoAAAANSUhEUg=="
 
