@@ -45,7 +45,7 @@ from . import policy as policies
 from . import tools as toolkit
 from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 from .limits import Budget, Limits
-from .mcp_servers import MCPConnections, MCPServer
+from .mcp_servers import MCPConnections, MCPServer, check_installed
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
@@ -102,7 +102,6 @@ class Agent:
         # Connected per run, closed when the run ends (see mcp_servers): their tools join these at each run's start.
         self.mcp_servers = tuple(mcp_servers)
         if self.mcp_servers:
-            from .mcp_servers import check_installed
             check_installed()
         self.model_params = dict(model_params or {})
         self.max_tool_result_chars = max_tool_result_chars
@@ -217,7 +216,6 @@ class Agent:
         """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
         if not self.mcp_servers:
             return None
-        from .mcp_servers import MCPConnections
         return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
 
     # --- the shared core -------------------------------------------------------------------------------------------
