@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from looptrace.instrumentation.detector import (
     Anomaly,
@@ -45,10 +45,12 @@ from . import policy as policies
 from . import tools as toolkit
 from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
 from .limits import Budget, Limits
-from .mcp_servers import MCPConnections, MCPServer, check_installed
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
+
+if TYPE_CHECKING:  # imported when an agent has MCP servers: an agent of Python tools never pays for it
+    from .mcp_servers import MCPConnections, MCPServer
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -102,6 +104,7 @@ class Agent:
         # Connected per run, closed when the run ends (see mcp_servers): their tools join these at each run's start.
         self.mcp_servers = tuple(mcp_servers)
         if self.mcp_servers:
+            from .mcp_servers import check_installed
             check_installed()
         self.model_params = dict(model_params or {})
         self.max_tool_result_chars = max_tool_result_chars
@@ -216,6 +219,7 @@ class Agent:
         """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
         if not self.mcp_servers:
             return None
+        from .mcp_servers import MCPConnections
         return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
 
     # --- the shared core -------------------------------------------------------------------------------------------

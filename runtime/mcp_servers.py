@@ -31,7 +31,6 @@ import dataclasses
 import json
 import re
 import shlex
-import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -405,6 +404,8 @@ class MCPConnections:
     def _transport(self, server: _Server) -> contextlib.AbstractAsyncContextManager[Any]:
         config = server.config
         if isinstance(config, MCPServerStdio):
+            import tempfile
+
             from mcp.client.stdio import StdioServerParameters, stdio_client
 
             # Closed by _log_stderr once the server has stopped: it must outlive this function.
