@@ -45,6 +45,7 @@ __all__ = [
     "Usage",
     "agent_telemetry",
     "log",
+    "mcp_call_scope",
     "redact",
     "report_first_chunk",
 ]
@@ -159,3 +160,14 @@ def agent_telemetry(*, enabled: bool = True, tracer_provider: Any = None, meter_
 
     return build(enabled=enabled, tracer_provider=tracer_provider, meter_provider=meter_provider,
                  capture_content=capture_content, alerts=alerts, settings=settings)
+
+
+def mcp_call_scope(telemetry: AgentTelemetry, *, transport: str, session_id: str | None,
+                   protocol_version: str | None, tool: str | None = None, server_address: str | None = None,
+                   server_port: int | None = None) -> AbstractContextManager[None]:
+    """The mcp package's requests made inside this block are recorded where ``telemetry``'s run records, under the
+    current span, with the session's attributes (see ``mcp_tracing``). Imported on first use: only MCP needs it."""
+    from .mcp_tracing import mcp_call_scope as scope
+
+    return scope(telemetry, transport=transport, session_id=session_id, protocol_version=protocol_version,
+                 tool=tool, server_address=server_address, server_port=server_port)

@@ -130,6 +130,15 @@ class Tracing:
         """The tracer of the current run's provider."""
         return self._tracer
 
+    @property
+    def providers(self) -> tuple[Any, Any]:
+        """The tracer and meter providers the current run records through: for instrumentation that is not ours but
+        must record where the run does (the mcp package's client spans, see ``mcp_tracing``)."""
+        if self._resolved is None:
+            self._select_providers()
+        assert self._resolved is not None
+        return self._resolved
+
     def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
         """``model`` with a chat span per call, opened under the turn current while it runs."""
         return InstrumentedModel(model, cost_of=cost_of, judge=judge)

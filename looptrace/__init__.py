@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "RunStatus": "looptrace.runtime.result",
     "Usage": "looptrace.runtime.result",
     "Tool": "looptrace.runtime.tools",
+    "MCPServerHTTP": "looptrace.runtime.mcp_servers",
+    "MCPServerStdio": "looptrace.runtime.mcp_servers",
     "tool": "looptrace.runtime.tools",
     "Alerts": "looptrace.instrumentation.alerts",
     "Anomaly": "looptrace.instrumentation.detector",
@@ -64,6 +66,8 @@ __all__ = [
     "Event",
     "Limits",
     "LoopDetector",
+    "MCPServerHTTP",
+    "MCPServerStdio",
     "Model",
     "ModelResponded",
     "PendingCall",
@@ -98,6 +102,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from looptrace.runtime.approvals import ApprovalRequest, Decision, PendingCall, approve, reject
     from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
     from looptrace.runtime.limits import Limits
+    from looptrace.runtime.mcp_servers import MCPServerHTTP, MCPServerStdio
     from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
     from looptrace.runtime.pricing import Price
     from looptrace.runtime.result import RunResult, RunStatus, Usage

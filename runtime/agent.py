@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from looptrace.instrumentation.detector import (
     Anomaly,
@@ -54,8 +54,14 @@ from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
 from .state import PendingAnomaly, RunState, StateError, anomaly_from_dict
 
+if TYPE_CHECKING:  # imported when an agent has MCP servers: an agent of Python tools never pays for it
+    from .mcp_servers import MCPConnections, MCPServer
+
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
+
+# What a driver starts once the run's MCP servers are connected: the core's generator, given those connections.
+_Start: TypeAlias = "Callable[[MCPConnections | None], Generator[_Effect, Any, RunResult]]"
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -78,6 +84,7 @@ class Agent:
         model: str,
         *,
         tools: Iterable[toolkit.Tool | Callable[..., Any]] = (),
+        mcp_servers: Iterable[MCPServer] = (),
         system: str | None = None,
         name: str = "agent",
         limits: Limits | None = None,
@@ -106,6 +113,12 @@ class Agent:
         self.limits = limits or Limits()
         self.max_tokens = max_tokens
         self.tools = toolkit.as_tools(tools)
+        # Connected per run, closed when the run ends (see mcp_servers): their tools join these at each run's start.
+        self.mcp_servers = tuple(mcp_servers)
+        if self.mcp_servers:
+            from .mcp_servers import check_installed
+
+            check_installed()
         self.model_params = dict(model_params or {})
         self.max_tool_result_chars = max_tool_result_chars
         self.on_event = on_event
@@ -170,7 +183,8 @@ class Agent:
         ``task`` is the user's request, or a whole message history to continue. ``session_id``, ``user_id``, ``tags``
         and ``metadata`` label the trace (Langfuse's trace attributes, on every span of the run).
         """
-        return self._drive_sync(self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata)))
+        labels = _Labels(session_id, user_id, tuple(tags), metadata)
+        return self._drive_sync(lambda servers: self._loop(task, labels, servers))
 
     def resume(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], *,
                approve: Iterable[str] = (), reject: Mapping[str, str] | None = None, go_on: bool | None = None,
@@ -183,25 +197,35 @@ class Agent:
         decisions is a StateError, raised before anything runs. The resumed run is a new trace in the same session,
         linked to the paused one.
         """
-        return self._drive_sync(self._resume_loop(self._accepted(state, approve, reject, go_on, message)))
+        resumption = self._accepted(state, approve, reject, go_on, message)
+        return self._drive_sync(lambda servers: self._resume_loop(resumption, servers))
 
     async def aresume(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], *,
                       approve: Iterable[str] = (), reject: Mapping[str, str] | None = None,
                       go_on: bool | None = None, message: str | None = None) -> RunResult:
         """``resume`` in asyncio."""
-        return await self._drive_async(self._resume_loop(self._accepted(state, approve, reject, go_on, message)))
+        resumption = self._accepted(state, approve, reject, go_on, message)
+        return await self._drive_async(lambda servers: self._resume_loop(resumption, servers))
 
-    def _drive_sync(self, loop: Generator[_Effect, Any, RunResult]) -> RunResult:
-        value: Any = None
-        while True:
-            try:
-                effect = loop.send(value)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value = effect.perform_sync(self)
-            except BaseException as exc:  # hand it to the core, which decides what it means for the run
-                value = _Raised(exc)
+    def _drive_sync(self, start: _Start) -> RunResult:
+        servers = self._open_servers()
+        try:
+            if servers is not None:
+                servers.wait_ready()
+            loop = start(servers)
+            value: Any = None
+            while True:
+                try:
+                    effect = loop.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    value = effect.perform_sync(self)
+                except BaseException as exc:  # hand it to the core, which decides what it means for the run
+                    value = _Raised(exc)
+        finally:  # however the run ends: its MCP servers do not outlive it
+            if servers is not None:
+                servers.close()
 
     # run() and arun() are the same few lines but for `await`: kept apart on purpose, since one function cannot both
     # block and await; everything they drive is shared in _loop.
@@ -210,24 +234,43 @@ class Agent:
                    user_id: str | None = None, tags: Iterable[str] = (),
                    metadata: Mapping[str, Any] | None = None) -> RunResult:
         """Run to completion in asyncio; parallel tool calls of one turn run concurrently. Arguments as for run()."""
-        return await self._drive_async(self._loop(task, _Labels(session_id, user_id, tuple(tags), metadata)))
+        labels = _Labels(session_id, user_id, tuple(tags), metadata)
+        return await self._drive_async(lambda servers: self._loop(task, labels, servers))
 
-    async def _drive_async(self, loop: Generator[_Effect, Any, RunResult]) -> RunResult:
-        value: Any = None
-        while True:
-            try:
-                effect = loop.send(value)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value = await effect.perform_async(self)
-            except BaseException as exc:
-                value = _Raised(exc)
+    async def _drive_async(self, start: _Start) -> RunResult:
+        servers = self._open_servers()
+        try:
+            if servers is not None:
+                await servers.await_ready()
+            loop = start(servers)
+            value: Any = None
+            while True:
+                try:
+                    effect = loop.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    value = await effect.perform_async(self)
+                except BaseException as exc:
+                    value = _Raised(exc)
+        finally:  # a cancelled arun too: the close finishes before the cancellation goes on
+            if servers is not None:
+                await servers.aclose()
+
+    def _open_servers(self) -> MCPConnections | None:
+        """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
+        if not self.mcp_servers:
+            return None
+        from .mcp_servers import MCPConnections
+
+        return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
 
     # --- the shared core -------------------------------------------------------------------------------------------
 
-    def _loop(self, task: str | list[dict[str, Any]], labels: _Labels) -> Generator[_Effect, Any, RunResult]:
+    def _loop(self, task: str | list[dict[str, Any]], labels: _Labels,
+              servers: MCPConnections | None = None) -> Generator[_Effect, Any, RunResult]:
         messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
+        tools, definitions = self._tools_with(servers)
         run = _Run(
             budget=Budget(self.limits),
             messages=messages,
@@ -240,13 +283,17 @@ class Agent:
                 model=self.model,
                 task=task if isinstance(task, str) else messages,
                 system=self.system,
-                tool_definitions=self._tool_definitions,
+                tool_definitions=definitions,
                 session_id=labels.session_id,
                 user_id=labels.user_id,
                 tags=labels.tags,
                 metadata=labels.metadata,
             ),
             labels=labels,
+            tools=tools,
+            tool_definitions=definitions,
+            servers=servers,
+            servers_version=servers.version if servers is not None else 0,
         )
         return (yield from self._lifecycle(run, self._turns(run)))
 
@@ -283,7 +330,10 @@ class Agent:
         turn = run.span.start_turn(index)
         if self.on_event is not None:
             self._emit(TurnStarted(index))
-        params = self._request(run.messages, run.budget)
+        if run.servers is not None and run.servers.version != run.servers_version:  # a server's tool list changed
+            run.servers_version = run.servers.version
+            run.tools, run.tool_definitions = self._tools_with(run.servers)
+        params = self._request(run.messages, run.budget, run.tool_definitions)
         started = time.perf_counter()
         outcome = yield _ModelCall(params, turn, run.budget.remaining_s())
         if isinstance(outcome, _Raised):  # the instrumented model already ended its chat span with the error
@@ -323,7 +373,7 @@ class Agent:
              stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
         """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
         if stop_reason == "tool_use":
-            calls = [self._prepare_call(turn, block) for block in content
+            calls = [self._prepare_call(turn, block, run.tools) for block in content
                      if isinstance(block, dict) and block.get("type") == "tool_use"]
             if not calls:
                 # tool_use with no tool_use block: nothing can answer it, so say so rather than send an empty message.
@@ -444,16 +494,18 @@ class Agent:
         if not decision.approved:
             call.error = approvals.Rejected(call.name, decision.reason, by)
 
-    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:
+    def _prepare_call(self, turn: TurnTrace, block: dict[str, Any],
+                      tools: Mapping[str, toolkit.Tool] | None = None) -> _Call:
+        tools = self.tools if tools is None else tools
         name = block.get("name") or ""
         call_id = block.get("id") or ""
         arguments = block.get("input")
-        tool = self.tools.get(name)
+        tool = tools.get(name)
         span = turn.start_tool(call_id=call_id, name=name, description=tool.description if tool else None,
                                arguments=arguments)
         call = _Call(call_id=call_id, name=name, arguments=arguments, tool=tool, span=span)
         if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
+            known = ", ".join(sorted(tools)) or "none"
             call.error = toolkit.UnknownTool(f"unknown tool {name!r}; the tools available are: {known}")
         else:
             try:
@@ -492,7 +544,10 @@ class Agent:
         if self.on_event is not None:
             self._emit(ToolFinished(turn_index, call.call_id, call.name, call.span.arguments, shown,
                                     call.is_error, call.outcome, call.duration_s))
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": call.result}
+        content: str | list[dict[str, Any]] = call.result
+        if not call.is_error and isinstance(call.value, toolkit.ContentBlocks):  # images and documents go as blocks
+            content = call.value.message_content(self.max_tool_result_chars, _truncate_result)
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call.call_id, "content": content}
         if call.is_error:
             block["is_error"] = True
         return block
@@ -528,15 +583,24 @@ class Agent:
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 
-    def _request(self, messages: list[dict[str, Any]], budget: Budget) -> dict[str, Any]:
+    def _tools_with(self, servers: MCPConnections | None) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
+        """The run's tools and their definitions: the agent's own, then its MCP servers' (which yield on a clash)."""
+        if servers is None:
+            return self.tools, self._tool_definitions
+        tools = {**self.tools, **servers.tools(taken=self.tools)}
+        return tools, [t.definition() for t in tools.values()]
+
+    def _request(self, messages: list[dict[str, Any]], budget: Budget,
+                 tool_definitions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, **self.model_params}
         output_left = budget.output_tokens_left(self._price.output / 1_000_000 if self._price else None)
         if output_left is not None and output_left < params["max_tokens"]:
             _lower_max_tokens(params, output_left)
         if self.system is not None:
             params["system"] = self.system
-        if self._tool_definitions:
-            params["tools"] = self._tool_definitions
+        definitions = self._tool_definitions if tool_definitions is None else tool_definitions
+        if definitions:
+            params["tools"] = definitions
         params["messages"] = list(messages)  # a snapshot: the history grows after the call
         return params
 
@@ -702,8 +766,10 @@ class Agent:
         decisions.update({call_id: Decision(False, reason) for call_id, reason in rejected.items()})
         return _Resumption(loaded, decisions, go_on, message)
 
-    def _resume_loop(self, resumption: _Resumption) -> Generator[_Effect, Any, RunResult]:
+    def _resume_loop(self, resumption: _Resumption,
+                     servers: MCPConnections | None = None) -> Generator[_Effect, Any, RunResult]:
         state = resumption.state
+        tools, definitions = self._tools_with(servers)
         budget = Budget(self.limits, running_s=state.running_s)
         budget.turns = state.turns
         budget.usage = Usage(**state.usage)
@@ -717,9 +783,11 @@ class Agent:
             facts=None if self._facts_config is None else ToolErrorFacts(self._facts_config),
             span=self._tracing.start_run(
                 agent=self.name, model=self.model, task=messages, system=self.system,
-                tool_definitions=self._tool_definitions, session_id=labels.session_id, user_id=labels.user_id,
+                tool_definitions=definitions, session_id=labels.session_id, user_id=labels.user_id,
                 tags=labels.tags, metadata=labels.metadata, resumes=(state.trace_id, state.span_id)),
             final_text=state.final_text, stop_reason=state.stop_reason,
+            tools=tools, tool_definitions=definitions, servers=servers,
+            servers_version=servers.version if servers is not None else 0,
         )
         _replay(run, state.detector_feed)
         run.anomalies = {a["streak"]: anomaly_from_dict(a) for a in state.anomalies}
@@ -736,7 +804,7 @@ class Agent:
                 self._emit(TurnStarted(index))  # the paused turn, completed
             blocks = [b for b in run.messages[-1].get("content") or []
                       if isinstance(b, dict) and b.get("type") == "tool_use"]
-            calls = [self._prepare_call(turn, b) for b in blocks if b.get("id") in resumption.decisions]
+            calls = [self._prepare_call(turn, b, run.tools) for b in blocks if b.get("id") in resumption.decisions]
             waited = max(time.time() - state.paused_at, 0.0)
             for call in calls:
                 self._apply_decision(call, resumption.decisions[call.call_id], BY_PERSON, waited)
@@ -804,6 +872,10 @@ class _Run:
     feed: list[dict[str, Any]] = field(default_factory=list)  # what the detector was fed, for a resumed run's replay
     paused: _Pause | None = None
     asked: PendingAnomaly | None = None  # an anomaly whose policy said "ask"
+    tools: dict[str, toolkit.Tool] = field(default_factory=dict)  # the agent's own and its MCP servers'
+    tool_definitions: list[dict[str, Any]] = field(default_factory=list)
+    servers: MCPConnections | None = None
+    servers_version: int = 0  # of the servers' tool lists this run's tools were built from
 
     def unresolved_errors(self) -> list[UnresolvedToolError]:
         """The tool errors standing as the run ends, from the detector's ledger (or the ledger alone)."""

@@ -15,7 +15,7 @@ import inspect
 import json
 import re
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeAlias, get_type_hints
 
 import pydantic
@@ -168,7 +168,11 @@ async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) ->
     _refuse_when_out_of_time(t, timeout_s)
     if t.is_async:
         task = asyncio.ensure_future(t.fn(**kwargs))
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        except asyncio.CancelledError:  # the run was cancelled: so is the call it was waiting for
+            task.cancel()
+            raise
         if not done:
             # Cancel but do not await: a coroutine that swallows cancellation must not hang the run.
             task.cancel()
@@ -255,6 +259,35 @@ def _timeout_message(t: Tool, timeout_s: float | None) -> str:
 # --- results ----------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class ContentBlocks:
+    """A result made of Messages API content blocks (text, image, document), as an MCP server's tool returns it.
+
+    The model is sent the blocks; spans, events and the detector see ``text``: the text blocks as they are and every
+    other block as a one-line placeholder, so an image never lands in a trace.
+    """
+
+    blocks: Sequence[dict[str, Any]]
+
+    @functools.cached_property
+    def text(self) -> str:
+        parts = [block.get("text", "") if block.get("type") == "text" else _placeholder(block) for block in self.blocks]
+        return "\n".join(parts) or EMPTY_RESULT
+
+    def message_content(self, limit: int, truncate: Callable[[str, int], str]) -> list[dict[str, Any]]:
+        """The tool_result content, each text block held to ``limit`` characters as a plain result is."""
+        return [{**block, "text": truncate(block.get("text", ""), limit)} if block.get("type") == "text"
+                else dict(block) for block in self.blocks]
+
+
+def _placeholder(block: Mapping[str, Any]) -> str:
+    source = block.get("source")
+    if isinstance(source, Mapping):
+        size = len(source.get("data") or "")
+        return f"[{block.get('type')}: {source.get('media_type', '?')}, {size:,} characters of base64]"
+    return f"[{block.get('type')} block]"
+
+
 class UnreadableResult(ToolError):
     """A tool returned a value that cannot be written as text (nested too deep, circular, a number too long to print,
     keys JSON has no form for, an object whose own text fails). The model is told what came back instead."""
@@ -267,6 +300,8 @@ def result_text(value: Any) -> str:
     """
     if value is None:
         return NO_RESULT
+    if isinstance(value, ContentBlocks):
+        return value.text
     if isinstance(value, str):
         return value or EMPTY_RESULT
     try:

@@ -375,6 +375,14 @@ def tool_result(tool_id):
     return {"type": "tool_result", "tool_use_id": tool_id, "content": "ok"}
 
 
+def blocks_result(tool_id, *blocks):
+    return {"type": "tool_result", "tool_use_id": tool_id, "content": list(blocks)}
+
+
+def image(media_type="image/png"):
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": "iVBORw0KGgo="}}
+
+
 def conversation(assistant_blocks, user_blocks):
     return {**VALID, "messages": [*QUESTION, {"role": "assistant", "content": assistant_blocks},
                                   {"role": "user", "content": user_blocks}]}
@@ -433,6 +441,15 @@ REJECTED = {
         with_tool(name="lookup", input_schema={"type": "array"}),
         "tools.1.custom.input_schema.type: Input should be 'object'",
     ),
+    "audio in a tool_result": (
+        conversation([tool_use("toolu_01")], [blocks_result("toolu_01", {"type": "audio", "data": "AAAA"})]),
+        "messages.2.content.0.content.0.type: Input tag 'audio' does not match any of the expected tags",
+    ),
+    "an image type the API cannot read": (
+        conversation([tool_use("toolu_01")], [blocks_result("toolu_01", image("image/tiff"))]),
+        "messages.2.content.0.content.0.source.media_type: Input should be image/jpeg, image/png, image/gif, "
+        "image/webp",
+    ),
 }
 
 
@@ -453,6 +470,9 @@ ACCEPTED = {
     ),
     "a 64-character tool name": with_tool(name="a" * 64, input_schema={"type": "object"}),
     "a server tool": {**VALID, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+    "text and an image as a tool's result": conversation(
+        [tool_use("toolu_01")], [blocks_result("toolu_01", {"type": "text", "text": "a chart"}, image())]
+    ),
 }
 
 

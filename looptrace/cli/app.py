@@ -18,6 +18,7 @@ from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
 from .demo_command import add_demo_command
 from .exit_codes import EXIT_CLOSED_PIPE, EXIT_CODE_HELP, EXIT_USAGE
 from .logging_setup import configure_logging
+from .mcp_command import add_mcp_command
 from .replay_command import add_replay_command
 from .resume_command import add_resume_command
 from .run_command import add_run_command
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_command(commands)
     add_run_command(commands)
     add_resume_command(commands)
+    add_mcp_command(commands)
     add_watch_command(commands)
     add_trace_commands(commands)  # detect, traces show | list | push
     add_replay_command(commands)

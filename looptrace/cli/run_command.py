@@ -14,6 +14,7 @@ from looptrace.instrumentation.settings import DEFAULT_MODEL
 from .common import UsageError
 from .environment import anthropic_credentials_set, no_trace_file_reason, read_settings
 from .exit_codes import EXIT_CODE_HELP
+from .mcp_command import add_mcp_flags, servers_from
 from .running import (
     EXIT_CODES,
     add_anomaly_flag,
@@ -40,6 +41,7 @@ def add_run_command(commands: Any) -> None:
                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
+    add_mcp_flags(run)
     run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL})")
     run.add_argument("--system", help="system prompt")
     run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
@@ -84,6 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     from looptrace.instrumentation import setup as telemetry_setup
     from looptrace.instrumentation.langfuse import trace_attributes
+    from looptrace.runtime.mcp_servers import MCPServerUnavailable
 
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do, e.g. looptrace run \"Summarise README.md\"")
@@ -92,11 +95,12 @@ def run_command(args: argparse.Namespace) -> int:
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     options = agent_options(args)
     tools = load_tools(Path(args.tools)) if args.tools else []
+    servers = servers_from(args)  # a bad --mcp line is a usage error before anything starts
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
                              traceparent=args.traceparent or None, judge=args.judge or None)
     _check_priced(settings.model, args.max_cost_usd)
-    if not tools:
+    if not tools and not servers:
         print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     if args.traceparent:
         try:
@@ -119,6 +123,9 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         result = execute(agent, args.task, telemetry, labels)
         result = settle_asked(agent, result, approver, telemetry)
+    except MCPServerUnavailable as exc:  # said before the run began: nothing was asked of the model
+        close(telemetry)
+        raise UsageError(str(exc)) from None
     finally:
         if token is not None:
             otel_context.detach(token)
@@ -150,7 +157,8 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"tools": str(Path(args.tools).resolve()) if args.tools else None, "model": args.model or None,
             "system": args.system, "name": args.name, "max_tokens": args.max_tokens, "max_turns": args.max_turns,
             "max_total_tokens": args.max_total_tokens, "max_cost_usd": args.max_cost_usd, "timeout": args.timeout,
-            "tool_timeout": args.tool_timeout, "stream": args.stream, "on_anomaly": args.on_anomaly}
+            "tool_timeout": args.tool_timeout, "stream": args.stream, "on_anomaly": args.on_anomaly,
+            "mcp": list(args.mcp), "mcp_url": list(args.mcp_url)}
 
 
 def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telemetry: Telemetry,
@@ -161,8 +169,9 @@ def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telem
 
     from .views import LiveView
 
+    servers = servers_from(argparse.Namespace(mcp=options.get("mcp") or [], mcp_url=options.get("mcp_url") or []))
     return Agent(
-        settings.model, tools=tools, system=options["system"], name=options["name"],
+        settings.model, tools=tools, mcp_servers=servers, system=options["system"], name=options["name"],
         max_tokens=options["max_tokens"], client=AnthropicModel(stream=options["stream"]),
         on_anomaly=options["on_anomaly"], approver=approver,
         limits=Limits(max_turns=options["max_turns"], max_total_tokens=options["max_total_tokens"],

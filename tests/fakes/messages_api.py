@@ -398,6 +398,37 @@ def check_tool_results_follow_tool_uses(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+# What a tool_result's content may hold when it is a list of blocks, and the image types the API decodes.
+TOOL_RESULT_BLOCK_TYPES = ("text", "image", "document", "search_result")
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def check_tool_result_content(body: Mapping[str, Any]) -> str | None:
+    """A tool_result's content is a string or a list of text, image, document or search_result blocks; a base64
+    image names a media type the API supports and carries data."""
+    for i, message in enumerate(body["messages"]):
+        for j, block in enumerate(_blocks(message)):
+            if block.get("type") != "tool_result" or isinstance(block.get("content", ""), str):
+                continue
+            content = block["content"]
+            if not isinstance(content, list):
+                return f"messages.{i}.content.{j}.content: Input should be a valid string or a valid list"
+            for k, item in enumerate(content):
+                where = f"messages.{i}.content.{j}.content.{k}"
+                kind = item.get("type") if isinstance(item, dict) else None
+                if kind not in TOOL_RESULT_BLOCK_TYPES:
+                    return f"{where}.type: Input tag {kind!r} does not match any of the expected tags"
+                if kind == "text" and not isinstance(item.get("text"), str):
+                    return f"{where}.text: Field required"
+                source = item.get("source")
+                if kind == "image":
+                    if not isinstance(source, dict) or source.get("type") != "base64" or not source.get("data"):
+                        return f"{where}.source: a base64 source with data is required"
+                    if source.get("media_type") not in IMAGE_MEDIA_TYPES:
+                        return f"{where}.source.media_type: Input should be {', '.join(IMAGE_MEDIA_TYPES)}"
+    return None
+
+
 # In order: the shape of the body first, then how the conversation hangs together.
 BODY_CHECKS: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     check_required_fields,
@@ -406,6 +437,7 @@ BODY_CHECKS: tuple[Callable[[Mapping[str, Any]], str | None], ...] = (
     check_first_message_is_user,
     check_roles_alternate,
     check_tool_results_follow_tool_uses,
+    check_tool_result_content,
 )
 
 
