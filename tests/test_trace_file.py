@@ -414,8 +414,7 @@ def test_writers_sharing_a_file_lose_and_tear_no_line_across_rotations(tmp_path)
     seen = sorted((data["w"], data["n"]) for _, data in read_lines(path, bad.append))
     assert bad == [] and seen == [(w, n) for w in range(writers) for n in range(lines_each)]
     assert len(trace_files(path)) > 20  # it did rotate, many times
-    # Writers append under a shared lock after checking the size, so a file can pass the limit by one line per writer
-    # that checked before the rotation: never by more.
+    # Each writer checks the size before it appends, so a file passes the limit by at most one line per writer.
     longest = max(len(json.dumps({"w": w, "n": n, "pad": "x" * (n % 50)})) + 1 for w in range(writers)
                   for n in range(lines_each))
     assert all(os.path.getsize(name) < 4096 + writers * longest for name in trace_files(path))

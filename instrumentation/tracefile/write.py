@@ -127,15 +127,19 @@ class TraceFileWriter:
                 self.lost_spans += spans
                 return False
             try:
+                # The size is checked before the line is written, so a file passes the limit by at most the lines
+                # that writers checked beside this one, however busy they are; a full file is rotated, and the line
+                # written, under the exclusive lock.
                 with self._shared():
                     fd, opened, size = self._current_file()
-                    # A torn line is looked for when the file is opened (a crashed run before this one) and after a
-                    # failed write of ours; a process killed mid-write while this one appends costs its line and ours.
-                    append_line(fd, line, fresh=opened or self._failed)
-                end = size + len(line)  # at least: other writers may have added theirs
-                self._failed = False
-                if 0 < self.rotation.max_bytes <= end:
-                    self._rotate()
+                    full = 0 < self.rotation.max_bytes <= size
+                    if not full:
+                        self._append(fd, line, opened)
+                if full:
+                    with self._exclusive():
+                        self._rotate_if_full()
+                        fd, opened, _ = self._current_file()
+                        self._append(fd, line, opened)
             except OSError as error:
                 self.lost_spans += spans
                 self._failed = True
@@ -143,15 +147,32 @@ class TraceFileWriter:
                 return False
         return True
 
+    def _append(self, fd: int, line: bytes, opened: bool) -> None:
+        # A torn line is looked for when the file is opened (a crashed run before this one) and after a failed write
+        # of ours; a process killed mid-write while this one appends costs its line and ours.
+        append_line(fd, line, fresh=opened or self._failed)
+        self._failed = False
+
     @contextlib.contextmanager
     def _shared(self) -> Iterator[None]:
         """Held while a line is written: a rotation (exclusive) waits for it, and it waits for a rotation."""
+        with self._locked(fcntl.LOCK_SH if fcntl is not None else 0):
+            yield
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Held while the file is rotated (and the line that found it full is written): no writer appends meanwhile."""
+        with self._locked(fcntl.LOCK_EX if fcntl is not None else 0):
+            yield
+
+    @contextlib.contextmanager
+    def _locked(self, mode: int) -> Iterator[None]:
         if fcntl is None or self.rotation.max_bytes <= 0:
             yield
             return
         if self._lock_fd is None:
             self._lock_fd = open_private_append(lock_name(self.path))
-        fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+        fcntl.flock(self._lock_fd, mode)
         try:
             yield
         finally:
@@ -179,20 +200,14 @@ class TraceFileWriter:
             return self._fd, True, opened.st_size
         return self._fd, False, current.st_size if current is not None else 0
 
-    def _rotate(self) -> None:
+    def _rotate_if_full(self) -> None:
         """Rotate unless another writer just did (the file the path names is small again)."""
-        if self._lock_fd is not None and fcntl is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
-            try:
-                if os.stat(self.path).st_size < self.rotation.max_bytes:
-                    return
-            except FileNotFoundError:
+            if os.stat(self.path).st_size < self.rotation.max_bytes:
                 return
-            rotate(self.path, self.rotation.backups)
-        finally:
-            if self._lock_fd is not None and fcntl is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        except FileNotFoundError:
+            return
+        rotate(self.path, self.rotation.backups)
 
     def write_span(self, span: Any) -> bool:
         """Append one finished span (an SDK ``ReadableSpan`` or a direct span) as its own line. A span that cannot be
