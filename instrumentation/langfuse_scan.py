@@ -43,7 +43,7 @@ from typing import Any
 from . import semconv as sc
 from .conversations import CONVERSATION_PREFIX
 from .detector import DetectorConfig
-from .langfuse import anomaly_score_body
+from .langfuse_scores import anomaly_score_body
 from .langfuse_api import (
     OBSERVATIONS_PATH,
     TRACES_PATH,

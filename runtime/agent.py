@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from looptrace.instrumentation.agent_telemetry import agent_telemetry
 from looptrace.instrumentation.detector import (
     Anomaly,
     DetectorConfig,
@@ -37,7 +38,6 @@ from looptrace.instrumentation.interface import (
     ToolTrace,
     TurnTrace,
     Usage,
-    agent_telemetry,
     log,
 )
 
@@ -48,6 +48,9 @@ from .limits import Budget, Limits
 from .models import AnthropicModel, Model
 from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
+
+if TYPE_CHECKING:
+    from looptrace.instrumentation.agent_telemetry import Telemetry
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -88,7 +91,7 @@ class Agent:
         tracer_provider: Any = None,
         meter_provider: Any = None,
         capture_content: bool | None = None,
-        telemetry: bool = True,
+        telemetry: bool | Telemetry = True,
         settings: Settings | None = None,
     ) -> None:
         self.model = model
@@ -111,10 +114,11 @@ class Agent:
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
         self.policy = policies.AnomalyPolicy(on_anomaly)
-        # The one door to telemetry: spans, metrics and every anomaly sink, from the settings (the environment's,
-        # read once here, when none are given) or from what configure() registered for the run's provider.
+        # The one door to telemetry: spans, metrics, every anomaly sink and the trace link, from what configure()
+        # returned when it is handed over, else from the settings (the environment's, read once here, when none are
+        # given).
         self._tracing: AgentTelemetry = agent_telemetry(
-            enabled=telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
+            telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
             capture_content=capture_content, alerts=alerts, settings=settings)
         self.client = _as_model(client)  # wrapped by the telemetry: the loop opens no chat span itself
         self._detector_config = None if detector is False else (

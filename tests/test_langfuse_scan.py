@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from looptrace.cli.trace_commands import main as trace_commands
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.langfuse import LangfuseScores, anomaly_score_body
+from looptrace.instrumentation.langfuse_scores import LangfuseScores, anomaly_score_body
 from looptrace.instrumentation.langfuse_api import (
     LangfuseAPI,
     LangfuseAuthError,
