@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .detector import Anomaly
-from .langfuse import environment_inputs
 from .logs import log
 from .seam_types import Action
 from .settings import ConfigurationError
@@ -232,8 +231,12 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
     resource = settings.resource_attributes if resource_attributes is None else resource_attributes
     # Keyed by what decides the score's destination and environment, so configure()'s provider resource and an
     # Agent's resource attributes meet on the same sinks.
-    scored = None if langfuse is None else (langfuse.base_url, langfuse.public_key, langfuse.secret_key,
-                                            langfuse.timeout_s, *environment_inputs(langfuse, resource))
+    scored = None
+    if langfuse is not None:
+        from .langfuse import environment_inputs  # the Langfuse mapping loads only when spans go there
+
+        scored = (langfuse.base_url, langfuse.public_key, langfuse.secret_key, langfuse.timeout_s,
+                  *environment_inputs(langfuse, resource))
     key = (settings.alert_webhook, scored)
     with _shared_lock:
         sinks = _shared.get(key)

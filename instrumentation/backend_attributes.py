@@ -5,7 +5,8 @@ attributes from.
 span of that kind starts with (Langfuse's trace-level attributes on every span, since Langfuse v4 reads them per
 observation; OpenInference's kind, which Phoenix shows and Langfuse takes as the observation type), and the few that
 only a span's end knows (a generation's usage and cost in Langfuse's terms, the level of a call in an anomaly, the
-run's trace output). The mappings themselves are ``langfuse`` and ``openinference``, one module per backend.
+run's trace output), and the input and output each span shows when content is captured (OpenInference's, which
+Langfuse reads first too). The mappings themselves are ``langfuse`` and ``openinference``, one module per backend.
 
 Every span keeps at least one ``gen_ai.*`` attribute (``gen_ai.agent.name`` among the shared ones): Langfuse's SDK,
 when it is the application's exporter, drops spans without one.
@@ -68,3 +69,13 @@ def for_run(agent: str, labels: RunLabels, *, joins_outer_trace: bool, trace_inp
         judge=shared,
         joins_outer_trace=joins_outer_trace,
     )
+
+
+def shown_input(text: str, *, json: bool = False) -> dict[str, str]:
+    """What a span shows as its input in Phoenix and Langfuse (content captured only)."""
+    return openinference.input_attributes(text, json=json)
+
+
+def shown_output(text: str, *, json: bool = False) -> dict[str, str]:
+    """What a span shows as its output in Phoenix and Langfuse (content captured only)."""
+    return openinference.output_attributes(text, json=json)

@@ -20,3 +20,14 @@ def kind_attributes(kind: str) -> dict[str, str]:
         return {SPAN_KIND: KINDS[kind]}
     except KeyError:
         raise ValueError(f"unknown span kind {kind!r}; expected one of {', '.join(KINDS)}") from None
+
+
+def input_attributes(text: str, *, json: bool = False) -> dict[str, str]:
+    """A span's input as Phoenix lists it (``input.value``; JSON text says so). Langfuse reads it first too, before
+    ``gen_ai.input.messages`` or ``gen_ai.tool.call.arguments``, so both show the same text."""
+    return {sc.INPUT_VALUE: text, sc.INPUT_MIME_TYPE: sc.MIME_JSON} if json else {sc.INPUT_VALUE: text}
+
+
+def output_attributes(text: str, *, json: bool = False) -> dict[str, str]:
+    """A span's output as Phoenix lists it (``output.value``), which Langfuse reads first as well."""
+    return {sc.OUTPUT_VALUE: text, sc.OUTPUT_MIME_TYPE: sc.MIME_JSON} if json else {sc.OUTPUT_VALUE: text}

@@ -192,12 +192,14 @@ class Tracing:
         task_text = task if isinstance(task, str) else last_user_text(task)
         joins = _joins_outer_trace()
         run_content: dict[str, str] = {}
+        shown_task = None
         if self.capture_content:
             messages = [{"role": "user", "content": task}] if isinstance(task, str) else task
             secrets: CallSecrets = {}  # a continued conversation's earlier calls: their results are scrubbed too
             attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m, secrets) for m in messages]),
                                                        self.max_chars)
-            attributes[sc.INPUT_VALUE] = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as input
+            shown_task = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as the run's input
+            attributes.update(backend_attributes.shown_input(shown_task))
         if self.capture_content or self.capture_events:
             # Encoded once per run; every chat span repeats them, so a generation shows the prompt the model got.
             if system:
@@ -209,7 +211,7 @@ class Tracing:
         if self.capture_content:
             attributes.update(run_content)
         backends = backend_attributes.for_run(agent, labels, joins_outer_trace=joins,
-                                              trace_input=attributes.get(sc.INPUT_VALUE))
+                                              trace_input=shown_task)
         attributes.update(backends.agent)
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes)
         # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.
@@ -319,7 +321,8 @@ class RunSpan:
         if final_text and self.tracing.capture_content:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
                 {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
-            attributes[sc.OUTPUT_VALUE] = output = cap(final_text, self.tracing.max_chars)
+            output = cap(final_text, self.tracing.max_chars)
+            attributes.update(backend_attributes.shown_output(output))
         if self.backends is not None:
             attributes.update(self.backends.run_end(output=output, unresolved_tool_errors=len(unresolved_errors)))
         self._record_unresolved(unresolved_errors)
@@ -393,7 +396,7 @@ class TurnSpan:
     def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
         event: dict[str, Any] = {
             # The conventions' evaluation verdict, with looptrace's own attributes beside it.
-            sc.GEN_AI_EVALUATION_NAME: sc.LANGFUSE_ANOMALY_SCORE,
+            sc.GEN_AI_EVALUATION_NAME: sc.ANOMALY_EVALUATION_NAME,
             sc.GEN_AI_EVALUATION_SCORE_LABEL: anomaly.type,
             sc.GEN_AI_EVALUATION_EXPLANATION: anomaly.message,
             sc.ANOMALY_TYPE: anomaly.type,
@@ -451,8 +454,7 @@ class TurnSpan:
         if tracing.capture_content and history is not None:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             attributes.update(self.run.content)
-            attributes[sc.INPUT_VALUE] = self.run.input_view(history)
-            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
+            attributes.update(backend_attributes.shown_input(self.run.input_view(history), json=True))
         span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -480,8 +482,7 @@ class TurnSpan:
             if tracing.capture_content:
                 encoded = cap(to_json(redacted), tracing.max_chars)
                 attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
-                attributes[sc.INPUT_VALUE] = encoded  # Phoenix's Input (Langfuse reads the same text either way)
-                attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
+                attributes.update(backend_attributes.shown_input(encoded, json=True))
             else:
                 attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redacted))
             span = tracing.tracer.start_span(
@@ -580,8 +581,7 @@ class ChatSpan:
                 output = cap(f"[{encoded}]", tracing.max_chars)
                 if tracing.capture_content:
                     attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
-                    attributes[sc.OUTPUT_VALUE] = output  # the same text object: Phoenix's Output, Langfuse's as before
-                    attributes[sc.OUTPUT_MIME_TYPE] = sc.MIME_JSON
+                    attributes.update(backend_attributes.shown_output(output, json=True))
                 if tracing.capture_events:
                     event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
                     self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
@@ -689,7 +689,8 @@ class ToolSpan:
             }
             tracing = self.run.tracing
             if tracing.capture_content:
-                attributes[sc.GEN_AI_TOOL_CALL_RESULT] = attributes[sc.OUTPUT_VALUE] = cap(result, tracing.max_chars)
+                shown = attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
+                attributes.update(backend_attributes.shown_output(shown))
             if is_error:
                 # Without content capture the error's text stays off the span too: it can quote the arguments. The
                 # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an

@@ -168,3 +168,55 @@ def test_an_agents_own_alerts_replace_the_log_and_webhook_but_keep_the_score(env
     assert seen == ["repeated_call"]
     assert [s["value"] for s in langfuse.scores] == ["repeated_call"]
     assert webhook.received == []  # the Agent's alerts name no webhook
+
+
+# --- the wiring: the run is handed its sinks and its trace link by the telemetry it records through ---------------
+
+
+def test_an_agent_handed_the_telemetry_configure_returned_reports_to_its_sinks_and_links_its_trace(environment):
+    langfuse, webhook = environment
+    telemetry = configure(exporters="langfuse", set_global=False)
+    try:
+        agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+                      on_anomaly="warn", telemetry=telemetry)
+        result = agent.run("Reserve EQ-001")
+        telemetry.flush()
+        _wait_for(lambda: webhook.received, "the webhook post")
+    finally:
+        telemetry.shutdown()
+    assert {s.trace_id for s in langfuse.wait_for_spans(1)} == {result.trace_id}
+    [score] = langfuse.scores
+    assert {k: score[k] for k in _expected_score(result)} == _expected_score(result)
+    assert result.trace_url == f"{langfuse.base_url}/project/{langfuse.project_id}/traces/{result.trace_id}"
+
+
+def test_an_agent_on_the_applications_own_provider_gets_the_log_webhook_and_score_its_settings_describe(environment):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from looptrace.instrumentation.alerts import anomaly_sinks
+    from looptrace.testing import capture_logs
+
+    langfuse, webhook = environment
+    trace.set_tracer_provider(TracerProvider())  # the application's SDK, exporting nowhere looptrace knows of
+    agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+                  on_anomaly="warn")
+    with capture_logs() as logs:
+        result = agent.run("Reserve EQ-001")
+    sinks = anomaly_sinks(Settings.from_env())  # the same settings give the very sinks the run was handed
+    sinks.close(10.0)
+    sinks.wait(10.0)
+    assert [entry["anomaly_type"] for entry in logs if entry["event"] == "loop_anomaly"] == ["repeated_call"]
+    assert [post["trace_id"] for post in webhook.received] == [result.trace_id]
+    assert [(score["traceId"], score["value"]) for score in langfuse.scores] == [(result.trace_id, "repeated_call")]
+    assert langfuse.spans == []  # the spans went to the application's provider, not to Langfuse behind its back
+
+
+def test_telemetry_and_providers_of_its_own_are_one_choice_too_many(environment):
+    from looptrace.instrumentation.settings import ConfigurationError
+
+    telemetry = configure(exporters="file", set_global=False)
+    try:
+        with pytest.raises(ConfigurationError, match="either the telemetry configure"):
+            Agent("claude-sonnet-5-5", telemetry=telemetry, tracer_provider=telemetry.tracer_provider)
+    finally:
+        telemetry.shutdown()

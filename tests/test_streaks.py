@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from looptrace.instrumentation.alerts import Alerts, AnomalySinks
-from looptrace.instrumentation.setup import Telemetry
 from looptrace.instrumentation.detector import (
     REPEATED_CALL,
     LoopDetector,
@@ -26,6 +25,7 @@ from looptrace.instrumentation.detector import (
     result_digest,
 )
 from looptrace.instrumentation.semconv import ANOMALY_COUNT, ANOMALY_EVENT, ANOMALY_TYPE
+from looptrace.instrumentation.setup import Telemetry
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.testing import capture_logs
 
