@@ -12,11 +12,13 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from contextvars import Token
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from . import backend_attributes
@@ -36,11 +38,11 @@ from .content import (
     to_json,
 )
 from .detector import Anomaly, UnresolvedToolError, canonical_arguments, result_digest
-from .instrumented_model import InstrumentedModel, current_turn_var
+from .instrumented_model import CurrentTurn, InstrumentedModel, current_turn_var
 from .labels import RunLabels, checked, run_labels
 from .logs import telemetry_failed
 from .metrics import LoopMetrics
-from .providers import providers_for_run
+from .providers import RunProviders, providers_for_run
 from .seam_types import Action, CostOf, ModelLike, Usage
 from .settings import Settings
 
@@ -71,7 +73,7 @@ def _never_raises(where: str, fallback: Callable[..., Any]) -> Callable[[Callabl
     return decorate
 
 
-def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
+def _end_span(owner: _HasSpan, *args: object, **kwargs: object) -> None:
     """The fallback of an ``end``: the span ends as it is, without what could not be recorded."""
     try:
         if owner.span.is_recording():
@@ -80,8 +82,12 @@ def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
         telemetry_failed("span end", exc)
 
 
-def _nothing(owner: Any, *args: Any, **kwargs: Any) -> None:
+def _nothing(owner: object, *args: object, **kwargs: object) -> None:
     return None
+
+
+class _HasSpan(Protocol):
+    span: Span
 
 
 class Tracing:
@@ -97,7 +103,7 @@ class Tracing:
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool | str | CaptureMode | None = None,
         max_attribute_chars: int | None = None,
-        meter_provider: Any = None,
+        meter_provider: metrics_api.MeterProvider | None = None,
         enabled: bool = True,
         sinks: AnomalySinks | None = None,
         trace_links: TraceLinks | None = None,
@@ -106,7 +112,7 @@ class Tracing:
         self.settings = settings
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
-        self._resolved: tuple[Any, Any] | None = None  # the providers of the latest run ...
+        self._resolved: RunProviders | None = None  # the providers of the latest run ...
         self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
         self.metrics: LoopMetrics | None = None
         self.sinks = sinks if sinks is not None else AnomalySinks.from_settings(settings)
@@ -174,7 +180,7 @@ class Tracing:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
         return self._open_run(agent, model, task, system, tool_definitions, labels)
 
-    def _untraced_run(self, agent: str, *args: Any) -> RunSpan:
+    def _untraced_run(self, agent: str, *args: object) -> RunSpan:
         return RunSpan(self, trace.INVALID_SPAN, agent, {})
 
     @_never_raises("invoke_agent span", _untraced_run)
@@ -723,13 +729,13 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: Any = None  # contextvars.Token of the attach
+        self.token: Token[Context] | None = None  # of the attach
 
     def __enter__(self) -> None:
         if self.span.is_recording():
             self.token = otel_context.attach(trace.set_span_in_context(self.span))
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.token is not None:
             otel_context.detach(self.token)
 
@@ -742,13 +748,14 @@ class _TurnCurrent:
 
     def __init__(self, turn: TurnSpan) -> None:
         self.turn = turn
-        self.token: Any = None
+        self.token: Token[CurrentTurn | None] | None = None
 
     def __enter__(self) -> None:
         self.token = current_turn_var.set(self.turn)
 
-    def __exit__(self, *exc_info: Any) -> None:
-        current_turn_var.reset(self.token)
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            current_turn_var.reset(self.token)
 
 
 _NON_RECORDING = NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
