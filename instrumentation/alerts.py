@@ -15,6 +15,7 @@ enough to post to the channel), so only their host is ever logged.
 
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import time
@@ -246,5 +247,8 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
                 from .langfuse_scores import LangfuseScores
 
                 scores = LangfuseScores.from_settings(langfuse, resource=resource)
+                # Whoever else shuts down (configure()'s Telemetry does, within its exit deadline), the scores of an
+                # Agent on the application's own provider still leave before the interpreter does, boundedly.
+                atexit.register(scores.close, scores.timeout_s)
             sinks = _shared[key] = AnomalySinks.from_settings(settings, scores=scores)
         return sinks

@@ -220,3 +220,27 @@ def test_telemetry_and_providers_of_its_own_are_one_choice_too_many(environment)
             Agent("claude-sonnet-5-5", telemetry=telemetry, tracer_provider=telemetry.tracer_provider)
     finally:
         telemetry.shutdown()
+
+
+@pytest.mark.slow
+def test_a_script_on_its_own_provider_leaves_its_anomaly_score_behind_as_it_exits(environment, tmp_path):
+    # No configure(), no shutdown: the score queued by the last turn still reaches Langfuse before the process ends.
+    import subprocess
+    import sys
+
+    langfuse, _ = environment
+    script = tmp_path / "agent_script.py"
+    script.write_text(
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from test_anomaly_sinks import _failing_three_times, reserve_equipment\n"
+        "from looptrace import Agent, ScriptedModel\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "agent = Agent('claude-sonnet-5-5', tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),\n"
+        "              on_anomaly='warn')\n"
+        "print(agent.run('Reserve EQ-001').trace_id)\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ["PYTHONPATH"]])}
+    env.pop("LOOPTRACE_ALERT_WEBHOOK")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [(s["traceId"], s["value"]) for s in langfuse.scores] == [(done.stdout.strip(), "repeated_call")]
