@@ -1,34 +1,37 @@
 """Where an anomaly goes besides the spans and the metric: a log line, a webhook, your own callback, a Langfuse score.
 
-``AnomalySinks`` is the whole fan-out, built once from the settings by each entry point (``configure()``, the embedded
-default an Agent falls back on, ``looptrace watch``), so an anomaly reaches the same places whoever set things up.
-Every sink is on by default where it costs nothing (the structlog WARNING); the webhook is on when a URL is given
-(``LOOPTRACE_ALERT_WEBHOOK``); the score when the spans go to Langfuse. A webhook posts at most once per run and
-anomaly type, from a background thread, with a timeout: an alert channel that is slow or down never holds up the
-agent. A streak that an earlier run of the same session already alerted (``Anomaly.continued``) is not announced
-again by any sink, unless it now stops the run (``announces``). Webhook URLs are credentials (a Slack
-incoming-webhook URL is enough to post to the channel), so only their host is ever logged.
+``AnomalySinks`` is the whole fan-out. ``anomaly_sinks(settings)`` builds it from the settings, once per distinct
+set of sink settings in a process: ``configure()``, an ``Agent`` built without telemetry and the embedded default all
+ask it, so the same settings give the same sinks (one score queue per Langfuse project, one webhook dedupe) and an
+anomaly reaches the same places whoever set things up. The run is handed its sinks by the telemetry it records
+through; nothing looks them up by provider. Every sink is on by default where it costs nothing (the structlog
+WARNING); the webhook is on when a URL is given (``LOOPTRACE_ALERT_WEBHOOK``); the score when the settings send spans
+to Langfuse. A webhook posts at most once per run and anomaly type, from a background thread, with a timeout: an
+alert channel that is slow or down never holds up the agent. A streak that an earlier run of the same session already
+alerted (``Anomaly.continued``) is not announced again by any sink, unless it now stops the run: ``AnomalySinks.send``
+checks that once (``announces``) for all of them. Webhook URLs are credentials (a Slack incoming-webhook URL is
+enough to post to the channel), so only their host is ever logged.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .detector import Anomaly
 from .logs import log
-from .per_provider import PerProvider
 from .seam_types import Action
 from .settings import ConfigurationError
 
 if TYPE_CHECKING:
-    from .langfuse import LangfuseScores
+    from .langfuse_scores import LangfuseScores
     from .settings import Settings
 
 _MAX_REMEMBERED_POSTS = 10_000
@@ -84,8 +87,7 @@ class Alerts:
         return cls(webhook_url=settings.alert_webhook or None, **options)
 
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
-        if not announces(anomaly, context):
-            return
+        """Every alert of one report (the sinks it is part of decided it is news: ``AnomalySinks.send``)."""
         if self.log_warnings:
             log.warning(
                 "loop_anomaly",
@@ -166,6 +168,7 @@ class AnomalySinks:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, scores: LangfuseScores | None = None) -> AnomalySinks:
+        """The alerts ``settings`` describe and the ``scores`` given: a fresh fan-out (``anomaly_sinks`` shares one)."""
         return cls(alerts=Alerts.from_settings(settings), scores=scores)
 
     def wait(self, timeout_s: float | None = None) -> None:
@@ -215,15 +218,40 @@ def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
     }
 
 
-# The sinks of each tracer provider that configure() or the embedded default built: a run on that provider reports
-# there (providers.providers_for_run looks them up).
-_SINKS: PerProvider[AnomalySinks] = PerProvider()
+_shared_lock = threading.Lock()
+_shared: dict[tuple[Any, ...], AnomalySinks] = {}
 
 
-def register_sinks(tracer_provider: Any, sinks: AnomalySinks) -> None:
-    """Runs on ``tracer_provider`` report their anomalies to ``sinks``."""
-    _SINKS.attach(tracer_provider, sinks)
+def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] | None = None) -> AnomalySinks:
+    """The anomaly sinks ``settings`` describe: the log line, the webhook when one is named, and the Langfuse score
+    when the settings send spans to Langfuse (filed in the environment ``resource_attributes`` name, by default the
+    settings' own). One instance per distinct set of these facts in a process, so whoever asks with the same settings
+    (``configure()``, an Agent, the embedded default) gets the very sinks the others use, and flushing one flushes
+    them all."""
+    langfuse = settings.langfuse if "langfuse" in settings.chosen_exporters() else None
+    resource = settings.resource_attributes if resource_attributes is None else resource_attributes
+    # Keyed by what decides the score's destination and environment, so configure()'s provider resource and an
+    # Agent's resource attributes meet on the same sinks.
+    scored = None
+    if langfuse is not None:
+        from .langfuse import environment_inputs  # the Langfuse mapping loads only when spans go there
 
+        scored = (langfuse.base_url, langfuse.public_key, langfuse.secret_key, langfuse.timeout_s,
+                  *environment_inputs(langfuse, resource))
+    key = (settings.alert_webhook, scored, settings.spill_file)
+    with _shared_lock:
+        sinks = _shared.get(key)
+        if sinks is None:
+            scores = None
+            if langfuse is not None:
+                from .langfuse_scores import LangfuseScores
+                from .tracefile.undelivered import UndeliveredList
 
-def sinks_for(tracer_provider: Any) -> AnomalySinks | None:
-    return _SINKS.of(tracer_provider)
+                scores = LangfuseScores.from_settings(langfuse, resource=resource)
+                # A score Langfuse cannot take now is kept for `looptrace traces push`.
+                scores.keep_undelivered = UndeliveredList(settings.spill_file).keep_score
+                # Whoever else shuts down (configure()'s Telemetry does, within its exit deadline), the scores of an
+                # Agent on the application's own provider still leave before the interpreter does, boundedly.
+                atexit.register(scores.close, scores.timeout_s)
+            sinks = _shared[key] = AnomalySinks.from_settings(settings, scores=scores)
+        return sinks

@@ -13,18 +13,37 @@ never the run's, so they are not counted as one of its generations.
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from .logs import telemetry_failed
 from .seam_types import CostOf, ModelLike, Usage, first_chunk_receiver
 
-if TYPE_CHECKING:
-    from .spans import TurnSpan
+__all__ = ["ChatCall", "CurrentTurn", "InstrumentedModel", "current_turn_var"]
 
-__all__ = ["InstrumentedModel", "current_turn_var"]
+
+class ChatCall(Protocol):
+    """The span of one model call (``spans.ChatSpan``, ``spans.JudgeSpan``), as the wrapper drives it."""
+
+    def activate(self) -> AbstractContextManager[Any]: ...
+
+    def first_chunk(self, seconds: float) -> None: ...
+
+    def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
+class CurrentTurn(Protocol):
+    """The turn a model call belongs to (``spans.TurnSpan``): it opens the call's span."""
+
+    def start_chat(self, params: Mapping[str, Any], *, server_address: str | None, server_port: int | None,
+                   stream: bool, judge: bool = False) -> ChatCall: ...
+
 
 # The turn whose model call runs in this context: set by TurnSpan.activate() around the call, read by the wrapper.
-current_turn_var: contextvars.ContextVar[TurnSpan | None] = contextvars.ContextVar("looptrace_turn", default=None)
+current_turn_var: contextvars.ContextVar[CurrentTurn | None] = contextvars.ContextVar("looptrace_turn", default=None)
 
 
 class InstrumentedModel:
@@ -80,7 +99,7 @@ class InstrumentedModel:
         self._end(chat, response)
         return response
 
-    def _start(self, params: dict[str, Any]) -> Any:
+    def _start(self, params: dict[str, Any]) -> ChatCall | None:
         turn = current_turn_var.get()
         if turn is None:
             return None
@@ -92,7 +111,7 @@ class InstrumentedModel:
             telemetry_failed("chat span", exc)
             return None
 
-    def _end(self, chat: Any, response: dict[str, Any]) -> None:
+    def _end(self, chat: ChatCall, response: dict[str, Any]) -> None:
         usage = Usage.from_response(response)  # parsed once: the price and the span both read it
         cost = None
         if self.cost_of is not None:

@@ -6,13 +6,12 @@ line, the webhook, the Langfuse score) was assembled by whoever built the teleme
 are not the loop's business at all: ``AgentTelemetry.instrument`` wraps the loop's model, and the wrapper opens the
 chat spans (and the judge's) under whichever turn is current while it runs.
 
-``runtime/`` imports this module and the detector's public types, nothing else of instrumentation (a structure test
-holds it to that), so this module also carries the few plain types both sides speak: ``Usage`` (with the one parser of
-a response's usage), ``Action`` (what a policy did about an anomaly) and the log the loop writes to.
-
-``NoTracing`` implements the protocols with nothing at all, for ``Agent(telemetry=False)`` and
-``OTEL_SDK_DISABLED=true``; it still redacts tool arguments (``ToolTrace.arguments``, which the detector, the events
-and the alerts quote) and still hands reports to the alert sinks it was given.
+``runtime/`` imports this module, the detector's public types and one factory (``agent_telemetry``, which builds an
+Agent's telemetry where the Agent is built), nothing else of instrumentation (a structure test holds it to that), so
+this module also carries the few plain types both sides speak: ``Usage`` (with the one parser of a response's
+usage), ``Action`` (what a policy did about an anomaly), the ``Alerts`` an Agent may be given, the ``Settings`` it
+reads its judge from, the redaction of tool arguments and the log the loop writes to. It defines protocols only: the
+implementations (``spans.Tracing``, ``no_tracing.NoTracing``) are the factory's business.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from .alerts import Alerts
 from .content import redact
 from .detector import Anomaly, UnresolvedToolError
 from .logs import log
-from .no_tracing import NoTracing
 from .seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
 from .settings import Settings
 
@@ -37,15 +35,13 @@ __all__ = [
     "Anomaly",
     "CostOf",
     "ModelLike",
-    "NoTracing",
     "RunTrace",
     "Settings",
     "ToolTrace",
+    "TraceLinks",
     "TurnTrace",
     "Usage",
-    "agent_telemetry",
     "log",
-    "mcp_call_scope",
     "redact",
     "report_first_chunk",
 ]
@@ -125,6 +121,14 @@ class RunTrace(Protocol):
         ...
 
 
+class TraceLinks(Protocol):
+    """Links to traces in a backend's UI (Langfuse's: ``langfuse_api.TraceLinks``)."""
+
+    def url(self, trace_id: str) -> str | None:
+        """The trace's URL, or None when it cannot be known (never an error, never a long wait)."""
+        ...
+
+
 class AgentTelemetry(Protocol):
     """An agent's telemetry: wraps its model, starts the trace of each run."""
 
@@ -150,24 +154,3 @@ class AgentTelemetry(Protocol):
     def flush(self, timeout_ms: int = 5_000) -> None:
         """Best effort: push out what is buffered (on the way out of an interrupted run)."""
         ...
-
-
-def agent_telemetry(*, enabled: bool = True, tracer_provider: Any = None, meter_provider: Any = None,
-                    capture_content: bool | None = None, alerts: Alerts | None = None,
-                    settings: Settings | None = None) -> AgentTelemetry:
-    """The telemetry of an ``Agent``: its entry point into instrumentation (see ``embedded.agent_telemetry``)."""
-    from .embedded import agent_telemetry as build
-
-    return build(enabled=enabled, tracer_provider=tracer_provider, meter_provider=meter_provider,
-                 capture_content=capture_content, alerts=alerts, settings=settings)
-
-
-def mcp_call_scope(telemetry: AgentTelemetry, *, transport: str, session_id: str | None,
-                   protocol_version: str | None, tool: str | None = None, server_address: str | None = None,
-                   server_port: int | None = None) -> AbstractContextManager[None]:
-    """The mcp package's requests made inside this block are recorded where ``telemetry``'s run records, under the
-    current span, with the session's attributes (see ``mcp_tracing``). Imported on first use: only MCP needs it."""
-    from .mcp_tracing import mcp_call_scope as scope
-
-    return scope(telemetry, transport=transport, session_id=session_id, protocol_version=protocol_version,
-                 tool=tool, server_address=server_address, server_port=server_port)

@@ -43,7 +43,6 @@ from typing import Any
 from . import semconv as sc
 from .conversations import CONVERSATION_PREFIX
 from .detector import DetectorConfig
-from .langfuse import anomaly_score_body
 from .langfuse_api import (
     OBSERVATIONS_PATH,
     TRACES_PATH,
@@ -55,6 +54,7 @@ from .langfuse_api import (
     is_missing_route,
 )
 from .langfuse_observations import epoch_ms, trace_spans
+from .langfuse_scores import anomaly_score_body
 from .readers import SESSION_PREFIX, NeutralSpan
 from .settings import safe_url
 from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict

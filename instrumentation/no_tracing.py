@@ -1,8 +1,8 @@
 """Telemetry switched off: the interface's protocols implemented with nothing at all, but for two duties.
 
 Tool arguments are still redacted (``ToolTrace.arguments``, which the detector, the events and the alerts quote, and
-``ToolTrace.scrub`` for what a result quotes of them), and
-anomaly reports still reach the alerts the telemetry was given (the log line, the webhook, a callback).
+``ToolTrace.scrub`` for what a result quotes of them), and anomaly reports still reach the sinks the telemetry was
+given (the log line, the webhook, a callback; no score: there is no trace to put it on).
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from .alerts import AlertContext
 from .content import redact_with_secrets, scrub
 from .detector import Anomaly, UnresolvedToolError
+from .labels import checked, run_labels
 from .seam_types import Action, CostOf, ModelLike, Usage
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .alerts import Alerts
+    from .alerts import AnomalySinks
     from .interface import RunTrace, ToolTrace, TurnTrace
 
 __all__ = ["NoTracing"]
@@ -59,12 +61,10 @@ class _NoTurn:
         return _NoTool(arguments)
 
     def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
-        alerts = self.run.alerts
-        if alerts is not None:
-            from .alerts import AlertContext
-
-            alerts.send(anomaly, AlertContext(agent=self.run.agent, trace_id=_ZERO_TRACE_ID, span_id=_ZERO_SPAN_ID,
-                                              action=action))
+        sinks = self.run.sinks
+        if sinks is not None:
+            sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=_ZERO_TRACE_ID, span_id=_ZERO_SPAN_ID,
+                                             action=action))
 
     def nudged(self, text: str) -> None:
         pass
@@ -74,15 +74,15 @@ class _NoTurn:
 
 
 class _NoRun:
-    __slots__ = ("agent", "alerts", "turn")
+    __slots__ = ("agent", "sinks", "turn")
 
     trace_id = _ZERO_TRACE_ID
     span_id = _ZERO_SPAN_ID
     trace_url = None
 
-    def __init__(self, agent: str, alerts: Alerts | None) -> None:
+    def __init__(self, agent: str, sinks: AnomalySinks | None) -> None:
         self.agent = agent
-        self.alerts = alerts
+        self.sinks = sinks
         self.turn = _NoTurn(self)
 
     def start_turn(self, index: int) -> TurnTrace:
@@ -96,11 +96,13 @@ class _NoRun:
 
 class NoTracing:
     """Telemetry switched off: no span, no metric, no exporter. Tool arguments are still redacted, and anomalies still
-    reach ``alerts`` (the log line, the webhook, a callback) when given."""
+    reach ``sinks`` (the log line, the webhook, a callback) when given."""
 
-    def __init__(self, alerts: Alerts | None = None, *, captures_content: bool = True,
+    trace_links = None
+
+    def __init__(self, sinks: AnomalySinks | None = None, *, captures_content: bool = True,
                  settings: Settings | None = None) -> None:
-        self.alerts = alerts
+        self.sinks = sinks
         self.captures_content = captures_content
         self.settings = Settings() if settings is None else settings  # what the Agent takes its judge from
 
@@ -111,11 +113,10 @@ class NoTracing:
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
                   tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None,
                   resumes: tuple[str, str] | None = None) -> RunTrace:
-        from .langfuse import trace_attributes
-
-        # Checked even here: a label Langfuse would drop should fail in tests, not once telemetry is switched on.
-        trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
-        return _NoRun(agent, self.alerts)
+        # Checked even here: a label a backend would drop should fail in tests, not once telemetry is switched on.
+        checked("trace name", agent)
+        run_labels(session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
+        return _NoRun(agent, self.sinks)
 
     def flush(self, timeout_ms: int = 5_000) -> None:
         pass

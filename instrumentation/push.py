@@ -13,7 +13,7 @@ Where "never twice" needs the backend's help, and what push does about it:
   the span id and merges events with the same id), so a second copy changes nothing there: push resends uncertain
   spans to Langfuse. An OTLP backend may store a span twice, so push holds them back and says so, unless
   ``resend_interrupted`` (``--resend-interrupted``) asks for them.
-* Scores carry ids derived from what they say (``langfuse.stable_score_id``): posting one again updates it.
+* Scores carry ids derived from what they say (``langfuse_scores.stable_score_id``): posting one again updates it.
 
 Nothing is dropped silently: spans no longer in any trace file (rotated away, deleted) are reported as lost, and
 dropped from the list so that they are reported once.
@@ -298,20 +298,9 @@ def _push_scores(listing: UndeliveredList, targets: set[str],
 
 
 def _score_poster(settings: LangfuseSettings) -> Callable[[Mapping[str, Any]], bool]:
-    """POST one score body to Langfuse's public API; True when it was taken."""
-    import requests
+    """Post one score body to Langfuse's public API (the one Langfuse client); True when it was taken."""
+    from .langfuse_api import LangfuseAPI
+    from .langfuse_scores import post_score
 
-    from .langfuse import SCORES_PATH
-
-    session = requests.Session()
-    headers = {"Authorization": settings.authorization(), "Content-Type": "application/json"}
-    url = settings.base_url.rstrip("/") + SCORES_PATH
-
-    def post(body: Mapping[str, Any]) -> bool:
-        try:
-            response = session.post(url, json=dict(body), headers=headers, timeout=settings.timeout_s)
-        except requests.RequestException:
-            return False
-        return response.status_code < 300
-
-    return post
+    api = LangfuseAPI(settings.base_url, settings.public_key, settings.secret_key, timeout_s=settings.timeout_s)
+    return lambda body: post_score(api, body) is None

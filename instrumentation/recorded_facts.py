@@ -7,13 +7,22 @@ machinery.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import semconv as sc
 from .detector.facts import UnresolvedToolError
 
-if TYPE_CHECKING:
-    from .recorded_run import StoredSpan
+
+class StoredSpan(Protocol):
+    """What rebuilding reads of a span: ``tracefile.read.SpanRecord`` has it all; ``events`` (name, time, attributes),
+    ``status_code``, ``status_message`` and ``end_ns`` are read when present."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    attributes: dict[str, Any]
 
 
 def recorded_unresolved_errors(root: StoredSpan) -> tuple[int, list[UnresolvedToolError]] | None:

@@ -23,30 +23,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from . import semconv as sc
 from .anthropic_messages import anthropic_message, text_of_parts, tool_definition
 from .detector import result_digest
-from .recorded_facts import as_count
+from .recorded_facts import StoredSpan, as_count
 
 ERROR_STATUS = 2
 CUT_MARK = "…[truncated "  # content.cap's marker: a value cut at the attribute size cap
 ANOMALY_EVENTS = frozenset({sc.ANOMALY_EVENT, sc.LEGACY_ANOMALY_EVENT})
 # Outcomes whose result is not what the tool would say again: the run was cut short there.
 _NOT_A_RESULT = frozenset({"interrupted"})
-
-
-class StoredSpan(Protocol):
-    """What rebuilding reads of a span: ``tracefile.read.SpanRecord`` has it all; ``events`` (name, time, attributes),
-    ``status_code``, ``status_message`` and ``end_ns`` are read when present."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    start_ns: int
-    attributes: dict[str, Any]
 
 
 class NotReplayable(Exception):

@@ -184,7 +184,8 @@ LANGFUSE_AS_ROOT = "langfuse.internal.as_root"  # read by the trace-create path
 LANGFUSE_IS_APP_ROOT = "langfuse.internal.is_app_root"  # read by the v4 events path (parent_span_id = '' OR this)
 LANGFUSE_TRACE_INPUT = "langfuse.trace.input"
 LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
-LANGFUSE_ANOMALY_SCORE = "loop_anomaly"  # the categorical score a loop anomaly adds to its trace
+ANOMALY_EVALUATION_NAME = "loop_anomaly"  # gen_ai.evaluation.name of an anomaly's evaluation event
+LANGFUSE_ANOMALY_SCORE = ANOMALY_EVALUATION_NAME  # the categorical score a loop anomaly adds to its trace
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
 # METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module

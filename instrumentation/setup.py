@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -61,7 +61,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .alerts import AnomalySinks, register_sinks
+from .alerts import AnomalySinks, anomaly_sinks
 from .deadline import Deadline
 from .delivery import WAIT_SLICE_S, GuardedExporter, GuardedMetricExporter
 from .direct_spans import DirectTracerProvider, direct_path_blockers
@@ -70,6 +70,10 @@ from .logs import log, settings_ignored
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
 from .tracefile.undelivered import UndeliveredList
 from .tracefile.write import Rotation, TraceFileProcessor
+
+if TYPE_CHECKING:
+    from .langfuse_api import TraceLinks
+    from .langfuse_scores import LangfuseScores
 
 __all__ = [
     "ConfigurationError",
@@ -92,9 +96,10 @@ class Telemetry:
     """What configure() set up. Keep it to flush or shut down; the CLI does both on the way out.
 
     ``owns_provider`` is False when looptrace's processors were added to the application's provider: flush and shutdown
-    then touch looptrace's processors only, never the application's. ``scores`` sends Langfuse scores (the anomaly
-    score) when the langfuse exporter is on, and is None otherwise. ``sinks`` is the anomaly fan-out of every run on
-    ``tracer_provider`` (log line, webhook, score), registered with the provider so any Agent's runs on it use it.
+    then touch looptrace's processors only, never the application's. ``sinks`` is the anomaly fan-out (log line,
+    webhook, score) and ``trace_links`` the links to Langfuse's UI (when the langfuse exporter is on) of the runs of
+    an Agent handed this telemetry (``Agent(telemetry=telemetry)``); an Agent built on the same settings without it
+    gets the same sinks (``alerts.anomaly_sinks``). ``scores`` is the sinks' Langfuse score queue, or None.
     """
 
     tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's unless something needs the SDK
@@ -103,8 +108,9 @@ class Telemetry:
     trace_file: Path | None = None
     meter_provider: MeterProvider | None = None
     spill_file: Path | None = None
-    scores: Any = None  # langfuse.LangfuseScores | None
-    sinks: AnomalySinks | None = None  # where the anomalies of runs on this provider go (built once, from settings)
+    scores: LangfuseScores | None = None
+    sinks: AnomalySinks | None = None  # where the anomalies of runs recorded through this telemetry go
+    trace_links: TraceLinks | None = None  # the link of each run to its trace in Langfuse's UI
     owns_provider: bool = True
     processors: list[SpanProcessor] = field(default_factory=list)
     guards: list[GuardedExporter] = field(default_factory=list)
@@ -412,14 +418,8 @@ def _build_direct(settings: Settings) -> Telemetry:
     _rotate_as_set(provider, settings)
     telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
                           trace_file=settings.trace_file, meter_provider=None)
-    _register_sinks(telemetry)
+    telemetry.sinks = anomaly_sinks(settings)
     return telemetry
-
-
-def _register_sinks(telemetry: Telemetry) -> None:
-    """The anomaly fan-out of the runs on this telemetry's provider, built once from its settings."""
-    telemetry.sinks = AnomalySinks.from_settings(telemetry.settings, scores=telemetry.scores)
-    register_sinks(telemetry.tracer_provider, telemetry.sinks)
 
 
 #: The exporters the direct path serves: the trace file, and the network exporters through their BatchSpanProcessor,
@@ -499,23 +499,17 @@ def _processors(settings: Settings, names: list[str], console_stream: IO[str] | 
 
 def _finish(telemetry: Telemetry, settings: Settings, processors: list[SpanProcessor], provider: Any,
             resource: Resource) -> Telemetry:
-    """What both paths add once their processors are on the provider: Langfuse's extras, metrics, the sinks."""
+    """What both paths add once their processors are on the provider: metrics, the anomaly sinks (the Langfuse score
+    filed in the environment of the provider's resource), the trace links."""
     telemetry.processors = processors
-    _langfuse_extras(telemetry, settings, provider, resource)
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
-    _register_sinks(telemetry)
-    return telemetry
-
-
-def _langfuse_extras(telemetry: Telemetry, settings: Settings, provider: Any, resource: Resource) -> None:
-    """With the langfuse exporter: its scores, and a link to each run's trace in Langfuse's UI (RunResult.trace_url)."""
+    telemetry.sinks = anomaly_sinks(settings, resource_attributes=resource.attributes)
+    telemetry.scores = telemetry.sinks.scores
     if "langfuse" in telemetry.exporters and settings.langfuse is not None:
-        from .langfuse import LangfuseScores, TraceLinks, register_trace_links
+        from .langfuse_api import TraceLinks
 
-        telemetry.scores = LangfuseScores.from_settings(settings.langfuse, resource=resource)
-        # A score Langfuse cannot take now is kept for `looptrace traces push`.
-        telemetry.scores.keep_undelivered = UndeliveredList(settings.spill_file).keep_score
-        register_trace_links(provider, TraceLinks(settings.langfuse))
+        telemetry.trace_links = TraceLinks(settings.langfuse)  # RunResult.trace_url
+    return telemetry
 
 
 def _processor(name: str, settings: Settings, spill: UndeliveredList, console_stream: IO[str] | None,

@@ -12,16 +12,18 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from contextvars import Token
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from . import langfuse
+from . import backend_attributes
 from . import semconv as sc
-from .alerts import AlertContext, Alerts, AnomalySinks
+from .alerts import AlertContext, AnomalySinks
 from .content import (
     CallSecrets,
     CaptureMode,
@@ -36,23 +38,18 @@ from .content import (
     to_json,
 )
 from .detector import Anomaly, UnresolvedToolError, canonical_arguments, result_digest
-from .instrumented_model import InstrumentedModel, current_turn_var
-from .seam_types import Action, CostOf, ModelLike, Usage
-
-if TYPE_CHECKING:
-    from .interface import ToolTrace
-from .langfuse import generation_attributes, trace_attributes
+from .instrumented_model import CurrentTurn, InstrumentedModel, current_turn_var
+from .labels import RunLabels, checked, run_labels
 from .logs import telemetry_failed
 from .metrics import LoopMetrics
-from .providers import providers_for_run
+from .providers import RunProviders, providers_for_run
+from .seam_types import Action, CostOf, ModelLike, Usage
 from .settings import Settings
 
-# Each span's OpenInference kind, which Phoenix shows and Langfuse also takes as the observation type (agent, chain,
-# generation, tool): one attribute serves both, so no Langfuse-only type attribute is sent.
-_AS_AGENT = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_AGENT}
-_AS_TURN = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_CHAIN}
-_AS_GENERATION = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_LLM}
-_AS_TOOL = {sc.OPENINFERENCE_SPAN_KIND: sc.SPAN_KIND_TOOL}
+if TYPE_CHECKING:
+    from .backend_attributes import RunBackendAttributes
+    from .interface import ToolTrace, TraceLinks
+
 CONTENT_EVENT = sc.CONTENT_EVENT
 
 
@@ -76,7 +73,7 @@ def _never_raises(where: str, fallback: Callable[..., Any]) -> Callable[[Callabl
     return decorate
 
 
-def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
+def _end_span(owner: _HasSpan, *args: object, **kwargs: object) -> None:
     """The fallback of an ``end``: the span ends as it is, without what could not be recorded."""
     try:
         if owner.span.is_recording():
@@ -85,16 +82,18 @@ def _end_span(owner: Any, *args: Any, **kwargs: Any) -> None:
         telemetry_failed("span end", exc)
 
 
-def _nothing(owner: Any, *args: Any, **kwargs: Any) -> None:
+def _nothing(owner: object, *args: object, **kwargs: object) -> None:
     return None
+
+
+class _HasSpan(Protocol):
+    span: Span
 
 
 class Tracing:
     """Span factory for an agent (``interface.AgentTelemetry`` with OpenTelemetry). Cheap to create; holds no per-run
-    state. Where spans and anomaly reports go is decided per run (``providers.providers_for_run``).
-
-    ``sinks`` are the anomaly sinks the Agent's own settings describe, used on a provider that has none registered;
-    ``alerts``, when given (``Agent(alerts=...)``), takes the place of the alerts part of whichever sinks a run uses.
+    state. Which providers a run records on is decided per run (``providers.providers_for_run``); where its anomaly
+    reports go (``sinks``) and its link in a backend's UI (``trace_links``) are what it was built with.
     """
 
     def __init__(
@@ -104,21 +103,20 @@ class Tracing:
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool | str | CaptureMode | None = None,
         max_attribute_chars: int | None = None,
-        meter_provider: Any = None,
+        meter_provider: metrics_api.MeterProvider | None = None,
         enabled: bool = True,
         sinks: AnomalySinks | None = None,
-        alerts: Alerts | None = None,
+        trace_links: TraceLinks | None = None,
     ) -> None:
         self.enabled = enabled
         self.settings = settings
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
-        self._resolved: tuple[Any, Any] | None = None  # the providers of the latest run ...
+        self._resolved: RunProviders | None = None  # the providers of the latest run ...
         self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
         self.metrics: LoopMetrics | None = None
-        self.alerts = alerts
-        self._own_sinks = (sinks or AnomalySinks.from_settings(settings)).with_alerts(alerts)
-        self.sinks = self._own_sinks  # the latest run's
+        self.sinks = sinks if sinks is not None else AnomalySinks.from_settings(settings)
+        self.trace_links = trace_links
         self.captures_content = settings.capture_content if capture_content is None else bool(capture_content)
         self.capture = resolve_capture(settings.capture_setting if capture_content is None else capture_content)
         self.capture_content = self.capture.on_spans  # content attributes on spans
@@ -144,10 +142,7 @@ class Tracing:
         return InstrumentedModel(model, cost_of=cost_of, judge=judge)
 
     def _select_providers(self) -> None:
-        tracer_provider, meter_provider, sinks = providers_for_run(self._tracer_provider, self._meter_provider,
-                                                                   self.settings)
-        self.sinks = self._own_sinks if sinks is None else sinks.with_alerts(self.alerts)
-        providers = (tracer_provider, meter_provider)
+        providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
         if providers != self._resolved:
             self._resolved = providers
             self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
@@ -170,9 +165,8 @@ class Tracing:
                 pass
 
     def trace_url(self, trace_id: str) -> str | None:
-        """The trace's link in Langfuse's UI when this provider sends to Langfuse (see setup.configure)."""
-        links = langfuse.trace_links_for(self._resolved[0] if self._resolved else trace.get_tracer_provider())
-        return links.url(trace_id) if links is not None else None
+        """The trace's link in a backend's UI (Langfuse's) when the telemetry's settings send runs there."""
+        return self.trace_links.url(trace_id) if self.trace_links is not None else None
 
     def start_run(
         self,
@@ -191,36 +185,39 @@ class Tracing:
         """``task`` is the user's request, or the whole message history a run continues. ``resumes``: the (trace id,
         root span id) of the paused run this one resumes; the root span links to it."""
         # Checked even when nothing records: an empty session id should fail in tests, not in production.
-        trace_level = trace_attributes(agent, session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
+        checked("trace name", agent)
+        labels = run_labels(session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
         if not self.enabled:
             return RunSpan(self, trace.INVALID_SPAN, agent, {})
-        return self._open_run(agent, model, task, system, tool_definitions, session_id, trace_level, resumes)
+        return self._open_run(agent, model, task, system, tool_definitions, labels, resumes)
 
-    def _untraced_run(self, agent: str, *args: Any) -> RunSpan:
+    def _untraced_run(self, agent: str, *args: object) -> RunSpan:
         return RunSpan(self, trace.INVALID_SPAN, agent, {})
 
     @_never_raises("invoke_agent span", _untraced_run)
     def _open_run(self, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
-                  tool_definitions: list[dict[str, Any]], session_id: str | None,
-                  trace_level: dict[str, Any], resumes: tuple[str, str] | None = None) -> RunSpan:
+                  tool_definitions: list[dict[str, Any]], labels: RunLabels,
+                  resumes: tuple[str, str] | None = None) -> RunSpan:
         self._select_providers()
-        # On every span of the run: Langfuse's v4 ingestion reads trace name, user, session, tags and metadata per
-        # observation. The session goes once, as gen_ai.conversation.id, which Langfuse and Phoenix both read.
-        common = {sc.GEN_AI_AGENT_NAME: agent, **trace_level}
-        if session_id is not None:
-            common[sc.GEN_AI_CONVERSATION_ID] = langfuse.session_id_of(session_id)
-        attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT,
-                      sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_REQUEST_MODEL: model, **common,
-                      **_AS_AGENT}
+        # On every span of the run: the agent and the session (gen_ai.conversation.id, which Langfuse and Phoenix
+        # both read as the session); what backends read beside them comes from backend_attributes, below.
+        common = {sc.GEN_AI_AGENT_NAME: agent}
+        if labels.session_id is not None:
+            common[sc.GEN_AI_CONVERSATION_ID] = labels.session_id
+        attributes: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT,
+                                      sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_REQUEST_MODEL: model,
+                                      **common}
         task_text = task if isinstance(task, str) else last_user_text(task)
         joins = _joins_outer_trace()
         run_content: dict[str, str] = {}
+        shown_task = None
         if self.capture_content:
             messages = [{"role": "user", "content": task}] if isinstance(task, str) else task
             secrets: CallSecrets = {}  # a continued conversation's earlier calls: their results are scrubbed too
             attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m, secrets) for m in messages]),
                                                        self.max_chars)
-            attributes[sc.INPUT_VALUE] = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as input
+            shown_task = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as the run's input
+            attributes.update(backend_attributes.shown_input(shown_task))
         if self.capture_content or self.capture_events:
             # Encoded once per run; every chat span repeats them, so a generation shows the prompt the model got.
             if system:
@@ -231,8 +228,9 @@ class Tracing:
                     to_json([genai_tool_definition(d) for d in tool_definitions]), self.max_chars)
         if self.capture_content:
             attributes.update(run_content)
-        attributes.update(langfuse.root_attributes(
-            joins_outer_trace=joins, trace_input=attributes.get(sc.INPUT_VALUE)))
+        backends = backend_attributes.for_run(agent, labels, joins_outer_trace=joins,
+                                              trace_input=shown_task)
+        attributes.update(backends.agent)
         links = _resumed_run_link(resumes)
         if links and resumes is not None:
             attributes[sc.RUN_RESUMES_TRACE_ID] = resumes[0]
@@ -241,7 +239,7 @@ class Tracing:
         # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.
         system_message = (to_json({"role": "system", "content": cap(system, self.max_chars)})
                           if self.capture_content and system else None)
-        return RunSpan(self, span, agent, common, run_content, joins, system_message)
+        return RunSpan(self, span, agent, common, run_content, system_message, backends)
 
 
 def _resumed_run_link(resumes: tuple[str, str] | None) -> list[trace.Link]:
@@ -272,23 +270,25 @@ def _joins_outer_trace() -> bool:
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("agent", "common", "content", "finish_reason", "joins", "messages", "recording", "sinks", "span",
-                 "system_message", "tracing")
+    __slots__ = ("agent", "backends", "content", "finish_reason", "messages", "recording", "span",
+                 "span_attributes", "system_message", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
-                 content: dict[str, str] | None = None, joins: bool = False,
-                 system_message: str | None = None) -> None:
+                 content: dict[str, str] | None = None, system_message: str | None = None,
+                 backends: RunBackendAttributes | None = None) -> None:
         self.tracing = tracing
         self.span = span
         self.agent = agent
-        self.common = common  # attributes every span of the run carries (agent, session, user, ...)
         self.recording = span.is_recording()
         self.messages = MessageLog()
         self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
-        self.joins = joins  # the run joined an outer trace: its trace output is set explicitly too
         self.finish_reason: str | None = None  # of the newest model response (or "error"), for the root span
-        self.sinks = tracing.sinks  # where this run's anomalies are reported, decided at its start
         self.system_message = system_message  # {"role": "system", "content": ...} as JSON, when content is captured
+        self.backends = backends  # what backends read beyond the conventions (None: the run records nothing)
+        # What each kind of span starts with, merged once per run: the shared attributes (agent, session) and the
+        # backends' (Langfuse's trace-level attributes, the OpenInference kind).
+        self.span_attributes = {kind: {**common, **getattr(backends, kind)} if backends else common
+                                for kind in ("turn", "chat", "tool", "judge")}
 
     def input_view(self, history: str) -> str:
         """A model call's input as Langfuse shows it from gen_ai.*: the system prompt as a first system message,
@@ -320,7 +320,7 @@ class RunSpan:
                 sc.TURN_SPAN_NAME,
                 context=trace.set_span_in_context(self.span),
                 kind=SpanKind.INTERNAL,
-                attributes={sc.TURN_INDEX: index, **self.common, **_AS_TURN},
+                attributes={sc.TURN_INDEX: index, **self.span_attributes["turn"]},
             )
             return TurnSpan(self, span)
         except Exception as exc:  # never into the run (see _never_raises)
@@ -347,19 +347,21 @@ class RunSpan:
             sc.RUN_ANOMALY_COUNT: anomalies,
             **unresolved_attributes(unresolved_errors),
         }
+        output: str | None = None
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
-        if session_id is not None and sc.GEN_AI_CONVERSATION_ID not in self.common:
+        if session_id is not None and sc.GEN_AI_CONVERSATION_ID not in self.span_attributes["turn"]:
             # A paused run joins the session its resumption continues in (Langfuse shows both traces together).
-            attributes[sc.GEN_AI_CONVERSATION_ID] = langfuse.session_id_of(session_id)
+            attributes[sc.GEN_AI_CONVERSATION_ID] = checked("session_id", session_id)
         if self.finish_reason is not None:
             attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (self.finish_reason,)  # of the response the run ended on
         if final_text and self.tracing.capture_content:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
                 {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
-            attributes[sc.OUTPUT_VALUE] = cap(final_text, self.tracing.max_chars)
-            if self.joins:
-                attributes[langfuse.TRACE_OUTPUT] = attributes[sc.OUTPUT_VALUE]
+            output = cap(final_text, self.tracing.max_chars)
+            attributes.update(backend_attributes.shown_output(output))
+        if self.backends is not None:
+            attributes.update(self.backends.run_end(output=output, unresolved_tool_errors=len(unresolved_errors)))
         self._record_unresolved(unresolved_errors)
         if error is not None:
             attributes[sc.RUN_ERROR] = cap(error, self.tracing.max_chars)
@@ -389,11 +391,9 @@ MAX_UNRESOLVED_EVENTS = 20  # root-span events for the most recent; the count at
 
 
 def unresolved_attributes(errors: Sequence[UnresolvedToolError]) -> dict[str, Any]:
-    """The root span's record of the tool errors a run left standing: their count (also as Langfuse trace metadata,
-    which its traces table filters on) and their tools. Tool names only: a target or an error text is content, and
-    the execute_tool spans already hold it, as capture allows."""
-    attributes: dict[str, Any] = {sc.RUN_UNRESOLVED_TOOL_ERRORS: len(errors),
-                                  sc.LANGFUSE_UNRESOLVED_TOOL_ERRORS: str(len(errors))}
+    """The root span's record of the tool errors a run left standing: their count and their tools. Tool names only:
+    a target or an error text is content, and the execute_tool spans already hold it, as capture allows."""
+    attributes: dict[str, Any] = {sc.RUN_UNRESOLVED_TOOL_ERRORS: len(errors)}
     if errors:
         attributes[sc.RUN_UNRESOLVED_TOOLS] = tuple(dict.fromkeys(e.tool for e in errors))
     return attributes
@@ -426,14 +426,14 @@ class TurnSpan:
 
     @_never_raises("anomaly alert", _nothing)
     def _send(self, anomaly: Anomaly, action: Action) -> None:
-        self.run.sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=self.run.trace_id,
+        self.run.tracing.sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=self.run.trace_id,
                                                   span_id=self.run.span_id, action=action))
 
     @_never_raises("anomaly event", _nothing)
     def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
         event: dict[str, Any] = {
             # The conventions' evaluation verdict, with looptrace's own attributes beside it.
-            sc.GEN_AI_EVALUATION_NAME: langfuse.ANOMALY_SCORE,
+            sc.GEN_AI_EVALUATION_NAME: sc.ANOMALY_EVALUATION_NAME,
             sc.GEN_AI_EVALUATION_SCORE_LABEL: anomaly.type,
             sc.GEN_AI_EVALUATION_EXPLANATION: anomaly.message,
             sc.ANOMALY_TYPE: anomaly.type,
@@ -469,8 +469,7 @@ class TurnSpan:
             sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
             sc.GEN_AI_REQUEST_MODEL: model,
             sc.GEN_AI_REQUEST_MAX_TOKENS: params.get("max_tokens", 0),
-            **self.run.common,
-            **_AS_GENERATION,
+            **self.run.span_attributes["chat"],
         }
         if stream:
             attributes[sc.GEN_AI_REQUEST_STREAM] = True
@@ -492,8 +491,7 @@ class TurnSpan:
         if tracing.capture_content and history is not None:
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
             attributes.update(self.run.content)
-            attributes[sc.INPUT_VALUE] = self.run.input_view(history)
-            attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
+            attributes.update(backend_attributes.shown_input(self.run.input_view(history), json=True))
         span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -513,8 +511,7 @@ class TurnSpan:
                 sc.GEN_AI_TOOL_NAME: name,
                 sc.GEN_AI_TOOL_CALL_ID: call_id,
                 sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
-                **self.run.common,
-                **_AS_TOOL,
+                **self.run.span_attributes["tool"],
             }
             if description:
                 attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
@@ -522,8 +519,7 @@ class TurnSpan:
             if tracing.capture_content:
                 encoded = cap(to_json(redacted), tracing.max_chars)
                 attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
-                attributes[sc.INPUT_VALUE] = encoded  # Phoenix's Input (Langfuse reads the same text either way)
-                attributes[sc.INPUT_MIME_TYPE] = sc.MIME_JSON
+                attributes.update(backend_attributes.shown_input(encoded, json=True))
             else:
                 attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redacted))
             span = tracing.tracer.start_span(
@@ -542,9 +538,8 @@ class TurnSpan:
             attributes: dict[str, Any] = {}
             if stop_reason is not None:
                 attributes[sc.STOP_REASON] = stop_reason
-            if self.flagged is not None:
-                attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
-                attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
+            if self.flagged is not None and self.run.backends is not None:
+                attributes.update(self.run.backends.flagged(cap(self.flagged, 1024)))
             if attributes:
                 self.span.set_attributes(attributes)
             self.span.end()
@@ -605,12 +600,13 @@ class ChatSpan:
             }
             if cost_usd is not None:
                 attributes[sc.CHAT_COST_USD] = cost_usd
-            # Langfuse's own usage keys win over gen_ai.usage.*, whose cache handling differs between its versions.
-            attributes.update(generation_attributes(
-                input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                cache_read_input_tokens=usage.cache_read_input_tokens,
-                cache_creation_input_tokens=usage.cache_creation_input_tokens,
-                cache_creation_1h_input_tokens=Usage.one_hour_cache_writes(response), cost_usd=cost_usd))
+            backends = self.run.backends
+            if backends is not None:
+                attributes.update(backends.generation(
+                    input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                    cache_read_input_tokens=usage.cache_read_input_tokens,
+                    cache_creation_input_tokens=usage.cache_creation_input_tokens,
+                    cache_creation_1h_input_tokens=Usage.one_hour_cache_writes(response), cost_usd=cost_usd))
             tracing = self.run.tracing
             if tracing.capture_content or tracing.capture_events:
                 # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
@@ -622,8 +618,7 @@ class ChatSpan:
                 output = cap(f"[{encoded}]", tracing.max_chars)
                 if tracing.capture_content:
                     attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
-                    attributes[sc.OUTPUT_VALUE] = output  # the same text object: Phoenix's Output, Langfuse's as before
-                    attributes[sc.OUTPUT_MIME_TYPE] = sc.MIME_JSON
+                    attributes.update(backend_attributes.shown_output(output, json=True))
                 if tracing.capture_events:
                     event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
                     self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
@@ -661,7 +656,7 @@ class JudgeSpan:
         if not turn.recording:
             return cls(_NON_RECORDING)
         attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
-                      sc.GEN_AI_REQUEST_MODEL: model, sc.JUDGE: True, **turn.run.common}
+                      sc.GEN_AI_REQUEST_MODEL: model, sc.JUDGE: True, **turn.run.span_attributes["judge"]}
         return cls(turn.run.tracing.tracer.start_span(sc.chat_span_name(model),
                                                       context=trace.set_span_in_context(turn.span),
                                                       kind=SpanKind.CLIENT, attributes=attributes))
@@ -752,7 +747,8 @@ class ToolSpan:
             }
             tracing = self.run.tracing
             if tracing.capture_content:
-                attributes[sc.GEN_AI_TOOL_CALL_RESULT] = attributes[sc.OUTPUT_VALUE] = cap(result, tracing.max_chars)
+                shown = attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
+                attributes.update(backend_attributes.shown_output(shown))
             if is_error:
                 # Without content capture the error's text stays off the span too: it can quote the arguments. The
                 # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
@@ -760,9 +756,8 @@ class ToolSpan:
                 said = cap(result, 1024) if tracing.capture_content else error_type or outcome
                 attributes[sc.ERROR_TYPE] = error_type or outcome
                 self.span.set_status(Status(StatusCode.ERROR, said))
-            elif self.flagged is not None:
-                attributes[sc.LANGFUSE_OBSERVATION_LEVEL] = "WARNING"
-                attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE] = cap(self.flagged, 1024)
+            elif self.flagged is not None and self.run.backends is not None:
+                attributes.update(self.run.backends.flagged(cap(self.flagged, 1024)))
             self.span.set_attributes(attributes)
             self.span.end()
         except Exception as exc:  # never into the run (see _never_raises)
@@ -786,13 +781,13 @@ class _activate:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: Any = None  # contextvars.Token of the attach
+        self.token: Token[Context] | None = None  # of the attach
 
     def __enter__(self) -> None:
         if self.span.is_recording():
             self.token = otel_context.attach(trace.set_span_in_context(self.span))
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.token is not None:
             otel_context.detach(self.token)
 
@@ -805,13 +800,14 @@ class _TurnCurrent:
 
     def __init__(self, turn: TurnSpan) -> None:
         self.turn = turn
-        self.token: Any = None
+        self.token: Token[CurrentTurn | None] | None = None
 
     def __enter__(self) -> None:
         self.token = current_turn_var.set(self.turn)
 
-    def __exit__(self, *exc_info: Any) -> None:
-        current_turn_var.reset(self.token)
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            current_turn_var.reset(self.token)
 
 
 _NON_RECORDING = NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from .version import __version__
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {

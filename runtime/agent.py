@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from looptrace.instrumentation.agent_telemetry import agent_telemetry
 from looptrace.instrumentation.detector import (
     Anomaly,
     DetectorConfig,
@@ -39,7 +40,6 @@ from looptrace.instrumentation.interface import (
     ToolTrace,
     TurnTrace,
     Usage,
-    agent_telemetry,
     log,
 )
 
@@ -54,8 +54,10 @@ from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
 from .state import PendingAnomaly, RunState, StateError, anomaly_from_dict
 
-if TYPE_CHECKING:  # imported when an agent has MCP servers: an agent of Python tools never pays for it
-    from .mcp_servers import MCPConnections, MCPServer
+if TYPE_CHECKING:
+    from looptrace.instrumentation.agent_telemetry import Telemetry
+
+    from .mcp_servers import MCPConnections, MCPServer  # loaded when an agent has MCP servers, not before
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -100,7 +102,7 @@ class Agent:
         tracer_provider: Any = None,
         meter_provider: Any = None,
         capture_content: bool | None = None,
-        telemetry: bool = True,
+        telemetry: bool | Telemetry = True,
         settings: Settings | None = None,
         approver: Approver | None = None,
     ) -> None:
@@ -133,10 +135,11 @@ class Agent:
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
         self.policy = policies.AnomalyPolicy(on_anomaly)
-        # The one door to telemetry: spans, metrics and every anomaly sink, from the settings (the environment's,
-        # read once here, when none are given) or from what configure() registered for the run's provider.
+        # The one door to telemetry: spans, metrics, every anomaly sink and the trace link, from what configure()
+        # returned when it is handed over, else from the settings (the environment's, read once here, when none are
+        # given).
         self._tracing: AgentTelemetry = agent_telemetry(
-            enabled=telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
+            telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
             capture_content=capture_content, alerts=alerts, settings=settings)
         self.client = _as_model(client)  # wrapped by the telemetry: the loop opens no chat span itself
         self._detector_config = None if detector is False else (
@@ -700,7 +703,7 @@ class Agent:
 
     def _state_of(self, run: _Run, session_id: str) -> RunState:
         """The paused run as data that resumes it, here or in another process."""
-        from looptrace import __version__
+        from looptrace.version import __version__
 
         labels = run.labels
         paused = run.paused

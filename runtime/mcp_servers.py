@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import urlsplit
 
-from looptrace.instrumentation.interface import log, mcp_call_scope
+from looptrace.instrumentation.agent_telemetry import mcp_call_scope
+from looptrace.instrumentation.interface import log
 
 from . import tools as toolkit
 from .mcp_results import tool_result

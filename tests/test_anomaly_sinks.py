@@ -21,7 +21,7 @@ from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
 
 from looptrace import Agent, ScriptedModel, configure, tool
-from looptrace.instrumentation.langfuse import stable_score_id
+from looptrace.instrumentation.langfuse_scores import stable_score_id
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.setup import default_telemetry
 
@@ -168,3 +168,79 @@ def test_an_agents_own_alerts_replace_the_log_and_webhook_but_keep_the_score(env
     assert seen == ["repeated_call"]
     assert [s["value"] for s in langfuse.scores] == ["repeated_call"]
     assert webhook.received == []  # the Agent's alerts name no webhook
+
+
+# --- the wiring: the run is handed its sinks and its trace link by the telemetry it records through ---------------
+
+
+def test_an_agent_handed_the_telemetry_configure_returned_reports_to_its_sinks_and_links_its_trace(environment):
+    langfuse, webhook = environment
+    telemetry = configure(exporters="langfuse", set_global=False)
+    try:
+        agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+                      on_anomaly="warn", telemetry=telemetry)
+        result = agent.run("Reserve EQ-001")
+        telemetry.flush()
+        _wait_for(lambda: webhook.received, "the webhook post")
+    finally:
+        telemetry.shutdown()
+    assert {s.trace_id for s in langfuse.wait_for_spans(1)} == {result.trace_id}
+    [score] = langfuse.scores
+    assert {k: score[k] for k in _expected_score(result)} == _expected_score(result)
+    assert result.trace_url == f"{langfuse.base_url}/project/{langfuse.project_id}/traces/{result.trace_id}"
+
+
+def test_an_agent_on_the_applications_own_provider_gets_the_log_webhook_and_score_its_settings_describe(environment):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from looptrace.instrumentation.alerts import anomaly_sinks
+    from looptrace.testing import capture_logs
+
+    langfuse, webhook = environment
+    trace.set_tracer_provider(TracerProvider())  # the application's SDK, exporting nowhere looptrace knows of
+    agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
+                  on_anomaly="warn")
+    with capture_logs() as logs:
+        result = agent.run("Reserve EQ-001")
+    sinks = anomaly_sinks(Settings.from_env())  # the same settings give the very sinks the run was handed
+    sinks.close(10.0)
+    sinks.wait(10.0)
+    assert [entry["anomaly_type"] for entry in logs if entry["event"] == "loop_anomaly"] == ["repeated_call"]
+    assert [post["trace_id"] for post in webhook.received] == [result.trace_id]
+    assert [(score["traceId"], score["value"]) for score in langfuse.scores] == [(result.trace_id, "repeated_call")]
+    assert langfuse.spans == []  # the spans went to the application's provider, not to Langfuse behind its back
+
+
+def test_telemetry_and_providers_of_its_own_are_one_choice_too_many(environment):
+    from looptrace.instrumentation.settings import ConfigurationError
+
+    telemetry = configure(exporters="file", set_global=False)
+    try:
+        with pytest.raises(ConfigurationError, match="either the telemetry configure"):
+            Agent("claude-sonnet-5-5", telemetry=telemetry, tracer_provider=telemetry.tracer_provider)
+    finally:
+        telemetry.shutdown()
+
+
+@pytest.mark.slow
+def test_a_script_on_its_own_provider_leaves_its_anomaly_score_behind_as_it_exits(environment, tmp_path):
+    # No configure(), no shutdown: the score queued by the last turn still reaches Langfuse before the process ends.
+    import subprocess
+    import sys
+
+    langfuse, _ = environment
+    script = tmp_path / "agent_script.py"
+    script.write_text(
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from test_anomaly_sinks import _failing_three_times, reserve_equipment\n"
+        "from looptrace import Agent, ScriptedModel\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "agent = Agent('claude-sonnet-5-5', tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),\n"
+        "              on_anomaly='warn')\n"
+        "print(agent.run('Reserve EQ-001').trace_id)\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ["PYTHONPATH"]])}
+    env.pop("LOOPTRACE_ALERT_WEBHOOK")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [(s["traceId"], s["value"]) for s in langfuse.scores] == [(done.stdout.strip(), "repeated_call")]

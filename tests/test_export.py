@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from looptrace.instrumentation import delivery, langfuse
+from looptrace.instrumentation import delivery, langfuse, langfuse_scores
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.delivery import GuardedExporter
 from looptrace.instrumentation.exporters import network_exporter
@@ -382,7 +382,7 @@ class ScoreReceiver:
 def test_the_anomaly_score_lands_on_the_trace_once():
     rx = ScoreReceiver()
     try:
-        scores = langfuse.LangfuseScores(rx.base_url, PUBLIC_KEY, SECRET_KEY, timeout_s=1)
+        scores = langfuse_scores.LangfuseScores(rx.base_url, PUBLIC_KEY, SECRET_KEY, timeout_s=1)
         trace_id = "0af7651916cd43dd8448eb211c80319c"
         first = scores.anomaly(trace_id, "repeated_call", "search called 3 times", span_id="b7ad6b7169203331")
         again = scores.anomaly(trace_id, "repeated_call", "search called 3 times", span_id="b7ad6b7169203331")
@@ -400,7 +400,7 @@ def test_the_anomaly_score_lands_on_the_trace_once():
 def test_a_failing_score_is_one_warning_and_never_blocks_the_caller():
     rx = ScoreReceiver(status=401, delay_s=60)  # holds each request until released
     try:
-        scores = langfuse.LangfuseScores(rx.base_url, PUBLIC_KEY, "wrong-" + SECRET_KEY, timeout_s=120)
+        scores = langfuse_scores.LangfuseScores(rx.base_url, PUBLIC_KEY, "wrong-" + SECRET_KEY, timeout_s=120)
         with capture_logs() as logs:
             for n in range(3):
                 scores.send("0af7651916cd43dd8448eb211c80319c", name="quality", value=n)
@@ -608,7 +608,7 @@ def test_a_score_that_failed_while_langfuse_was_down_is_delivered_by_push_once(m
                           spill_file=tmp_path / "undelivered.jsonl")
     with capture_logs() as logs:
         Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(runaway_script()),
-              tracer_provider=telemetry.tracer_provider, on_anomaly="warn").run("find a projector")
+              telemetry=telemetry, on_anomaly="warn").run("find a projector")
         telemetry.shutdown(timeout_ms=2000)
     assert "looptrace traces push" in warnings_of(logs, "langfuse_score_failed")[0]["hint"]
     assert_no_secret([(tmp_path / "undelivered.jsonl").read_text()])

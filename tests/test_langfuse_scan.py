@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from looptrace.cli.trace_commands import main as trace_commands
 from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.langfuse import LangfuseScores, anomaly_score_body
 from looptrace.instrumentation.langfuse_api import (
     LangfuseAPI,
     LangfuseAuthError,
@@ -38,6 +37,7 @@ from looptrace.instrumentation.langfuse_api import (
 )
 from looptrace.instrumentation.langfuse_observations import trace_spans
 from looptrace.instrumentation.langfuse_scan import CursorError, ScanQuery, scan
+from looptrace.instrumentation.langfuse_scores import LangfuseScores, anomaly_score_body
 from looptrace.instrumentation.setup import configure
 from looptrace.runtime import Agent, ScriptedModel, tool
 

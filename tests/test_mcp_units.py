@@ -17,7 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from looptrace.instrumentation.interface import mcp_call_scope
+from looptrace.instrumentation.agent_telemetry import mcp_call_scope
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.mcp_results import tool_result
 from looptrace.runtime.mcp_servers import MCPConnections, MCPServerHTTP, MCPServerStdio, MCPTool, tool_name

@@ -20,8 +20,8 @@ from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, phoenix_view, unused_port
 
 from looptrace.cli.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
-from looptrace.instrumentation import langfuse as langfuse_module
 from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.langfuse_api import TraceLinks
 from looptrace.instrumentation.setup import configure, context_from_traceparent
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, tool
@@ -415,7 +415,7 @@ def test_the_trace_link_uses_the_project_looked_up_once(langfuse, tmp_path):  # 
     first = run_into_langfuse(tmp_path, [{"content": []}], tools=[])
     assert first.trace_url == f"{langfuse.base_url}/project/{langfuse.project_id}/traces/{first.trace_id}"
     second = run_into_langfuse(tmp_path, [{"content": []}], tools=[])
-    langfuse_module.TraceLinks._known.clear()  # as a new process would start: only the file cache is left
+    TraceLinks._known.clear()  # as a new process would start: only the file cache is left
     third = run_into_langfuse(tmp_path, [{"content": []}], tools=[])
     assert second.trace_url.endswith(second.trace_id) and third.trace_url.endswith(third.trace_id)
     assert langfuse.project_lookups == [200]  # one look-up for three runs, two "processes"

@@ -505,3 +505,13 @@ def test_event_only_puts_each_calls_content_on_its_event(spans, monkeypatch):
     InputMessages.model_validate(json.loads(event.attributes[sc.GEN_AI_INPUT_MESSAGES]))
     OutputMessages.model_validate(json.loads(event.attributes[sc.GEN_AI_OUTPUT_MESSAGES]))
     assert json.loads(event.attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS]) == [{"type": "text", "content": "Book things."}]
+
+
+@pytest.mark.parametrize("capture_content", [True, False])
+def test_no_span_is_dropped_by_the_langfuse_sdks_default_export_filter(spans, capture_content):
+    # An application exporting through Langfuse's own SDK keeps only spans with a gen_ai.* attribute (or from a known
+    # instrumentation): every span of a run must pass, whatever content capture is.
+    from langfuse.span_filter import is_default_export_span
+
+    run_story(spans, capture_content=capture_content)
+    assert spans.all and [s.name for s in spans.all if not is_default_export_span(s)] == []

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from looptrace.instrumentation.alerts import Alerts, AnomalySinks, register_sinks
+from looptrace.instrumentation.alerts import Alerts, AnomalySinks
 from looptrace.instrumentation.detector import (
     REPEATED_CALL,
     LoopDetector,
@@ -25,6 +25,7 @@ from looptrace.instrumentation.detector import (
     result_digest,
 )
 from looptrace.instrumentation.semconv import ANOMALY_COUNT, ANOMALY_EVENT, ANOMALY_TYPE
+from looptrace.instrumentation.setup import Telemetry
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.testing import capture_logs
 
@@ -207,10 +208,11 @@ def test_a_session_wide_streak_alerts_once_and_every_run_lists_it(spans, webhook
 
     scores = _Scores()
     alerts = Alerts(webhook_url=webhook.url)
-    register_sinks(spans.provider, AnomalySinks(alerts=alerts, scores=scores))  # type: ignore[arg-type]
+    # The telemetry the Agent records through hands each run its sinks: here a webhook and a stand-in score client.
+    telemetry = Telemetry(tracer_provider=spans.provider, exporters=[],
+                          sinks=AnomalySinks(alerts=alerts, scores=scores))  # type: ignore[arg-type]
     script = [message for run in range(3) for message in _conversation_turn(10 * run)]
-    agent = Agent(MODEL, tools=[book], client=ScriptedModel(script), on_anomaly="warn",
-                  tracer_provider=spans.provider)
+    agent = Agent(MODEL, tools=[book], client=ScriptedModel(script), on_anomaly="warn", telemetry=telemetry)
     with capture_logs() as logs:
         results = [agent.run("book HAT142", session_id="conversation-7") for _ in range(3)]
     alerts.wait(10.0)

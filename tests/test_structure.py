@@ -1,8 +1,9 @@
 """The structure a newcomer relies on: names in one place, the detector free of OpenTelemetry, one narrow interface
 between the loop and telemetry, no import cycle, and the environment read only where the program starts.
 
-The import graph is read from the source (``ast``), as Python would import it: every ``import`` and ``from ... import``
-at any depth (the lazy ones inside functions too), but not those under ``if TYPE_CHECKING:``, which never run.
+The import graph is read from the source (``ast``): every ``import`` and ``from ... import`` at any depth (the lazy
+ones inside functions too), and those under ``if TYPE_CHECKING:`` as well: they never run, but a cycle through one is
+still a knot a reader (and mypy) has to untie, so no cycle may close through them either.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from looptrace import Agent, ScriptedModel, tool
-from looptrace.instrumentation import detector, interface
+from looptrace.instrumentation import detector
+from looptrace.instrumentation.no_tracing import NoTracing
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each package's source sits in the checkout (pyproject.toml's package-dir).
@@ -27,14 +29,17 @@ PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "ru
 PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
 
 # The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
-# the embedded default (setup), an Agent built without telemetry (embedded), and the CLI's one reader, which
+# the embedded default (setup), an Agent built without telemetry (agent_telemetry), and the CLI's one reader, which
 # `looptrace watch` goes through too.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",
     "looptrace.instrumentation.setup",
-    "looptrace.instrumentation.embedded",
+    "looptrace.instrumentation.agent_telemetry",
     "looptrace.cli.environment",
 }
+# What the runtime may take from instrumentation beyond the interface and the detector's public names: the one factory
+# that builds an Agent's telemetry where the Agent is built, and (for a type hint) what configure() returns.
+RUNTIME_FACTORY = ("looptrace.instrumentation.agent_telemetry", {"agent_telemetry", "Telemetry", "mcp_call_scope"})
 
 
 def module_sources() -> dict[str, Path]:
@@ -48,16 +53,12 @@ def module_sources() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path], source: str | None = None) -> set[str]:
-    """The product modules ``name`` imports: ``from . import x`` counts as importing x when x is a module."""
+    """The product modules ``name`` imports, type-checking imports included: ``from . import x`` counts as importing
+    x when x is a module."""
     tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
-    never_run = {id(node) for branch in ast.walk(tree)
-                 if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
-                 for statement in branch.body for node in ast.walk(statement)}
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     named: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in never_run:
-            continue
         if isinstance(node, ast.Import):
             named.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -123,8 +124,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def runtime_reaches_into_instrumentation(graph: dict[str, set[str]],
                                          sources: dict[str, str] | None = None) -> dict[str, list[str]]:
-    """What each runtime module takes from instrumentation beyond the interface and the detector's public names."""
+    """What each runtime module takes from instrumentation beyond the interface, the detector's public names and the
+    one factory (``RUNTIME_FACTORY``)."""
     allowed = {"looptrace.instrumentation.interface"}
+    factory, factory_names = RUNTIME_FACTORY
     public_detector = set(detector.__all__)
     modules = module_sources()
     wrong: dict[str, list[str]] = {}
@@ -136,9 +139,11 @@ def runtime_reaches_into_instrumentation(graph: dict[str, set[str]],
                  and (node.module or "").startswith("looptrace.instrumentation") for alias in node.names}
         bad = sorted(f"{module}.{what}" for module, what in taken
                      if module not in allowed and not (module.startswith("looptrace.instrumentation.detector")
-                                                      and what in public_detector))
+                                                      and what in public_detector)
+                     and not (module == factory and what in factory_names))
         bad += sorted(module for module in imported if module.startswith("looptrace.instrumentation")
-                      and module not in allowed and not module.startswith("looptrace.instrumentation.detector"))
+                      and module not in allowed | {factory}
+                      and not module.startswith("looptrace.instrumentation.detector"))
         if bad:
             wrong[name] = sorted(set(bad))
     return wrong
@@ -175,6 +180,23 @@ def test_a_cycle_added_on_purpose_is_caught():
     assert any(both <= set(group) for group in cycles(import_graph(sneaky)))
 
 
+def test_a_cycle_through_a_type_checking_import_is_caught():
+    # interface imports content at run time; content naming interface's types for mypy alone closes a cycle too.
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
+    typing_only = {"looptrace.instrumentation.content": content + (
+        "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .interface import RunTrace\n")}
+    both = {"looptrace.instrumentation.content", "looptrace.instrumentation.interface"}
+    assert not any(both <= set(group) for group in cycles(import_graph()))
+    assert any(both <= set(group) for group in cycles(import_graph(typing_only)))
+
+
+def test_the_interface_builds_no_implementation():
+    # The protocols and the plain types both sides speak; what implements them is the factory's to import.
+    imported = import_graph()["looptrace.instrumentation.interface"]
+    assert not imported & {"looptrace.instrumentation.spans", "looptrace.instrumentation.no_tracing",
+                           "looptrace.instrumentation.agent_telemetry", "looptrace.instrumentation.setup"}
+
+
 def test_the_runtime_reaches_telemetry_only_through_the_interface():
     assert runtime_reaches_into_instrumentation(import_graph()) == {}
 
@@ -183,6 +205,8 @@ def test_the_runtime_reaches_telemetry_only_through_the_interface():
     "from looptrace.instrumentation.spans import Tracing",
     "from looptrace.instrumentation.detector import _state",  # not among the detector's public names
     "from looptrace.instrumentation import setup",
+    "from looptrace.instrumentation.agent_telemetry import anomaly_sinks",  # the factory, but not its one function
+    "from looptrace.instrumentation.no_tracing import NoTracing",
 ])
 def test_a_forbidden_runtime_import_is_caught(forbidden):
     path = PACKAGE_DIRS["looptrace.runtime"] / "limits.py"
@@ -266,7 +290,7 @@ def test_telemetry_off_is_the_no_op_implementation_and_still_redacts_arguments(s
     assert spans.all == []
     tool_events = [e for e in seen if type(e).__name__ == "ToolFinished"]
     assert "hunter2" not in repr(tool_events) and "ana" in repr(tool_events)
-    assert isinstance(agent._tracing, interface.NoTracing)
+    assert isinstance(agent._tracing, NoTracing)
 
 
 def test_the_trace_file_package_loads_no_network_code():

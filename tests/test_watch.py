@@ -199,7 +199,7 @@ def _records(spans):
 
 
 def test_with_langfuse_keys_each_anomaly_becomes_a_score_on_the_trace():
-    from looptrace.instrumentation.langfuse import LangfuseScores
+    from looptrace.instrumentation.langfuse_scores import LangfuseScores
 
     with OTLPReceiver(basic_auth=("pk-lf", "sk-lf"), path_prefix="/api/public/otel") as langfuse:
         scores = LangfuseScores(langfuse.base_url, "pk-lf", "sk-lf")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..alerts import Alerts, AnomalySinks
 
 if TYPE_CHECKING:
-    from ..langfuse import LangfuseScores
+    from ..langfuse_scores import LangfuseScores
     from ..settings import Settings
 
 
@@ -20,7 +20,7 @@ def langfuse_scores(settings: Settings) -> LangfuseScores | None:
     (as the agent's own are); None without Langfuse keys."""
     if settings.langfuse is None:
         return None
-    from ..langfuse import LangfuseScores
+    from ..langfuse_scores import LangfuseScores
 
     return LangfuseScores.from_settings(settings.langfuse, resource=settings.resource_attributes)
 

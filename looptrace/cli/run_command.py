@@ -85,7 +85,7 @@ def run_command(args: argparse.Namespace) -> int:
     from opentelemetry import context as otel_context
 
     from looptrace.instrumentation import setup as telemetry_setup
-    from looptrace.instrumentation.langfuse import trace_attributes
+    from looptrace.instrumentation.labels import checked, run_labels
     from looptrace.runtime.mcp_servers import MCPServerUnavailable
 
     if not args.task.strip():
@@ -116,7 +116,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         agent = build_agent(options, tools, settings, telemetry, approver, json_output=args.json)
         labels = {"session_id": args.session_id, "user_id": args.user_id, "tags": args.tag}
-        trace_attributes(args.name, **labels)  # a label Langfuse would drop is a usage error, said before the run
+        checked("agent name", args.name)  # a label a backend would drop is a usage error, said before the run
+        run_labels(**labels)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     token = otel_context.attach(parent) if parent is not None else None

@@ -99,8 +99,8 @@ def execute(agent: Agent, task: str | None, telemetry: Telemetry,
 
 
 def telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[str, Any]:
-    """The Agent arguments that put its runs on what configure() set up: its providers, and with them the anomaly
-    sinks configure() built (log line, webhook, Langfuse score), the same as an application's Agent gets.
+    """The Agent arguments that put its runs on what configure() set up: the telemetry itself, and with it its
+    providers, its settings, the anomaly sinks it built (log line, webhook, Langfuse score) and its trace links.
 
     With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time,
     so the Agent gets the same alerts without the log line.
@@ -110,8 +110,7 @@ def telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[
     assert telemetry.sinks is not None, "configure() builds the sinks"
     alerts = Alerts.from_settings(telemetry.settings, log_warnings=False) if live_view else telemetry.sinks.alerts
     _ALERTS.append(alerts)
-    return {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider,
-            "alerts": alerts, "settings": telemetry.settings}
+    return {"telemetry": telemetry, "alerts": alerts}
 
 
 _ALERTS: list[Alerts] = []  # the process's alert sinks, whose webhook posts close() waits for
