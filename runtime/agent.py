@@ -316,6 +316,19 @@ class Agent:
                     content: list[Any]) -> Generator[_Effect, Any, tuple[list[dict], bool]]:
         """Run every tool_use block. Returns one tool_result per block, in the blocks' order (then any nudges), and
         whether the detector stops the run."""
+        detector = run.detector
+        early_nudges: list[str] = []
+        if detector is not None and detector.config.repeat_threshold == 1:
+            # The strictest setting: a call asked for again right after it ran is reported before it runs, and a
+            # policy that stops the run stops it before the repeat is made (no span: it never ran, as for a budget).
+            asked = [ToolCall(turn=index, tool=block.get("name") or "", arguments=block.get("input"))
+                     for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
+            stopped, early_nudges = self._react(run, turn, _detected(turn, detector, detector.before_calls, index,
+                                                                     asked), [])
+            if stopped:
+                return [{"type": "tool_result", "tool_use_id": block.get("id", ""), "is_error": True,
+                         "content": "(not run: the loop detector stopped the run before this repeated call)"}
+                        for block in content if isinstance(block, dict) and block.get("type") == "tool_use"], True
         calls = [self._prepare_call(turn, block) for block in content
                  if isinstance(block, dict) and block.get("type") == "tool_use"]
         if not calls:
@@ -328,7 +341,6 @@ class Agent:
             raise outcome.exc
         results = [self._settle_call(run, index, call) for call in calls]
         stopped, nudges = False, list[str]()
-        detector = run.detector
         if detector is not None:
             # with what the model said beside its calls: the user sees it, and it may already report a failure
             stopped, nudges = self._react(run, turn, _detected(turn, detector, detector.end_turn, index,
@@ -336,7 +348,7 @@ class Agent:
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             call.span.end(result=call.result, is_error=call.is_error, outcome=call.outcome,
                           error_type=call.error_type, duration_s=call.duration_s, full_length=call.full_length)
-        results.extend({"type": "text", "text": text} for text in nudges)
+        results.extend({"type": "text", "text": text} for text in early_nudges + nudges)
         return results, stopped
 
     def _prepare_call(self, turn: TurnTrace, block: dict[str, Any]) -> _Call:

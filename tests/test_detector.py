@@ -656,7 +656,7 @@ def test_huge_inputs_are_cut_in_anomalies():
 
 
 @pytest.mark.parametrize("bad", [
-    {"repeat_threshold": 1}, {"cycle_min_period": 1}, {"cycle_min_period": 4, "cycle_max_period": 3},
+    {"repeat_threshold": 0}, {"cycle_min_period": 1}, {"cycle_min_period": 4, "cycle_max_period": 3},
     {"cycle_repeats": 1}, {"failing_tool_threshold": -1}, {"max_calls_per_turn": 0},
 ])
 def test_invalid_config_says_what_is_wrong(bad):

@@ -53,7 +53,8 @@ class DetectorConfig:
         return max(self.cycle_max_period * self.cycle_repeats, self.cycle_max_period + 2)
 
     def __post_init__(self) -> None:
-        _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
+        # 1: not even one identical call in a row (the second is reported before it runs: LoopDetector.before_calls)
+        _require(self.repeat_threshold >= 1, "repeat_threshold must be at least 1")
         _require(
             2 <= self.cycle_min_period <= self.cycle_max_period,
             "need 2 <= cycle_min_period <= cycle_max_period (period 1 is repeated_call's job)",

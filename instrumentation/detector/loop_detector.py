@@ -17,7 +17,7 @@ from .config import DetectorConfig, default_config
 from .cycle import CycleRule
 from .errors import UnresolvedToolError
 from .failing_tool import FailingToolRule
-from .identity import safe_text, shorten
+from .identity import call_key, canonical_arguments, safe_text, shorten
 from .ignored_error import IgnoredErrorRule
 from .judge import JudgeSummary, Judging
 from .repeated_call import RepeatedCallRule
@@ -42,7 +42,7 @@ class LoopDetector:
         # and every run's detector garbage for the cycle collector instead of freed when its run ends.
         self._judging = Judging(self.config.judge, _judge_failure_note(weakref.ref(self)),
                                 self.config.judge_cap)
-        repeated = RepeatedCallRule(self.config)
+        repeated = self._repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
         ignored = IgnoredErrorRule(self.config, self._judging)
         self._errors = ignored._errors  # the run's error ledger, kept by ignored_error: read for the run's facts
@@ -110,6 +110,11 @@ class LoopDetector:
     def observe(self, call: ToolCall) -> list[Anomaly]:
         """A tool call came back. Returns the anomalies of an older turn it closed implicitly, else []."""
         return self._guarded(self._observe, call)
+
+    def before_calls(self, turn: int, calls: list[ToolCall]) -> list[Anomaly]:
+        """The calls a turn asks for, before they run: with `repeat_threshold` 1, a call the previous turn made too is
+        a repeated_call now (the caller may stop the run before it runs); [] otherwise."""
+        return self._guarded(self._before_calls, turn, calls)
 
     def end_turn(self, turn: int, text: str | None = None) -> list[Anomaly]:
         """Close a turn. `text` is what the model said in it alongside its tool calls (the user sees it too)."""
@@ -184,6 +189,16 @@ class LoopDetector:
         for rule in self._observers:
             rule.observe(observed, open_turn)
         return fired
+
+    def _before_calls(self, turn: Any, calls: Any) -> list[Anomaly]:
+        if self.config.repeat_threshold != 1 or not calls:
+            return []
+        keys = {}
+        for call in calls:
+            arguments = canonical_arguments(getattr(call, "arguments", None))
+            tool = safe_text(getattr(call, "tool", ""))
+            keys[call_key(tool, arguments)] = (tool, arguments)
+        return self._repeated.before_calls(_as_turn(turn, self._current_turn_guess()), keys)
 
     def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
         open_turn = self._open
