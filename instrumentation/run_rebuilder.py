@@ -35,6 +35,7 @@ from .detector import (
     FAILING_TOOL,
     IGNORED_ERROR,
     REPEATED_CALL,
+    REPEATED_TEXT,
     Anomaly,
     DetectorConfig,
     LoopDetector,
@@ -317,6 +318,8 @@ class RunRebuilder:
         detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
         if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
             not_run.setdefault(IGNORED_ERROR, "the final answer's text was not recorded (content capture off?)")
+            if not said:
+                not_run.setdefault(REPEATED_TEXT, "the model's text was not recorded (content capture off?)")
         if stop_reason is None and run.model_spans:
             not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
         if not run.calls and (len(model_starts) > 1 or (stop_reason or "").lower() in _TOOL_STOPS):

@@ -21,6 +21,7 @@ from .identity import call_key, canonical_arguments, safe_text, shorten
 from .ignored_error import IgnoredErrorRule
 from .judge import JudgeSummary, Judging
 from .repeated_call import RepeatedCallRule
+from .repeated_text import RepeatedTextRule
 from .rule import ClosedTurn, OpenTurn, Rule, RunEnd
 from .types import Anomaly, ToolCall
 
@@ -47,7 +48,8 @@ class LoopDetector:
         ignored = IgnoredErrorRule(self.config, self._judging)
         self._errors = ignored._errors  # the run's error ledger, kept by ignored_error: read for the run's facts
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
-        rules = self._rules = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored)
+        rules = self._rules = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored,
+                               RepeatedTextRule(self.config))
         # Each hook goes only to the rules that define it: the feed is the hot path, and most hooks are no-ops.
         # Which rules those are is the same for every detector, worked out once (`_HOOKED`).
         self._observers = [rules[i] for i in _HOOKED["observe"]]
@@ -246,7 +248,8 @@ class LoopDetector:
 
 
 # The rules a detector runs, in its order, and for each hook the positions of those that define it.
-_RULE_CLASSES: tuple[type[Rule], ...] = (RepeatedCallRule, CycleRule, FailingToolRule, IgnoredErrorRule)
+_RULE_CLASSES: tuple[type[Rule], ...] = (RepeatedCallRule, CycleRule, FailingToolRule, IgnoredErrorRule,
+                                         RepeatedTextRule)
 _HOOKED: dict[str, tuple[int, ...]] = {
     hook: tuple(i for i, rule in enumerate(_RULE_CLASSES) if hook in rule.hooks)
     for hook in ("observe", "model_said", "end_turn", "end_run")
