@@ -9,8 +9,8 @@ when the run ends, and returns anomalies:
                               detector.end_turn(turn)          (also for a turn with no tool calls)
     at the end:               detector.end_run(stop_reason, final_text, turn)
 
-The rules are repeated_call, cycle, failing_tool, ignored_error and repeated_text, one module each; DESIGN.md beside this file says
-what each one looks for and why, how a call's identity is made, and what the detector costs.
+The rules are repeated_call, cycle, failing_tool, ignored_error and repeated_text, one module each; DESIGN.md beside
+this file says what each one looks for and why, how a call's identity is made, and what the detector costs.
 """
 
 from __future__ import annotations
