@@ -240,3 +240,47 @@ def test_threshold_two_still_lets_the_second_call_run():
                       detector=DetectorConfig(repeat_threshold=2), on_anomaly="stop")
     result = agent.run("status")
     assert result.status is RunStatus.STOPPED_BY_DETECTOR and result.turns == 2
+
+
+# --------------------------------------------------------------------------- 3. detect agrees with the live run
+
+
+def _stored_and_detected(spans) -> list:
+    """The spans written as a trace file and read back as `looptrace detect` reads one."""
+    from looptrace.cli.detect_command import detection_spans
+    from looptrace.cli.trace_reading import LineReporter
+    from looptrace.instrumentation.trace_detect import detect_spans
+    from looptrace.instrumentation.tracefile.encode import encode_traces_data
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "traces.jsonl"
+        path.write_text("".join(encode_traces_data([s]) + "\n" for s in spans.all), encoding="utf-8")
+        with LineReporter(path, 1 << 26) as report:
+            return list(detect_spans(detection_spans(path, report)))
+
+
+def test_a_failing_call_across_a_user_message_is_found_live_and_by_detect_at_the_same_turn(spans):
+    worded = iter(["quota exceeded for project p-1", "quota exceeded for project p-1",
+                   "upstream: too many requests, retry later", "upstream: too many requests, retry later"])
+
+    @tool
+    def export_report(report: str) -> str:
+        """Export a report."""
+        raise ToolError(next(worded))
+
+    export = ("export_report", {"report": "q3"})
+    model = ScriptedModel([_calls(export), _calls(export), _answer("The export keeps failing on quota."),
+                           _calls(export), _calls(export), _answer("It still fails.")])
+    agent = Agent(MODEL, tools=[export_report], client=model, tracer_provider=spans.provider, on_anomaly="warn",
+                  alerts=Alerts(log_warnings=False))
+    first = agent.run("export q3", session_id="conv-1")
+    second = agent.run("Done", session_id="conv-1")  # the user's answer, then two more failures, worded otherwise
+    assert first.anomalies == []
+    live = [(a.type, a.turn, a.count) for a in second.anomalies]
+    assert live == [(REPEATED_CALL, 2, 4)], live  # fired at the third failure (turn 1), 4 at the fourth
+    by_trace = {v.trace_id: v for v in _stored_and_detected(spans)}
+    assert [(a.type, a.turn, a.count) for a in by_trace[second.trace_id].anomalies] == live
+    assert by_trace[first.trace_id].anomalies == []
