@@ -247,13 +247,13 @@ def test_threshold_two_still_lets_the_second_call_run():
 
 def _stored_and_detected(spans) -> list:
     """The spans written as a trace file and read back as `looptrace detect` reads one."""
+    import tempfile
+    from pathlib import Path
+
     from looptrace.cli.detect_command import detection_spans
     from looptrace.cli.trace_reading import LineReporter
     from looptrace.instrumentation.trace_detect import detect_spans
     from looptrace.instrumentation.tracefile.encode import encode_traces_data
-
-    import tempfile
-    from pathlib import Path
 
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "traces.jsonl"
