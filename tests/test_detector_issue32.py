@@ -33,8 +33,8 @@ def _agent(script: list[dict], tools: list, **options) -> tuple[Agent, ScriptedM
     model = ScriptedModel(script)
     options.setdefault("on_anomaly", "warn")
     options.setdefault("limits", Limits(max_turns=30))
-    return Agent(MODEL, tools=tools, client=model, telemetry=False, alerts=Alerts(log_warnings=False),
-                 **options), model
+    options.setdefault("telemetry", "tracer_provider" in options)  # spans only where a test reads them
+    return Agent(MODEL, tools=tools, client=model, alerts=Alerts(log_warnings=False), **options), model
 
 
 def _types(result) -> list[tuple[str, int]]:
@@ -284,3 +284,92 @@ def test_a_failing_call_across_a_user_message_is_found_live_and_by_detect_at_the
     by_trace = {v.trace_id: v for v in _stored_and_detected(spans)}
     assert [(a.type, a.turn, a.count) for a in by_trace[second.trace_id].anomalies] == live
     assert by_trace[first.trace_id].anomalies == []
+
+
+# --------------------------------------------------------------------------- 4. text loops
+
+
+_PARAGRAPH = ("I will look at the configuration again to understand why the build keeps failing on this machine "
+              "before changing anything else.")
+
+
+@tool
+def read_config(section: str) -> str:
+    """Read a section of the build configuration."""
+    return f"[{section}]\nenabled = true"
+
+
+def _thinking_aloud(turns: int, text: str) -> list[dict]:
+    """Turns that each read another section, with the same paragraph beside the call."""
+    script = []
+    for n in range(turns):
+        response = _calls(("read_config", {"section": f"part{n}"}))
+        response["content"].insert(0, {"type": "text", "text": text})
+        script.append(response)
+    return script
+
+
+def test_the_same_paragraph_in_consecutive_turns_is_repeated_text_and_a_nudge_reaches_the_model(spans):
+    agent, model = _agent(_thinking_aloud(4, _PARAGRAPH) + [_answer("The build needs the cache enabled.")],
+                          [read_config], on_anomaly={"repeated_text": "nudge"}, tracer_provider=spans.provider)
+    result = agent.run("why does the build fail?")
+    assert [(a.type, a.turn, a.count) for a in result.anomalies] == [("repeated_text", 4, 4)]
+    nudged = [b["text"] for m in model.requests[3]["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+              for b in m["content"] if b.get("type") == "text"]
+    assert any("same paragraph in 3 consecutive turns" in text for text in nudged)
+    [verdict] = [v for v in _stored_and_detected(spans) if v.trace_id == result.trace_id]
+    assert [(a.type, a.turn, a.count) for a in verdict.anomalies] == [("repeated_text", 4, 4)]
+
+
+def test_repeated_text_can_stop_the_run():
+    agent, _ = _agent(_thinking_aloud(5, _PARAGRAPH) + [_answer("unreached")], [read_config],
+                      on_anomaly={"repeated_text": "stop"})
+    result = agent.run("why does the build fail?")
+    assert result.status is RunStatus.STOPPED_BY_DETECTOR and result.turns == 3
+
+
+def test_a_sentence_chanted_inside_one_answer_is_repeated_text():
+    chant = " ".join(["I am checking the configuration file once more now."] * 8)
+    agent, _ = _agent([_calls(("read_config", {"section": "cache"})), _answer(f"Let me see. {chant}")],
+                      [read_config])
+    result = agent.run("why does the build fail?")
+    [(kind, turn, count)] = [(a.type, a.turn, a.count) for a in result.anomalies]
+    assert (kind, turn, count) == ("repeated_text", 2, 8)
+
+
+def test_code_tables_and_lists_that_repeat_are_not_text_loops():
+    structured = ("```python\nconfig = load('build.toml')\nconfig = load('build.toml')\n```\n"
+                  "| setting | value |\n| --- | --- |\n| cache | enabled, as configured in build.toml |\n"
+                  "- the cache setting is enabled in the configuration file\n"
+                  "- the cache setting is enabled in the configuration file\n")
+    rows = "\n".join(["| cache | enabled in the configuration file for every build |"] * 8)
+    agent, _ = _agent(_thinking_aloud(4, structured) + [_answer(f"Summary:\n{rows}")], [read_config])
+    result = agent.run("why does the build fail?")
+    assert result.anomalies == []
+
+
+def test_repeated_text_is_found_by_watch_too():
+    import urllib.request
+
+    from conftest import Spans
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from looptrace.instrumentation.watch import WatchServer, WatchSettings
+
+    recorded_spans = Spans()
+    agent, _ = _agent(_thinking_aloud(3, _PARAGRAPH) + [_answer("Cache it is.")], [read_config],
+                      tracer_provider=recorded_spans.provider)
+    agent.run("why does the build fail?")
+    seen = []
+    server = WatchServer(WatchSettings(port=0, grpc_port=0),
+                         alerts=Alerts(callback=lambda anomaly, context: seen.append(anomaly.type))).start()
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/traces", method="POST",
+                                         data=encode_spans(recorded_spans.all).SerializeToString(),
+                                         headers={"Content-Type": "application/x-protobuf"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        assert server.wait_idle()
+    finally:
+        server.stop()
+    assert seen == ["repeated_text"]
