@@ -151,9 +151,10 @@ def test_a_commit_rejected_by_a_hook_with_varying_output_is_a_repeated_call_and_
 
 def test_the_disguised_repeat_across_user_messages_is_one_streak():
     commit = ("git_commit", {"message": "fix parser"})
-    agent, _ = _agent([_calls(commit), _answer("The hook rejected it."),
-                       _calls(commit), _answer("Rejected again."),
-                       _calls(commit), _answer("Still rejected.")], [_hook_commit()])
+    fmt = ("format_code", {"path": "src"})
+    agent, _ = _agent([_calls(commit), _calls(fmt), _answer("The hook rejected it; I formatted the code."),
+                       _calls(commit), _calls(fmt), _answer("Rejected again."),
+                       _calls(commit), _answer("Still rejected.")], [_hook_commit(), format_code])
     results = [agent.run(task, session_id="c1") for task in ("commit it", "try again", "once more")]
     assert [(a.type, a.count) for a in results[2].anomalies] == [(REPEATED_CALL, 3)]
 
