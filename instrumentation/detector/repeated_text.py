@@ -106,6 +106,8 @@ class RepeatedTextRule(Rule):
 
     def _said(self, turn: int, text: str) -> list[Anomaly]:
         cfg = self.config
+        if not cfg.sentence_repeats and not cfg.text_repeat_turns:
+            return []
         paragraphs, sentences = prose_units(text)
         fired = []
         if cfg.sentence_repeats:
