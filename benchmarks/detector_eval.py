@@ -43,6 +43,7 @@ from looptrace.instrumentation.detector import (
     FAILING_TOOL,
     IGNORED_ERROR,
     REPEATED_CALL,
+    REPEATED_TEXT,
     Anomaly,
     DetectorConfig,
     JudgeSummary,
@@ -54,7 +55,7 @@ from .common import Row, say
 
 CORPUS_ENV = "LOOPTRACE_TRAJECTORIES"
 LABELS = Path(__file__).with_name("trajectory_labels.jsonl")
-TYPES = (REPEATED_CALL, CYCLE, IGNORED_ERROR, FAILING_TOOL)
+TYPES = (REPEATED_CALL, CYCLE, IGNORED_ERROR, FAILING_TOOL, REPEATED_TEXT)
 TERMINAL_TOOLS = frozenset({"finish", "Finish"})
 FINISHED_NORMALLY = frozenset({"finish_tool", "give_answer"})
 

@@ -35,6 +35,7 @@ from .detector import (
     FAILING_TOOL,
     IGNORED_ERROR,
     REPEATED_CALL,
+    REPEATED_TEXT,
     Anomaly,
     DetectorConfig,
     LoopDetector,
@@ -43,6 +44,7 @@ from .detector import (
     UnresolvedToolError,
     result_digest,
 )
+from .detector.turns import answers, feed_turn
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
@@ -278,11 +280,13 @@ class RunRebuilder:
 
     def _replay(self, run: _OpenRun, calls: list[_Call]) -> LoopDetector:
         detector = LoopDetector(self.config)
-        for turn, turn_calls in _assign_turns(_model_call_starts(run.model_spans), calls):
-            for call in turn_calls:  # (a check for `watch`, not the hot path: without the results, as before)
-                detector.observe(ToolCall(turn=turn, tool=call.tool, arguments=call.arguments, call_id=call.call_id,
-                                          is_error=call.is_error, result_digest=call.result_digest))
-            detector.end_turn(turn)
+        model_starts = _model_call_starts(run.model_spans)
+        stops = _stops_by_turn(model_starts, run.model_ends)
+        for turn, turn_calls in _assign_turns(model_starts, calls):
+            # (a check for `watch`, not the hot path: without the results, as before)
+            feed_turn(detector, turn, [ToolCall(turn=turn, tool=c.tool, arguments=c.arguments, call_id=c.call_id,
+                                                is_error=c.is_error, result_digest=c.result_digest)
+                                       for c in turn_calls], None, stops.get(turn))
         return detector
 
     def _judge(self, trace_id: str) -> Verdict | None:
@@ -298,19 +302,24 @@ class RunRebuilder:
         detector = self._sessions.detector_for(run.session_id) if run.session_id else LoopDetector(self.config)
         model_starts = _model_call_starts(run.model_spans)
         turns = _assign_turns(model_starts, run.calls)
-        # What the model said beside its tool calls can report a failure: read only when some call failed.
-        said = _texts_by_turn(model_starts, run.model_outputs) if any(c.is_error for c in run.calls) else {}
+        stops = _stops_by_turn(model_starts, run.model_ends)
+        # What the model said: its answers (a run may answer, be nudged and go on), and beside its tool calls, where
+        # it can report a failure (read only when some call failed) or repeat itself.
+        said = _texts_by_turn(model_starts, run.model_outputs)
+        _, stop_reason, model_output = run.last_model
+        final_text = _output_text(run.root_text if run.root_text is not None else model_output)
+        last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
         for turn, calls in turns:
             for call in calls:
                 call.turn = turn
-                detector.observe(call)  # type: ignore[arg-type]  # read field by field: _Call has ToolCall's fields
-            detector.end_turn(turn, said.get(turn))
-        last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
-        _, stop_reason, model_output = run.last_model
-        final_text = _output_text(run.root_text if run.root_text is not None else model_output)
+            text = final_text if turn == last_turn and answers(stops.get(turn), bool(calls)) else said.get(turn)
+            # the same turn model as the live loop: an answer ends the run, it is no turn of its own
+            feed_turn(detector, turn, calls, text, stops.get(turn))
         detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
         if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
             not_run.setdefault(IGNORED_ERROR, "the final answer's text was not recorded (content capture off?)")
+            if not said:
+                not_run.setdefault(REPEATED_TEXT, "the model's text was not recorded (content capture off?)")
         if stop_reason is None and run.model_spans:
             not_run.setdefault(IGNORED_ERROR, "the way the run ended (stop or finish reason) was not recorded")
         if not run.calls and (len(model_starts) > 1 or (stop_reason or "").lower() in _TOOL_STOPS):
@@ -331,6 +340,15 @@ def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]
         if text:
             texts[turn] = text
     return texts
+
+
+def _stops_by_turn(starts: list[int], ends: dict[str, tuple[int, str | None, Any]]) -> dict[int, str | None]:
+    """Each turn's stop reason, from the model call that started it."""
+    by_start: dict[int, str | None] = {}
+    for start, stop, _ in ends.values():  # of two spans of one call, the one that recorded a stop reason
+        if stop is not None or start not in by_start:
+            by_start[start] = stop
+    return {turn: by_start.get(start) for turn, start in enumerate(starts, start=1)}
 
 
 def _model_call_starts(model_spans: list[tuple[int, str, str | None]]) -> list[int]:

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -376,6 +376,22 @@ class Agent:
              stop_reason: str | None) -> Generator[_Effect, Any, RunStatus | None]:
         """What the response asks for: tools to run, a paused turn to resume, or the end of the run."""
         if stop_reason == "tool_use":
+            early_nudges: list[str] = []
+            detector = run.detector
+            if detector is not None and detector.config.repeat_threshold == 1:
+                # The strictest setting: a call asked for again right after it ran is reported before it runs, and a
+                # policy that stops the run stops it before the repeat is made (no span: it never ran, as for a
+                # budget).
+                asked = [ToolCall(turn=index, tool=block.get("name") or "", arguments=block.get("input"))
+                         for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]
+                stopped, early_nudges = self._react(
+                    run, turn, _detected(turn, detector, detector.before_calls, index, asked), [])
+                if stopped:
+                    run.messages.append({"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": block.get("id", ""), "is_error": True,
+                         "content": "(not run: the loop detector stopped the run before this repeated call)"}
+                        for block in content if isinstance(block, dict) and block.get("type") == "tool_use"]})
+                    return RunStatus.STOPPED_BY_DETECTOR
             calls = [self._prepare_call(turn, block, run.tools) for block in content
                      if isinstance(block, dict) and block.get("type") == "tool_use"]
             if not calls:
@@ -384,7 +400,8 @@ class Agent:
                     {"type": "text", "text": "(no tool_use block was found in the previous response)"}]})
                 return None
             yield from self._gate(run, index, calls)
-            return (yield from self._tool_round(run, turn, index, calls, [c.call_id for c in calls], {}))
+            return (yield from self._tool_round(run, turn, index, calls, [c.call_id for c in calls], {},
+                                                early_nudges))
         if stop_reason == "pause_turn":  # a server tool paused: the response goes back as it is
             stopped, _ = self._react(run, turn, self._end_turn_detected(run, turn, index), [])
             if stopped:
@@ -417,9 +434,11 @@ class Agent:
         return status
 
     def _tool_round(self, run: _Run, turn: TurnTrace, index: int, calls: list[_Call], order: list[str],
-                    settled: dict[str, dict[str, Any]]) -> Generator[_Effect, Any, RunStatus | None]:
+                    settled: dict[str, dict[str, Any]],
+                    early_nudges: Sequence[str] = ()) -> Generator[_Effect, Any, RunStatus | None]:
         """Run the turn's calls that may run, and write back one tool_result per tool_use block in ``order`` (the
-        blocks' call ids; ``settled`` holds the results of those a paused round already ran), then any nudges.
+        blocks' call ids; ``settled`` holds the results of those a paused round already ran), then any nudges
+        (``early_nudges``: those the detector gave before the calls ran).
 
         A call still waiting for a decision pauses the run once the others have run. Returns the run's status when
         this round ends it (stopped or paused), else None."""
@@ -444,7 +463,7 @@ class Agent:
         stopped, nudges = self._react(run, turn, self._end_turn_detected(run, turn, index, run.final_text), calls)
         for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             self._end_call_span(call)
-        results.extend({"type": "text", "text": text} for text in nudges)
+        results.extend({"type": "text", "text": text} for text in [*early_nudges, *nudges])
         run.messages.append({"role": "user", "content": results})
         if stopped:
             return RunStatus.STOPPED_BY_DETECTOR

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import detect_parity
 import network_guard
 import pytest
 import structlog
@@ -37,6 +38,7 @@ class Spans:
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        detect_parity.PROVIDERS[id(self.provider)] = self.exporter  # its runs are read back by detect after the test
 
     @property
     def all(self):
@@ -64,6 +66,17 @@ def _fresh_structlog():
     # The CLI configures structlog for its process; in-process CLI tests must not leave that behind for the next test.
     yield
     structlog.reset_defaults()
+
+
+@pytest.fixture(autouse=True)
+def _detect_agrees_with_the_live_run(monkeypatch, tmp_path_factory):
+    """Fails the test whose scripted run, stored and read back by `looptrace detect`, gives other anomalies (type,
+    turn, count) than the run found live (see detect_parity.py)."""
+    recorder = detect_parity.record(monkeypatch)
+    yield
+    problems = recorder.disagreements(lambda: tmp_path_factory.mktemp("parity"))
+    if problems:
+        pytest.fail("detect disagrees with the live run: " + "; ".join(problems), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

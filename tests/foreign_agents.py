@@ -36,7 +36,7 @@ no bare form.
 Scenarios:
   repeat_failing  the model calls get_order(A-1) four times; it fails every time; the answer admits it
   ignored_error   refund(A-1) fails, is retried and fails again; the agent moves on (notify_customer) and the answer
-                  presents the work as done without a word about the refund
+                  states the refund done without a word about its failure
   repeat          the model calls get_order(A-1) eight times; it succeeds with the same answer every time
   clean           get_order(A-1) succeeds; the answer reports it
 """
@@ -108,10 +108,11 @@ def model_script(scenario: str) -> list[dict[str, Any]]:
         return [call("get_order", n) for n in range(1, 9)] + [{"content": "Order A-1 has shipped."}]
     if scenario == "ignored_error":
         # The detector's ignored_error rule alone fires on a failure the model knew about and left behind: retried,
-        # failed again, then other work, and an answer that neither names the order nor quotes the error.
+        # failed again, then other work, and an answer that states the refund done, neither naming the order nor
+        # quoting the error.
         return [call("refund", 1), call("refund", 2),
                 call("notify_customer", 1, {"message": "Your request has been handled."}),
-                {"content": "All done: the customer has been notified and everything is taken care of."}]
+                {"content": "All done: the refund is issued and the customer has been notified."}]
     return [call("get_order", 1), {"content": "Order A-1 has shipped."}]
 
 

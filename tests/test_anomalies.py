@@ -54,6 +54,11 @@ def scenario_tools():
         return "found it"
 
     @tool
+    def reserve_item(item: str) -> str:
+        """Reserve an item: refused upstream with a new request id every time."""
+        raise RuntimeError(f"upstream refused (request {next(failures)})")
+
+    @tool
     def flaky(item: str) -> str:
         """Fails with a new request id every time, unless the item is 'ok'."""
         if item != "ok":
@@ -77,6 +82,7 @@ A = ("read_file", {"path": "a.txt"})
 B = ("read_file", {"path": "b.txt"})
 C = ("read_file", {"path": "c.txt"})
 FAIL = ("flaky", {"item": "EQ-001"})
+RESERVE_FAIL = ("reserve_item", {"item": "EQ-001"})
 
 # name: (turns of tool calls, final answer, expected [(type, turn)] with on_anomaly="warn")
 SCENARIOS: dict[str, tuple[list[list[tuple[str, dict]]], str, list[tuple[str, int]]]] = {
@@ -99,19 +105,25 @@ SCENARIOS: dict[str, tuple[list[list[tuple[str, dict]]], str, list[tuple[str, in
     # Resolution is per target: a success on another item does not resolve EQ-001, so the answer must name it.
     "error then a success on another target": ([[FAIL], [("flaky", {"item": "ok"})]],
                                                "EQ-001 was refused, so I reserved 'ok' instead.", []),
-    # ignored_error by the rule alone: the call was retried, failed again, and the model moved on to other work.
-    "error retried, then end_turn claiming success": ([[FAIL], [FAIL], [A]], "All done, the item is reserved.",
-                                                      [("ignored_error", 4)]),
-    "error retried, then a Japanese claim of success": ([[FAIL], [FAIL], [A]], "プロジェクターA を予約しました。",
-                                                        [("ignored_error", 4)]),
+    # ignored_error by the rule alone: the call was retried, failed again, the model moved on to other work, and the
+    # answer states the failed operation (reserve an item) as done.
+    "error retried, then end_turn claiming success": ([[RESERVE_FAIL], [RESERVE_FAIL], [A]],
+                                                      "All done, the item is reserved.", [("ignored_error", 4)]),
+    # The same after a tool whose name says nothing of what it does: the answer never names the operation, so only a
+    # judge can tell a false "done" from an admission in other words; the rules stay quiet.
+    "error retried, then a claim that never names the operation": ([[FAIL], [FAIL], [A]],
+                                                                   "All done, the item is reserved.", []),
+    # An answer in another language than the tool's name never states its operation: the judge's call.
+    "error retried, then a Japanese claim of success": ([[RESERVE_FAIL], [RESERVE_FAIL], [A]],
+                                                        "プロジェクターA を予約しました。", []),
     # a single failure just before the answer is what the answer is most likely about: only a judge decides
     "one error, then a claim: the judge's call": ([[FAIL]], "All done, the item is reserved.", []),
     "error then an honest report": ([[FAIL]], "I could not reserve EQ-001: the upstream refused.", []),
     "error then an honest report in Japanese": ([[FAIL]], "EQ-001 は在庫が0のため予約できませんでした。", []),
     "error then a question to the user": ([[FAIL]], "The reservation was refused. Shall I try again tomorrow?", []),
     # Without naming the target or asking, wording alone cannot clear it: that is the judge's call.
-    "error retried, then an unnamed report": ([[FAIL], [FAIL], [A]], "I could not reserve it.",
-                                              [("ignored_error", 4)]),
+    # an admission in the model's own words is never the rules' finding (a judge may still be asked)
+    "error retried, then an unnamed report": ([[RESERVE_FAIL], [RESERVE_FAIL], [A]], "I could not reserve it.", []),
     # ... or by an answer that draws on the results beside the failure and states the failed operation as done
     "an error in a batch, passed over": ([[FAIL, ("read_file", {"path": "r42.txt"})]],
                                          "The flaky item is reserved, and r42.txt is read. Anything else?",
@@ -226,7 +238,8 @@ def test_looptrace_run_on_anomaly_stop_exits_30(tmp_path, monkeypatch, capsys):
 
 
 def test_nudging_an_ignored_error_gives_the_model_one_more_turn():
-    script = script_for([[FAIL], [FAIL], [A]], "All done!") + [final("Sorry: EQ-001 failed, nothing was booked.")]
+    script = (script_for([[RESERVE_FAIL], [RESERVE_FAIL], [A]], "All done, the item is reserved.")
+              + [final("Sorry: EQ-001 failed, nothing was booked.")])
     model = ScriptedModel(script)
     result = Agent(MODEL, tools=scenario_tools(), client=model, on_anomaly={"ignored_error": "nudge"},
                    alerts=Alerts(log_warnings=False)).run("task")

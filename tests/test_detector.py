@@ -320,34 +320,41 @@ FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
 
 
 @pytest.mark.parametrize("name, turns, final_text, fires", [
-    ("ja: claims success after the failure", FAILED_TWICE, "プロジェクターA を予約しました", True),
+    # An answer in another language than the tool's name never states its operation: the judge's call, not the rules'.
+    ("ja: claims success after the failure: the judge's call", FAILED_TWICE, "プロジェクターA を予約しました", False),
     ("ja: a later successful reservation resolves it", [[SEARCH], [RESERVE_FAILS], [RESERVE_RETRIED]],
      "プロジェクターB（EQ-002）を 2026-10-08 に予約しました。", False),
     ("ja: honest report", FAILED_TWICE, "プロジェクターA（EQ-001）は在庫が0のため予約できませんでした。", False),
     ("ja: honest report, full-width digit", FAILED_TWICE, "申し訳ありません。EQ-001は在庫が０です。", False),
     ("ja: the answer quotes the error", FAILED_TWICE, "在庫が0です。別の日に予約しました。", False),
-    ("ja: 'no errors' is not an admission", FAILED_TWICE, "エラーなく予約しました。", True),
-    ("en: claims success after the failure", FAILED_TWICE, "I have reserved projector A for October 8.", True),
+    ("ja: 'no errors' is the judge's call too", FAILED_TWICE, "エラーなく予約しました。", False),
+    ("en: claims success after the failure", FAILED_TWICE, "I have reserved the equipment for October 8.", True),
+    # one word of the operation only: the answer says too little of it for the rules, the judge decides
+    ("en: a claim naming half the operation is the judge's call", FAILED_TWICE,
+     "I have reserved projector A for October 8.", False),
     ("en: honest report naming the target", FAILED_TWICE, "I couldn't reserve EQ-001: it is out of stock.", False),
     ("en: honest report without naming the target is the judge's call", FAILED_TWICE,
-     "I couldn't reserve projector A: it is out of stock.", True),
+     "I couldn't reserve projector A: it is out of stock.", False),
     ("en: a question hands the decision back", FAILED_TWICE,
      "Sorry, I wasn\u2019t able to book it. Shall I try another projector?", False),
-    ("en: 'no errors' is not an admission", FAILED_TWICE, "Done, with no errors. Projector A is booked.", True),
-    ("en: no final text at all", FAILED_TWICE, None, True),
+    ("en: 'no errors' is not an admission", FAILED_TWICE, "Done, with no errors. The equipment is reserved.", True),
+    ("en: no final text at all is the judge's call", FAILED_TWICE, None, False),
     ("en: error then a corrected call that succeeds", [[RESERVE_FAILS], [RESERVE_RETRIED]],
      "Booked projector A.", False),
     ("no errors at all", [[SEARCH], [RESERVE_SUCCEEDS]], "Booked.", False),
-    ("a success of another tool does not resolve it", FAILED_TWICE, "Booked.", True),
+    ("a success of another tool does not resolve it", FAILED_TWICE, "The equipment is reserved.", True),
     ("a success on another target does not resolve it", [[RESERVE_FAILS], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
-     "Booked projector B.", True),
+     "Booked projector B.", False),  # the claim may be about that success: the judge's call
     ("failed once, then other work: the judge's call", [[RESERVE_FAILS], [SEARCH]], "Booked.", False),
-    # retried, the same failure again, then an answer without a word on it: the model moved on to finishing
-    ("failed twice, then an answer", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Booked.", True),
+    # retried, the same failure again, then an answer that states the operation done
+    ("failed twice, then an answer", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Equipment reserved.", True),
+    # ... or that says nothing of it: a stop notice is the judge's call, never the rules'
+    ("failed twice, then a stop notice", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]],
+     "I see the issue, stopping here.", False),
     ("a parallel retry on the same target resolves it", [[RESERVE_FAILS, RESERVE_RETRIED]],
      "Booked projector A.", False),
     ("a parallel success observed before the failure does not", [[RESERVE_SUCCEEDS, RESERVE_FAILS],
-                                                                 [RESERVE_FAILS], [SEARCH]], "Booked both.", True),
+                                                                 [RESERVE_FAILS], [SEARCH]], "Booked both.", False),
     ("a later call that reports the failure deals with it", [[RESERVE_FAILS], [RESERVE_FAILS], [REPORTS_FAILURE]],
      "Done.", False),
     ("a single failure seen last is the judge's call", [[SEARCH], [RESERVE_FAILS]],
@@ -359,6 +366,8 @@ def test_ignored_error(name, turns, final_text, fires):
     assert detector.end_turn(last_turn) == []  # the final, text-only turn
     found = end(detector, final_text, turn=last_turn)
     assert bool(found) is fires, name
+    if "does not" in name and "resolve" in name:  # whatever the verdict, the error still stands
+        assert detector.unresolved_errors(), name
     if fires:
         (anomaly,) = found
         assert anomaly.type == IGNORED_ERROR and anomaly.turn == last_turn and anomaly.count >= 1
@@ -441,11 +450,11 @@ class _Judge:
 def test_the_judge_confirms_or_silences_ignored_error(turns, verdict, fires):
     judge = _Judge(verdict)
     detector, _ = feed(turns, config=DetectorConfig(judge=judge))
-    found = end(detector, "I have reserved projector A for October 8.")
+    found = end(detector, "I have reserved the equipment for October 8.")
     assert bool(found) is fires
     (request,) = judge.requests
     assert request.tool == "reserve_equipment" and "在庫が0" in request.error_text
-    assert request.final_text == "I have reserved projector A for October 8."
+    assert request.final_text == "I have reserved the equipment for October 8."
     assert detector.internal_errors == 0
 
 
@@ -512,18 +521,18 @@ def test_the_judge_is_not_asked_when_the_answer_deals_with_the_failure():
 
 def test_ignored_error_anomaly_names_the_failure_and_fires_once():
     detector, _ = feed(FAILED_TWICE)
-    (anomaly,) = end(detector, "プロジェクターA を予約しました", turn=4)
+    (anomaly,) = end(detector, "The equipment is reserved.", turn=4)
     assert anomaly.tool == "reserve_equipment"
     assert anomaly.arguments == '{"date":"2026-10-08","item_id":"EQ-001"}'
     assert anomaly.call_ids == ("toolu_2_0",)
     assert "在庫が0" in anomaly.message and "turn 2" in anomaly.message
-    assert end(detector, "プロジェクターA を予約しました", turn=4) == []
+    assert end(detector, "The equipment is reserved.", turn=4) == []
 
 
 def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones():
     failing = [[("fetch", {"page": i}, f"500 on page {i}", "error")] for i in range(9) for _ in range(2)]
     detector, _ = feed(failing + [[SEARCH]])  # each page retried in the next turn, failing again
-    (anomaly,) = end(detector, "Here is the summary.")
+    (anomaly,) = end(detector, "I fetched every page; here is the summary.")
     assert anomaly.count == 9 and anomaly.tool == "fetch" and anomaly.arguments is None
     assert "the most recent" in anomaly.message and "500 on page 8" in anomaly.message
     assert "500 on page 0" not in anomaly.message
@@ -535,7 +544,7 @@ def test_ignored_error_counts_every_unresolved_error_but_quotes_only_recent_ones
 ])
 def test_ignored_error_only_when_the_model_chose_to_stop(stop_reason, fires):
     detector, _ = feed(FAILED_TWICE)
-    assert bool(end(detector, "Booked.", stop_reason=stop_reason)) is fires
+    assert bool(end(detector, "The equipment is reserved.", stop_reason=stop_reason)) is fires
 
 
 @pytest.mark.parametrize("text, targets, addressed", [
@@ -647,7 +656,7 @@ def test_huge_inputs_are_cut_in_anomalies():
 
 
 @pytest.mark.parametrize("bad", [
-    {"repeat_threshold": 1}, {"cycle_min_period": 1}, {"cycle_min_period": 4, "cycle_max_period": 3},
+    {"repeat_threshold": 0}, {"cycle_min_period": 1}, {"cycle_min_period": 4, "cycle_max_period": 3},
     {"cycle_repeats": 1}, {"failing_tool_threshold": -1}, {"max_calls_per_turn": 0},
 ])
 def test_invalid_config_says_what_is_wrong(bad):

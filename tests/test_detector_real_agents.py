@@ -167,11 +167,13 @@ def test_looptrace_detect_reads_a_conversation_as_one_session(spans):
 def test_a_command_failing_until_the_end_is_not_resolved_by_other_commands():
     commit = ("execute_bash", {"command": "git commit -m 'fix parser'"}, "hook rejected the commit", True)
     other = [("execute_bash", {"command": f"ls src/{i}"}, f"files {i}") for i in range(3)]
-    detector = LoopDetector()
+    # The answer names no operation: the rules hand it to the judge (here one that says "ignored").
+    asked = []
+    detector = LoopDetector(DetectorConfig(judge=lambda request: asked.append(request) or True))
     feed_turns(detector, [[commit], [other[0]], [commit], [other[1]], [commit], [other[2]]])
     found = detector.end_run("end_turn", "I have successfully completed the fix.", 7)
-    assert [a.type for a in found] == [IGNORED_ERROR]
-    assert "git commit" in found[0].message
+    assert [a.type for a in found] == [IGNORED_ERROR] and len(asked) == 1
+    assert "git commit" in found[0].message and found[0].evidence.startswith("a judge said so")
 
 
 def test_a_retry_on_the_same_target_with_a_corrected_argument_resolves_the_error():
@@ -291,6 +293,7 @@ def test_with_content_capture_off_anomalies_carry_no_arguments_or_error_text(mon
 
     with capture_logs() as logs:
         result = Agent(MODEL, tools=[pay, note], client=model, on_anomaly="nudge", tracer_provider=spans.provider,
+                       detector=DetectorConfig(judge=lambda request: True),  # "Paid." names no operation: judged
                        alerts=Alerts(callback=lambda a, c: seen.append(webhook_payload(a, c)))).run("task")
     assert {a.type for a in result.anomalies} == {REPEATED_CALL, IGNORED_ERROR}
     from looptrace.instrumentation.semconv import ANOMALY_EVENT

@@ -30,7 +30,7 @@ AGENTS = TESTS / "foreign_agents.py"
 WATCH_GUIDE = TESTS.parent / "docs" / "watch.md"
 LOOP_CALLS = 8  # the `repeat` scenario: get_order(A-1) eight times, the same answer each time
 NO_ERROR_FLAG = frozenset({"ignored_error", "failing_tool"})  # tool results read from messages without is_error
-NO_ANSWER_TEXT = frozenset({"ignored_error"})  # the SDK's own spans record no message at all
+NO_ANSWER_TEXT = frozenset({"ignored_error", "repeated_text"})  # the SDK's own spans record no message at all
 NO_TOOL_CALLS = frozenset({"repeated_call", "cycle", "failing_tool"})  # model calls that asked for tools, none recorded
 
 

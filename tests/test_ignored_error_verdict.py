@@ -15,7 +15,7 @@ from looptrace.runtime.tools import ToolError
 
 MODEL = "claude-sonnet-5-5"
 CLAIMED_DONE = "the answer states the failed operation as done"
-RETRIED = "the model retried, saw the same failure and moved on"
+RETRIED = "a judge said so: the model retried, saw the same failure and answered without naming it"
 JUDGE = "a judge said so"
 OUT_OF_STOCK = "EQ-001 is out of stock for 2026-10-08"
 TESTS_FAIL = "FAILED tests/test_cart.py::test_total - assert 9 == 10\n1 failed in 0.04s"
@@ -89,9 +89,9 @@ def test_every_test_passes_after_failing_tests_and_an_edit_fires():
     assert anomaly.evidence == CLAIMED_DONE and anomaly.tool == "run_tests"
 
 
-def test_the_same_failure_twice_then_a_one_line_done_fires():
-    (anomaly,) = _run([RESERVE, RESERVE], "Done.")
-    assert anomaly.evidence == RETRIED
+def test_the_same_failure_twice_then_a_one_line_done_is_the_judges_call():
+    # "Done." names no operation: only a judge can tell it from a stop notice, and without one nothing fires.
+    assert _run([RESERVE, RESERVE], "Done.") == []
 
 
 # --------------------------------------------------------------------------- it stays quiet
@@ -124,8 +124,8 @@ def test_a_single_failure_right_before_the_answer_is_left_to_the_judge():
 
 def test_a_claim_about_a_tool_that_also_succeeded_is_not_taken_for_the_failed_call():
     other = ("reserve_equipment", {"item_id": "EQ-002", "date": "2026-10-08"})
-    (anomaly,) = _run([RESERVE, RESERVE, other], "I have reserved the equipment for you.")
-    assert anomaly.evidence == RETRIED  # the statement may be about EQ-002; the retried failure still stands
+    # the statement may be about EQ-002: the retried failure still stands (a fact), the verdict is the judge's
+    assert _run([RESERVE, RESERVE, other], "I have reserved the equipment for you.") == []
 
 
 def test_the_same_call_twice_in_one_parallel_batch_is_not_a_retry():

@@ -319,7 +319,9 @@ def test_the_environments_judge_leaves_a_scripted_model_alone(no_judge_in_env):
     from looptrace.runtime import ScriptedModel
 
     no_judge_in_env.setenv("LOOPTRACE_JUDGE", JUDGE)
-    model = ScriptedModel(RETRIED_AND_MOVED_ON + [{"content": "the next run's answer"}])
+    # the answer as a text block, as a Messages response holds it: it states the failed reservation as done
+    answer = {"stop_reason": "end_turn", "content": [{"type": "text", "text": "All reserved!"}]}
+    model = ScriptedModel(RETRIED_AND_MOVED_ON[:3] + [answer, {"content": "the next run's answer"}])
     result = Agent(MODEL, tools=[reserve, note], client=model, on_anomaly="warn",
                    alerts=Alerts(log_warnings=False)).run("reserve EQ-001")
     assert [a.type for a in result.anomalies] == [IGNORED_ERROR] and result.judge.unjudged_no_judge == 1

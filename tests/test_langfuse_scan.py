@@ -104,7 +104,7 @@ SCRIPTS = {
     + [answer("I could not look up order A-1: the order service failed every time.")],
     "ignored_error": [call("refund", 1, order_id="A-1"), call("refund", 2, order_id="A-1"),
                       call("notify_customer", 1, message="Your request has been handled."),
-                      answer("All done: the customer has been notified and everything is taken care of.")],
+                      answer("All done: the refund is issued and the customer has been notified.")],
     "clean": [call("get_order", 1, order_id="B-2"), answer("Order B-2 has shipped.")],
     "cycle": [call("search", n, query=q) for n, q in enumerate(["shoes", "boots"] * 3)] + [answer("Nothing found.")],
     "fails_twice": [call("get_order", n, order_id="A-1") for n in range(2)]

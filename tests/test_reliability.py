@@ -407,7 +407,7 @@ def test_a_nudge_is_not_sent_when_no_turn_is_left_to_read_it():
     # A failure retried, failed again and left behind for other work: what the ignored_error rule flags on its own.
     model = ScriptedModel([tool_use("fails", call_id="t1"), tool_use("fails", call_id="t2"),
                            tool_use("_typed", {"name": "a", "count": 1}, call_id="t3"),
-                           answer("All done, it worked.")])
+                           answer("All done, it fails no more.")])  # states the operation ("fails") done
     result = Agent(MODEL, tools=[fails, _typed], client=model, limits=Limits(max_turns=4), telemetry=False,
                    on_anomaly={"ignored_error": "nudge"}, alerts=Alerts(log_warnings=False)).run("go")
     assert result.status is RunStatus.DONE

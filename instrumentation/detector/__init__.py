@@ -9,8 +9,8 @@ when the run ends, and returns anomalies:
                               detector.end_turn(turn)          (also for a turn with no tool calls)
     at the end:               detector.end_run(stop_reason, final_text, turn)
 
-The rules are repeated_call, cycle, failing_tool and ignored_error, one module each; DESIGN.md beside this file says
-what each one looks for and why, how a call's identity is made, and what the detector costs.
+The rules are repeated_call, cycle, failing_tool, ignored_error and repeated_text, one module each; DESIGN.md beside
+this file says what each one looks for and why, how a call's identity is made, and what the detector costs.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _HOMES = {
     "LoopDetector": "loop_detector",
     "SessionDetectors": "session",
     "CYCLE": "types", "FAILING_TOOL": "types", "IGNORED_ERROR": "types", "REPEATED_CALL": "types",
+    "REPEATED_TEXT": "types",
     "Anomaly": "types", "AnomalyRecord": "types", "AnomalyType": "types", "ToolCall": "types",
     "UnresolvedToolError": "facts",
 }
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
         FAILING_TOOL,
         IGNORED_ERROR,
         REPEATED_CALL,
+        REPEATED_TEXT,
         Anomaly,
         AnomalyRecord,
         AnomalyType,
@@ -76,6 +78,7 @@ __all__ = [
     "IGNORED_ERROR",
     "NONCE_KEYS",
     "REPEATED_CALL",
+    "REPEATED_TEXT",
     "Anomaly",
     "AnomalyRecord",
     "AnomalyType",

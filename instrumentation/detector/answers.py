@@ -132,6 +132,23 @@ def states_operation(text: str, tool: str, error_text: str = "", attempted: str 
     return False
 
 
+def asks_about(text: str, tool: str, targets: frozenset[str]) -> bool:
+    """Whether a question in `text` (a sentence with a question mark) names the operation `tool` performs (as
+    `states_operation` names it) or one of the failed call's targets: the answer hands that decision back."""
+    words = _name_words(tool)
+    needed = min(2, len(words))
+    folded_targets = [fold(t) for t in targets if len(t) >= _MIN_MENTION_CHARS]
+    for sentence in _SENTENCE.findall(fold(text[:2 * ANSWER_SCAN_CHARS])):
+        if not any(mark in sentence for mark in _QUESTION_MARKS):
+            continue
+        if any(t in sentence for t in folded_targets):
+            return True
+        said = set(_LETTERS.findall(sentence))
+        if needed and sum(1 for word in words if any(_same_stem(word, other) for other in said)) >= needed:
+            return True
+    return False
+
+
 def draws_on(text: str, results: list[Any]) -> bool:
     """Whether an answer repeats something distinctive from the given results: a token with a digit in it (an id, a
     flight number, an amount, a date) that the result holds too."""

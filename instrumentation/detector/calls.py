@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .config import DetectorConfig
-from .identity import call_key, canonical_arguments, result_digest, safe_text, shorten
+from .identity import call_key, canonical_arguments, failure_signature, result_digest, safe_text, shorten
 from .types import ToolCall
 
 ERROR_OUTCOME = "!error"  # not a hex digest, so no result can collide with it
@@ -110,10 +110,13 @@ def _success_outcome(given: str | None, result: Any, config: DetectorConfig, tur
 
 
 def error_digests(failures: Iterable[ObservedCall]) -> set[str]:
-    """The digests of failed calls' errors, normalised as every result's is (`result_digest`): the digest an offline
-    caller gave, else that of the error text; "" when neither is known. Worked out only when asked: a failure is
-    compared with another only when the same call is retried after other calls."""
-    return {o.recorded_digest if o.recorded_digest is not None else result_digest(o.raw_result) for o in failures}
+    """What the failed calls' errors were, to tell a new failure from the same one again: the `failure_signature` of
+    each error text (numbers, ids, time stamps and paths left out, so a hook that lists other files and timings each
+    time is the same failure), else the digest an offline caller gave (a trace without content); "" when neither is
+    known. Worked out only when asked: a failure is compared with another only when the same call is retried after
+    other calls."""
+    return {failure_signature(o.raw_result) if o.raw_result is not None
+            else (o.recorded_digest if o.recorded_digest is not None else "") for o in failures}
 
 
 def group_by_call(observed: list[ObservedCall]) -> dict[str, TurnCall]:

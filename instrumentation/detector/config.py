@@ -18,6 +18,8 @@ class DetectorConfig:
     cycle_repeats: int = 3
     failing_tool_threshold: int = 5  # 0 turns the rule off
     ignored_error_stop_reasons: tuple[str, ...] = ("end_turn", "stop")
+    text_repeat_turns: int = 3  # repeated_text: the same paragraph in this many consecutive turns (0 turns it off)
+    sentence_repeats: int = 5  # repeated_text: one sentence this many times in one response (0 turns it off)
     assume_unknown_results_unchanged: bool = True
     max_calls_per_turn: int = 128  # further calls in one turn only count towards its signature
     max_tools_with_errors: int = 64  # unresolved errors are tracked for at most this many tools
@@ -53,13 +55,18 @@ class DetectorConfig:
         return max(self.cycle_max_period * self.cycle_repeats, self.cycle_max_period + 2)
 
     def __post_init__(self) -> None:
-        _require(self.repeat_threshold >= 2, "repeat_threshold must be at least 2")
+        # 1: not even one identical call in a row (the second is reported before it runs: LoopDetector.before_calls)
+        _require(self.repeat_threshold >= 1, "repeat_threshold must be at least 1")
         _require(
             2 <= self.cycle_min_period <= self.cycle_max_period,
             "need 2 <= cycle_min_period <= cycle_max_period (period 1 is repeated_call's job)",
         )
         _require(self.cycle_repeats >= 2, "cycle_repeats must be at least 2")
         _require(self.failing_tool_threshold >= 0, "failing_tool_threshold must be >= 0 (0 = off)")
+        _require(self.text_repeat_turns == 0 or self.text_repeat_turns >= 2,
+                 "text_repeat_turns must be 0 (off) or at least 2 (one turn repeats nothing)")
+        _require(self.sentence_repeats == 0 or self.sentence_repeats >= 2,
+                 "sentence_repeats must be 0 (off) or at least 2 (one sentence once repeats nothing)")
         for name in ("max_calls_per_turn", "max_tools_with_errors", "max_errors_per_tool",
                      "max_call_ids", "max_argument_chars", "max_kept_anomalies", "repeat_window"):
             _require(getattr(self, name) >= 1, f"{name} must be at least 1")

@@ -269,3 +269,39 @@ def safe_text(value: Any) -> str:
 def shorten(text: str, limit: int) -> str:
     """The text cut to `limit` characters, an ellipsis marking the cut."""
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+# --------------------------------------------------------------------------- failures
+
+
+# What changes between two runs of the same failing command without the failure changing: numbers (counts, durations,
+# line numbers, sizes), hex ids and hashes, UUIDs and time stamps, and file paths (the files a hook touched this time).
+# Replaced by one marker each; the words around them (a check's name, an exception type, a test's name after "::")
+# stay, so a different failure still reads as different.
+_INCIDENTAL = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"  # UUIDs
+    r"|(?:[\w.~-]*[/\\])+[\w.-]*|\b[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4}\b(?=[\s:,;)\]'\"]|$)"  # paths, file names
+    r"|\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{7,}\b"  # hex ids and hashes (a digit and a letter)
+    r"|(?<![A-Za-z_])[-+]?\d+(?:[.,:]\d+)*"  # numbers, durations, times, line:column (not the digits of a name)
+)
+_MAX_FAILURE_LINES = 200  # of an error's text, the first lines are read: enough to tell one failure from another
+
+
+def failure_signature(text: str | None) -> str:
+    """What a failure is, with the incidental text that changes between two runs of it left out: the digest of its
+    distinct non-empty lines once numbers, hex ids, UUIDs, time stamps and file paths are replaced by one marker
+    each. "" for an unknown text.
+
+    A commit rejected by the same hook reads the same however many files, seconds or line numbers it reports; another
+    failing check, another exception type, another test name, another first line give another signature.
+    """
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = safe_text(text)
+    lines = set()
+    for line in text[:_MAX_NORMALISED_RESULT].splitlines()[:_MAX_FAILURE_LINES]:
+        line = " ".join(_INCIDENTAL.sub("#", unicodedata.normalize("NFC", line)).split())
+        if line.strip("#.,:;-=*_ ()[]"):  # a line of markers and rules only says nothing about the failure
+            lines.add(line)
+    return digest("\n".join(sorted(lines)), size=8)

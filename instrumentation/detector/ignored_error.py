@@ -12,12 +12,14 @@ The other cases are the judge's, if one is configured ("a judge said so"). DESIG
 
 from __future__ import annotations
 
+import json
 from collections import deque
 
 from .answers import (
     ANSWER_SCAN_CHARS,
     FoldedText,
     answer_addresses,
+    asks_about,
     draws_on,
     echoes_error,
     fold,
@@ -38,7 +40,8 @@ _MAX_SAID_CHARS = 2 * ANSWER_SCAN_CHARS  # of each text, the start kept
 
 # The evidence a firing rests on (Anomaly.evidence), most telling first.
 CLAIMED_DONE = "the answer states the failed operation as done"
-RETRIED_AND_MOVED_ON = "the model retried, saw the same failure and moved on"
+# Only ever with a judge's "ignored": a retry shows the model saw the failure, not that its answer passed over it.
+RETRIED_AND_MOVED_ON = "a judge said so: the model retried, saw the same failure and answered without naming it"
 JUDGE_SAID_SO = "a judge said so"
 EARLIER_RUN = ("a judge said so: an earlier run of this conversation left it standing, and this run called no tool "
                "and answered as if the work were done")
@@ -90,26 +93,24 @@ class IgnoredErrorRule(Rule):
         answer = FoldedText(fold(_scanned(text))) if text else None
         said = [(turn, FoldedText(fold(words))) for turn, words in self._said]
         claimed: Ignored = []
-        retried: Ignored = []
         unexplained: Ignored = []
         for tool, error in self._errors.standing():
             if error.reported:
                 continue  # a later call of another tool handed it on (a ticket, a hand-off)
             if self._claims_done(tool, error, text, answer, said):
                 claimed.append((tool, error))
-            elif self._reports(tool, error, text, answer, said):
-                continue
-            elif _retried(error):  # it saw the same failure again and ended the run without a word on it
-                retried.append((tool, error))
-            else:
+            elif not self._reports(tool, error, text, answer, said):
+                # Nothing said about it: a stop notice, an empty answer, an admission in the model's own words, or a
+                # "done" that never names the operation. Structure cannot tell these apart; the judge can.
                 unexplained.append((tool, error))
-        if claimed or retried:
-            evidenced = sorted(claimed + retried, key=lambda item: item[1].turn)
-            ignored = unexplained + evidenced  # the evidenced ones last: the judge is shown the most recent of them
-            anomaly = self._anomaly(end, ignored, CLAIMED_DONE if claimed else RETRIED_AND_MOVED_ON)
+        if claimed:
+            claimed.sort(key=lambda item: item[1].turn)
+            ignored = unexplained + claimed  # the evidenced ones last: the judge is shown the most recent of them
+            anomaly = self._anomaly(end, ignored, CLAIMED_DONE)
             return [anomaly] if self._judge_says(anomaly, ignored, text) is not False else []
         if unexplained:
-            anomaly = self._anomaly(end, unexplained, JUDGE_SAID_SO)
+            evidence = RETRIED_AND_MOVED_ON if any(_retried(e) for _, e in unexplained) else JUDGE_SAID_SO
+            anomaly = self._anomaly(end, unexplained, evidence)
             return [anomaly] if self._judge_says(anomaly, unexplained, text) is True else []
         return []
 
@@ -148,13 +149,18 @@ class IgnoredErrorRule(Rule):
         report of an earlier attempt is not a report of how the retries ended."""
         if text is None or answer is None or tool in self._succeeded:
             return False
-        if not states_operation(text, tool, error.error_text, f"{tool} {error.arguments}"):
+        if asks_about(text, tool, error.targets):
+            return False  # asking about the operation hands the decision back: it presents nothing as done
+        # A sentence that repeats a word the error used, beyond the operation's own words (the tool's name and its
+        # arguments' names), says how the operation went ("the tests still fail"), even when that word is also one
+        # of the values the call sent (`run_tests(only="failed")`).
+        if not states_operation(text, tool, error.error_text, f"{tool} {_argument_names(error.arguments)}"):
             return False
         after = [answer, *(folded for turn, folded in said if turn > error.turn)]
         if any(names_or_quotes(folded, error.targets, error.error_text) for folded in after):
             return False
         if error.batch is not None and draws_on(text, [result for _, result in error.batch.results]):
-            return True
+            return True  # a question about the next step does not undo a statement that this one was done
         return (_retried(error) or error.moved_on) and not _asks(answer)
 
     def _reports(self, tool: str, error: UnresolvedError, text: str | None, answer: FoldedText | None,
@@ -211,6 +217,16 @@ def _scanned(text: str) -> str:
     if len(text) > 2 * ANSWER_SCAN_CHARS:
         return text[:ANSWER_SCAN_CHARS] + "\n" + text[-ANSWER_SCAN_CHARS:]
     return text
+
+
+def _argument_names(arguments: str) -> str:
+    """The names of a call's top-level arguments (its canonical JSON), as words: they describe the operation, as the
+    tool's name does."""
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):  # cut for messages, or not an object
+        return ""
+    return " ".join(str(name) for name in parsed) if isinstance(parsed, dict) else ""
 
 
 def _retried(error: UnresolvedError) -> bool:

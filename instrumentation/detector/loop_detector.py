@@ -17,10 +17,11 @@ from .config import DetectorConfig, default_config
 from .cycle import CycleRule
 from .errors import UnresolvedToolError
 from .failing_tool import FailingToolRule
-from .identity import safe_text, shorten
+from .identity import call_key, canonical_arguments, safe_text, shorten
 from .ignored_error import IgnoredErrorRule
 from .judge import JudgeSummary, Judging
 from .repeated_call import RepeatedCallRule
+from .repeated_text import RepeatedTextRule
 from .rule import ClosedTurn, OpenTurn, Rule, RunEnd
 from .types import Anomaly, ToolCall
 
@@ -42,12 +43,13 @@ class LoopDetector:
         # and every run's detector garbage for the cycle collector instead of freed when its run ends.
         self._judging = Judging(self.config.judge, _judge_failure_note(weakref.ref(self)),
                                 self.config.judge_cap)
-        repeated = RepeatedCallRule(self.config)
+        repeated = self._repeated = RepeatedCallRule(self.config)
         cycle = CycleRule(self.config)
         ignored = IgnoredErrorRule(self.config, self._judging)
         self._errors = ignored._errors  # the run's error ledger, kept by ignored_error: read for the run's facts
         # In the order their anomalies are reported; failing_tool reads what the two before it found in the same turn.
-        rules = self._rules = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored)
+        rules = self._rules = (repeated, cycle, FailingToolRule(self.config, repeated, cycle), ignored,
+                               RepeatedTextRule(self.config))
         # Each hook goes only to the rules that define it: the feed is the hot path, and most hooks are no-ops.
         # Which rules those are is the same for every detector, worked out once (`_HOOKED`).
         self._observers = [rules[i] for i in _HOOKED["observe"]]
@@ -110,6 +112,11 @@ class LoopDetector:
     def observe(self, call: ToolCall) -> list[Anomaly]:
         """A tool call came back. Returns the anomalies of an older turn it closed implicitly, else []."""
         return self._guarded(self._observe, call)
+
+    def before_calls(self, turn: int, calls: list[ToolCall]) -> list[Anomaly]:
+        """The calls a turn asks for, before they run: with `repeat_threshold` 1, a call the previous turn made too is
+        a repeated_call now (the caller may stop the run before it runs); [] otherwise."""
+        return self._guarded(self._before_calls, turn, calls)
 
     def end_turn(self, turn: int, text: str | None = None) -> list[Anomaly]:
         """Close a turn. `text` is what the model said in it alongside its tool calls (the user sees it too)."""
@@ -185,6 +192,16 @@ class LoopDetector:
             rule.observe(observed, open_turn)
         return fired
 
+    def _before_calls(self, turn: Any, calls: Any) -> list[Anomaly]:
+        if self.config.repeat_threshold != 1 or not calls:
+            return []
+        keys = {}
+        for call in calls:
+            arguments = canonical_arguments(getattr(call, "arguments", None))
+            tool = safe_text(getattr(call, "tool", ""))
+            keys[call_key(tool, arguments)] = (tool, arguments)
+        return self._repeated.before_calls(_as_turn(turn, self._current_turn_guess()), keys)
+
     def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
         open_turn = self._open
         if type(turn) is not int:  # the loop passes its turn number: the guess is for other feeds
@@ -231,7 +248,8 @@ class LoopDetector:
 
 
 # The rules a detector runs, in its order, and for each hook the positions of those that define it.
-_RULE_CLASSES: tuple[type[Rule], ...] = (RepeatedCallRule, CycleRule, FailingToolRule, IgnoredErrorRule)
+_RULE_CLASSES: tuple[type[Rule], ...] = (RepeatedCallRule, CycleRule, FailingToolRule, IgnoredErrorRule,
+                                         RepeatedTextRule)
 _HOOKED: dict[str, tuple[int, ...]] = {
     hook: tuple(i for i, rule in enumerate(_RULE_CLASSES) if hook in rule.hooks)
     for hook in ("observe", "model_said", "end_turn", "end_run")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 
 from .calls import ERROR_ONLY, ERROR_OUTCOME, ObservedCall, describe_call, error_digests, recent_ids
 from .config import DetectorConfig
@@ -73,6 +74,7 @@ class RepeatedCallRule(Rule):
         self.repeating_keys: AbstractSet[str] = _NO_KEYS
         # Of those, the ones whose failures an earlier run already reported: the failure run goes on reporting them.
         self._carried_keys: AbstractSet[str] = _NO_KEYS
+        self._reported_before: AbstractSet[str] = _NO_KEYS  # calls reported by `before_calls` in the open turn
 
     def begin_run(self) -> None:
         # Consecutive streaks end at a run boundary (a user message came between); failing calls are remembered.
@@ -90,12 +92,35 @@ class RepeatedCallRule(Rule):
             "failure_runs": len(self._failures),
         }
 
+    # ---- a repeat asked for, before it runs (repeat_threshold 1)
+
+    def before_calls(self, turn: int, keys: dict[str, tuple[str, str]]) -> list[Anomaly]:
+        """With `repeat_threshold` 1 no call may come again in the next turn: each requested call (by key, with its
+        tool and canonical arguments) that the last closed turn made too is reported now, before it runs, under the
+        streak its result will then extend (so the firing after it runs is an update, not a second alert)."""
+        if self.config.repeat_threshold != 1:
+            return []
+        firing = [streak for key, streak in self._streaks.items() if key in keys]
+        for streak in firing:
+            streak.streak = streak.streak or _streak_key([streak])
+        self._reported_before = {streak.key for streak in firing}
+        return [replace(self._streak_anomaly(turn, [streak]), count=streak.count + 1,
+                        message=self._blocked_message(streak)) for streak in firing]
+
+    def _blocked_message(self, streak: _CallStreak) -> str:
+        return (f"{describe_call(streak.tool, streak.arguments, self.config.capture_content)} was asked for again "
+                f"right after turn {streak.start_turn + streak.count - 1} made it (at most 1 identical call in a row): "
+                "the same call again will not help; use the result you have, change the arguments, or try another "
+                "approach.")
+
     # ---- consecutive turns
 
     def _update_streaks(self, turn: ClosedTurn) -> list[Anomaly]:
         streaks: dict[str, _CallStreak] = {}
         firing: list[_CallStreak] = []
-        threshold = self.config.repeat_threshold  # at least 2: a streak's first turn never fires
+        # A streak's first turn never fires: with a threshold of 1 the second is caught before it runs, and fires
+        # again (an update) once it has.
+        threshold = max(self.config.repeat_threshold, 2)
         for key, call in turn.calls.items():
             streak = self._streaks.get(key)
             outcome = call.outcome
@@ -109,7 +134,7 @@ class RepeatedCallRule(Rule):
                     firing.append(streak)
             streaks[key] = streak
         self._streaks = streaks  # calls absent from this turn end their streak here
-
+        reported_before, self._reported_before = self._reported_before, _NO_KEYS
         if not firing:
             self.repeating_keys = self._carried_keys = _NO_KEYS
             return []
@@ -120,6 +145,8 @@ class RepeatedCallRule(Rule):
                               and (run := self._failures.get(s.key)) is not None and run.continued_in(turn.run)}
         if self._carried_keys:
             firing = [s for s in firing if s.key not in self._carried_keys]
+        if reported_before:  # reported before they ran, in this turn, with this count: not again
+            firing = [s for s in firing if s.key not in reported_before]
         return [self._streak_anomaly(turn.number, group) for group in _group_streaks(firing)]
 
     def _streak_anomaly(self, turn: int, group: list[_CallStreak]) -> Anomaly:
@@ -180,7 +207,7 @@ class RepeatedCallRule(Rule):
                 run.seqs.popleft()
                 run.turns.popleft()
                 run.runs.popleft()
-            if len(run.seqs) < cfg.repeat_threshold:
+            if len(run.seqs) < max(cfg.repeat_threshold, 2):  # a first failure is no repeat, whatever the threshold
                 if len(run.seqs) == 1:
                     run.streak = run.reported_in = None  # the earlier failures left the window: a new streak
                 continue

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypedDict
 
-AnomalyType = Literal["repeated_call", "cycle", "ignored_error", "failing_tool"]
+AnomalyType = Literal["repeated_call", "cycle", "ignored_error", "failing_tool", "repeated_text"]
 
 REPEATED_CALL: Final = "repeated_call"
 CYCLE: Final = "cycle"
 IGNORED_ERROR: Final = "ignored_error"
 FAILING_TOOL: Final = "failing_tool"
+REPEATED_TEXT: Final = "repeated_text"
 
 
 @dataclass(frozen=True, slots=True)
