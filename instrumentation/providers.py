@@ -4,9 +4,7 @@
 2. The global provider, once anything set one (the application's SDK, or ``configure()``): runs join it, as children
    of the current span, with the application's resource and exporters, and looptrace adds nothing to it unasked.
 3. Otherwise looptrace's embedded default (``setup.default_telemetry``): the exporters the settings choose (the trace
-   file when nothing else is configured), on a provider of looptrace's own that is never installed globally. With
-   the trace file as its only exporter, that provider is the direct path's (``direct_spans``): API spans written
-   straight to the file, no SDK span pipeline.
+   file when nothing else is configured), on an SDK provider of looptrace's own that is never installed globally.
 
 The anomaly sinks go with the provider: ``configure()`` and the embedded default register the ones they built from
 their settings (``alerts.register_sinks``), so a run on their provider reports to them (the Langfuse score included)

@@ -198,6 +198,9 @@ class OtlpSettings:
     insecure: bool | None = None  # gRPC only; None lets the exporter decide from the URL scheme
     endpoint_configured: bool = False  # an endpoint variable is set (what makes `otlp` a configured backend)
     problem: str | None = None
+    # Metrics only: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE and _DEFAULT_HISTOGRAM_AGGREGATION, lower case.
+    temporality: str = "cumulative"
+    histogram_aggregation: str = "explicit_bucket_histogram"
 
     @classmethod
     def from_env(cls, signal: str = "traces", environ: Mapping[str, str] | None = None) -> OtlpSettings:
@@ -248,9 +251,13 @@ class OtlpSettings:
             except ConfigurationError as error:
                 problems.append(str(error))
         insecure = setting("INSECURE")
+        temporality = (env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") or "cumulative").strip().lower()
+        histogram = (env.get("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION")
+                     or "explicit_bucket_histogram").strip().lower()
         return cls(signal=signal, endpoint=endpoint, protocol=protocol, headers=headers, timeout_s=timeout_s,
                    compression=compression, insecure=None if insecure is None else insecure[1].lower() == "true",
-                   endpoint_configured=bool(own_endpoint or generic), problem="; ".join(problems) or None)
+                   endpoint_configured=bool(own_endpoint or generic), problem="; ".join(problems) or None,
+                   temporality=temporality, histogram_aggregation=histogram)
 
     def check(self) -> OtlpSettings:
         """These settings, or ConfigurationError when they cannot work."""
@@ -394,8 +401,8 @@ class Settings:
     tracestate: str | None = None
     watch_token: str | None = field(default=None, repr=False)  # what `looptrace watch` requires of senders
     watch_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
-    # What the environment asks of the SDK's spans that only the SDK does (a sampler, span limits, its own metrics):
-    # with any of these the trace file cannot take the direct path (see direct_spans). Names, with the sampler's value.
+    # What the environment asks of the SDK's spans (a sampler, span limits, its own metrics), which the SDK applies:
+    # names, with the sampler's value; the embedded default makes one provider per distinct set.
     sdk_span_settings: tuple[str, ...] = ()
     exporters_variable: str | None = None  # the variable ``exporters`` came from (LOOPTRACE_EXPORTER, ...), if any
     # Values that were set but cannot be used and are ignored, each a sentence naming its variable; configure() says

@@ -7,9 +7,8 @@ them, although the trace file already holds them. The spill file only gets what 
 So each network pipeline keeps a journal beside the spill file, one per process and backend
 (``<spill>.journal-<backend>-<pid>-<id>``):
 
-* As a span is queued (on the thread that ended it), the OTLP protobuf the exporters will send is appended, as
-  base64 in a line of its own: one ``write``, no fsync (the page cache outlives the process), and no encoding of its
-  own, since the bytes are the span's one encoding, which every network exporter sends (``otlp_wire``).
+* As a span is queued (on the thread that ended it), its trace-file line is appended (``encode.encode_line``):
+  one ``write``, no fsync (the page cache outlives the process).
 * When the export thread has settled a batch (delivered, or saved in the spill file), it appends the batch's span
   ids. Once every span written is settled and the file has grown past ``ROTATE_BYTES``, it is emptied.
 * A clean shutdown deletes it. A journal left behind by a process that is gone (its lock is free) holds the spans
@@ -18,12 +17,11 @@ So each network pipeline keeps a journal beside the spill file, one per process 
 
 The journal costs the agent's hot path one ``write`` per span per network backend (and the span's encoding, which
 the export would otherwise do on its thread), and nothing on the network side changes: the queue, the batches and
-the spill file work as before. Journals written by earlier versions (a trace-file line per span) are recovered too.
+the spill file work as before.
 """
 
 from __future__ import annotations
 
-import binascii
 import contextlib
 import json
 import os
@@ -35,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..logs import log
-from ..otlp_wire import request_of_one, resource_spans_json
+from .encode import encode_line
 from .write import append_line, open_private_append
 
 try:
@@ -49,8 +47,6 @@ ROTATE_BYTES = 8 << 20  # a fully settled journal larger than this is emptied, s
 RECOVERED_BATCH_SPANS = 512  # spans per batch moved into the spill file (the BatchSpanProcessor's default batch)
 _SETTLED = '{"looptrace":{"settled":['
 _SETTLED_BYTES = _SETTLED.encode("ascii")
-_WIRE = b'{"looptrace":{"otlp":"'  # then the base64 of an ExportTraceServiceRequest holding the one span
-_WIRE_END = b'"}}\n'
 
 
 def journal_prefix(spill_path: Path) -> str:
@@ -154,7 +150,7 @@ def _journal_line(span: Any) -> bytes:
     last = _last_line
     if last[0] is span:
         return last[1]
-    line = b"".join((_WIRE, binascii.b2a_base64(request_of_one(span), newline=False), _WIRE_END))
+    line = encode_line(span)
     _last_line = (span, line)
     return line
 
@@ -240,10 +236,7 @@ def _unsettled(fd: int, limit: int, known: set[str]) -> list[tuple[str, Any]]:
                 if raw.startswith(_SETTLED_BYTES):
                     settled.update(str(span_id) for span_id in document["looptrace"]["settled"])
                     continue
-                if raw.startswith(_WIRE):
-                    queued = resource_spans_json(binascii.a2b_base64(document["looptrace"]["otlp"]))
-                else:  # an earlier version's journal: the span's trace-file line
-                    queued = document["resourceSpans"]
+                queued = document["resourceSpans"]  # the span's trace-file line
                 for resource_spans in queued:
                     for scope_spans in resource_spans.get("scopeSpans") or ():
                         for span in scope_spans.get("spans") or ():

@@ -94,8 +94,8 @@ class TraceFileWriter:
                 return False
         return True
 
-    def write_span(self, span: Any) -> bool:
-        """Append one finished span (an SDK ``ReadableSpan`` or a direct span) as its own line. A span that cannot be
+    def write_span(self, span: ReadableSpan) -> bool:
+        """Append one finished span as its own line. A span that cannot be
         encoded is a bug of ours: it costs that span, counted and reported, never the agent."""
         try:
             line = encode_line(span)
