@@ -396,7 +396,7 @@ def private_opentelemetry_uses(overrides: dict[str, str] | None = None) -> list[
             if named is None or named[1] not in theirs:
                 continue
             receiver, attribute = named
-            on_self = isinstance(receiver, ast.Name) and receiver.id in ("self", "cls") or (
+            on_self = (isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")) or (
                 isinstance(receiver, ast.Call) and getattr(receiver.func, "id", "") == "super")
             if on_self:
                 bad = id(node) in inherited and attribute not in inherited[id(node)]

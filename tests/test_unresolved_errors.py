@@ -268,6 +268,7 @@ def test_the_embedded_default_writes_the_same_root_attributes(monkeypatch, tmp_p
     """An agent given nothing writes its trace file through the embedded default: its root carries the facts too."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
+
     from looptrace.instrumentation.setup import default_telemetry
     from looptrace.instrumentation.tracefile.read import read_spans
 
