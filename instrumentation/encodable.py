@@ -1,7 +1,7 @@
 """Spans the OpenTelemetry encoders can take whole: the one repair step before the SDK's OTLP encoders, for the trace
 file (OTLP/JSON) and the network exporters (OTLP protobuf) alike.
 
-What the encoders cannot carry, measured on opentelemetry-sdk 1.45 (tests/test_encodable_values.py checks it stays so):
+What the encoders cannot carry, measured on opentelemetry-sdk 1.45 (``tests/test_encodable.py`` checks it stays so):
 
 * a lone surrogate (``"\\ud800"``: a tool result decoded badly, a JSON escape in a model's answer): the protobuf
   encoder logs a traceback and drops the attribute (a span's name or status with one fails the whole batch); the JSON
@@ -13,14 +13,15 @@ What the encoders cannot carry, measured on opentelemetry-sdk 1.45 (tests/test_e
   (``5`` -> ``"5"``), with one warning per process.
 
 A repaired span says which keys were repaired in ``looptrace.repaired_attributes``. NaN and the infinities need
-nothing (both encoders write them as OTLP defines), and an object of another type never reaches a span: the SDK turns
-it into its text when it is set. A span that needs nothing is passed on as it is; ASCII text, nearly all of it, is
+nothing (both encoders write them as OTLP defines), and an object of another type never reaches a span: the SDK
+replaces it (by its text, or None) when it is set. A span that needs nothing is passed on as it is; ASCII text, nearly all of it, is
 checked in constant time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -45,12 +46,59 @@ def encodable_spans(spans: Sequence[ReadableSpan]) -> Sequence[ReadableSpan]:
     """``spans``, each one the OTLP encoders would refuse part of replaced by a repaired copy."""
     repaired: list[ReadableSpan] | None = None
     for position, span in enumerate(spans):
+        if _span_fine(span):  # nearly every span: one pass, no copies
+            continue
         fixed = _repaired_span(span)
         if fixed is not span:
             if repaired is None:
                 repaired = list(spans)
             repaired[position] = fixed
     return spans if repaired is None else repaired
+
+
+# --- the fast check: one pass over a span, no function call per attribute -----------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_fine_resources: dict[int, Resource] = {}  # id -> a resource found fine (one per provider)
+
+
+def _items_fine(items: Iterable[tuple[Any, Any]]) -> bool:
+    for key, value in items:
+        if type(key) is not str or (not key.isascii() and _SURROGATE.search(key)):
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii() and _SURROGATE.search(value):
+                return False
+        elif kind is int:
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                return False
+        elif kind is tuple or kind is list:
+            if not _items_fine(("", item) for item in value):
+                return False
+        elif kind is not bool and kind is not float and kind is not bytes:
+            return False  # anything else: the careful path decides
+    return True
+
+
+def _span_fine(span: ReadableSpan) -> bool:
+    """Whether every text, key and integer of ``span`` encodes as it is (False: look closer, maybe repair)."""
+    resource = span.resource
+    if _fine_resources.get(id(resource)) is not resource:
+        if not _items_fine(resource.attributes.items()):
+            return False
+        if len(_fine_resources) > 64:
+            _fine_resources.clear()
+        _fine_resources[id(resource)] = resource
+    description = span.status.description
+    texts = [("", span.name), ("", description or "")]
+    return (_items_fine(texts) and (not span.attributes or _items_fine(span.attributes.items()))
+            and all(_items_fine([("", event.name)]) and (not event.attributes or _items_fine(event.attributes.items()))
+                    for event in span.events)
+            and all(not link.attributes or _items_fine(link.attributes.items()) for link in span.links))
+
+
+# --- the careful path: a repaired copy ------------------------------------------------------------------------------
 
 
 def _text_ok(text: str) -> bool:
