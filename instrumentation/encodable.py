@@ -14,8 +14,8 @@ What the encoders cannot carry, measured on opentelemetry-sdk 1.45 (``tests/test
 
 A repaired span says which keys were repaired in ``looptrace.repaired_attributes``. NaN and the infinities need
 nothing (both encoders write them as OTLP defines), and an object of another type never reaches a span: the SDK
-replaces it (by its text, or None) when it is set. A span that needs nothing is passed on as it is; ASCII text, nearly all of it, is
-checked in constant time.
+replaces it (by its text, or None) when it is set. A span that needs nothing is passed on as it is, after one pass
+over it (``_span_fine``); ASCII text, nearly all of it, is checked in constant time.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from .failures import OutcomeProbe
 from .settings import GRPC, ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
+    from opentelemetry.sdk.metrics.view import Aggregation
 
 # Langfuse v4 processes spans in real time only when the exporter says it speaks ingestion version 4.
 LANGFUSE_INGESTION_VERSION = "4"
@@ -46,17 +47,19 @@ def otlp_metric_exporter(settings: OtlpSettings, *, probe: OutcomeProbe | None =
     """The OpenTelemetry OTLP metric exporter (``OTEL_EXPORTER_OTLP_METRICS_*`` variants first)."""
     settings.check()
     _quiet_sdk_header_warnings()
-    preferences = metric_preferences(settings)
+    temporality, aggregation = metric_preferences(settings)
     if settings.protocol == GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 
-        return GrpcMetricExporter(**_grpc_arguments(settings), **preferences)
+        return GrpcMetricExporter(**_grpc_arguments(settings), preferred_temporality=temporality,
+                                  preferred_aggregation=aggregation)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return OTLPMetricExporter(**_http_arguments(settings, probe), **preferences)
+    return OTLPMetricExporter(**_http_arguments(settings, probe), preferred_temporality=temporality,
+                              preferred_aggregation=aggregation)
 
 
-def metric_preferences(settings: OtlpSettings) -> dict[str, dict[type, Any]]:
+def metric_preferences(settings: OtlpSettings) -> tuple[dict[type, AggregationTemporality], dict[type, Aggregation]]:
     """The temporality and histogram aggregation the OTLP metric variables ask for, per instrument class, as the
     specification defines them: what the exporter is built with, and what its guard tells the metric reader."""
     from opentelemetry.sdk.metrics import (
@@ -68,20 +71,16 @@ def metric_preferences(settings: OtlpSettings) -> dict[str, dict[type, Any]]:
         UpDownCounter,
     )
     from opentelemetry.sdk.metrics.export import AggregationTemporality
-    from opentelemetry.sdk.metrics.view import (
-        Aggregation,
-        ExplicitBucketHistogramAggregation,
-        ExponentialBucketHistogramAggregation,
-    )
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, ExponentialBucketHistogramAggregation
 
     delta, cumulative = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
     deltas = {"delta": (Counter, Histogram, ObservableCounter), "lowmemory": (Counter, Histogram)}.get(
         settings.temporality, ())
-    temporality = {kind: delta if kind in deltas else cumulative for kind in
+    temporality: dict[type, AggregationTemporality] = {kind: delta if kind in deltas else cumulative for kind in
                    (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge)}
     histogram: Aggregation = (ExponentialBucketHistogramAggregation() if settings.histogram_aggregation ==
                               "base2_exponential_bucket_histogram" else ExplicitBucketHistogramAggregation())
-    return {"preferred_temporality": temporality, "preferred_aggregation": {Histogram: histogram}}
+    return temporality, {Histogram: histogram}
 
 
 def langfuse_span_exporter(settings: LangfuseSettings, *, probe: OutcomeProbe | None = None) -> SpanExporter:
@@ -167,8 +166,10 @@ def network_metric_exporter(settings: Settings) -> GuardedMetricExporter:
     """The guarded OTLP metric exporter."""
     otlp = settings.otlp_metrics
     probe = OutcomeProbe()
+    temporality, aggregation = metric_preferences(otlp)
     return GuardedMetricExporter("otlp", otlp_metric_exporter(otlp, probe=probe), endpoint=otlp.endpoint,
-                                 probe=probe, timeout_s=otlp.timeout_s, **metric_preferences(otlp))
+                                 probe=probe, timeout_s=otlp.timeout_s, preferred_temporality=temporality,
+                                 preferred_aggregation=aggregation)
 
 
 class ProbingSession(requests.Session):
