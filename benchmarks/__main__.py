@@ -23,9 +23,8 @@ BENCHMARKS = {
     8: ("b8_watch", "looptrace watch: spans/s, memory with 10,000 open runs, alert delay"),
     9: ("b9_trace_file", "trace file: default telemetry vs raw SDK spans; detect and show vs json.loads"),
     10: ("b10_peers", "side by side with the peers' anthropic instrumentations; goals 1-2 of issue 14"),
-    11: ("b11_otlp_encoding", "OTLP encoding per span: looptrace's protobuf vs the OpenTelemetry encoder"),
 }
-NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "otlp-encoding": 11}
+NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10}
 
 
 def _benchmark_number(text: str) -> int:

@@ -8,7 +8,7 @@ all threads, each sample ending with the variant's flush), over the same bare lo
 
 Variants:
 
-* ``looptrace-file``: an ``Agent`` given no provider (the embedded default: the trace file, the direct path).
+* ``looptrace-file``: an ``Agent`` given no provider (the embedded default: the SDK's provider, the trace file).
 * ``raw-file``: the file's floor *with content*: the spans of a real looptrace run of the conversation (input and
   output messages, system instructions, tool definitions, every attribute) made again through the SDK's tracer, each
   span encoded by the SDK's own OTLP/JSON encoder (``opentelemetry-exporter-otlp-json-common``) and appended to a file
@@ -79,11 +79,9 @@ def _variants(tmp: str) -> dict[str, Any]:
     _replace_processor(raw_file, "file", os.path.join(tmp, "raw.jsonl"))
     found["raw-file"] = raw_file
     found["looptrace-otlp"] = _looptrace_otlp(pw)
-    found["looptrace-otlp-sdk"] = _looptrace_otlp(pw, sdk_path=True)
     found["raw-otlp"] = pw.RawSDK("otlp")
     if os.environ.get("LOOPTRACE_BENCH_INPROCESS_GOALS_ONLY") == "1":
         # Only what the goals divide: more repetitions in the same time, for a ratio that moves less between runs.
-        del found["looptrace-otlp-sdk"]
         return found
     for key, module, package in (("openllmetry", "opentelemetry.instrumentation.anthropic",
                                   "opentelemetry-instrumentation-anthropic"),
@@ -107,33 +105,12 @@ def _replace_processor(raw: Any, kind: str, path: str) -> None:
     raw.tracer = raw.provider.get_tracer("looptrace")
 
 
-def _looptrace_otlp(pw: Any, sdk_path: bool = False) -> Any:
+def _looptrace_otlp(pw: Any) -> Any:
     """looptrace's configure(exporters="otlp"); the endpoint variables are removed again once it has read them, so
-    the file variant's embedded default (which reads the environment on each run) stays the file alone.
-
-    ``sdk_path``: the same, made to take the SDK's span pipeline as when the environment asks for what only the SDK
-    does (context: what the direct path saves, measured beside it)."""
+    the file variant's embedded default (which reads the environment on each run) stays the file alone."""
     saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL")}
     try:
-        if not sdk_path:
-            return pw.Looptrace("otlp")
-        import dataclasses
-
-        import looptrace
-        from looptrace.instrumentation import settings as settings_module
-
-        real_configure = looptrace.configure
-
-        def configure_on_the_sdk_path(**options: Any) -> Any:
-            forced = dataclasses.replace(settings_module.Settings.from_env(),
-                                         sdk_span_settings=("benchmark: the SDK path",))
-            return real_configure(forced, **options)
-
-        looptrace.configure = configure_on_the_sdk_path  # type: ignore[assignment]
-        try:
-            return pw.Looptrace("otlp")
-        finally:
-            looptrace.configure = real_configure  # type: ignore[assignment]
+        return pw.Looptrace("otlp")
     finally:
         for name, value in saved.items():
             if value is None:

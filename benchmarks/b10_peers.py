@@ -148,10 +148,9 @@ def run(quick: bool = False) -> list[Row]:
 
 
 INPROCESS_LABELS = {
-    "looptrace-file": "looptrace, an Agent given no provider (the trace file, the direct path)",
+    "looptrace-file": "looptrace, an Agent given no provider (the embedded default: the trace file)",
     "raw-file": "raw SDK floor for the file, with content: the SDK's OTLP/JSON encoder, a line per span appended",
     "looptrace-otlp": 'looptrace, configure(exporters="otlp")',
-    "looptrace-otlp-sdk": 'context: looptrace, configure(exporters="otlp") made to take the SDK\'s span pipeline',
     "raw-otlp": "raw SDK floor for OTLP, with content: BatchSpanProcessor + the SDK's OTLP/HTTP exporter",
     "openllmetry": "OpenLLMetry (opentelemetry-instrumentation-anthropic), OTLP/HTTP",
     "openinference": "OpenInference (openinference-instrumentation-anthropic), OTLP/HTTP",
@@ -206,7 +205,7 @@ def inprocess_table(result: dict) -> str:
              + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")",
              "| variant | extra CPU µs/turn | vs its floor | vs looptrace file | vs looptrace OTLP |",
              "| --- | ---: | ---: | ---: | ---: |"]
-    floors = {"looptrace-file": "raw-file", "looptrace-otlp": "raw-otlp", "looptrace-otlp-sdk": "raw-otlp"}
+    floors = {"looptrace-file": "raw-file", "looptrace-otlp": "raw-otlp"}
     for name, extra in extras.items():
         floor = floors.get(name)
         versus = f"{extra / extras[floor]:.2f}" if floor else ""

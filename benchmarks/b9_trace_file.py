@@ -4,8 +4,8 @@ Goal 1, writing. One scripted run (``TURNS`` turns, a no-op tool per turn), inte
 
 * off: ``Agent(..., telemetry=False, detector=False)``: the loop alone.
 * on: looptrace's default telemetry as a user gets it: an ``Agent`` given no provider, in an environment that sets
-  nothing but ``LOOPTRACE_TRACE_FILE`` (a temporary file), so the embedded default writes the trace file, by the
-  direct path (``instrumentation/direct_spans.py``); content capture on, detector off (it is not telemetry).
+  nothing but ``LOOPTRACE_TRACE_FILE`` (a temporary file), so the embedded default writes the trace file (an SDK
+  provider and ``TraceFileProcessor``); content capture on, detector off (it is not telemetry).
 * on+detector: the same with the detector on, the Agent as it comes: its difference to "on" is the detector's share.
 * sdk: the same file written through the SDK's spans (``TracerProvider`` + ``TraceFileProcessor``), as it is when an
   application's provider or ``configure()`` is in play: for comparison.
@@ -172,12 +172,11 @@ def writing(quick: bool, tmp: str) -> list[Row]:
 
 
 def default_path_taken() -> str:
-    """Which provider the default telemetry of this environment uses: the direct path's, or the SDK's."""
-    from looptrace.instrumentation.direct_spans import DirectTracerProvider
+    """Which provider the default telemetry of this environment uses (the SDK's, since issue 29)."""
     from looptrace.instrumentation.setup import default_telemetry
 
     provider = default_telemetry().tracer_provider
-    return "direct path" if isinstance(provider, DirectTracerProvider) else f"SDK path: {type(provider).__name__}"
+    return f"{type(provider).__module__}.{type(provider).__name__}"
 
 
 def export_only(recording: Recording, reps: int) -> tuple[float, float]:

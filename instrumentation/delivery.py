@@ -268,7 +268,7 @@ class GuardedExporter(SpanExporter):
         if skip is not None:
             self._save(spans, skip, uncertain=False)  # never sent
             return SpanExportResult.FAILURE
-        # Encoding, and repairing what cannot be encoded, is the inner exporter's (wire_exporters): this only delivers.
+        # Encoding, and repairing what cannot be encoded, is the inner exporter's (exporters.RepairingSpanExporter).
         failure, future = delivery.attempt(lambda: self.inner.export(spans),
                                            lambda result: result == SpanExportResult.SUCCESS)
         if failure is None:
@@ -351,9 +351,10 @@ class GuardedMetricExporter(MetricExporter):
     """
 
     def __init__(self, name: str, inner: MetricExporter, *, endpoint: str, probe: OutcomeProbe | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
-                         preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+                 timeout_s: float = DEFAULT_TIMEOUT_S, preferred_temporality: dict[type, Any] | None = None,
+                 preferred_aggregation: dict[type, Any] | None = None) -> None:
+        # The reader asks this guard, not the inner exporter, what it prefers: the same preferences the inner got.
+        super().__init__(preferred_temporality=preferred_temporality, preferred_aggregation=preferred_aggregation)
         self.name = name
         self.inner = inner
         self._delivery = _Delivery(name, "metrics", endpoint, probe or OutcomeProbe(), timeout_s)

@@ -1,23 +1,27 @@
-"""Spans the OpenTelemetry protobuf encoder can take whole, for where it still encodes: a network exporter of an SDK
-release without the transport seam ``wire_exporters`` sends through, and the check of a spilled batch before a push.
+"""Spans the OpenTelemetry encoders can take whole: the one repair step before the SDK's OTLP encoders, for the trace
+file (OTLP/JSON) and the network exporters (OTLP protobuf) alike.
 
-The OpenTelemetry encoders turn every text into UTF-8. A lone surrogate (``"\\ud800"``: a tool result decoded
-badly, or a JSON escape in a model's answer) cannot be, and the encoder then logs a traceback per attribute and drops
-the attribute; in a span's name, status or an event's name it fails the whole batch. An attribute key that is not
-text (a spill line edited by hand, another producer's file) is dropped the same way. The trace file already repairs
-both (``tracefile.encode``), and so does looptrace's own protobuf (``otlp_wire``); this is the same repair for the
-SDK's encoder:
+What the encoders cannot carry, measured on opentelemetry-sdk 1.45 (``tests/test_encodable.py`` checks it stays so):
 
-* a lone surrogate becomes U+FFFD, wherever the text is (attribute values at any depth, keys, names, the status);
-* a key that is not text is kept as its text (``5`` -> ``"5"``), with one warning per process;
-* a repaired span says which keys were repaired in ``looptrace.repaired_attributes``, as the trace file's copy does.
+* a lone surrogate (``"\\ud800"``: a tool result decoded badly, a JSON escape in a model's answer): the protobuf
+  encoder logs a traceback and drops the attribute (a span's name or status with one fails the whole batch); the JSON
+  encoder writes an escape that is not Unicode, which strict OTLP readers refuse. It becomes U+FFFD, wherever the
+  text is (attribute values at any depth, keys, names, the status, events, links, the resource);
+* an integer beyond 64 bits: the protobuf encoder drops the attribute; the JSON encoder writes an ``intValue`` no
+  OTLP reader accepts. It becomes its decimal text (``"<integer>"`` past Python's digit limit);
+* an attribute key that is not text (a spill line edited by hand, another producer's file): kept as its text
+  (``5`` -> ``"5"``), with one warning per process.
 
-A span that needs nothing is passed on as it is; ASCII text, nearly all of it, is checked in constant time.
+A repaired span says which keys were repaired in ``looptrace.repaired_attributes``. NaN and the infinities need
+nothing (both encoders write them as OTLP defines), and an object of another type never reaches a span: the SDK
+replaces it (by its text, or None) when it is set. A span that needs nothing is passed on as it is, after one pass
+over it (``_span_fine``); ASCII text, nearly all of it, is checked in constant time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -26,23 +30,75 @@ from opentelemetry.trace import Link, Status
 
 from .logs import log
 from .semconv import REPAIRED_ATTRIBUTES
-from .tracefile.encode import clean_text
 
-__all__ = ["encodable_spans"]
+__all__ = ["clean_text", "encodable_spans"]
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _warned_keys = False
 
 
+def clean_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (a round trip through UTF-16 does exactly that)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def encodable_spans(spans: Sequence[ReadableSpan]) -> Sequence[ReadableSpan]:
-    """``spans``, each one the protobuf encoders would refuse part of replaced by a repaired copy."""
+    """``spans``, each one the OTLP encoders would refuse part of replaced by a repaired copy."""
     repaired: list[ReadableSpan] | None = None
     for position, span in enumerate(spans):
+        if _span_fine(span):  # nearly every span: one pass, no copies
+            continue
         fixed = _repaired_span(span)
         if fixed is not span:
             if repaired is None:
                 repaired = list(spans)
             repaired[position] = fixed
     return spans if repaired is None else repaired
+
+
+# --- the fast check: one pass over a span, no function call per attribute -----------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_fine_resources: dict[int, Resource] = {}  # id -> a resource found fine (one per provider)
+
+
+def _items_fine(items: Iterable[tuple[Any, Any]]) -> bool:
+    for key, value in items:
+        if type(key) is not str or (not key.isascii() and _SURROGATE.search(key)):
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii() and _SURROGATE.search(value):
+                return False
+        elif kind is int:
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                return False
+        elif kind is tuple or kind is list:
+            if not _items_fine(("", item) for item in value):
+                return False
+        elif kind is not bool and kind is not float and kind is not bytes:
+            return False  # anything else: the careful path decides
+    return True
+
+
+def _span_fine(span: ReadableSpan) -> bool:
+    """Whether every text, key and integer of ``span`` encodes as it is (False: look closer, maybe repair)."""
+    resource = span.resource
+    if _fine_resources.get(id(resource)) is not resource:
+        if not _items_fine(resource.attributes.items()):
+            return False
+        if len(_fine_resources) > 64:
+            _fine_resources.clear()
+        _fine_resources[id(resource)] = resource
+    description = span.status.description
+    texts = [("", span.name), ("", description or "")]
+    return (_items_fine(texts) and (not span.attributes or _items_fine(span.attributes.items()))
+            and all(_items_fine([("", event.name)]) and (not event.attributes or _items_fine(event.attributes.items()))
+                    for event in span.events)
+            and all(not link.attributes or _items_fine(link.attributes.items()) for link in span.links))
+
+
+# --- the careful path: a repaired copy ------------------------------------------------------------------------------
 
 
 def _text_ok(text: str) -> bool:
@@ -57,8 +113,17 @@ def _text_ok(text: str) -> bool:
 
 def _clean_value(value: Any) -> Any:
     """``value`` itself when it encodes, else a repaired copy (text, sequences and mappings at any depth)."""
+    kind = type(value)
+    if kind is str:
+        return value if value.isascii() or _text_ok(value) else clean_text(value)
+    if kind is bool or kind is float:
+        return value
+    if kind is int:
+        return value if _INT64_MIN <= value <= _INT64_MAX else _integer_text(value)
     if isinstance(value, str):
         return value if _text_ok(value) else clean_text(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if _INT64_MIN <= value <= _INT64_MAX else _integer_text(value)
     if isinstance(value, (list, tuple)):
         items = [_clean_value(item) for item in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else tuple(items)
@@ -66,6 +131,13 @@ def _clean_value(value: Any) -> Any:
         cleaned = _clean_attributes(value, [])
         return value if cleaned is None else cleaned
     return value
+
+
+def _integer_text(value: int) -> str:
+    try:
+        return str(value)
+    except ValueError:  # more digits than Python writes out (sys.get_int_max_str_digits)
+        return "<integer>"
 
 
 def _clean_attributes(attributes: Mapping[Any, Any] | None, repaired_keys: list[str]) -> dict[str, Any] | None:

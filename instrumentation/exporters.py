@@ -10,46 +10,77 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import requests
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .delivery import GuardedExporter, GuardedMetricExporter, SpillSink
+from .encodable import encodable_spans
 from .failures import OutcomeProbe
 from .settings import GRPC, ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.metrics.export import MetricExporter
-    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
+    from opentelemetry.sdk.metrics.view import Aggregation
 
 # Langfuse v4 processes spans in real time only when the exporter says it speaks ingestion version 4.
 LANGFUSE_INGESTION_VERSION = "4"
 
 
 def otlp_span_exporter(settings: OtlpSettings, *, probe: OutcomeProbe | None = None) -> SpanExporter:
-    """The OpenTelemetry OTLP span exporter (HTTP/protobuf or gRPC) for a collector, sending the spans' own
-    encoding (``wire_exporters``)."""
+    """The OpenTelemetry OTLP span exporter (HTTP/protobuf or gRPC, as the settings choose) for a collector."""
     settings.check()
     _quiet_sdk_header_warnings()
-    from .wire_exporters import WireHttpSpanExporter, wire_grpc_span_exporter
-
     if settings.protocol == GRPC:
-        return wire_grpc_span_exporter(**_grpc_arguments(settings))
-    return WireHttpSpanExporter(**_http_arguments(settings, probe))
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        return RepairingSpanExporter(GrpcSpanExporter(**_grpc_arguments(settings)))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return RepairingSpanExporter(OTLPSpanExporter(**_http_arguments(settings, probe)))
 
 
 def otlp_metric_exporter(settings: OtlpSettings, *, probe: OutcomeProbe | None = None) -> MetricExporter:
     """The OpenTelemetry OTLP metric exporter (``OTEL_EXPORTER_OTLP_METRICS_*`` variants first)."""
     settings.check()
     _quiet_sdk_header_warnings()
+    temporality, aggregation = metric_preferences(settings)
     if settings.protocol == GRPC:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 
-        return GrpcMetricExporter(**_grpc_arguments(settings))
+        return GrpcMetricExporter(**_grpc_arguments(settings), preferred_temporality=temporality,
+                                  preferred_aggregation=aggregation)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return OTLPMetricExporter(**_http_arguments(settings, probe))
+    return OTLPMetricExporter(**_http_arguments(settings, probe), preferred_temporality=temporality,
+                              preferred_aggregation=aggregation)
+
+
+def metric_preferences(settings: OtlpSettings) -> tuple[dict[type, AggregationTemporality], dict[type, Aggregation]]:
+    """The temporality and histogram aggregation the OTLP metric variables ask for, per instrument class, as the
+    specification defines them: what the exporter is built with, and what its guard tells the metric reader."""
+    from opentelemetry.sdk.metrics import (
+        Counter,
+        Histogram,
+        ObservableCounter,
+        ObservableGauge,
+        ObservableUpDownCounter,
+        UpDownCounter,
+    )
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, ExponentialBucketHistogramAggregation
+
+    delta, cumulative = AggregationTemporality.DELTA, AggregationTemporality.CUMULATIVE
+    deltas = {"delta": (Counter, Histogram, ObservableCounter), "lowmemory": (Counter, Histogram)}.get(
+        settings.temporality, ())
+    temporality: dict[type, AggregationTemporality] = {kind: delta if kind in deltas else cumulative for kind in
+                   (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge)}
+    histogram: Aggregation = (ExponentialBucketHistogramAggregation() if settings.histogram_aggregation ==
+                              "base2_exponential_bucket_histogram" else ExplicitBucketHistogramAggregation())
+    return temporality, {Histogram: histogram}
 
 
 def langfuse_span_exporter(settings: LangfuseSettings, *, probe: OutcomeProbe | None = None) -> SpanExporter:
@@ -57,18 +88,34 @@ def langfuse_span_exporter(settings: LangfuseSettings, *, probe: OutcomeProbe | 
     ``x-langfuse-ingestion-version: 4``, gzip. Langfuse has no gRPC endpoint, so there is no protocol choice."""
     _quiet_sdk_header_warnings()
     from opentelemetry.exporter.otlp.proto.http import Compression
-
-    from .wire_exporters import WireHttpSpanExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     headers = {"authorization": settings.authorization(), "x-langfuse-ingestion-version": LANGFUSE_INGESTION_VERSION}
     # The HTTP exporter always merges OTEL_EXPORTER_OTLP_[TRACES_]HEADERS into its headers, and its TLS settings come
     # from OTEL_EXPORTER_OTLP_*_CERTIFICATE: both are meant for the collector. The session sends exactly our headers,
     # so a collector's token never travels to Langfuse, and it verifies TLS the ordinary way.
     session = ProbingSession(probe, only_headers=headers)
-    exporter = WireHttpSpanExporter(endpoint=settings.traces_url, headers=headers, timeout=settings.timeout_s,
+    exporter = OTLPSpanExporter(endpoint=settings.traces_url, headers=headers, timeout=settings.timeout_s,
                                 compression=Compression.Gzip, session=session)
     session.verify, session.cert = True, None
-    return exporter
+    return RepairingSpanExporter(exporter)
+
+
+class RepairingSpanExporter(SpanExporter):
+    """An SDK span exporter, handed spans its encoder can take whole (``encodable``: a lone surrogate or an integer
+    beyond 64 bits would cost the attribute, or the batch). Encoding, sending and retries stay the SDK exporter's."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.exporter.export(encodable_spans(spans))
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
 
 
 def _http_arguments(settings: OtlpSettings, probe: OutcomeProbe | None) -> dict[str, Any]:
@@ -119,8 +166,10 @@ def network_metric_exporter(settings: Settings) -> GuardedMetricExporter:
     """The guarded OTLP metric exporter."""
     otlp = settings.otlp_metrics
     probe = OutcomeProbe()
+    temporality, aggregation = metric_preferences(otlp)
     return GuardedMetricExporter("otlp", otlp_metric_exporter(otlp, probe=probe), endpoint=otlp.endpoint,
-                                 probe=probe, timeout_s=otlp.timeout_s)
+                                 probe=probe, timeout_s=otlp.timeout_s, preferred_temporality=temporality,
+                                 preferred_aggregation=aggregation)
 
 
 class ProbingSession(requests.Session):

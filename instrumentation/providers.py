@@ -4,7 +4,7 @@
 2. The global provider, once anything set one (the application's SDK, or ``configure()``): runs join it, as children
    of the current span, with the application's resource and exporters, and looptrace adds nothing to it unasked.
 3. Otherwise looptrace's embedded default (``setup.default_telemetry``): the exporters the settings choose (the trace
-   file when nothing else is configured), on a provider of looptrace's own that is never installed globally.
+   file when nothing else is configured), on an SDK provider of looptrace's own that is never installed globally.
 
 Decided per run, not per Agent: an application may build its agents at import time and set up its SDK afterwards.
 Where a run's anomalies go is not decided here: the telemetry the Agent was built with hands the run its sinks.

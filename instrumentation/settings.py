@@ -104,14 +104,17 @@ VARIABLES: dict[str, str] = {
     "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]TIMEOUT": "milliseconds",
     "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]COMPRESSION": "gzip, deflate or none",
     "OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]INSECURE": "gRPC without TLS",
+    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "cumulative (default), delta or lowmemory",
+    "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": "explicit_bucket_histogram or "
+                                                                "base2_exponential_bucket_histogram",
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY (default), EVENT_ONLY, SPAN_AND_EVENT, NO_CONTENT",
     "OTEL_BSP_SCHEDULE_DELAY": "batch span processor delay, ms",
     "OTEL_BSP_MAX_QUEUE_SIZE": "batch span processor queue",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "batch span processor batch size",
     "OTEL_BSP_EXPORT_TIMEOUT": "batch span processor export timeout, ms",
-    "OTEL_TRACES_SAMPLER": "a sampler other than parentbased_always_on: the trace file's spans go through the SDK",
-    "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true: the trace file's spans go through the SDK",
-    **{name: "set: the trace file's spans go through the SDK, which applies it" for name in SPAN_LIMIT_VARIABLES},
+    "OTEL_TRACES_SAMPLER": "the SDK's sampler (default parentbased_always_on)",
+    "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true: the SDK's own metrics",
+    **{name: "a span limit, applied by the SDK" for name in SPAN_LIMIT_VARIABLES},
     "TRACEPARENT": "W3C trace context to join",
     "TRACESTATE": "W3C trace state to join",
 }
@@ -203,6 +206,9 @@ class OtlpSettings:
     insecure: bool | None = None  # gRPC only; None lets the exporter decide from the URL scheme
     endpoint_configured: bool = False  # an endpoint variable is set (what makes `otlp` a configured backend)
     problem: str | None = None
+    # Metrics only: OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE and _DEFAULT_HISTOGRAM_AGGREGATION, lower case.
+    temporality: str = "cumulative"
+    histogram_aggregation: str = "explicit_bucket_histogram"
 
     @classmethod
     def from_env(cls, signal: str = "traces", environ: Mapping[str, str] | None = None) -> OtlpSettings:
@@ -253,9 +259,13 @@ class OtlpSettings:
             except ConfigurationError as error:
                 problems.append(str(error))
         insecure = setting("INSECURE")
+        temporality = (env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") or "cumulative").strip().lower()
+        histogram = (env.get("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION")
+                     or "explicit_bucket_histogram").strip().lower()
         return cls(signal=signal, endpoint=endpoint, protocol=protocol, headers=headers, timeout_s=timeout_s,
                    compression=compression, insecure=None if insecure is None else insecure[1].lower() == "true",
-                   endpoint_configured=bool(own_endpoint or generic), problem="; ".join(problems) or None)
+                   endpoint_configured=bool(own_endpoint or generic), problem="; ".join(problems) or None,
+                   temporality=temporality, histogram_aggregation=histogram)
 
     def check(self) -> OtlpSettings:
         """These settings, or ConfigurationError when they cannot work."""
@@ -401,8 +411,8 @@ class Settings:
     tracestate: str | None = None
     watch_token: str | None = field(default=None, repr=False)  # what `looptrace watch` requires of senders
     watch_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
-    # What the environment asks of the SDK's spans that only the SDK does (a sampler, span limits, its own metrics):
-    # with any of these the trace file cannot take the direct path (see direct_spans). Names, with the sampler's value.
+    # What the environment asks of the SDK's spans (a sampler, span limits, its own metrics), which the SDK applies:
+    # names, with the sampler's value; the embedded default makes one provider per distinct set.
     sdk_span_settings: tuple[str, ...] = ()
     exporters_variable: str | None = None  # the variable ``exporters`` came from (LOOPTRACE_EXPORTER, ...), if any
     # Values that were set but cannot be used and are ignored, each a sentence naming its variable; configure() says

@@ -11,11 +11,10 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
   writes through ``default_telemetry()``, a provider of looptrace's own built from the same settings as the CLI and
   never installed globally.
 
-A provider of looptrace's own (``configure()`` without ``tracer_provider``, and the embedded default) is the direct
-path's when its exporters are the trace file, ``otlp`` and ``langfuse`` (``direct_spans``: API spans that write their
-own line of the file and go to the network exporters' BatchSpanProcessors as they are, no SDK span pipeline), unless
-the environment sets a sampler or span limits (the SDK then applies them) or the console exporter is chosen (it
-prints the SDK's own span JSON). ``add_span_processor`` works on it as on the SDK's provider.
+A provider of looptrace's own (``configure()`` without ``tracer_provider``, and the embedded default) is always the
+OpenTelemetry SDK's ``TracerProvider``, built in one place (``_build``): its spans are SDK spans, so an application's
+own processor (``telemetry.tracer_provider.add_span_processor``) sees every span a run makes, and the SDK applies the
+sampler and span limits the environment sets.
 
 Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPORTER``, ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
@@ -26,9 +25,9 @@ The network exporters sit behind a BatchSpanProcessor, so export happens off the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
 open). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``: bounded, never raising,
 one warning per failure cause, the ids of undelivered spans noted in the undelivered list
-(``tracefile.undelivered``) for ``looptrace traces push``, which reads the spans back from the trace file. A span is
-encoded for the network once (``otlp_wire``) and every network exporter sends those bytes
-(``wire_exporters``: the SDK's OTLP exporters, but for their encoder). Metrics go over
+(``tracefile.undelivered``) for ``looptrace traces push``, which reads the spans back from the trace file. The
+SDK's OTLP exporters encode and send (``exporters``), after the one repair step for values they cannot encode
+(``encodable``). Metrics go over
 OTLP when ``otlp`` is chosen, and to a Prometheus endpoint with ``prometheus_port=`` or ``LOOPTRACE_PROMETHEUS_PORT``.
 
 Bounds: ``Telemetry.flush(timeout_ms)`` and ``Telemetry.shutdown(timeout_ms)`` return within ``timeout_ms`` plus
@@ -47,7 +46,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -58,13 +57,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .alerts import AnomalySinks, anomaly_sinks
 from .deadline import Deadline
 from .delivery import WAIT_SLICE_S, GuardedExporter, GuardedMetricExporter
-from .direct_spans import DirectTracerProvider, direct_path_blockers
 from .exporters import network_exporter, network_metric_exporter
 from .logs import log, settings_ignored
 from .settings import NETWORK_EXPORTERS, ConfigurationError, Settings, parse_exporters
@@ -102,7 +100,7 @@ class Telemetry:
     gets the same sinks (``alerts.anomaly_sinks``). ``scores`` is the sinks' Langfuse score queue, or None.
     """
 
-    tracer_provider: TracerProvider | DirectTracerProvider  # the direct path's unless something needs the SDK
+    tracer_provider: TracerProvider
     exporters: list[str]
     settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
@@ -280,6 +278,9 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
 
     The queue is in memory, as every OpenTelemetry exporter's is: a process killed while spans wait in it loses them
     for this backend (they are in the trace file, which is written as each span ends).
+
+    The SDK keeps its queue private, so the processor counts what it queued and what its exporter was handed
+    (``_CountedExporter``): the difference is the queue's length, through public calls only.
     """
 
     def __init__(self, guard: GuardedExporter, settings: Settings) -> None:
@@ -287,7 +288,8 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
         # a second of a busy process and drops spans before they could be spilled. A larger queue (a few tens of MB
         # at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
         arguments = {"max_queue_size": NETWORK_QUEUE_SPANS, **settings.batch.arguments()}
-        super().__init__(guard, **arguments)
+        self.counted = _CountedExporter(guard)
+        super().__init__(self.counted, **arguments)
         self.guard = guard
         self.max_queue_size: int = arguments["max_queue_size"]
         self.dropped_spans = 0
@@ -295,18 +297,16 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         # When the queue is full the SDK drops a span and logs one warning per span, which nothing adds up. Counted
         # here instead: one warning at the first drop, the total in Telemetry.spill_notice() at the end.
-        if self._queue_length() >= self.max_queue_size:
+        if self.counted.waiting() >= self.max_queue_size:
             self.dropped_spans += 1
             if self.dropped_spans == 1:
                 log.warning("export_queue_full", backend=self.guard.name, queue_size=self.max_queue_size,
                             hint="spans are dropped until the backend catches up; raise OTEL_BSP_MAX_QUEUE_SIZE")
             return
+        if not span.context.trace_flags.sampled:  # the SDK queues sampled spans only
+            return
+        self.counted.queued()
         super().on_end(span)
-
-    def _queue_length(self) -> int:
-        # The SDK keeps its queue private; without it (another SDK version) the SDK's own drop warning still shows.
-        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-        return len(queue) if queue is not None else 0
 
     def force_flush(self, timeout_millis: int | None = 30_000) -> bool:
         timeout_millis = 30_000 if timeout_millis is None else timeout_millis
@@ -322,6 +322,35 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
         self.force_flush(FLUSH_TIMEOUT_MS)
         self.guard.set_deadline(time.monotonic())
         super().shutdown()
+
+
+class _CountedExporter(SpanExporter):
+    """The guard as the BatchSpanProcessor's exporter, counting the spans handed to it against those queued."""
+
+    def __init__(self, guard: GuardedExporter) -> None:
+        self.guard = guard
+        self._queued = 0
+        self._taken = 0
+        self._lock = threading.Lock()
+
+    def queued(self) -> None:
+        with self._lock:
+            self._queued += 1
+
+    def waiting(self) -> int:
+        """Spans queued and not yet handed to the exporter: the processor's queue."""
+        return self._queued - self._taken
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self._lock:
+            self._taken += len(spans)
+        return self.guard.export(spans)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.guard.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.guard.shutdown()
 
 
 def choose_exporters(explicit: str | Iterable[str] | None = None, settings: Settings | None = None) -> list[str]:
@@ -388,10 +417,7 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
     Serves no Prometheus port (only configure() opens one: two defaults could not share it)."""
     settings = settings or Settings.from_env()
     names = settings.chosen_exporters()
-    # The trace file alone needs none of the SDK's span pipeline: its spans are written by the direct path, unless
-    # the environment asks for something only the SDK does (a sampler, span limits; see direct_spans).
-    direct = names == ["file"] and not direct_path_blockers(settings)
-    key = (tuple(names), direct, settings.trace_file, settings.spill_file, settings.service_name,
+    key = (tuple(names), settings.sdk_span_settings, settings.trace_file, settings.spill_file, settings.service_name,
            repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
            settings.otlp.endpoint, settings.otlp.protocol)
     with _default_lock:
@@ -400,7 +426,7 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
             import dataclasses
 
             embedded = dataclasses.replace(settings, prometheus_port=None)
-            telemetry = _build_direct(embedded) if direct else _build(embedded, None, None)
+            telemetry = _build(embedded, None, None)
             if telemetry.meter_provider is not None and not telemetry._metric_readers:
                 # Metrics no reader can ever collect (an SDK MeterProvider takes its readers at creation) cost the
                 # loop SDK calls every turn for nothing: runs on this default record into the API's no-op instead.
@@ -411,34 +437,9 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
         return telemetry
 
 
-def _build_direct(settings: Settings) -> Telemetry:
-    """The embedded default when the trace file is its only exporter: the direct path's provider, same resource."""
-    settings_ignored(settings.ignored)
-    provider = DirectTracerProvider(_resource(settings), settings.trace_file)
-    _rotate_as_set(provider, settings)
-    telemetry = Telemetry(tracer_provider=provider, exporters=["file"], settings=settings,
-                          trace_file=settings.trace_file, meter_provider=None)
-    telemetry.sinks = anomaly_sinks(settings)
-    return telemetry
-
-
-#: The exporters the direct path serves: the trace file, and the network exporters through their BatchSpanProcessor,
-#: whose exporter encodes the direct spans as they are. The console prints the SDK's own span JSON: the SDK's path.
-DIRECT_EXPORTERS = frozenset({"file", *NETWORK_EXPORTERS})
-
-
-def _direct_possible(settings: Settings, names: list[str], app_provider: TracerProvider | None) -> bool:
-    """Whether looptrace's own provider can be the direct path's: nobody gave a provider of their own, every exporter
-    is one the direct path serves, and the environment asks nothing of spans that only the SDK does (a sampler, span
-    limits, its internal metrics: ``direct_path_blockers``)."""
-    return app_provider is None and set(names) <= DIRECT_EXPORTERS and not direct_path_blockers(settings)
-
-
 def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
     settings_ignored(settings.ignored)
     names = settings.chosen_exporters()
-    if _direct_possible(settings, names, app_provider):
-        return _build_direct_with(settings, names)
     if app_provider is None:
         resource = _resource(settings)
         # Not the SDK's own exit hook: it joins the export thread for up to 30 s and drops what is left.
@@ -453,31 +454,8 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
     return _finish(telemetry, settings, processors, provider, resource)
 
 
-def _build_direct_with(settings: Settings, names: list[str]) -> Telemetry:
-    """looptrace's own provider on the direct path: the trace file written as each span ends (when ``file`` is
-    chosen), the network exporters behind the same guarded BatchSpanProcessors as on the SDK's path."""
-    resource = _resource(settings)
-    trace_file = settings.trace_file if "file" in names else None
-    provider = DirectTracerProvider(resource, trace_file)
-    _rotate_as_set(provider, settings)
-    telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings, trace_file=trace_file)
-    try:
-        processors = _processors(settings, [n for n in names if n in NETWORK_EXPORTERS], None, telemetry)
-    except BaseException:
-        _quietly(provider.shutdown)
-        raise
-    for processor in processors:
-        provider.add_exporting_processor(processor)
-    return _finish(telemetry, settings, processors, provider, resource)
-
-
 def _rotation(settings: Settings) -> Rotation:
     return Rotation(max_bytes=settings.trace_file_max_bytes, backups=settings.trace_file_backups)
-
-
-def _rotate_as_set(provider: DirectTracerProvider, settings: Settings) -> None:
-    if provider.writer is not None:
-        provider.writer.rotation = _rotation(settings)
 
 
 def _processors(settings: Settings, names: list[str], console_stream: IO[str] | None,
@@ -497,7 +475,7 @@ def _processors(settings: Settings, names: list[str], console_stream: IO[str] | 
     return processors
 
 
-def _finish(telemetry: Telemetry, settings: Settings, processors: list[SpanProcessor], provider: Any,
+def _finish(telemetry: Telemetry, settings: Settings, processors: list[SpanProcessor], provider: TracerProvider,
             resource: Resource) -> Telemetry:
     """What both paths add once their processors are on the provider: metrics, the anomaly sinks (the Langfuse score
     filed in the environment of the provider's resource), the trace links."""

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
+from looptrace.instrumentation import encodable
 from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.push import push
 from looptrace.instrumentation.settings import Settings
@@ -109,3 +110,63 @@ def test_an_integer_key_in_the_trace_file_is_pushed_as_text(spill_with_an_intege
     assert report.ok and report.sent == {"otlp": 1}
     assert (span.attributes["5"], span.attributes["size"]) == ("blue", 3)
     assert _tracebacks(caplog.records) == []
+
+
+# --- why the repair step exists: what the SDK's own encoders do with each kind of value -----------------------------
+
+
+def _span_with(value):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("s") as span:
+        span.set_attribute("v", value)
+    (finished,) = exporter.get_finished_spans()
+    return finished
+
+
+def _protobuf_keeps(span) -> bool:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    logging.disable(logging.CRITICAL)  # the encoder logs a traceback per attribute it drops
+    try:
+        request = encode_spans([span])
+    finally:
+        logging.disable(logging.NOTSET)
+    return any(kv.key == "v" for kv in request.resource_spans[0].scope_spans[0].spans[0].attributes)
+
+
+def _json_value(span) -> dict:
+    from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
+
+    (kv,) = [kv for kv in encode_spans([span]).to_dict()["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+             ["attributes"] if kv["key"] == "v"]
+    return kv["value"]
+
+
+@pytest.mark.parametrize("value", ["half \ud83d", 2**70])
+def test_the_sdk_encoders_lose_or_corrupt_these_values_so_looptrace_repairs_them_first(value):
+    span = _span_with(value)
+    assert not _protobuf_keeps(span)  # the protobuf encoder drops the attribute
+    written = _json_value(span)  # the JSON encoder writes what no OTLP reader takes
+    if isinstance(value, int):
+        assert int(written["intValue"]) > 2**63 - 1  # beyond int64: the Collector refuses the line
+    else:
+        with pytest.raises(UnicodeEncodeError):
+            written["stringValue"].encode("utf-8")  # not Unicode text: no UTF-8 file or request can hold it
+    (repaired,) = encodable.encodable_spans([span])
+    assert _protobuf_keeps(repaired) and repaired.attributes[sc.REPAIRED_ATTRIBUTES] == ("v",)
+
+
+@pytest.mark.parametrize("value, written", [
+    (float("nan"), {"doubleValue": "NaN"}), (float("-inf"), {"doubleValue": "-Infinity"}),
+    (object(), None),  # the SDK replaces an object of another type (by its text, or None) when it is set
+])
+def test_the_sdk_encoders_take_these_values_as_they_are_so_nothing_is_repaired(value, written):
+    span = _span_with(value)
+    assert _protobuf_keeps(span)
+    if written is not None:
+        assert _json_value(span) == written
+    else:
+        assert type(span.attributes.get("v")) in (str, type(None))
+    assert encodable.encodable_spans([span])[0] is span

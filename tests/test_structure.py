@@ -9,6 +9,7 @@ still a knot a reader (and mypy) has to untie, so no cycle may close through the
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -295,11 +296,12 @@ def test_telemetry_off_is_the_no_op_implementation_and_still_redacts_arguments(s
 
 def test_the_trace_file_package_loads_no_network_code():
     # The one durable copy is a file: writing it, reading it and listing what a backend did not take need no HTTP,
-    # gRPC or exporter. Pushing (instrumentation/push.py) is where the network comes in.
+    # gRPC or network exporter (the SDK's OTLP/JSON encoder, which writes the lines, is no network code). Pushing
+    # (instrumentation/push.py) is where the network comes in.
     code = ("import sys\nimport looptrace.instrumentation.tracefile.write, looptrace.instrumentation.tracefile.read, "
             "looptrace.instrumentation.tracefile.undelivered\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'grpc', 'urllib3') "
-            "or m.startswith(('opentelemetry.exporter', 'looptrace.instrumentation.delivery', "
+            "or m.startswith(('opentelemetry.exporter.otlp.proto', 'looptrace.instrumentation.delivery', "
             "'looptrace.instrumentation.exporters', 'looptrace.instrumentation.push'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
@@ -316,12 +318,123 @@ def test_the_span_detection_modules_import_one_way():
     assert "trace_detect_live" not in imported["run_rebuilder"]
 
 
-def test_the_trace_file_format_and_the_direct_path_read_no_environment():
-    # Their settings come from the entry points (configure(), the CLI) as values or a Settings, never from here.
-    modules = [*(ROOT / "instrumentation" / "tracefile").glob("*.py"), ROOT / "instrumentation" / "direct_spans.py"]
+def test_the_trace_file_format_reads_no_environment():
+    # Its settings come from the entry points (configure(), the CLI) as values or a Settings, never from here.
+    modules = [*(ROOT / "instrumentation" / "tracefile").glob("*.py"), ROOT / "instrumentation" / "encodable.py"]
     for path in modules:
         code = re.sub(r'""".*?"""|#.*', "", path.read_text(encoding="utf-8"), flags=re.S)
         assert re.findall(r"\benviron\b|\bgetenv\b|\bfrom_env\b", code) == [], path.name
+
+
+def test_no_private_attribute_of_an_opentelemetry_object_is_used():
+    # An SDK release may rename or remove any of these at will: product code touches OpenTelemetry's public API only.
+    assert private_opentelemetry_uses() == []
+
+
+@pytest.mark.parametrize("sneaky", [
+    "\n\ndef _peek(processor):\n    return len(processor._batch_processor._queue)\n",
+    "\n\ndef _peek(exporter):\n    return getattr(exporter, '_preferred_temporality', None)\n",
+    "\n\nfrom opentelemetry.sdk.trace import TracerProvider as _P\n\n\nclass _Mine(_P):\n"
+    "    def processors(self):\n        return self._active_span_processor\n",
+])
+def test_a_private_opentelemetry_attribute_added_on_purpose_is_caught(sneaky):
+    name = "looptrace.instrumentation.content"
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
+    assert not any(use.startswith("content.py") for use in private_opentelemetry_uses())
+    assert any(use.startswith("content.py") for use in private_opentelemetry_uses({name: content + sneaky}))
+
+
+@functools.cache
+def opentelemetry_private_names() -> frozenset[str]:
+    """Every private attribute name (``_x``, not dunder) the installed OpenTelemetry packages define on their objects:
+    assigned as ``something._x = ...`` or defined in a class body. Generated protobuf modules aside."""
+    import opentelemetry
+
+    names: set[str] = set()
+    for folder in opentelemetry.__path__:
+        for path in Path(folder).rglob("*.py"):
+            if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue
+            names |= _private_names_defined(ast.parse(path.read_text(encoding="utf-8")))
+    return frozenset(names)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_names_defined(tree: ast.AST) -> set[str]:
+    """Private names a module defines on objects: attributes it assigns, and its class bodies' members."""
+    names = {node.attr for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _private(node.attr)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for member in node.body:
+                if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(member.name)
+                targets = member.targets if isinstance(member, ast.Assign) else (
+                    [member.target] if isinstance(member, ast.AnnAssign) else [])
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+                if isinstance(member, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                          for t in member.targets):
+                    names.update(c.value for c in ast.walk(member.value)
+                                 if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    return {name for name in names if _private(name)}
+
+
+def _named_private_attribute(node: ast.AST) -> tuple[ast.expr, str] | None:
+    """(receiver, name) for ``receiver._name`` and ``getattr/hasattr/setattr(receiver, "_name", ...)``."""
+    if isinstance(node, ast.Attribute) and _private(node.attr):
+        return node.value, node.attr
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)):
+        return node.args[0], node.args[1].value
+    return None
+
+
+def private_opentelemetry_uses(overrides: dict[str, str] | None = None) -> list[str]:
+    """Where product code reads or writes a private attribute of an OpenTelemetry object.
+
+    Two ways in: ``thing._x`` (or ``getattr(thing, "_x")``) where OpenTelemetry defines ``_x`` and the product itself
+    defines no ``_x`` anywhere (so it can only be OpenTelemetry's), and ``self._x`` inside a subclass of an
+    OpenTelemetry class that does not define ``_x`` itself (an inherited private)."""
+    theirs = opentelemetry_private_names()
+    trees = {name: ast.parse((overrides or {}).get(name) or path.read_text(encoding="utf-8"))
+             for name, path in module_sources().items()}
+    ours = set().union(*(_private_names_defined(tree) for tree in trees.values()))
+    ours |= {node.name for tree in trees.values() for node in ast.walk(tree)
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(node.name)}
+    ours |= {alias.asname or alias.name for tree in trees.values() for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) for alias in node.names
+             if not (node.module or "").startswith("opentelemetry")}
+    found = []
+    sources = module_sources()
+    for name, tree in trees.items():
+        from_opentelemetry = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                              and (node.module or "").startswith("opentelemetry") for alias in node.names}
+        inherited: dict[int, set[str]] = {}  # node id -> what its OpenTelemetry subclass does not define itself
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(base).split(".")[0] in from_opentelemetry
+                                                      for base in node.bases):
+                own = _private_names_defined(ast.Module(body=[node], type_ignores=[]))
+                for inner in ast.walk(node):
+                    inherited[id(inner)] = own
+        for node in ast.walk(tree):
+            named = _named_private_attribute(node)
+            if named is None or named[1] not in theirs:
+                continue
+            receiver, attribute = named
+            on_self = (isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")) or (
+                isinstance(receiver, ast.Call) and getattr(receiver.func, "id", "") == "super")
+            if on_self:
+                bad = id(node) in inherited and attribute not in inherited[id(node)]
+            else:
+                bad = attribute not in ours
+            if bad:
+                found.append(f"{sources[name].name}:{getattr(node, 'lineno', 0)}: {ast.unparse(node)[:80]}")
+    return sorted(found)
 
 
 def test_no_private_opentelemetry_name_is_imported():

@@ -264,11 +264,11 @@ def test_another_producers_trace_gets_its_facts_from_its_tool_spans(workdir, cap
     assert f"  {expected}" in out.splitlines()
 
 
-def test_the_direct_path_writes_the_same_root_attributes(monkeypatch, tmp_path):
-    """An agent given nothing writes its trace file through the direct path: its root carries the facts as well."""
+def test_the_embedded_default_writes_the_same_root_attributes(monkeypatch, tmp_path):
+    """An agent given nothing writes its trace file through the embedded default: its root carries the facts too."""
     from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
 
-    from looptrace.instrumentation.direct_spans import DirectTracerProvider
     from looptrace.instrumentation.setup import default_telemetry
     from looptrace.instrumentation.tracefile.read import read_spans
 
@@ -277,7 +277,7 @@ def test_the_direct_path_writes_the_same_root_attributes(monkeypatch, tmp_path):
         monkeypatch.delenv(name)
     monkeypatch.setenv("LOOPTRACE_TRACE_FILE", str(tmp_path / "traces.jsonl"))
     agent_for(two_failed_reservations()).run("Reserve EQ-001")
-    assert isinstance(default_telemetry().tracer_provider, DirectTracerProvider)
+    assert isinstance(default_telemetry().tracer_provider, TracerProvider)
     [root] = [s for s in read_spans(tmp_path / "traces.jsonl") if s.name.startswith("invoke_agent")]
     assert root.attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     assert root.attributes["langfuse.trace.metadata.unresolved_tool_errors"] == "1"

@@ -1,6 +1,7 @@
 """The local trace file's format in one place: OTLP/JSON lines, one ``TracesData`` object per line.
 
-* ``encode``: finished spans to their OTLP/JSON text (``encode_line``, ``encode_traces_data``).
+* ``encode``: finished spans to their OTLP/JSON text by OpenTelemetry's encoder (``encode_line``,
+  ``encode_traces_data``).
 * ``read``: the file back, line by line, as ``SpanRecord`` values (``read_spans``, ``read_lines``); standard library
   only, so that `looptrace detect` and `traces` start fast.
 * ``write``: appending lines safely (``TraceFileWriter``), and the SDK's way in (``TraceFileProcessor``,
@@ -18,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .encode import encode_line, encode_span, encode_traces_data
+    from .encode import encode_line, encode_traces_data
     from .read import BadLine, SpanRecord, TraceFileError, read_lines, read_spans, trace_files
     from .undelivered import PushInProgress, UndeliveredList
     from .write import OTLPJsonFileExporter, Rotation, TraceFileProcessor, TraceFileWriter
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
     "encode_line": "encode",
-    "encode_span": "encode",
     "encode_traces_data": "encode",
     "BadLine": "read",
     "SpanRecord": "read",
@@ -53,7 +53,6 @@ __all__ = [
     "TraceFileWriter",
     "UndeliveredList",
     "encode_line",
-    "encode_span",
     "encode_traces_data",
     "read_lines",
     "read_spans",

@@ -26,7 +26,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -209,8 +208,8 @@ class TraceFileWriter:
             return
         rotate(self.path, self.rotation.backups)
 
-    def write_span(self, span: Any) -> bool:
-        """Append one finished span (an SDK ``ReadableSpan`` or a direct span) as its own line. A span that cannot be
+    def write_span(self, span: ReadableSpan) -> bool:
+        """Append one finished span as its own line. A span that cannot be
         encoded is a bug of ours: it costs that span, counted and reported, never the agent."""
         try:
             line = encode_line(span)
