@@ -25,7 +25,7 @@ from typing import Any
 from looptrace.runtime import policy as policies
 
 from ..detector import Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall
-from ..interface import Action, Alerts, AgentTelemetry, RunTrace, Settings, ToolTrace, TurnTrace, Usage, agent_telemetry
+from ..interface import Action, AgentTelemetry, Alerts, RunTrace, Settings, ToolTrace, TurnTrace, Usage, agent_telemetry
 
 __all__ = ["GuardedRun", "LoopGuard", "ModelCall", "Reaction"]
 

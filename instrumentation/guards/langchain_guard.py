@@ -13,12 +13,11 @@ memory. LangChain does not write OpenTelemetry spans itself: the guard records t
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.config import get_config
-from typing_extensions import NotRequired
 
 from ..interface import Usage
 from .core import GuardedRun, LoopGuard, Reaction, RunRegistry
