@@ -137,6 +137,11 @@ class GuardedRun:
                      cache_creation_input_tokens=sum(c.usage.cache_creation_input_tokens for c in self.model_calls))
 
     @property
+    def in_turn(self) -> bool:
+        """Whether a turn is open (its model call answered, its calls not yet judged)."""
+        return self._turn_trace is not None
+
+    @property
     def pending(self) -> int:
         """Tool calls of this turn that started and have not come back."""
         with self._lock:
@@ -162,22 +167,27 @@ class GuardedRun:
             if self._turn_trace is None:
                 self.start_turn()
             assert self._turn_trace is not None
-            usage = usage or Usage()
-            self.model_calls.append(ModelCall(self.turn, model, usage))
+            if usage is not None:  # None: the framework does not say (its tokens are not counted as zero)
+                self.model_calls.append(ModelCall(self.turn, model, usage))
             if text:
                 self._turn_text = text
                 self.final_text = text
-            response = _as_messages_response(self.turn, model or self.guard.model, text, tool_calls, usage,
-                                             response_id)
+            response = _as_messages_response(self.turn, model or self.guard.model, text, tool_calls,
+                                             usage or Usage(), response_id)
             self._answer.response = response
             with self._turn_trace.activate():  # the instrumented model opens its chat span under the current turn
                 self._recorder.create({"model": response["model"], "messages": []}, timeout=None)
             return self.turn
 
+    def add_model_call(self, usage: Usage, model: str | None = None) -> None:
+        """Tokens of a model call learnt apart from its answer (a framework that reports them on another channel)."""
+        with self._lock:
+            self.model_calls.append(ModelCall(self.turn, model, usage))
+
     def tool_started(self, call_id: str, name: str, arguments: Any) -> None:
         with self._lock:
             if self._turn_trace is None:  # a framework that shows us no model call: each batch of calls is a turn
-                self.start_turn()
+                self.model_responded(tool_calls=[(call_id, name, arguments)])
             assert self._turn_trace is not None
             trace = self._turn_trace.start_tool(call_id=call_id, name=name, description=None,
                                                 arguments=_parsed(arguments))
@@ -202,7 +212,7 @@ class GuardedRun:
             if final_text:
                 self.final_text = final_text
             if self._turn_trace is None:  # a framework that shows us no model call: the answer is a turn of its own
-                self.start_turn()
+                self.model_responded(text=final_text)
             turn_trace = self._turn_trace
             assert turn_trace is not None
             at_end = self._react(self.detector.end_run(stop_reason, self.final_text, self.turn), turn_trace, [])
