@@ -150,3 +150,59 @@ def test_token_usage_is_recorded_per_model_call(quiet):
     guard, _ = run_guarded(gs.POLLING, **quiet)
     calls = guard.guard.last_run.model_calls
     assert len(calls) == 7 and {(c.usage.input_tokens, c.usage.output_tokens) for c in calls} == {(10, 5)}
+
+
+# ---- Claude Code itself, against the local Messages-API fake
+
+
+@pytest.mark.slow
+def test_claude_code_nudged_then_stopped_against_the_local_messages_api(tmp_path):
+    """The SDK's bundled Claude Code CLI, its model pointed at the fake (ANTHROPIC_BASE_URL), an in-process MCP tool
+    that always fails: the guard nudges at turn 3 (the model's fourth request carries the nudge with the result) and
+    stops at turn 4, as the Agent does. Claude Code ignores ``continue: false`` from PostToolUseFailure, so the session
+    ends at the model's next call, denied in PreToolUse: one request more than the Agent makes."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import claude_agent_sdk
+    from claude_agent_sdk import ClaudeAgentOptions, create_sdk_mcp_server, query, tool
+    from fakes.messages_api import FakeMessagesAPI
+
+    if not (Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude").exists() and not shutil.which("claude"):
+        pytest.skip("no Claude Code CLI (bundled with the SDK's wheels, or on PATH)")
+    agent_loop: list[dict] = []
+
+    def answer(body: dict) -> dict:
+        if "Bash" not in [t.get("name") for t in body.get("tools") or []]:
+            return {"content": "ok"}  # Claude Code's side requests (titles and the like)
+        agent_loop.append(body)
+        return {"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": f"toolu_{len(agent_loop):02d}",
+                                                        "name": "mcp__shop__reserve", "input": {"item": "EQ-001"}}]}
+
+    @tool("reserve", "Reserve an item", {"item": str})
+    async def reserve(args: dict) -> dict:
+        return {"content": [{"type": "text", "text": f"{args['item']} is out of stock"}], "is_error": True}
+
+    async def session(guard: ClaudeAgentGuard, url: str) -> None:
+        home = tmp_path / "home"
+        home.mkdir()
+        options = ClaudeAgentOptions(
+            hooks=guard.hooks, mcp_servers={"shop": create_sdk_mcp_server("shop", tools=[reserve])},
+            allowed_tools=["mcp__shop__reserve"], model=gs.MODEL, cwd=str(tmp_path),
+            env={"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "test-key", "HOME": str(home),
+                 "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                 "ENABLE_TOOL_SEARCH": "false"})
+        async for message in query(prompt="Reserve EQ-001", options=options):
+            guard.record(message)
+
+    with FakeMessagesAPI([answer] * 40, validate=False) as api:
+        guard = ClaudeAgentGuard(tracer_provider=TracerProvider(), alerts=Alerts(log_warnings=False))
+        asyncio.run(session(guard, api.url))
+    run = guard.guard.last_run
+    assert run.actions == gs.agent_actions(gs.FAILING_LOOP) == [(3, "nudge", "repeated_call"),
+                                                                 (4, "stop", "repeated_call")]
+    last_results = [json.dumps(body["messages"][-1]) for body in agent_loop]
+    assert "[looptrace loop detector]" in last_results[3] and "[looptrace loop detector]" not in last_results[2]
+    assert len(agent_loop) == 5  # the fifth call is denied, and the session ends there
+    assert len(run.model_calls) >= 4  # tokens of each model call, from the stream

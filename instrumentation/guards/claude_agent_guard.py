@@ -71,8 +71,10 @@ class ClaudeAgentGuard:
     async def pre_tool_use(self, data: Any, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
         run = self._run_of(data)
         if run.stopped is not None:  # the session went on after the guard stopped it: no more calls
-            return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
-                                           "permissionDecisionReason": _stop_text(run.stopped)}}
+            reason = _stop_text(run.stopped)
+            return {"continue_": False, "stopReason": reason,
+                    "hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
+                                           "permissionDecisionReason": reason}}
         run.tool_started(data.get("tool_use_id") or tool_use_id or "", data["tool_name"], data.get("tool_input"))
         return _NOTHING
 
