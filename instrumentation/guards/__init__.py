@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from .core import GuardedRun, LoopGuard, ModelCall, Reaction
 
+# Each adapter, its module, and the extra that installs its framework.
 _ADAPTERS = {
-    "LoopGuardMiddleware": "langchain_guard",
-    "OpenAIAgentsGuard": "openai_agents_guard",
-    "ClaudeAgentGuard": "claude_agent_guard",
+    "LoopGuardMiddleware": ("langchain_guard", "langchain"),
+    "OpenAIAgentsGuard": ("openai_agents_guard", "openai-agents"),
+    "ClaudeAgentGuard": ("claude_agent_guard", "claude-agent-sdk"),
 }
 
 if TYPE_CHECKING:
@@ -29,10 +30,14 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    home = _ADAPTERS.get(name)
-    if home is None:
+    if name not in _ADAPTERS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    home, extra = _ADAPTERS[name]
+    try:
+        module = importlib.import_module(f".{home}", __name__)
+    except ImportError as exc:
+        raise ImportError(f"{name} needs its framework: pip install 'looptrace[{extra}]' ({exc})") from exc
+    value = getattr(module, name)
     globals()[name] = value
     return value
 
