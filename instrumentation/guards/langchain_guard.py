@@ -12,7 +12,7 @@ memory. LangChain does not write OpenTelemetry spans itself: the guard records t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, NotRequired
 
 from langchain.agents.middleware.types import AgentMiddleware, AgentState, PrivateStateAttr, hook_config
@@ -142,8 +142,8 @@ def _stopping(reaction: Reaction) -> dict[str, Any]:
 
 def _usage(message: AIMessage) -> Usage:
     """LangChain's usage counts cache reads and writes inside input_tokens; looptrace counts them apart."""
-    usage = message.usage_metadata or {}
-    details = usage.get("input_token_details") or {}
+    usage: Mapping[str, Any] = message.usage_metadata or {}
+    details: Mapping[str, Any] = usage.get("input_token_details") or {}
     cache_read = int(details.get("cache_read") or 0)
     cache_creation = int(details.get("cache_creation") or 0)
     return Usage(input_tokens=max(int(usage.get("input_tokens") or 0) - cache_read - cache_creation, 0),

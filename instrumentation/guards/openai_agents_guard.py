@@ -28,11 +28,14 @@ from agents.tool import (
     resolve_function_tool_failure_error_function,
     set_function_tool_failure_error_function,
 )
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 from ..interface import Usage
 from .core import LoopGuard, Reaction, RunRegistry
 
 __all__ = ["OpenAIAgentsGuard"]
+
+_NAME = "looptrace_loop_guard"
 
 
 class OpenAIAgentsGuard(RunHooks[Any]):
@@ -45,8 +48,8 @@ class OpenAIAgentsGuard(RunHooks[Any]):
         self._protected: set[str] = set()
         self._expected: dict[int, set[str]] = {}  # run key -> the protected calls of the turn not back yet
         self._failed: set[str] = set()  # call ids whose result is the failure formatter's text
-        self._input = ToolInputGuardrail(guardrail_function=self._call_started, name="looptrace_loop_guard")
-        self._output = ToolOutputGuardrail(guardrail_function=self._call_finished, name="looptrace_loop_guard")
+        self._input: ToolInputGuardrail[Any] = ToolInputGuardrail(self._call_started, name=_NAME)
+        self._output: ToolOutputGuardrail[Any] = ToolOutputGuardrail(self._call_finished, name=_NAME)
 
     def protect(self, tools: Iterable[Any]) -> list[Any]:
         """``tools`` with the guard's input and output guardrails added to each function tool (in place)."""
@@ -71,9 +74,9 @@ class OpenAIAgentsGuard(RunHooks[Any]):
         if run is None:
             return
         calls = [(item.call_id, item.name, item.arguments) for item in response.output
-                 if getattr(item, "type", None) == "function_call"]
-        text = "".join(part.text for item in response.output if getattr(item, "type", None) == "message"
-                       for part in item.content if getattr(part, "type", None) == "output_text") or None
+                 if isinstance(item, ResponseFunctionToolCall)]
+        text = "".join(part.text for item in response.output if isinstance(item, ResponseOutputMessage)
+                       for part in item.content if isinstance(part, ResponseOutputText)) or None
         run.end_turn()  # a turn whose calls never all came back through the guardrails
         run.model_responded(usage=_usage(response), model=_model_name(agent), text=text, tool_calls=calls,
                             response_id=response.response_id)
