@@ -74,6 +74,11 @@ def test_the_openai_agents_example_trips_the_wire_and_detect_agrees(trace_file, 
     assert statuses(trace_file) == ["stopped_by_detector"]
 
 
+def test_the_docs_page_shows_the_same_examples():
+    docs = Path(__file__).parent.parent.joinpath("docs", "guards.md").read_text(encoding="utf-8")
+    assert re.findall(r"```python\n(.*?)```", docs, re.S) == [LANGCHAIN, OPENAI_AGENTS, CLAUDE]
+
+
 def test_the_claude_agent_sdk_example_compiles():
     # Running it needs Claude Code: test_guard_claude_agent.py runs the CLI against the Messages-API fake (slow).
     compile(CLAUDE, "README.md", "exec")

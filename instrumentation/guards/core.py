@@ -37,6 +37,9 @@ class Reaction:
     nudges: tuple[str, ...] = ()
     stop: str | None = None  # why the run stops (the anomaly's message), when the policy says stop
     reports: tuple[tuple[Anomaly, str], ...] = ()  # every anomaly reported with the action taken
+    # Anomalies the policy wants a person to decide on (an action beyond warn, nudge and stop, such as "ask"): each
+    # adapter maps them to its framework's own human-in-the-loop idiom; until it does, they are reported only.
+    asks: tuple[Anomaly, ...] = ()
 
     @property
     def nudge_text(self) -> str | None:
@@ -265,6 +268,7 @@ class GuardedRun:
         nudges: list[str] = []
         reports: list[tuple[Anomaly, str]] = []
         stop: str | None = None
+        asks: list[Anomaly] = []
         for anomaly in found:
             action: Action | str = self.guard.policy.decide(anomaly, anomaly.streak in self._nudged)
             self.anomalies[anomaly.streak] = anomaly
@@ -281,9 +285,11 @@ class GuardedRun:
                 nudges.append(text)
             elif action == policies.STOP:
                 stop = stop or anomaly.message
+            elif action != policies.WARN:
+                asks.append(anomaly)
         if stop is not None:
             self.stopped = stop
-        return Reaction(tuple(nudges), stop, tuple(reports))
+        return Reaction(tuple(nudges), stop, tuple(reports), tuple(asks))
 
 
 class _Recorded:
@@ -321,7 +327,8 @@ def _merged(first: Reaction, second: Reaction) -> Reaction:
         return second
     if second is NOTHING:
         return first
-    return Reaction(first.nudges + second.nudges, first.stop or second.stop, first.reports + second.reports)
+    return Reaction(first.nudges + second.nudges, first.stop or second.stop, first.reports + second.reports,
+                    first.asks + second.asks)
 
 
 def _parsed(arguments: Any) -> Any:
