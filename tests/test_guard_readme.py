@@ -30,6 +30,12 @@ LANGCHAIN, OPENAI_AGENTS, CLAUDE = re.findall(r"```python\n(.*?)```", SECTION, r
 def trace_file(workdir, monkeypatch) -> Path:
     """A trace file of this test's own (the embedded default is one per trace file). The Agents SDK's own tracing,
     which would post to OpenAI, is off."""
+    from opentelemetry import trace
+    from opentelemetry.util._once import Once
+
+    # No global tracer provider left by an earlier test: the example writes through the embedded default.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     path = workdir / "traces.jsonl"
     monkeypatch.setenv("LOOPTRACE_TRACE_FILE", str(path))
     monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
