@@ -1,0 +1,177 @@
+"""What every framework guard is tested on: three scripted agent runs, the tools they call, what looptrace's own
+`Agent` does with the same script (the reference each guard must match), and the three alert sinks the tests read
+(a webhook on loopback, an in-memory metric reader, the Langfuse stand-in's score endpoint).
+
+A script is a list of turns; each turn is the tool calls the model asks for (name, arguments), and the run ends with
+a final answer. The tools are plain functions with the same behaviour in every framework.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from fakes.langfuse_api import FakeLangfuse
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from looptrace import Agent, ScriptedModel, tool
+from looptrace.instrumentation.alerts import Alerts, AnomalySinks
+from looptrace.instrumentation.langfuse_scores import LangfuseScores
+from looptrace.instrumentation.setup import Telemetry
+from looptrace.runtime.events import AnomalyDetected
+
+MODEL = "claude-sonnet-5-5"
+Turn = list[tuple[str, dict[str, Any]]]
+
+
+class OutOfStock(RuntimeError):
+    pass
+
+
+def reserve(item: str) -> str:
+    """Reserve an item (always out of stock)."""
+    raise OutOfStock(f"{item} is out of stock")
+
+
+def make_job_status() -> Callable[[str], str]:
+    """A job that advances by 10% on every poll: polling it is progress, not a loop."""
+    polls: dict[str, int] = {}
+
+    def job_status(job: str) -> str:
+        """The job's progress."""
+        polls[job] = polls.get(job, 0) + 1
+        return f"{job} running, {polls[job] * 10}% done"
+
+    return job_status
+
+
+def read_file(path: str) -> str:
+    """Read a file (the same contents every time)."""
+    return f"contents of {path}: TODO"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    turns: list[Turn]
+    final: str
+
+    def tools(self) -> dict[str, Callable[..., str]]:
+        """Fresh tool functions for one run (the poller counts its polls)."""
+        return {"reserve": reserve, "job_status": make_job_status(), "read_file": read_file}
+
+
+FAILING_LOOP = Scenario("failing_loop", [[("reserve", {"item": "EQ-001"})]] * 6, "EQ-001 is reserved.")
+POLLING = Scenario("polling", [[("job_status", {"job": "J-7"})]] * 6, "J-7 is 60% done.")
+CYCLE = Scenario("cycle", [[("read_file", {"path": "a.txt"})], [("read_file", {"path": "b.txt"})]] * 4,
+                 "Both files say TODO.")
+SCENARIOS = [FAILING_LOOP, POLLING, CYCLE]
+
+
+def call_id(turn: int, index: int) -> str:
+    return f"call_{turn}_{index}"
+
+
+def agent_actions(scenario: Scenario, **options: Any) -> list[tuple[int, str, str]]:
+    """(turn, action, anomaly type) for every anomaly looptrace's own Agent reports on the same script."""
+    tools = scenario.tools()
+    responses: list[dict[str, Any]] = []
+    for n, turn in enumerate(scenario.turns, start=1):
+        blocks = [{"type": "tool_use", "id": call_id(n, i), "name": name, "input": args}
+                  for i, (name, args) in enumerate(turn)]
+        responses.append({"id": f"msg_{n}", "type": "message", "role": "assistant", "model": MODEL,
+                          "content": blocks, "stop_reason": "tool_use",
+                          "usage": {"input_tokens": 10, "output_tokens": 5}})
+    responses.append({"id": "msg_end", "type": "message", "role": "assistant", "model": MODEL,
+                      "content": [{"type": "text", "text": scenario.final}], "stop_reason": "end_turn",
+                      "usage": {"input_tokens": 10, "output_tokens": 5}})
+    seen: list[tuple[int, str, str]] = []
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, AnomalyDetected):
+            seen.append((event.anomaly.turn, event.action, event.anomaly.type))
+
+    options = {"telemetry": "tracer_provider" in options, "alerts": Alerts(log_warnings=False), **options}
+    Agent(MODEL, tools=[tool(f) for f in tools.values()], client=ScriptedModel(responses), on_event=on_event,
+          **options).run("task")
+    return seen
+
+
+# ---- the sinks
+
+
+class Webhook:
+    """A webhook receiver on loopback that keeps every JSON body posted to it."""
+
+    def __init__(self) -> None:
+        received = self.received = list[dict]()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Sinks:
+    """Where a guard's anomalies go in a test: the providers and alerts to build the guard with, and what arrived."""
+
+    webhook: Webhook
+    langfuse: FakeLangfuse
+    tracer_provider: Any
+    exporter: Any
+    reader: InMemoryMetricReader = field(default_factory=InMemoryMetricReader)
+
+    def __post_init__(self) -> None:
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.alerts = Alerts(webhook_url=self.webhook.url, log_warnings=False)
+        self.scores = LangfuseScores(self.langfuse.url, self.langfuse.public_key, self.langfuse.secret_key)
+        # What configure() hands a guard or an Agent: its providers and the sinks its runs report to.
+        self.telemetry = Telemetry(tracer_provider=self.tracer_provider, exporters=[],
+                                   meter_provider=self.meter_provider,
+                                   sinks=AnomalySinks(alerts=self.alerts, scores=self.scores))
+
+    def guard_options(self) -> dict[str, Any]:
+        return {"telemetry": self.telemetry}
+
+    def settle(self) -> None:
+        self.alerts.wait(10)
+        self.scores.flush(10)
+
+    def metric_points(self) -> list[tuple[dict, int]]:
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return []
+        return [(dict(p.attributes), p.value) for rm in data.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.name == "looptrace.anomalies" for p in m.data.data_points]
+
+    @property
+    def spans(self) -> list[Any]:
+        return list(self.exporter.get_finished_spans())
+
+
+def as_records(finished_spans: list[Any]) -> list[Any]:
+    """SDK spans as the trace reader's records, the way `looptrace detect` reads them back from the file."""
+    from looptrace.instrumentation.readers import NeutralSpan
+
+    return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
+                        parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,
+                        start_ns=s.start_time, attributes=dict(s.attributes), status_code=s.status.status_code.value)
+            for s in finished_spans]
