@@ -208,7 +208,7 @@ def test_traces_show_skips_malformed_lines_and_says_so(workdir, capsys):
     code, out, err = run_cli(capsys, "traces", "show")
     assert code == 0
     assert "invoke_agent booking" in out
-    assert ":1: skipped: not JSON" in err and "skipped: not OTLP/JSON" in err
+    assert ":1: skipped: truncated/incomplete JSON" in err and "skipped: not OTLP/JSON" in err
     assert "Traceback" not in err
 
 

@@ -111,8 +111,11 @@ def _peek(raw: bytes) -> tuple[str, int, bool, bool] | None:
 
     looptrace writes one span per line: `traces show` parses only the lines of the trace it shows.
     """
-    if raw.count(b'"spanId"') != 1 or not raw.rstrip().endswith(b"}"):
-        return None  # (a torn line is parsed, so that read_lines reports it as `detect` and `list` do)
+    if (raw.count(b'"spanId":"') != 1 or raw.count(b'"spanId"') != 1 or not raw.rstrip().endswith(b"}")
+            or raw.count(b'"key":') != raw.count(b'"key":"')):
+        # (a torn line, or one whose ids or attribute keys are not strings, is parsed, so that it is checked and
+        # reported as `detect` and `list` report it)
+        return None
     start = raw.find(b'"traceId":"')
     if start < 0:
         return None
@@ -184,10 +187,8 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
             continue
         try:
             for span, resource, scope in raw_spans(data):
-                trace_id = span["traceId"]
-                if type(trace_id) is not str:
-                    raise ValueError("traceId is not a string")
-                keep(trace_id.lower(), _end(span), is_root(span), not span.get("parentSpanId"),
+                # (the trace id is a string: raw_spans checked it)
+                keep(span["traceId"].lower(), _end(span), is_root(span), not span.get("parentSpanId"),
                      _Parsed(number, span, resource, scope))
         except NOT_TRACE_DATA as exc:
             report(BadLine(number, not_trace_data(exc)))

@@ -9,7 +9,6 @@ first few malformed lines are named and the rest counted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from looptrace.instrumentation.tracefile.read import (
     SpanRecord,
     TraceFileError,
     decode_attributes,
+    describe_unreadable,
     raw_spans,
     read_lines,
     span_record,
@@ -143,21 +143,13 @@ def spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -
 
 
 def bad_line_reason(exc: BaseException, raw: bytes) -> str:
-    """Why a line failed to parse, in the words the trace-file reader uses for the lines it parses itself (a test
-    holds `traces show`, `list` and `detect` to the same words for the same line)."""
-    if isinstance(exc, json.JSONDecodeError):
-        torn = " (torn: the line was never finished)" if raw and not raw.endswith(b"\n") else ""
-        return f"not JSON ({exc.msg} at column {exc.colno}){torn}"
-    if isinstance(exc, UnicodeDecodeError):
-        return "not UTF-8 text"
-    return not_trace_data(exc)
+    """Why a line failed to parse: ``describe_unreadable``'s words, which every reader uses for the same line."""
+    return describe_unreadable(exc, raw)
 
 
 def not_trace_data(exc: BaseException) -> str:
-    """Why a line (or a span) that is JSON was refused, in one phrase."""
-    if isinstance(exc, RecursionError):
-        return "nested too deeply to read"
-    return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
+    """Why a line (or a span) that is JSON was refused, in one phrase (``describe_unreadable``'s)."""
+    return describe_unreadable(exc)
 
 
 def trace_file_of(args: argparse.Namespace) -> tuple[Path, int]:
