@@ -191,22 +191,18 @@ def describe_unreadable(exc: BaseException, raw: bytes = b"") -> str:
 
 
 def check_span(span: Any) -> None:
-    """Raise NotTraceData unless ``span`` holds what every reader relies on: a traceId and a spanId that are strings,
-    and attributes whose keys are strings. Called on every span ``raw_spans`` yields, so that no command accepts a
-    line another refuses."""
+    """Raise NotTraceData unless ``span`` holds what every reader relies on: a traceId and a spanId that are strings.
+    Called on every span ``raw_spans`` yields, so that no command accepts a line another refuses. (Attribute keys are
+    checked where they are decoded, ``decode_attributes`` and detection's key selection, at no extra pass.)"""
     if not isinstance(span, dict):
         raise NotTraceData("a span is not an object")
     if type(span.get("traceId")) is not str:
         raise NotTraceData("a span's traceId is missing or not a string")
     if type(span.get("spanId")) is not str:
         raise NotTraceData("a span's spanId is missing or not a string")
-    attributes = span.get("attributes")
-    if attributes:
-        if type(attributes) is not list:
-            raise NotTraceData("a span's attributes are not a list")
-        for item in attributes:
-            if type(item) is not dict or type(item.get("key")) is not str:
-                raise NotTraceData("an attribute key is not a string")
+
+
+BAD_ATTRIBUTE_KEY = "an attribute key is not a string"
 
 
 def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
@@ -318,8 +314,18 @@ def decode_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[st
     if not items:
         return {}
     if keys is None:
-        return {item["key"]: decode_value(item.get("value") or {}) for item in items}
-    return {key: decode_value(item.get("value") or {}) for item in items if (key := item["key"]) in keys}
+        decoded = {item["key"]: decode_value(item.get("value") or {}) for item in items}
+        if len(set(map(type, decoded))) > 1 or type(next(iter(decoded), "")) is not str:
+            raise NotTraceData(BAD_ATTRIBUTE_KEY)
+        return decoded
+    selected = {}
+    for item in items:
+        key = item["key"]
+        if type(key) is not str:
+            raise NotTraceData(BAD_ATTRIBUTE_KEY)
+        if key in keys:
+            selected[key] = decode_value(item.get("value") or {})
+    return selected
 
 
 def decode_value(value: dict[str, Any]) -> Any:

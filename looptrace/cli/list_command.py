@@ -31,7 +31,6 @@ def list_command(args: argparse.Namespace) -> int:
             roots = []
             try:
                 for span, _, scope in raw_spans(data):
-                    report.saw_span()
                     if is_root(span):
                         roots.append(span_record(span, {}, scope, keys))
                     elif _is_turn(span):
@@ -42,6 +41,7 @@ def list_command(args: argparse.Namespace) -> int:
             except NOT_TRACE_DATA as exc:
                 report(BadLine(number, not_trace_data(exc)))
                 continue
+            report.saw_span()  # once the line's spans are read: a line refused whole is no sign of trace data
             for root in roots:
                 turns_drawn = turns_under.pop(root.span_id, 0)
                 if root.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:

@@ -147,9 +147,12 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
     best: tuple[int, _Held] | None = None
     matches: set[str] = set()
 
+    kept: set[str] = set()  # up to two trace ids: whether any span, and a second trace, was kept
+
     def keep(trace_id: str, end: int, root: bool, parentless: bool, item: Any) -> None:
         nonlocal best
-        report.saw_span()
+        if len(kept) < 2:
+            kept.add(trace_id)
         if trace_id not in open_traces and trace_id in rooted:
             open_traces[trace_id] = rooted.pop(trace_id)  # the same list: a best pointing at it sees the rest
         if prefix is not None:
@@ -194,10 +197,16 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
             report(BadLine(number, not_trace_data(exc)))
     if prefix is not None:
         chosen = open_traces.get(next(iter(matches))) if matches else None
-        return _decode(chosen[1], report) if chosen else None
-    if best is None and open_traces:
-        best = max(open_traces.values(), key=lambda item: item[0])
-    return _decode(best[1], report) if best else None
+    else:
+        if best is None and open_traces:
+            best = max(open_traces.values(), key=lambda item: item[0])
+        chosen = best
+    records = _decode(chosen[1], report) if chosen else None
+    # Spans were read unless every line of the trace chosen was refused once parsed (the only trace of a file whose
+    # attribute keys are numbers, say): then the file is said to hold none, as `detect` and `list` say it.
+    if records or (kept and records is None) or len(kept) > 1:
+        report.saw_span()
+    return records
 
 
 def _end(span: dict[str, Any]) -> int:
