@@ -59,8 +59,30 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def export_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings fields the export flags set (None where a flag was not given: the environment's value stays)."""
+    """The settings fields the export flags set (None where a flag was not given: the environment's value stays).
+
+    Flags that cannot work are refused here, before anything runs: an empty --exporter (it would quietly mean the
+    default), a --trace-file that is a directory or lies under a file (the run would go ahead and lose its trace).
+    """
+    from .common import UsageError
+
+    if args.exporter is not None and not args.exporter.replace(",", "").strip():
+        raise UsageError("--exporter needs at least one of file, console, otlp, langfuse, none")
+    if args.trace_file is not None:
+        reason = _why_not_a_file(Path(args.trace_file))
+        if reason:
+            raise UsageError(f"--trace-file {args.trace_file} {reason}")
     return {"exporters": args.exporter, "trace_file": args.trace_file}
+
+
+def _why_not_a_file(path: Path) -> str | None:
+    """Why ``path`` can never be written as a file (it is a directory; a folder on its way is a file), else None."""
+    if path.is_dir():
+        return "is a directory, not a file"
+    for ancestor in path.parents:
+        if ancestor.exists():
+            return None if ancestor.is_dir() else f"cannot be created: {ancestor} is not a directory"
+    return None
 
 
 class Terminated(KeyboardInterrupt):
