@@ -40,9 +40,9 @@ def add_trace_commands(commands: Any) -> None:
     """Add `detect` and `traces` to a subparsers object (the full CLI's, or the light one of ``main``)."""
     detect = commands.add_parser(
         "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
-        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose tool calls are "
-                    "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
-                    "that keep failing and errors the final answer ignored.",
+        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose spans follow "
+                    "the OpenTelemetry GenAI conventions, OpenLLMetry's or OpenInference's) and reports repeated "
+                    "calls, cycles, tools that keep failing and errors the final answer ignored.",
         epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file, a file holding no "
                "OTLP/JSON span, a bad flag; with --langfuse: keys refused, Langfuse unreachable, a malformed page "
                "(with --cursor, the same command resumes)",
