@@ -36,7 +36,7 @@ EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] 
 
 
 def _help_text() -> str:
-    lines = ["exit codes (docs/exit-codes.md):"]
+    lines = ["exit codes: (the table: docs/exit-codes.md)"]
     for codes, commands, meaning in EXIT_CODE_TABLE:
         numbers = f"{codes[0]}-{codes[-1]}" if len(codes) > 2 else ", ".join(map(str, codes))
         who = commands if isinstance(commands, str) else ", ".join(commands)
