@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import itertools
 import random
 import threading
@@ -296,7 +295,7 @@ class ScriptedModel:
         return self.create(params, timeout=timeout)
 
     def _complete(self, item: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-        response = copy.deepcopy(item)
+        response = copy_tree(item)
         response.setdefault("id", f"msg_scripted_{next(self._ids):04d}")
         response.setdefault("type", "message")
         response.setdefault("role", "assistant")
@@ -310,6 +309,24 @@ class ScriptedModel:
         usage.setdefault("cache_creation_input_tokens", 0)
         usage.setdefault("cache_read_input_tokens", 0)
         return response
+
+
+def copy_tree(item: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a response's dicts and lists, made without recursion: a tool input nested 900 levels deep (which the
+    real client takes) must not end a test in RecursionError, as ``copy.deepcopy`` would. Other values (strings,
+    numbers) are immutable or the caller's, and are shared as they are."""
+    top: dict[str, Any] = {}
+    pending: list[tuple[Any, Any]] = [(item, top)]
+    while pending:
+        source, target = pending.pop()
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in pairs:
+            if isinstance(value, (dict, list)):
+                copied: Any = {} if isinstance(value, dict) else [None] * len(value)
+                pending.append((value, copied))
+                value = copied
+            target[key] = value
+    return top
 
 
 class ScriptExhausted(RuntimeError):
