@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.runtime.result import RunResult, RunStatus
 
-from .common import plural
 from .exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
@@ -104,8 +103,10 @@ def execute(agent: Agent, task: str, telemetry: Telemetry,
     except RunInterrupted as interrupted:
         close(telemetry)
         terminated = isinstance(interrupted.__cause__, Terminated)
-        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after "
-              f"{plural(interrupted.result.turns, 'turn')}; the trace was saved", file=sys.stderr)
+        # No count of turns here: the run counts the turns it completed, the live view (and `traces show`) the one
+        # it was in too; a second number would only contradict the first.
+        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'}; the trace was saved (see it with: "
+              f"looptrace traces show --trace-id {interrupted.result.trace_id[:12]})", file=sys.stderr)
         raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
