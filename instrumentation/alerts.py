@@ -86,7 +86,9 @@ class Alerts:
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
         if not announces(anomaly, context):
             return
-        if self.log_warnings:
+        # Each streak is logged once: a streak nudged and then stopped is still one anomaly (the callback hears
+        # the stop too, and the webhook posts once per run and type anyway).
+        if self.log_warnings and not anomaly.is_update:
             log.warning(
                 "loop_anomaly",
                 anomaly_type=anomaly.type,

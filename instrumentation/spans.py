@@ -388,7 +388,7 @@ class TurnSpan:
         """The one report of an anomaly: an event on this turn and on each offending call, the metric, and the run's
         sinks (log line, webhook, Langfuse score). A sink that fails is the sink's business, never the run's."""
         metrics = self.run.tracing.metrics
-        if metrics is not None:
+        if metrics is not None and not anomaly.is_update:  # a streak nudged, then stopped, is one anomaly
             metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
         if self.recording:
             self._record_anomaly(anomaly, action, tool_spans)
