@@ -62,7 +62,7 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     from looptrace.instrumentation.recorded_facts import recorded_unresolved_errors
 
     from .common import unresolved_line
-    from .views import WARN_MARK
+    from .views import IGNORED_ERROR, WARN_MARK
 
     roots = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
     recorded = [(root.name, recorded_unresolved_errors(root)) for root in roots]
@@ -71,11 +71,14 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
         from looptrace.instrumentation.trace_detect import detect_spans
 
         runs = [(v.name, len(v.unresolved_errors), v.unresolved_errors) for v in detect_spans(spans)]
+    # A warning only when the detector found the final answer ignoring an error; otherwise a fact, said quietly.
+    ignored = any(event[2].get(sc.ANOMALY_TYPE) == IGNORED_ERROR for span in spans for event in span.events)
+    mark = f"{WARN_MARK} " if ignored else ""
     lines = []
     for name, total, errors in runs:
         line = unresolved_line(errors, total=total)
         if line is not None:
-            lines.append(f"{WARN_MARK} {name + ': ' if len(runs) > 1 else ''}{line}")
+            lines.append(f"{mark}{name + ': ' if len(runs) > 1 else ''}{line}")
     return lines
 
 
