@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import os
 import random
 import threading
 import time
@@ -17,6 +18,8 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from looptrace.instrumentation.interface import report_first_chunk
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"  # the SDK's, when neither base_url nor ANTHROPIC_BASE_URL is set
 
 
 class Model(Protocol):
@@ -72,8 +75,12 @@ class AnthropicModel:
         return self._async_client
 
     def server(self) -> tuple[str | None, int | None]:
-        client = self._client or self._async_client or self.sync_client()
-        url = urlsplit(str(client.base_url))
+        """Where the calls go, for the chat span: asked before the first call, so it never builds the client (that
+        is the call's work, on the run's clock): without a client yet, the base URL the SDK will take."""
+        client = self._client or self._async_client
+        base_url = (client.base_url if client is not None
+                    else self._options.get("base_url") or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL)
+        url = urlsplit(str(base_url))
         return url.hostname, url.port or (443 if url.scheme == "https" else 80)
 
     # Under a run's wall-clock limit the SDK's own retries would give every attempt the whole time left again (three
@@ -83,11 +90,12 @@ class AnthropicModel:
     # a thread the caller stops waiting for (sync), or under asyncio.wait_for, which cancels it (async).
 
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
-        client = self.sync_client()
         if timeout is None:
-            return self._send(client, params, {})
+            return self._send(self.sync_client(), params, {})
+        # The clock starts before the client is built: the first call of a process imports the SDK and sets up its
+        # HTTP client (most of a second), and that is the run's time too.
         deadline = time.monotonic() + timeout
-        return _finish_by(deadline, timeout, lambda: self._create_until(client, params, deadline))
+        return _finish_by(deadline, timeout, lambda: self._create_until(self.sync_client(), params, deadline))
 
     def _create_until(self, client: Any, params: dict[str, Any], deadline: float) -> dict[str, Any]:
         for attempt in itertools.count():
@@ -101,12 +109,13 @@ class AnthropicModel:
         raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
-        client = self.async_client()
         if timeout is None:
-            return await self._asend(client, params, {})
-        deadline = time.monotonic() + timeout
+            return await self._asend(self.async_client(), params, {})
+        deadline = time.monotonic() + timeout  # before the client is built: its set-up is the run's time too
+        client = self.async_client()
         try:
-            return await asyncio.wait_for(self._acreate_until(client, params, deadline), max(timeout, 0.001))
+            return await asyncio.wait_for(self._acreate_until(client, params, deadline),
+                                          max(deadline - time.monotonic(), 0.001))
         except TimeoutError:
             raise ModelCallTimeout(_late_message(timeout)) from None
 
