@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-import os
 import random
 import threading
 import time
@@ -18,8 +17,6 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from looptrace.instrumentation.interface import report_first_chunk
-
-DEFAULT_BASE_URL = "https://api.anthropic.com"  # the SDK's, when neither base_url nor ANTHROPIC_BASE_URL is set
 
 
 class Model(Protocol):
@@ -75,11 +72,12 @@ class AnthropicModel:
         return self._async_client
 
     def server(self) -> tuple[str | None, int | None]:
-        """Where the calls go, for the chat span: asked before the first call, so it never builds the client (that
-        is the call's work, on the run's clock): without a client yet, the base URL the SDK will take."""
+        """Where the calls go, for the chat span; (None, None) until known. Asked before the first call, it never
+        builds the client: importing the SDK and setting the client up is the call's work, on the run's clock."""
         client = self._client or self._async_client
-        base_url = (client.base_url if client is not None
-                    else self._options.get("base_url") or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL)
+        base_url = client.base_url if client is not None else self._options.get("base_url")
+        if not base_url:
+            return None, None
         url = urlsplit(str(base_url))
         return url.hostname, url.port or (443 if url.scheme == "https" else 80)
 

@@ -13,7 +13,7 @@ from fakes.messages_api import Delay
 from looptrace import Agent, Limits
 from looptrace.testing import CapturedSpans
 
-SET_UP_S = 1.0  # how long the client's set-up takes in these tests
+SET_UP_S = 0.5  # how long the client's set-up takes in these tests
 
 
 class SlowToBuild(anthropic.Anthropic):
@@ -47,3 +47,14 @@ def test_the_first_chat_span_starts_with_its_turn(api, slow_client):
     gap_s = (chat.start_time - turn.start_time) / 1e9
     took_s = (chat.end_time - chat.start_time) / 1e9
     assert gap_s < SET_UP_S / 2 <= took_s  # the set-up is inside the chat span, not in a gap before it
+
+
+def test_the_first_chat_span_still_says_where_the_call_went(api, slow_client):
+    api.add({"content": [{"type": "text", "text": "hello"}]}, {"content": [{"type": "text", "text": "again"}]})
+    spans = CapturedSpans()
+    agent = Agent("claude-sonnet-5-5", tracer_provider=spans.provider)
+    agent.run("hi")
+    agent.run("hi again")
+    port = int(api.url.rsplit(":", 1)[1].split("/")[0])
+    assert [(c.attributes.get("server.address"), c.attributes.get("server.port")) for c in spans.named("chat")] == [
+        ("127.0.0.1", port)] * 2

@@ -193,7 +193,7 @@ def describe_unreadable(exc: BaseException, raw: bytes = b"") -> str:
 def check_span(span: Any) -> None:
     """Raise NotTraceData unless ``span`` holds what every reader relies on: a traceId and a spanId that are strings.
     Called on every span ``raw_spans`` yields, so that no command accepts a line another refuses. (Attribute keys are
-    checked where they are decoded, ``decode_attributes`` and detection's key selection, at no extra pass.)"""
+    checked where they are decoded, ``decode_span_attributes`` and detection's key selection, at no extra pass.)"""
     if not isinstance(span, dict):
         raise NotTraceData("a span is not an object")
     if type(span.get("traceId")) is not str:
@@ -256,8 +256,9 @@ def span_record(span: dict[str, Any], resource: dict[str, Any], scope: Any,
         decode_span_kind(get("kind", 0)),
         nanoseconds(get("startTimeUnixNano")),
         nanoseconds(get("endTimeUnixNano")),
-        decode_attributes(get("attributes"), keys),
-        [(str(e.get("name", "")), nanoseconds(e.get("timeUnixNano")), decode_attributes(e.get("attributes"), keys))
+        decode_span_attributes(get("attributes"), keys),
+        [(str(e.get("name", "")), nanoseconds(e.get("timeUnixNano")),
+          decode_span_attributes(e.get("attributes"), keys))
          for e in events] if events else [],
         decode_status_code(status.get("code", 0)),
         message if type(message) is str else str(message),
@@ -311,6 +312,17 @@ def decode_status_code(value: Any) -> int:
 
 
 def decode_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """OTLP/JSON key-value pairs as a dict, keys as they are (the spill file keeps what the SDK was given)."""
+    if not items:
+        return {}
+    if keys is None:
+        return {item["key"]: decode_value(item.get("value") or {}) for item in items}
+    return {key: decode_value(item.get("value") or {}) for item in items if (key := item["key"]) in keys}
+
+
+def decode_span_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """A span's attributes as the trace-file readers take them: as ``decode_attributes``, but a key that is not a
+    string makes the line no trace data (NotTraceData), said alike by every command that reads trace files."""
     if not items:
         return {}
     if keys is None:
