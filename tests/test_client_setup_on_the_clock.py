@@ -17,13 +17,20 @@ SET_UP_S = 0.5  # how long the client's set-up takes in these tests
 
 
 class SlowToBuild(anthropic.Anthropic):
+    """The first client of a process is slow to make (the SDK's import and set-up); its copies (with_options) not."""
+
+    built = 0
+
     def __init__(self, *args, **kwargs) -> None:
-        time.sleep(SET_UP_S)
+        if not SlowToBuild.built:
+            time.sleep(SET_UP_S)
+        SlowToBuild.built += 1
         super().__init__(*args, **kwargs)
 
 
 @pytest.fixture
 def slow_client(monkeypatch):
+    monkeypatch.setattr(SlowToBuild, "built", 0)
     monkeypatch.setattr(anthropic, "Anthropic", SlowToBuild)
 
 
