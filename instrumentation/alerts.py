@@ -45,6 +45,10 @@ class AlertContext:
     trace_id: str
     span_id: str
     action: Action
+    # A run `watch` assembled from several traces (a session's, or a conversation rebuilt from the history of a
+    # producer with no agent span): its key, and its traces' real ids, oldest first; ``trace_id`` is the latest.
+    conversation: str | None = None
+    trace_ids: tuple[str, ...] = ()
 
 
 AlertCallback = Callable[[Anomaly, AlertContext], None]
@@ -88,7 +92,9 @@ class Alerts:
 
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
         """Every alert of one report (the sinks it is part of decided it is news: ``AnomalySinks.send``)."""
-        if self.log_warnings:
+        # Each streak is logged once: a streak nudged and then stopped is still one anomaly (the callback hears
+        # the stop too, and the webhook posts once per run and type anyway).
+        if self.log_warnings and not anomaly.is_update:
             log.warning(
                 "loop_anomaly",
                 anomaly_type=anomaly.type,
@@ -100,13 +106,14 @@ class Alerts:
                 trace_id=context.trace_id,
                 span_id=context.span_id,
                 message=anomaly.message,
+                **_conversation_fields(context),
             )
         if self.callback is not None:
             try:
                 self.callback(anomaly, context)
             except Exception as exc:  # the user's hook failing must not fail the user's agent
                 log.warning("alert_callback_failed", error=f"{type(exc).__name__}: {exc}")
-        if self.webhook_url and self._first_of_its_kind(context.trace_id, anomaly.type):
+        if self.webhook_url and self._first_of_its_kind(context.conversation or context.trace_id, anomaly.type):
             thread = threading.Thread(target=self._post, args=(webhook_payload(anomaly, context),),
                                       name="looptrace-alert-webhook", daemon=True)
             thread.start()
@@ -188,7 +195,8 @@ class AnomalySinks:
         if not announces(anomaly, context):
             return  # an earlier run of the session announced this streak: no second log line, post or score
         self.alerts.send(anomaly, context)
-        # A score goes on a trace: a run that is no one trace (watch assembles some runs from a session) gets none.
+        # A score goes on a trace: for a run watch assembled from several traces (a session, a conversation), on
+        # the latest, where the anomaly was seen (docs/alerts.md).
         if self.scores is not None and _is_trace_id(context.trace_id):
             try:
                 self.scores.anomaly(context.trace_id, anomaly.type, anomaly.message, span_id=context.span_id)
@@ -206,8 +214,11 @@ _ZERO_TRACE_ID = "0" * 32
 def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
     """A JSON body that Slack (and anything reading a ``text`` field) shows as is, with the details beside it."""
     tool = f" in `{anomaly.tool}`" if anomaly.tool else ""
+    where = f"trace {context.trace_id}"
+    if context.conversation:
+        where += f" ({plural_traces(len(context.trace_ids))} of {context.conversation})"
     text = (f":warning: looptrace: {anomaly.type}{tool} (agent `{context.agent}`, turn {anomaly.turn}, "
-            f"action {context.action}): {anomaly.message} — trace {context.trace_id}")
+            f"action {context.action}): {anomaly.message} — {where}")
     return {
         "text": text,
         "anomaly": anomaly.to_dict(),
@@ -215,7 +226,19 @@ def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
         "trace_id": context.trace_id,
         "span_id": context.span_id,
         "action": context.action,
+        **_conversation_fields(context),
     }
+
+
+def plural_traces(count: int) -> str:
+    return "the latest of 1 trace" if count == 1 else f"the latest of {count} traces"
+
+
+def _conversation_fields(context: AlertContext) -> dict[str, Any]:
+    """The conversation (or session) a run of several traces was assembled from, and its traces, when it was."""
+    if not context.conversation:
+        return {}
+    return {"conversation": context.conversation, "trace_ids": list(context.trace_ids)}
 
 
 _shared_lock = threading.Lock()

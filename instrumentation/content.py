@@ -41,7 +41,7 @@ def capture_mode(value: str | None) -> CaptureMode | None:
     if not capture_mode_known(value or ""):
         from .logs import log
 
-        log.warning("capture_setting_unknown", value=(value or "")[:40], assumed="NO_CONTENT",
+        log.warning("capture_setting_unknown", assumed="NO_CONTENT",  # its value is not repeated: it may be a secret
                     expected=", ".join([*CaptureMode.__members__, "true", "false"]))
     return CaptureMode[name]
 

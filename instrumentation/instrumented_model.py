@@ -59,12 +59,17 @@ class InstrumentedModel:
         self._server: tuple[str | None, int | None] | None = None
 
     def server(self) -> tuple[str | None, int | None]:
-        """Where calls go (server.address/port), looked up once; a model that cannot say is never allowed to fail."""
+        """Where calls go (server.address/port), looked up until known, then kept; a model that cannot say is never
+        allowed to fail. (A model may know only once its first call has built its client: it is not asked to build
+        one here, before the chat span, where the set-up would be a gap nobody could explain.)"""
         if self._server is None:
             try:
-                self._server = self.model.server()
+                found = self.model.server()
             except Exception:
-                self._server = (None, None)
+                found = (None, None)
+            if found[0] is not None:
+                self._server = found
+            return found
         return self._server
 
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
@@ -76,10 +81,12 @@ class InstrumentedModel:
             try:
                 response = self.model.create(params, timeout=timeout)
             except BaseException as exc:
+                self._learn_server(chat)
                 chat.fail(exc)
                 raise
             finally:
                 first_chunk_receiver.reset(receiver)
+        self._learn_server(chat)
         self._end(chat, response)
         return response
 
@@ -92,12 +99,21 @@ class InstrumentedModel:
             try:
                 response = await self.model.acreate(params, timeout=timeout)
             except BaseException as exc:
+                self._learn_server(chat)
                 chat.fail(exc)
                 raise
             finally:
                 first_chunk_receiver.reset(receiver)
+        self._learn_server(chat)
         self._end(chat, response)
         return response
+
+    def _learn_server(self, chat: Any) -> None:
+        """Where the call went, for a span started before the model knew (its first call built its client)."""
+        try:
+            chat.learned_server(*self.server())
+        except Exception as exc:  # never into the run
+            telemetry_failed("chat span", exc)
 
     def _start(self, params: dict[str, Any]) -> ChatCall | None:
         turn = current_turn_var.get()

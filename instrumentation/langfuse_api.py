@@ -232,9 +232,11 @@ class LangfuseAPI:
                                                  headers=self._headers, timeout=self.timeout_s)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 timed_out = isinstance(exc, requests.Timeout)
-                reason = "no answer (timed out)" if timed_out else "no answer (connection failed)"
+                reason = "no answer in time (timed out)" if timed_out else "cannot connect (connection failed)"
                 wait = self._backoff(attempt)
-                failure = LangfuseUnavailable(f"Langfuse at {where} gave {reason}", transport=exc)
+                failure = LangfuseUnavailable(f"Langfuse at {where}: no answer in time (timed out)" if timed_out
+                                              else f"cannot connect to Langfuse at {where} (connection failed)",
+                                              transport=exc)
             else:
                 status = response.status_code
                 if 200 <= status < 300:

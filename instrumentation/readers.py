@@ -46,7 +46,7 @@ from typing import Any
 from . import semconv as sc
 from .conversations import ConversationIndex
 from .detector import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL
-from .tracefile.read import SpanRecord
+from .tracefile.read import BAD_ATTRIBUTE_KEY, NotTraceData, SpanRecord
 
 # OpenInference's attribute names (openinference-semantic-conventions), listed so the reader needs no extra package.
 OI_SPAN_KIND = "openinference.span.kind"
@@ -108,6 +108,8 @@ class _Verdicts(dict):
         self.selection = selection
 
     def __missing__(self, key: str) -> bool:
+        if type(key) is not str:  # every reader of trace files refuses the line, in the same words
+            raise NotTraceData(BAD_ATTRIBUTE_KEY)
         verdict = key in self.selection
         if len(self) < _MAX_VERDICTS:
             self[key] = verdict

@@ -219,10 +219,12 @@ class OtlpSettings:
         def setting(name: str) -> tuple[str, str] | None:
             return env.first(specific + name, "OTEL_EXPORTER_OTLP_" + name)
 
-        protocol = (setting("PROTOCOL") or ("", HTTP_PROTOBUF))[1].lower()
-        if protocol not in (HTTP_PROTOBUF, GRPC):
+        protocol_variable, protocol = setting("PROTOCOL") or ("", HTTP_PROTOBUF)
+        protocol = protocol.lower()
+        if protocol not in (HTTP_PROTOBUF, GRPC):  # (a value is never repeated: it may be a token set by mistake)
             hint = " (the OpenTelemetry Python exporters have no http/json)" if protocol == "http/json" else ""
-            problems.append(f"OTLP protocol {protocol!r} is not supported{hint}; use http/protobuf or grpc")
+            problems.append(f"{protocol_variable} is not an OTLP protocol looptrace can send{hint}; use "
+                            "http/protobuf or grpc")
             protocol = HTTP_PROTOBUF
         own_endpoint = env.get(specific + "ENDPOINT")
         generic = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -237,9 +239,11 @@ class OtlpSettings:
             unusable = _endpoint_problem(variable, own_endpoint or generic or "", protocol)
             if unusable:
                 problems.append(unusable)
-        compression = (setting("COMPRESSION") or ("", "none"))[1].lower()
+        compression_variable, compression = setting("COMPRESSION") or ("", "none")
+        compression = compression.lower()
         if compression not in ("none", "gzip", "deflate"):
-            problems.append(f"OTLP compression {compression!r} is not supported; use gzip, deflate or none")
+            problems.append(f"{compression_variable} is not an OTLP compression looptrace supports; use gzip, "
+                            "deflate or none")
             compression = "none"
         headers: dict[str, str] = {}
         found = setting("HEADERS")
@@ -288,18 +292,17 @@ def _endpoint_problem(variable: str, endpoint: str, protocol: str) -> str | None
         return None
     if protocol == GRPC and re.fullmatch(r"[A-Za-z0-9.\-]+:\d{1,5}", endpoint):
         return None
-    shown = safe_url(endpoint)[:80]
     example = "http://host:4317" if protocol == GRPC else "http://host:4318"
-    return f"{variable}={shown!r} is not an endpoint URL; write it as {example} (https:// for TLS)"
+    return f"{variable} is not an endpoint URL; write it as {example} (https:// for TLS)"
 
 
 def _milliseconds_as_seconds(name: str, milliseconds: str) -> float:
     try:
         value = float(milliseconds) / 1000
     except ValueError:
-        raise ConfigurationError(f"{name}={milliseconds!r} is not a number of milliseconds") from None
+        raise ConfigurationError(f"{name} is not a number of milliseconds") from None
     if value <= 0:
-        raise ConfigurationError(f"{name} must be positive (milliseconds), got {milliseconds!r}")
+        raise ConfigurationError(f"{name} must be a positive number of milliseconds")
     return value
 
 
@@ -330,7 +333,7 @@ class LangfuseSettings:
         try:
             timeout_s = float(timeout) if timeout else DEFAULT_TIMEOUT_S
         except ValueError:
-            raise ConfigurationError(f"LANGFUSE_TIMEOUT={timeout!r} is not a number of seconds") from None
+            raise ConfigurationError("LANGFUSE_TIMEOUT is not a number of seconds") from None
         return cls(public_key=public, secret_key=secret, base_url=base.rstrip("/"), timeout_s=timeout_s,
                    environment=environment, release=release, cache_home=Path(cache_home) if cache_home else None)
 
@@ -427,6 +430,7 @@ class Settings:
         env = _Env(source)
         ignored: list[str] = []
         exporters, exporters_variable = _explicit_exporters(env, ignored)
+        _langfuse_half_set(env, ignored)
         return cls(
             exporters=exporters,
             exporters_variable=exporters_variable,
@@ -438,8 +442,8 @@ class Settings:
             model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
             judge=env.get("LOOPTRACE_JUDGE"),
             judge_max_calls=_whole(env, "LOOPTRACE_JUDGE_MAX_CALLS", ignored),
-            capture_content=capture_mode_name(_capture(env)) in (None, "SPAN_ONLY", "SPAN_AND_EVENT"),
-            capture_setting=_capture(env),
+            capture_content=capture_mode_name(_capture(env, ignored)) in (None, "SPAN_ONLY", "SPAN_AND_EVENT"),
+            capture_setting=_capture(env, []),
             max_attribute_chars=_whole(env, "LOOPTRACE_MAX_ATTRIBUTE_CHARS", ignored,
                                        default=DEFAULT_MAX_ATTRIBUTE_CHARS) or DEFAULT_MAX_ATTRIBUTE_CHARS,
             max_line_bytes=_max_line_bytes(env.get(MAX_LINE_BYTES_VARIABLE), ignored),
@@ -521,9 +525,8 @@ def _explicit_exporters(env: _Env, ignored: list[str]) -> tuple[tuple[str, ...] 
     # so it is ignored, and said: a user who meant it for looptrace must not believe it took effect.
     if all(v.strip().lower() in _OTEL_TRACES_EXPORTERS for v in value.split(",")):
         return parse_exporters(value), "OTEL_TRACES_EXPORTER"
-    unknown = [v.strip() for v in value.split(",") if v.strip().lower() not in _OTEL_TRACES_EXPORTERS]
-    ignored.append(f"OTEL_TRACES_EXPORTER={value[:80]!r} names {', '.join(unknown)[:80]}, which looptrace does not "
-                   f"export to (it reads {', '.join(_OTEL_TRACES_EXPORTERS)} there; LOOPTRACE_EXPORTER takes "
+    ignored.append("OTEL_TRACES_EXPORTER names an exporter looptrace does not export to"
+                   f" (it reads {', '.join(_OTEL_TRACES_EXPORTERS)} there; LOOPTRACE_EXPORTER takes "
                    f"{', '.join(KNOWN_EXPORTERS)}); the variable is ignored")
     return None, None
 
@@ -531,10 +534,18 @@ def _explicit_exporters(env: _Env, ignored: list[str]) -> tuple[tuple[str, ...] 
 _OTEL_TRACES_EXPORTERS = ("otlp", "console", "none")
 
 
-def _capture(env: _Env) -> str | None:
-    """The capture setting as given: LOOPTRACE_CAPTURE_CONTENT wins over the GenAI conventions' variable."""
+def _capture(env: _Env, ignored: list[str]) -> str | None:
+    """The capture setting as given: LOOPTRACE_CAPTURE_CONTENT wins over the GenAI conventions' variable. A value
+    that is no mode is NO_CONTENT (a typo must not start recording), said once in ``ignored`` by its variable."""
     found = env.first("LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
-    return None if found is None else found[1]
+    if found is None:
+        return None
+    variable, value = found
+    if value.strip() and not capture_mode_known(value):
+        ignored.append(f"{variable} is not a capture mode (it takes {', '.join(CAPTURE_MODES)}, true or false); "
+                       "NO_CONTENT is assumed")
+        return "NO_CONTENT"
+    return value
 
 
 def capture_mode_name(value: str | None) -> str | None:
@@ -556,6 +567,16 @@ def capture_mode_known(value: str) -> bool:
     return text.upper() in CAPTURE_MODES or text.lower() in _CAPTURE_TRUE | _CAPTURE_FALSE
 
 
+def _langfuse_half_set(env: _Env, ignored: list[str]) -> None:
+    """One Langfuse key without the other leaves Langfuse off: said, so that nobody waits for traces that never
+    come."""
+    public, secret = env.get("LANGFUSE_PUBLIC_KEY"), env.get("LANGFUSE_SECRET_KEY")
+    if bool(public) != bool(secret):
+        given, missing = (("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY") if public
+                          else ("LANGFUSE_SECRET_KEY", "LANGFUSE_PUBLIC_KEY"))
+        ignored.append(f"{given} is set without {missing}; Langfuse needs both keys and is left off")
+
+
 def _watch_basic_auth(env: _Env) -> tuple[str, str] | None:
     username, password = env.get("LOOPTRACE_WATCH_USERNAME"), env.get("LOOPTRACE_WATCH_PASSWORD")
     if (username is None) != (password is None):
@@ -571,7 +592,7 @@ def _whole(env: _Env, name: str, ignored: list[str], default: int | None = None)
     if value.isdigit() and int(value) > 0:
         return int(value)
     instead = f"the default ({default:,})" if default is not None else "the default"
-    ignored.append(f"{name}={value[:40]!r} is not a positive whole number; {instead} is used")
+    ignored.append(f"{name} is not a positive whole number; {instead} is used")
     return default
 
 
@@ -592,7 +613,7 @@ def _max_line_bytes(value: str | None, ignored: list[str]) -> int:
     try:
         return max(int(value), MIN_MAX_LINE_BYTES) if value else DEFAULT_MAX_LINE_BYTES
     except ValueError:
-        ignored.append(f"{MAX_LINE_BYTES_VARIABLE}={(value or '')[:40]!r} is not a whole number of bytes; the default "
+        ignored.append(f"{MAX_LINE_BYTES_VARIABLE} is not a whole number of bytes; the default "
                        f"({DEFAULT_MAX_LINE_BYTES:,}) is used")
         return DEFAULT_MAX_LINE_BYTES
 
@@ -601,7 +622,7 @@ def _port(value: str | None) -> int | None:
     if value is None:
         return None
     if not value.isdigit() or not 0 < int(value) < 65536:
-        raise ConfigurationError(f"LOOPTRACE_PROMETHEUS_PORT={value!r} is not a port number")
+        raise ConfigurationError("LOOPTRACE_PROMETHEUS_PORT is not a port number (1 to 65535)")
     return int(value)
 
 

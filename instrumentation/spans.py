@@ -418,7 +418,7 @@ class TurnSpan:
         """The one report of an anomaly: an event on this turn and on each offending call, the metric, and the run's
         sinks (log line, webhook, Langfuse score). A sink that fails is the sink's business, never the run's."""
         metrics = self.run.tracing.metrics
-        if metrics is not None:
+        if metrics is not None and not anomaly.is_update:  # a streak nudged, then stopped, is one anomaly
             metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
         if self.recording:
             self._record_anomaly(anomaly, action, tool_spans)
@@ -567,6 +567,15 @@ class ChatSpan:
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
 
+    def learned_server(self, address: str | None, port: int | None) -> None:
+        """Where the call went, learned only once it was made (a client built by the call itself, on the run's
+        clock): set now, as it would have been at the start."""
+        if self.server_address is not None or not address:
+            return
+        self.server_address, self.server_port = address, port
+        if self.span.is_recording():
+            self.span.set_attributes({sc.SERVER_ADDRESS: address, **({sc.SERVER_PORT: port} if port else {})})
+
     def first_chunk(self, seconds: float) -> None:
         """A streaming call's first chunk arrived ``seconds`` after the request was sent."""
         if self.span.is_recording():
@@ -666,6 +675,9 @@ class JudgeSpan:
 
     def first_chunk(self, seconds: float) -> None:
         pass
+
+    def learned_server(self, address: str | None, port: int | None) -> None:
+        pass  # the judge's span names no server (it is not the agent's model call)
 
     def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None:
         if not self.span.is_recording():

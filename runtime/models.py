@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import itertools
 import random
 import threading
@@ -73,8 +72,13 @@ class AnthropicModel:
         return self._async_client
 
     def server(self) -> tuple[str | None, int | None]:
-        client = self._client or self._async_client or self.sync_client()
-        url = urlsplit(str(client.base_url))
+        """Where the calls go, for the chat span; (None, None) until known. Asked before the first call, it never
+        builds the client: importing the SDK and setting the client up is the call's work, on the run's clock."""
+        client = self._client or self._async_client
+        base_url = client.base_url if client is not None else self._options.get("base_url")
+        if not base_url:
+            return None, None
+        url = urlsplit(str(base_url))
         return url.hostname, url.port or (443 if url.scheme == "https" else 80)
 
     # Under a run's wall-clock limit the SDK's own retries would give every attempt the whole time left again (three
@@ -84,11 +88,12 @@ class AnthropicModel:
     # a thread the caller stops waiting for (sync), or under asyncio.wait_for, which cancels it (async).
 
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
-        client = self.sync_client()
         if timeout is None:
-            return self._send(client, params, {})
+            return self._send(self.sync_client(), params, {})
+        # The clock starts before the client is built: the first call of a process imports the SDK and sets up its
+        # HTTP client (most of a second), and that is the run's time too.
         deadline = time.monotonic() + timeout
-        return _finish_by(deadline, timeout, lambda: self._create_until(client, params, deadline))
+        return _finish_by(deadline, timeout, lambda: self._create_until(self.sync_client(), params, deadline))
 
     def _create_until(self, client: Any, params: dict[str, Any], deadline: float) -> dict[str, Any]:
         for attempt in itertools.count():
@@ -102,12 +107,13 @@ class AnthropicModel:
         raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
-        client = self.async_client()
         if timeout is None:
-            return await self._asend(client, params, {})
-        deadline = time.monotonic() + timeout
+            return await self._asend(self.async_client(), params, {})
+        deadline = time.monotonic() + timeout  # before the client is built: its set-up is the run's time too
+        client = self.async_client()
         try:
-            return await asyncio.wait_for(self._acreate_until(client, params, deadline), max(timeout, 0.001))
+            return await asyncio.wait_for(self._acreate_until(client, params, deadline),
+                                          max(deadline - time.monotonic(), 0.001))
         except TimeoutError:
             raise ModelCallTimeout(_late_message(timeout)) from None
 
@@ -296,7 +302,7 @@ class ScriptedModel:
         return self.create(params, timeout=timeout)
 
     def _complete(self, item: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-        response = copy.deepcopy(item)
+        response = copy_tree(item)
         response.setdefault("id", f"msg_scripted_{next(self._ids):04d}")
         response.setdefault("type", "message")
         response.setdefault("role", "assistant")
@@ -310,6 +316,24 @@ class ScriptedModel:
         usage.setdefault("cache_creation_input_tokens", 0)
         usage.setdefault("cache_read_input_tokens", 0)
         return response
+
+
+def copy_tree(item: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a response's dicts and lists, made without recursion: a tool input nested 900 levels deep (which the
+    real client takes) must not end a test in RecursionError, as ``copy.deepcopy`` would. Other values (strings,
+    numbers) are immutable or the caller's, and are shared as they are."""
+    top: dict[str, Any] = {}
+    pending: list[tuple[Any, Any]] = [(item, top)]
+    while pending:
+        source, target = pending.pop()
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in pairs:
+            if isinstance(value, (dict, list)):
+                copied: Any = {} if isinstance(value, dict) else [None] * len(value)
+                pending.append((value, copied))
+                value = copied
+            target[key] = value
+    return top
 
 
 class ScriptExhausted(RuntimeError):

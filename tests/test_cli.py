@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes.messages_api import Error, FakeMessagesAPI
+from fakes.messages_api import Delay, Error, FakeMessagesAPI
 
 from looptrace.cli.app import main
 from looptrace.cli.demo import equipment_script
@@ -208,7 +208,7 @@ def test_traces_show_skips_malformed_lines_and_says_so(workdir, capsys):
     code, out, err = run_cli(capsys, "traces", "show")
     assert code == 0
     assert "invoke_agent booking" in out
-    assert ":1: skipped: not JSON" in err and "skipped: not OTLP/JSON" in err
+    assert ":1: skipped: truncated/incomplete JSON" in err and "skipped: not OTLP/JSON" in err
     assert "Traceback" not in err
 
 
@@ -269,8 +269,27 @@ def test_ctrl_c_mid_tool_exits_130_with_a_valid_trace(tmp_path):
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err
-    assert "interrupted after 1 turn;" in err
+    assert "interrupted; the trace was saved" in err
     spans = list(read_spans(tmp_path / ".looptrace" / "traces.jsonl", on_bad_line=pytest.fail))
     root = next(s for s in spans if s.name.startswith("invoke_agent"))
     assert root.attributes[sc.RUN_STATUS] == "interrupted"
     assert any(s.name == "execute_tool wait_forever" for s in spans)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_model_call_says_one_count_of_turns(tmp_path):
+    import re
+
+    with FakeMessagesAPI([Delay(60, {"content": [{"type": "text", "text": "late"}]})]) as fake:
+        env = {**os.environ, "ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "test-key"}
+        process = subprocess.Popen([*_console_script(), "run", "wait"], cwd=tmp_path, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not fake.requests and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the model call is under way
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    counts = set(re.findall(r"(\d+) turns?\b", out + err))
+    assert counts == {"1"}, out + err  # the live view's "interrupted: 1 turn" and the last line agree
+    assert "interrupted" in err.splitlines()[-1] and "the trace was saved" in err

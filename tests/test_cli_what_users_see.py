@@ -150,10 +150,10 @@ def test_a_torn_last_line_is_named_alike_by_show_list_and_detect(workdir, capsys
     said = {argv[0] + (argv[1] if argv[0] == "traces" else ""): _skipped_lines(cli(capsys, *argv)[2])
             for argv in (["traces", "show", "--file", str(path)], ["traces", "list", "--file", str(path)],
                          ["detect", str(path)])}
-    expected = f"looptrace: {path}:{len(lines)}: skipped: not JSON"
+    expected = f"looptrace: {path}:{len(lines)}: skipped: truncated/incomplete JSON"
     assert all(len(found) == 1 and found[0].startswith(expected) for found in said.values()), said
     assert said["tracesshow"] == said["traceslist"] == said["detect"]
-    assert "(torn: the line was never finished)" in said["detect"][0]
+    assert said["detect"][0].endswith("(torn: the line was never finished)")
 
 
 def test_a_torn_root_leaves_the_turns_drawn_and_says_their_parent_is_missing(workdir, capsys):
@@ -174,7 +174,7 @@ def test_a_torn_line_of_a_later_run_leaves_the_finished_run_drawn_with_its_root(
     code, out, err = cli(capsys, "traces", "show", "--file", str(path))
     assert code == 0 and out.startswith("invoke_agent booking  [done]  4 turns")
     assert _skipped_lines(err) == _skipped_lines(cli(capsys, "detect", str(path))[2])
-    assert _skipped_lines(err)[0].startswith(f"looptrace: {path}:{number}: skipped: not JSON")
+    assert _skipped_lines(err)[0].startswith(f"looptrace: {path}:{number}: skipped: truncated/incomplete JSON")
 
 
 # --- item 12: a tools file that exits, or defines nothing -----------------------------------------------------------

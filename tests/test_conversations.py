@@ -244,7 +244,7 @@ def test_watch_flags_a_bare_loop_live_and_judges_the_conversation_when_idle():
     loop.conversation(['{"status": "shipped"}'] * 8)
     watcher, recorded, now = watched(loop.spans)
     assert [a.type for a, _ in recorded.alerts] == ["repeated_call"]  # before the conversation ended
-    assert recorded.alerts[0][1].trace_id.startswith("conversation:")
+    assert recorded.alerts[0][1].conversation.startswith("conversation:")
     metrics = watcher.metrics.render().decode()
     # (no agent name: the producer recorded none)
     assert 'looptrace_anomalies_total{agent="unknown",anomaly_type="repeated_call",service="shop"} 1.0' in metrics

@@ -82,3 +82,13 @@ def test_hostile_tool_arguments_reach_the_file_as_json_every_decoder_reads(trace
     assert result.status.value == "done"
     lines = trace_file.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 6 and all(json.loads(line) for line in lines)
+
+
+def test_tool_arguments_nested_900_levels_run_with_the_scripted_model_as_with_the_real_client(trace_file):
+    deep: list = ["deep"]
+    for _ in range(900):
+        deep = [deep]
+    script = _script(deep)
+    result = Agent("claude-sonnet-5-5", tools=[echo], client=ScriptedModel(script)).run("go")
+    assert result.status.value == "done", result.error
+    assert script[0]["content"][0]["input"]["n"] is deep  # the script itself is left as it was given

@@ -26,7 +26,7 @@ CLI = [sys.executable, "-m", "looptrace"]
 ])
 def test_an_endpoint_that_is_no_url_is_a_configuration_error_naming_its_variable(environ, variable, tmp_path):
     settings = Settings.from_env(environ=environ)
-    with pytest.raises(ConfigurationError, match=f"^{variable}="):
+    with pytest.raises(ConfigurationError, match=f"^{variable} is not an endpoint URL"):
         configure(settings, exporters="otlp", set_global=False, trace_file=tmp_path / "t.jsonl")
 
 

@@ -722,3 +722,10 @@ def _one_line_and_exit_2(done: subprocess.CompletedProcess, says: str) -> None:
     assert "Traceback" not in done.stderr
     (line,) = done.stderr.splitlines()
     assert line.startswith("looptrace watch: error: ") and says in line, line
+
+
+def test_an_empty_otlp_json_request_is_accepted_like_an_empty_list(watch):
+    server, recorded = watch
+    assert post(server, b"{}", content_type="application/json")[0] == 200  # proto3 JSON: a field left out is empty
+    assert post(server, b'{"resourceSpans": []}', content_type="application/json")[0] == 200
+    assert post(server, b'{"hello": 1}', content_type="application/json")[0] == 400  # not a request at all

@@ -219,14 +219,53 @@ def read_spans(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
 
 
 def _describe(exc: BaseException, raw: bytes) -> str:
+    return describe_unreadable(exc, raw)
+
+
+class NotTraceData(ValueError):
+    """A line that is JSON but not OTLP/JSON trace data; its message is the reason, said the same by every reader."""
+
+
+_OTHER_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")  # UTF-16 and UTF-32 (LE's starts as 16's)
+
+
+def describe_unreadable(exc: BaseException, raw: bytes = b"") -> str:
+    """Why a line of a trace file cannot be read, in one phrase: the words every command that reads trace files
+    (`detect`, `traces show | list`, `replay`) uses for the same line, so that they never disagree about it.
+
+    ``exc`` is what parsing the line (``raw``, its bytes; empty when the line parsed) or reading its spans raised.
+    """
+    if raw.startswith(_OTHER_BYTE_ORDER_MARKS):
+        return "not UTF-8 text"  # json would guess UTF-16 from the mark and then call the garbage "not JSON"
     if isinstance(exc, RecursionError):
         return "nested too deeply to read"
     if isinstance(exc, json.JSONDecodeError):
-        torn = " (torn: the line was never finished)" if raw and not raw.endswith(b"\n") else ""
-        return f"not JSON ({exc.msg} at column {exc.colno}){torn}"
+        if exc.doc.lstrip().startswith(("{", "[")):  # JSON begun; was it cut short?
+            if raw and not raw.endswith(b"\n"):
+                return "truncated/incomplete JSON (torn: the line was never finished)"
+            if not exc.doc[exc.pos:].strip() or exc.msg.startswith("Unterminated"):
+                return "truncated/incomplete JSON (the line ends before its JSON does)"
+        return f"not JSON ({exc.msg} at column {exc.colno})"
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
+    if isinstance(exc, NotTraceData):
+        return f"not OTLP/JSON trace data ({exc})"
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
+
+
+def check_span(span: Any) -> None:
+    """Raise NotTraceData unless ``span`` holds what every reader relies on: a traceId and a spanId that are strings.
+    Called on every span ``raw_spans`` yields, so that no command accepts a line another refuses. (Attribute keys are
+    checked where they are decoded, ``decode_span_attributes`` and detection's key selection, at no extra pass.)"""
+    if not isinstance(span, dict):
+        raise NotTraceData("a span is not an object")
+    if type(span.get("traceId")) is not str:
+        raise NotTraceData("a span's traceId is missing or not a string")
+    if type(span.get("spanId")) is not str:
+        raise NotTraceData("a span's spanId is missing or not a string")
+
+
+BAD_ATTRIBUTE_KEY = "an attribute key is not a string"
 
 
 def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
@@ -251,8 +290,7 @@ def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
         for scope_spans in resource_spans.get("scopeSpans") or ():
             scope = (scope_spans.get("scope") or {}).get("name", "")
             for span in scope_spans.get("spans") or ():
-                if not isinstance(span, dict):
-                    raise ValueError("a span is not an object")
+                check_span(span)
                 yield span, resource, scope
 
 
@@ -281,8 +319,9 @@ def span_record(span: dict[str, Any], resource: dict[str, Any], scope: Any,
         decode_span_kind(get("kind", 0)),
         nanoseconds(get("startTimeUnixNano")),
         nanoseconds(get("endTimeUnixNano")),
-        decode_attributes(get("attributes"), keys),
-        [(str(e.get("name", "")), nanoseconds(e.get("timeUnixNano")), decode_attributes(e.get("attributes"), keys))
+        decode_span_attributes(get("attributes"), keys),
+        [(str(e.get("name", "")), nanoseconds(e.get("timeUnixNano")),
+          decode_span_attributes(e.get("attributes"), keys))
          for e in events] if events else [],
         decode_status_code(status.get("code", 0)),
         message if type(message) is str else str(message),
@@ -336,11 +375,32 @@ def decode_status_code(value: Any) -> int:
 
 
 def decode_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """OTLP/JSON key-value pairs as a dict, keys as they are (the spill file keeps what the SDK was given)."""
     if not items:
         return {}
     if keys is None:
         return {item["key"]: decode_value(item.get("value") or {}) for item in items}
     return {key: decode_value(item.get("value") or {}) for item in items if (key := item["key"]) in keys}
+
+
+def decode_span_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
+    """A span's attributes as the trace-file readers take them: as ``decode_attributes``, but a key that is not a
+    string makes the line no trace data (NotTraceData), said alike by every command that reads trace files."""
+    if not items:
+        return {}
+    if keys is None:
+        decoded = {item["key"]: decode_value(item.get("value") or {}) for item in items}
+        if len(set(map(type, decoded))) > 1 or type(next(iter(decoded), "")) is not str:
+            raise NotTraceData(BAD_ATTRIBUTE_KEY)
+        return decoded
+    selected = {}
+    for item in items:
+        key = item["key"]
+        if type(key) is not str:
+            raise NotTraceData(BAD_ATTRIBUTE_KEY)
+        if key in keys:
+            selected[key] = decode_value(item.get("value") or {})
+    return selected
 
 
 def decode_value(value: dict[str, Any]) -> Any:

@@ -64,6 +64,8 @@ def parse_request(body: bytes, content_type: str) -> list[SpanRecord]:
     if "json" in content_type:
         try:
             document = json.loads(body or b"{}")
+            if document == {}:  # proto3 JSON leaves an empty field out: `{}` is a request with no spans
+                return []
             return list(spans_of_traces_data(document, DETECTION_KEYS))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise BadRequest(f"not OTLP/JSON trace data ({type(exc).__name__})") from None

@@ -1,7 +1,8 @@
 """Watch's anomaly sinks: the same fan-out an agent's own anomalies reach (``alerts.AnomalySinks``), from settings.
 
 A structured log line, the webhook, and a ``loop_anomaly`` score on the trace when Langfuse keys are set (a run watch
-assembled from a session, no one trace, gets no score). Built from settings already read, never from the environment.
+assembled from several traces, a session's or a conversation's, scores the latest of them, where the anomaly was
+seen). Built from settings already read, never from the environment.
 """
 
 from __future__ import annotations

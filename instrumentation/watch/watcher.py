@@ -41,6 +41,11 @@ class _RunMeta:
     agent: str
     last_seen: float
     alerted: set[tuple[str, str]] = field(default_factory=set)
+    # The real trace ids of a run assembled from several traces (a session, a conversation), oldest first.
+    trace_ids: list[str] = field(default_factory=list)
+
+
+MAX_TRACE_IDS_NAMED = 50  # of a conversation's traces, the latest named in an alert
 
 
 class RunWatcher:
@@ -86,6 +91,11 @@ class RunWatcher:
                 self._runs.move_to_end(key)
             if not meta.agent:
                 meta.agent = str(span.attributes.get(sc.GEN_AI_AGENT_NAME) or "")
+            if key != span.trace_id and span.trace_id not in meta.trace_ids[-4:]:  # (spans of a trace come together)
+                if span.trace_id in meta.trace_ids:
+                    meta.trace_ids.remove(span.trace_id)
+                meta.trace_ids.append(span.trace_id)
+                del meta.trace_ids[:-MAX_TRACE_IDS_NAMED]
             if verdict is not None:
                 self._finish(verdict, "root")
                 touched.discard(verdict.trace_id)
@@ -132,6 +142,9 @@ class RunWatcher:
             return
         agent = meta.agent or "unknown"
         context = AlertContext(agent=agent, trace_id=key, span_id="", action="warn")
+        if meta.trace_ids:  # a run of several traces: named by its key and its real traces, never a made-up id
+            context = AlertContext(agent=agent, trace_id=meta.trace_ids[-1], span_id="", action="warn",
+                                   conversation=key, trace_ids=tuple(meta.trace_ids))
         for anomaly in anomalies:
             identity = (anomaly.type, anomaly.streak)
             if identity in meta.alerted or not announces(anomaly, context):

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    _refuse_unknown_leading_flags(parser, sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser, so the hint points at its --help
         getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
@@ -58,6 +59,17 @@ def _main(argv: list[str] | None) -> int:
         print(f"looptrace: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""),
               file=sys.stderr)
         return EXIT_USAGE
+
+
+def _refuse_unknown_leading_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """`looptrace --bogus` names the flag it does not know, instead of argparse's "COMMAND is required" (the
+    command is missing only because the flag came first)."""
+    known = {"-h", "--help", "--version"}
+    for argument in argv:
+        if not argument.startswith("-"):
+            return  # the command: its own parser judges the rest
+        if argument not in known:
+            parser.error(f"unrecognized arguments: {argument}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -67,3 +67,36 @@ def unresolved_line(errors: Sequence[Any], *, total: int | None = None, most: in
     shown = [e.describe() for e in errors[-most:]]
     more = f"({total - len(shown)} earlier not shown) " if total > len(shown) else ""
     return f"{plural(total, 'tool error')} left unresolved: {more}{'; '.join(shown)}".rstrip(": ")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def since_time(text: str) -> int:
+    """An argparse type: a moment as Unix nanoseconds, from an ISO time (``2026-12-01T09:30``, local time unless it
+    names its zone) or a time ago (``90s``, ``15m``, ``2h``, ``1d``, ``1w``, or several: ``2h30m``)."""
+    import re
+    import time
+    from datetime import datetime
+
+    ago = re.fullmatch(r"(?:\d+[smhdw])+", text.strip())
+    if ago:
+        seconds = sum(int(n) * _UNITS[unit] for n, unit in re.findall(r"(\d+)([smhdw])", text))
+        return time.time_ns() - seconds * 10**9
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected an ISO time (2026-12-01T09:30) or a time ago (90s, 15m, 2h, "
+                                         "1d, 2h30m)") from None
+    return int(moment.timestamp() * 1e9)  # a naive time is local, as `traces list` shows times
+
+
+def positive_count(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError("expected a whole number of at least 1")
+    return number

@@ -13,12 +13,39 @@ EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for any program whose reader went away (`| head`)
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report it
 
-EXIT_CODE_HELP = """exit codes:
-  0   done (the model ended its turn)       1   error (the API call failed, see the message)
-  2   usage: bad flag, tools file, missing key or unreadable file
-  3   traces show: no such trace
-  10  max_turns    11 token_budget    12 cost_budget    13 timeout
-  20  max_tokens   21 stop_sequence   22 refusal        23 context_window
-  30  stopped_by_detector             130 interrupted (Ctrl-C)   143 terminated (SIGTERM)
-  40  awaiting_approval: paused for a person's decision (resume with `looptrace resume STATE`)
-  141 stdout closed early (e.g. `| head`): the run finished and its trace was saved"""
+# The commands that run an agent (replay: offline) and exit with how it ended.
+RUNS = ("run", "resume", "demo", "replay")
+EVERY = "every command"
+
+# (codes, commands, meaning): the one table of exit codes. `looptrace --help` is made from it, and
+# docs/exit-codes.md is held to it by a test, as is each command's own --help.
+EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] = (
+    ((0,), EVERY, "done: the model ended its turn, no anomaly, the run shown or listed, nothing left to push, "
+                  "watch stopped cleanly"),
+    ((1,), RUNS, "error: the API call failed (replay: also a replay that went past the recording)"),
+    ((1,), ("detect",), "anomalies found"),
+    ((1,), ("traces push",), "spans still pending: their backend failed again, or lines were set aside"),
+    ((2,), EVERY, "usage: a bad flag or setting, a tools file, a missing key, an unreadable or non-trace file, "
+                  "a port taken, Langfuse refusing or unreachable"),
+    ((3,), ("traces show", "replay"), "no such trace in the file"),
+    ((10, 11, 12, 13), RUNS, "a limit: max_turns, token_budget, cost_budget, timeout"),
+    ((20, 21, 22, 23), RUNS, "the model stopped: max_tokens, stop_sequence, refusal, context_window"),
+    ((30,), RUNS, "stopped_by_detector"),
+    ((40,), ("run", "resume"),
+     "awaiting_approval: paused for a person's decision; `looptrace resume STATE` finishes it"),
+    ((130,), ("run", "resume", "demo"), "interrupted (Ctrl-C)"),
+    ((141,), EVERY, "stdout closed early (e.g. `| head`): what was done is kept (a run's trace is saved)"),
+    ((143,), ("run", "resume", "demo"), "terminated (SIGTERM)"),
+)
+
+
+def _help_text() -> str:
+    lines = ["exit codes: (the table: docs/exit-codes.md)"]
+    for codes, commands, meaning in EXIT_CODE_TABLE:
+        numbers = f"{codes[0]}-{codes[-1]}" if len(codes) > 2 else ", ".join(map(str, codes))
+        who = commands if isinstance(commands, str) else ", ".join(commands)
+        lines.append(f"  {numbers:<6} {who}: {meaning}")
+    return "\n".join(lines)
+
+
+EXIT_CODE_HELP = _help_text()

@@ -91,6 +91,16 @@ def langfuse_detect_command(args: argparse.Namespace, print_verdict: Any) -> int
     return 1 if found else EXIT_OK
 
 
+def _waiting_line(seconds: float, reason: str) -> str:
+    """A retry's pause, said as what happened: Langfuse asks to wait only when it answers 429 or 5xx (with or
+    without Retry-After); a connection that fails or times out is ours to retry."""
+    if reason.startswith("cannot connect"):
+        return f"cannot connect to Langfuse; retrying in {seconds:.0f} s"
+    if reason.startswith("no answer"):
+        return f"no answer from Langfuse in time; retrying in {seconds:.0f} s"
+    return f"Langfuse asked to wait {seconds:.0f} s ({reason})"
+
+
 class _Progress:
     """A progress line on stderr for a person watching (redrawn in place), at most once a second."""
 
@@ -104,7 +114,7 @@ class _Progress:
     def __call__(self, report: Any) -> None:
         self.judged, self.scores = report.judged, report.scores_posted
         if report.phase == "waiting":  # always said: a pause nobody is told of looks like a hang
-            self._say(f"Langfuse asked to wait {report.wait_s:.0f} s ({report.reason})")
+            self._say(_waiting_line(report.wait_s, report.reason))
             return
         now = time.monotonic()
         if not self.interactive or report.phase == "done" or now - self._shown < PROGRESS_EVERY_S:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from looptrace.instrumentation.tracefile.read import BadLine, SpanRecord, raw_spans, read_lines, span_record
@@ -26,12 +26,14 @@ def list_command(args: argparse.Namespace) -> int:
     # Turn spans per parent, so that a run that failed mid-turn is said to have the turn `traces show` draws; a
     # run's entry goes when its root comes, and runs that never wrote a root are forgotten oldest first.
     turns_under: OrderedDict[Any, int] = OrderedDict()
+    since = getattr(args, "since", None)
+    last: int | None = getattr(args, "last", None)
+    held: deque[str] = deque(maxlen=last)  # with --last, the latest lines wait for the end of the file
     with LineReporter(path, max_line_bytes) as report:
         for number, data in read_lines(path, report, report.progress, max_line_bytes=report.max_line_bytes):
             roots = []
             try:
                 for span, _, scope in raw_spans(data):
-                    report.saw_span()
                     if is_root(span):
                         roots.append(span_record(span, {}, scope, keys))
                     elif _is_turn(span):
@@ -42,12 +44,21 @@ def list_command(args: argparse.Namespace) -> int:
             except NOT_TRACE_DATA as exc:
                 report(BadLine(number, not_trace_data(exc)))
                 continue
+            report.saw_span()  # once the line's spans are read: a line refused whole is no sign of trace data
             for root in roots:
                 turns_drawn = turns_under.pop(root.span_id, 0)
-                if root.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
-                    report.clear_progress()
-                    print(run_line(root, turns_drawn))
+                if root.attributes.get(sc.GEN_AI_OPERATION_NAME) != sc.OPERATION_INVOKE_AGENT:
+                    continue
+                if since is not None and root.start_ns < since:
+                    continue
+                if last is not None:
+                    held.append(run_line(root, turns_drawn))
+                    continue
+                report.clear_progress()
+                print(run_line(root, turns_drawn))
         report.finish(spans_required=True)  # a file with no span at all (a log, a binary) is a usage error
+    for line in held:
+        print(line)
     return EXIT_OK
 
 

@@ -161,5 +161,5 @@ def _one_trace(path: Path, trace_id: str | None, max_line_bytes: int) -> list[An
 
     with LineReporter(path, max_line_bytes) as report:
         spans = _find_trace(path, (trace_id or "").lower() or None, report)
-        report.finish(spans_required=False)
+        report.finish(spans_required=report.bad > 0)  # a log or a binary file is refused as `traces show` does
     return spans

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.runtime.result import RunResult, RunStatus
 
-from .common import plural
 from .exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
@@ -60,8 +59,30 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def export_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings fields the export flags set (None where a flag was not given: the environment's value stays)."""
+    """The settings fields the export flags set (None where a flag was not given: the environment's value stays).
+
+    Flags that cannot work are refused here, before anything runs: an empty --exporter (it would quietly mean the
+    default), a --trace-file that is a directory or lies under a file (the run would go ahead and lose its trace).
+    """
+    from .common import UsageError
+
+    if args.exporter is not None and not args.exporter.replace(",", "").strip():
+        raise UsageError("--exporter needs at least one of file, console, otlp, langfuse, none")
+    if args.trace_file is not None:
+        reason = _why_not_a_file(Path(args.trace_file))
+        if reason:
+            raise UsageError(f"--trace-file {args.trace_file} {reason}")
     return {"exporters": args.exporter, "trace_file": args.trace_file}
+
+
+def _why_not_a_file(path: Path) -> str | None:
+    """Why ``path`` can never be written as a file (it is a directory; a folder on its way is a file), else None."""
+    if path.is_dir():
+        return "is a directory, not a file"
+    for ancestor in path.parents:
+        if ancestor.exists():
+            return None if ancestor.is_dir() else f"cannot be created: {ancestor} is not a directory"
+    return None
 
 
 class Terminated(KeyboardInterrupt):
@@ -87,8 +108,10 @@ def execute(agent: Agent, task: str | None, telemetry: Telemetry,
     except RunInterrupted as interrupted:
         close(telemetry)
         terminated = isinstance(interrupted.__cause__, Terminated)
-        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'} after "
-              f"{plural(interrupted.result.turns, 'turn')}; the trace was saved", file=sys.stderr)
+        # No count of turns here: the run counts the turns it completed, the live view (and `traces show`) the one
+        # it was in too; a second number would only contradict the first.
+        print(f"\nlooptrace: {'terminated' if terminated else 'interrupted'}; the trace was saved (see it with: "
+              f"looptrace traces show --trace-id {interrupted.result.trace_id[:12]})", file=sys.stderr)
         raise SystemExit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

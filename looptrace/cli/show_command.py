@@ -62,7 +62,7 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     from looptrace.instrumentation.recorded_facts import recorded_unresolved_errors
 
     from .common import unresolved_line
-    from .views import WARN_MARK
+    from .views import IGNORED_ERROR, WARN_MARK
 
     roots = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
     recorded = [(root.name, recorded_unresolved_errors(root)) for root in roots]
@@ -71,11 +71,14 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
         from looptrace.instrumentation.trace_detect import detect_spans
 
         runs = [(v.name, len(v.unresolved_errors), v.unresolved_errors) for v in detect_spans(spans)]
+    # A warning only when the detector found the final answer ignoring an error; otherwise a fact, said quietly.
+    ignored = any(event[2].get(sc.ANOMALY_TYPE) == IGNORED_ERROR for span in spans for event in span.events)
+    mark = f"{WARN_MARK} " if ignored else ""
     lines = []
     for name, total, errors in runs:
         line = unresolved_line(errors, total=total)
         if line is not None:
-            lines.append(f"{WARN_MARK} {name + ': ' if len(runs) > 1 else ''}{line}")
+            lines.append(f"{mark}{name + ': ' if len(runs) > 1 else ''}{line}")
     return lines
 
 
@@ -111,8 +114,11 @@ def _peek(raw: bytes) -> tuple[str, int, bool, bool] | None:
 
     looptrace writes one span per line: `traces show` parses only the lines of the trace it shows.
     """
-    if raw.count(b'"spanId"') != 1 or not raw.rstrip().endswith(b"}"):
-        return None  # (a torn line is parsed, so that read_lines reports it as `detect` and `list` do)
+    if (raw.count(b'"spanId":"') != 1 or raw.count(b'"spanId"') != 1 or not raw.rstrip().endswith(b"}")
+            or raw.count(b'"key":') != raw.count(b'"key":"')):
+        # (a torn line, or one whose ids or attribute keys are not strings, is parsed, so that it is checked and
+        # reported as `detect` and `list` report it)
+        return None
     start = raw.find(b'"traceId":"')
     if start < 0:
         return None
@@ -144,9 +150,12 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
     best: tuple[int, _Held] | None = None
     matches: set[str] = set()
 
+    kept: set[str] = set()  # up to two trace ids: whether any span, and a second trace, was kept
+
     def keep(trace_id: str, end: int, root: bool, parentless: bool, item: Any) -> None:
         nonlocal best
-        report.saw_span()
+        if len(kept) < 2:
+            kept.add(trace_id)
         if trace_id not in open_traces and trace_id in rooted:
             open_traces[trace_id] = rooted.pop(trace_id)  # the same list: a best pointing at it sees the rest
         if prefix is not None:
@@ -184,19 +193,23 @@ def _find_trace(path: Path, prefix: str | None, report: LineReporter) -> list[Sp
             continue
         try:
             for span, resource, scope in raw_spans(data):
-                trace_id = span["traceId"]
-                if type(trace_id) is not str:
-                    raise ValueError("traceId is not a string")
-                keep(trace_id.lower(), _end(span), is_root(span), not span.get("parentSpanId"),
+                # (the trace id is a string: raw_spans checked it)
+                keep(span["traceId"].lower(), _end(span), is_root(span), not span.get("parentSpanId"),
                      _Parsed(number, span, resource, scope))
         except NOT_TRACE_DATA as exc:
             report(BadLine(number, not_trace_data(exc)))
     if prefix is not None:
         chosen = open_traces.get(next(iter(matches))) if matches else None
-        return _decode(chosen[1], report) if chosen else None
-    if best is None and open_traces:
-        best = max(open_traces.values(), key=lambda item: item[0])
-    return _decode(best[1], report) if best else None
+    else:
+        if best is None and open_traces:
+            best = max(open_traces.values(), key=lambda item: item[0])
+        chosen = best
+    records = _decode(chosen[1], report) if chosen else None
+    # Spans were read unless every line of the trace chosen was refused once parsed (the only trace of a file whose
+    # attribute keys are numbers, say): then the file is said to hold none, as `detect` and `list` say it.
+    if records or (kept and records is None) or len(kept) > 1:
+        report.saw_span()
+    return records
 
 
 def _end(span: dict[str, Any]) -> int:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
+from .common import Parser, UsageError, positive_count, silence_stdout, since_time, tolerate_any_terminal
 from .exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
 from .langfuse_detect import add_langfuse_arguments
 
@@ -40,9 +40,9 @@ def add_trace_commands(commands: Any) -> None:
     """Add `detect` and `traces` to a subparsers object (the full CLI's, or the light one of ``main``)."""
     detect = commands.add_parser(
         "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
-        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose tool calls are "
-                    "execute_tool spans with gen_ai.tool.* attributes) and reports repeated calls, cycles, tools "
-                    "that keep failing and errors the final answer ignored.",
+        description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose spans follow "
+                    "the OpenTelemetry GenAI conventions, OpenLLMetry's or OpenInference's) and reports repeated "
+                    "calls, cycles, tools that keep failing and errors the final answer ignored.",
         epilog="exit codes:\n  0   no anomaly\n  1   anomalies found\n  2   unreadable file, a file holding no "
                "OTLP/JSON span, a bad flag; with --langfuse: keys refused, Langfuse unreachable, a malformed page "
                "(with --cursor, the same command resumes)",
@@ -87,6 +87,10 @@ def add_trace_commands(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     listing.add_argument("--file", type=Path,
                          help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
+    listing.add_argument("--last", type=positive_count, metavar="N", help="only the last N runs of the file")
+    listing.add_argument("--since", type=since_time, metavar="TIME",
+                         help="only runs started since TIME: an ISO time (2026-12-01T09:30, local unless it names "
+                              "its zone) or a time ago (90s, 15m, 2h, 1d, 2h30m)")
     listing.set_defaults(command_parser=listing, handler=list_command)
     push = traces_commands.add_parser(
         "push", help="send the spans and scores a backend could not take earlier (read back from the trace file), "

@@ -9,7 +9,6 @@ first few malformed lines are named and the rest counted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from looptrace.instrumentation.tracefile.read import (
     SpanRecord,
     TraceFileError,
     decode_attributes,
+    describe_unreadable,
     raw_spans,
     read_lines,
     span_record,
@@ -32,6 +32,9 @@ from .common import UsageError, plural
 from .environment import read_settings
 
 BAD_LINES_SHOWN = 5
+# A file this big takes a second or more to read: a person at a terminal gets a progress bar (tqdm's, imported only
+# then: it costs 60-130 ms to import, more than `detect` takes on a small file).
+PROGRESS_MIN_BYTES = 50_000_000
 # What a line that is JSON but not trace data raises while its spans are read: it is reported, never a traceback.
 NOT_TRACE_DATA = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
@@ -51,6 +54,7 @@ class LineReporter:
         self._waiting: list[str] = []
         self.size = 0
         self.interactive = sys.stderr.isatty()
+        self._bar: Any = None  # the tqdm progress bar, made at the first progress report of a big file
 
     def __enter__(self) -> LineReporter:
         if os.path.isdir(self.path):
@@ -66,7 +70,9 @@ class LineReporter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.clear_progress()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if isinstance(exc, TraceFileError):
             raise UsageError(str(exc)) from None
 
@@ -103,18 +109,23 @@ class LineReporter:
 
     @property
     def shows_progress(self) -> bool:
-        """Only a person watching a big file wants a progress line."""
-        return self.interactive and self.size > 50_000_000
+        """Only a person watching a big file wants a progress bar."""
+        return self.interactive and self.size >= PROGRESS_MIN_BYTES
 
     def clear_progress(self) -> None:
-        if self.shows_progress:
-            sys.stderr.write("\r" + " " * 60 + "\r")
+        """Take the bar off the line before something else is written there; the next update draws it again."""
+        if self._bar is not None:
+            self._bar.clear()
 
     def progress(self, done: int) -> None:
-        if self.shows_progress:
-            sys.stderr.write(f"\rreading {self.path.name}: {done * 100 // max(self.size, 1)}% "
-                             f"({done / 1e6:,.0f} of {self.size / 1e6:,.0f} MB)")
-            sys.stderr.flush()
+        if not self.shows_progress:
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.size, desc=f"reading {self.path.name}", unit="B", unit_scale=True,
+                             unit_divisor=1024, file=sys.stderr, leave=False, dynamic_ncols=True)
+        self._bar.update(done - self._bar.n)
 
 
 def spans_of(path: Path, report: LineReporter, keys: frozenset[str] | None,
@@ -149,21 +160,13 @@ def spans_by_line(path: Path, report: LineReporter, parse: Any, spans_in: Any) -
 
 
 def bad_line_reason(exc: BaseException, raw: bytes) -> str:
-    """Why a line failed to parse, in the words the trace-file reader uses for the lines it parses itself (a test
-    holds `traces show`, `list` and `detect` to the same words for the same line)."""
-    if isinstance(exc, json.JSONDecodeError):
-        torn = " (torn: the line was never finished)" if raw and not raw.endswith(b"\n") else ""
-        return f"not JSON ({exc.msg} at column {exc.colno}){torn}"
-    if isinstance(exc, UnicodeDecodeError):
-        return "not UTF-8 text"
-    return not_trace_data(exc)
+    """Why a line failed to parse: ``describe_unreadable``'s words, which every reader uses for the same line."""
+    return describe_unreadable(exc, raw)
 
 
 def not_trace_data(exc: BaseException) -> str:
-    """Why a line (or a span) that is JSON was refused, in one phrase."""
-    if isinstance(exc, RecursionError):
-        return "nested too deeply to read"
-    return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
+    """Why a line (or a span) that is JSON was refused, in one phrase (``describe_unreadable``'s)."""
+    return describe_unreadable(exc)
 
 
 def trace_file_of(args: argparse.Namespace) -> tuple[Path, int]:

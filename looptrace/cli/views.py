@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the live view's types: the reading commands (render_trace) 
 ERROR_MARK = "✗"
 OK_MARK = "✓"
 WARN_MARK = "⚠"
+IGNORED_ERROR = "ignored_error"  # the detector's anomaly type for an error the final answer ignored
 MAX_INDENT = 3 * 40
 NO_JUDGE_HINT = "set LOOPTRACE_JUDGE or pass --judge MODEL"  # `looptrace run`'s way to a judge
 
@@ -109,7 +110,10 @@ class LiveView:
                 dataclasses.replace(e, target=None, error=None) for e in r.unresolved_errors]
             line = unresolved_line(errors)
             if line is not None:
-                self._write(f"{WARN_MARK} {line}\n")
+                # A warning only when the detector found the final answer ignoring an error; an error the run dealt
+                # with (the model said so, or worked around it) is a fact, said quietly.
+                ignored = any(a.type == IGNORED_ERROR for a in r.anomalies)
+                self._write(f"{WARN_MARK + ' ' if ignored else ''}{line}\n")
             self._stop.set()
 
     def _tool_call(self, event: ToolFinished) -> str:

@@ -1,0 +1,67 @@
+"""When looptrace builds the Anthropic client itself (an Agent without client=, as the CLI's), the client's set-up
+is on the run's clock: it counts against timeout_s, and the first chat span starts with the turn instead of after an
+unexplained gap. The set-up is made slow on purpose here (the first run of a process pays for importing the SDK)."""
+
+from __future__ import annotations
+
+import time
+
+import anthropic
+import pytest
+from fakes.messages_api import Delay
+
+from looptrace import Agent, Limits
+from looptrace.testing import CapturedSpans
+
+SET_UP_S = 0.5  # how long the client's set-up takes in these tests
+
+
+class SlowToBuild(anthropic.Anthropic):
+    """The first client of a process is slow to make (the SDK's import and set-up); its copies (with_options) not."""
+
+    built = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        if not SlowToBuild.built:
+            time.sleep(SET_UP_S)
+        SlowToBuild.built += 1
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture
+def slow_client(monkeypatch):
+    monkeypatch.setattr(SlowToBuild, "built", 0)
+    monkeypatch.setattr(anthropic, "Anthropic", SlowToBuild)
+
+
+def test_the_client_set_up_counts_against_timeout_s(api, slow_client):
+    api.add(Delay(30, {"content": [{"type": "text", "text": "too late"}]}))  # an answer that never comes in time
+    spans = CapturedSpans()
+    timeout_s = SET_UP_S
+    result = Agent("claude-sonnet-5-5", limits=Limits(timeout_s=timeout_s), tracer_provider=spans.provider).run("hi")
+    assert result.status.value == "timeout", (result.status, result.error)
+    root = spans.one("invoke_agent")
+    overshoot_s = (root.end_time - root.start_time) / 1e9 - timeout_s
+    assert overshoot_s < SET_UP_S / 2  # off the clock, the set-up would make the run overshoot by all of it
+
+
+def test_the_first_chat_span_starts_with_its_turn(api, slow_client):
+    api.add({"content": [{"type": "text", "text": "hello"}]})
+    spans = CapturedSpans()
+    result = Agent("claude-sonnet-5-5", tracer_provider=spans.provider).run("hi")
+    assert result.status.value == "done"
+    turn, chat = spans.one("turn"), spans.one("chat")
+    gap_s = (chat.start_time - turn.start_time) / 1e9
+    took_s = (chat.end_time - chat.start_time) / 1e9
+    assert gap_s < SET_UP_S / 2 <= took_s  # the set-up is inside the chat span, not in a gap before it
+
+
+def test_the_first_chat_span_still_says_where_the_call_went(api, slow_client):
+    api.add({"content": [{"type": "text", "text": "hello"}]}, {"content": [{"type": "text", "text": "again"}]})
+    spans = CapturedSpans()
+    agent = Agent("claude-sonnet-5-5", tracer_provider=spans.provider)
+    agent.run("hi")
+    agent.run("hi again")
+    port = int(api.url.rsplit(":", 1)[1].split("/")[0])
+    assert [(c.attributes.get("server.address"), c.attributes.get("server.port")) for c in spans.named("chat")] == [
+        ("127.0.0.1", port)] * 2
