@@ -65,7 +65,7 @@ def _langchain_run(guarded: bool | str) -> Callable[[], Callable[[], Any]]:
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import StructuredTool
 
-    from looptrace.instrumentation.guards import LoopGuardMiddleware
+    from looptrace.guards import LoopGuardMiddleware
 
     class Fake(GenericFakeChatModel):
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
@@ -112,7 +112,7 @@ def _openai_agents_run(guarded: bool) -> Callable[[], Callable[[], Any]]:
     from agents.usage import Usage
     from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-    from looptrace.instrumentation.guards import OpenAIAgentsGuard
+    from looptrace.guards import OpenAIAgentsGuard
 
     class Replay(Model):
         def __init__(self) -> None:
@@ -146,7 +146,7 @@ def _openai_agents_run(guarded: bool) -> Callable[[], Callable[[], Any]]:
 
 
 def _claude_hooks_run() -> Callable[[], Any]:
-    from looptrace.instrumentation.guards import ClaudeAgentGuard
+    from looptrace.guards import ClaudeAgentGuard
 
     guard = ClaudeAgentGuard(**_guard_options())
     hooks = {event: matcher.hooks[0] for event, [matcher] in guard.hooks.items()}

@@ -58,7 +58,7 @@ class _Pipeline:
     """Where one agent's telemetry goes: configure()'s otlp pipeline, or the SDK's exporter if there is none."""
 
     def __init__(self, endpoint: str | None, spill_file: str) -> None:
-        from looptrace.instrumentation import setup
+        from looptrace.instrumentation.export import setup
 
         self.telemetry = None
         self.how = ""

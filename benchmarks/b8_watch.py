@@ -40,9 +40,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.detector import LoopDetector, ToolCall, result_digest
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, WatchServer, WatchSettings, spans_of_request
 from looptrace.instrumentation.watch.decoding import parse_request
 

@@ -173,7 +173,7 @@ def writing(quick: bool, tmp: str) -> list[Row]:
 
 def default_path_taken() -> str:
     """Which provider the default telemetry of this environment uses (the SDK's, since issue 29)."""
-    from looptrace.instrumentation.setup import default_telemetry
+    from looptrace.instrumentation.export.setup import default_telemetry
 
     provider = default_telemetry().tracer_provider
     return f"{type(provider).__module__}.{type(provider).__name__}"

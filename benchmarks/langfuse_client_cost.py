@@ -3,7 +3,7 @@
 Compares, in fresh processes, the import of the package's ``LangfuseAPI`` with the import of ``requests`` and of
 looptrace's own client (``instrumentation.langfuse_api``), then times the two calls looptrace makes (the project
 behind a trace link, one anomaly score) against a loopback stand-in, each client on a kept-alive connection. The
-figures decided that looptrace keeps one client of its own (see ``instrumentation/langfuse_api.py``).
+figures decided that looptrace keeps one client of its own (see ``instrumentation/langfuse/api.py``).
 """
 
 from __future__ import annotations
@@ -73,13 +73,13 @@ def main() -> None:
     print(f"import langfuse.api.LangfuseAPI     {import_ms('from langfuse.api.client import LangfuseAPI'):7.1f} ms")
     print(f"import requests                     {import_ms('import requests'):7.1f} ms")
     print(f"import looptrace's langfuse_api     "
-          f"{import_ms('import looptrace.instrumentation.langfuse_api'):7.1f} ms (requests included)")
+          f"{import_ms('import looptrace.instrumentation.langfuse.mapping.api'):7.1f} ms (requests included)")
 
     from langfuse.api.client import LangfuseAPI as PackageClient
     from langfuse.api.scores.types.create_score_request import CreateScoreRequest
 
-    from looptrace.instrumentation.langfuse_api import PROJECTS_PATH, LangfuseAPI
-    from looptrace.instrumentation.langfuse_scores import anomaly_score_body
+    from looptrace.instrumentation.langfuse.api import PROJECTS_PATH, LangfuseAPI
+    from looptrace.instrumentation.langfuse.scores import anomaly_score_body
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -15,7 +15,7 @@ def __getattr__(name: str) -> Any:
 
         return Settings
     if name in __all__:
-        from . import setup
+        from .export import setup
 
         return getattr(setup, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

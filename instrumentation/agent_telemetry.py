@@ -21,15 +21,15 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from .alerts import Alerts, anomaly_sinks
-from .no_tracing import NoTracing
+from .recording.no_tracing import NoTracing
 from .settings import ConfigurationError, Settings
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
+    from .export.setup import Telemetry
     from .interface import AgentTelemetry, TraceLinks
-    from .setup import Telemetry
 
 __all__ = ["Telemetry", "agent_telemetry", "mcp_call_scope"]
 
@@ -54,7 +54,7 @@ def agent_telemetry(telemetry: bool | Telemetry = True, *, tracer_provider: Trac
     if not enabled:
         captures = settings.capture_content if capture_content is None else capture_content
         return NoTracing(sinks, captures_content=captures, settings=settings)
-    from .spans import Tracing  # the OpenTelemetry side loads only when something records
+    from .recording.spans import Tracing
 
     return Tracing(settings, tracer_provider=tracer_provider, meter_provider=meter_provider,
                    capture_content=capture_content, sinks=sinks, trace_links=links)
@@ -64,7 +64,7 @@ def _trace_links(settings: Settings) -> TraceLinks | None:
     """Links to each run's trace in Langfuse's UI, when the settings send spans there."""
     if settings.langfuse is None or "langfuse" not in settings.chosen_exporters():
         return None
-    from .langfuse_api import TraceLinks
+    from .langfuse.api import TraceLinks
 
     return TraceLinks(settings.langfuse)
 
@@ -74,7 +74,7 @@ def mcp_call_scope(telemetry: AgentTelemetry, *, transport: str, session_id: str
                    server_port: int | None = None) -> AbstractContextManager[None]:
     """The mcp package's requests made inside this block are recorded where ``telemetry``'s run records, under the
     current span, with the session's attributes (see ``mcp_tracing``). Imported on first use: only MCP needs it."""
-    from .mcp_tracing import mcp_call_scope as scope
+    from .recording.mcp_tracing import mcp_call_scope as scope
 
     return scope(telemetry, transport=transport, session_id=session_id, protocol_version=protocol_version,
                  tool=tool, server_address=server_address, server_port=server_port)

@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 
 from .detector import Anomaly
 from .logs import log
-from .seam_types import Action
+from .recording.seam_types import Action
 from .settings import ConfigurationError
 
 if TYPE_CHECKING:
-    from .langfuse_scores import LangfuseScores
+    from .langfuse.scores import LangfuseScores
     from .settings import Settings
 
 _MAX_REMEMBERED_POSTS = 10_000
@@ -257,7 +257,7 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
     # Agent's resource attributes meet on the same sinks.
     scored = None
     if langfuse is not None:
-        from .langfuse import environment_inputs  # the Langfuse mapping loads only when spans go there
+        from .langfuse.mapping import environment_inputs
 
         scored = (langfuse.base_url, langfuse.public_key, langfuse.secret_key, langfuse.timeout_s,
                   *environment_inputs(langfuse, resource))
@@ -267,7 +267,7 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
         if sinks is None:
             scores = None
             if langfuse is not None:
-                from .langfuse_scores import LangfuseScores
+                from .langfuse.scores import LangfuseScores
                 from .tracefile.undelivered import UndeliveredList
 
                 scores = LangfuseScores.from_settings(langfuse, resource=resource)

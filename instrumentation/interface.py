@@ -21,10 +21,10 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from .alerts import Alerts
-from .content import redact
 from .detector import Anomaly, UnresolvedToolError
 from .logs import log
-from .seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
+from .recording.content import redact
+from .recording.seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
 from .settings import Settings
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__
+from looptrace.version import __version__
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -50,8 +50,8 @@ _EXPORTS: dict[str, str] = {
     "LoopDetector": "looptrace.instrumentation.detector",
     "ToolCall": "looptrace.instrumentation.detector",
     "Settings": "looptrace.instrumentation.settings",
-    "Telemetry": "looptrace.instrumentation.setup",
-    "configure": "looptrace.instrumentation.setup",
+    "Telemetry": "looptrace.instrumentation.export.setup",
+    "configure": "looptrace.instrumentation.export.setup",
 }
 
 __all__ = [
@@ -96,8 +96,8 @@ __all__ = [
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load lazily through __getattr__
     from looptrace.instrumentation.alerts import Alerts
     from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, ToolCall
+    from looptrace.instrumentation.export.setup import Telemetry, configure
     from looptrace.instrumentation.settings import Settings
-    from looptrace.instrumentation.setup import Telemetry, configure
     from looptrace.runtime.agent import Agent, RunInterrupted
     from looptrace.runtime.approvals import ApprovalRequest, Decision, PendingCall, approve, reject
     from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from looptrace.instrumentation.detector import DetectorConfig
-from looptrace.instrumentation.recorded_run import (
+from looptrace.instrumentation.offline.recorded_run import (
     ContentNotRecorded,
     IncompleteRecording,
     NotReplayable,

@@ -52,15 +52,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .agent import Agent, RunInterrupted
-    from .approvals import ApprovalRequest, Decision, PendingCall, approve, reject
-    from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
-    from .limits import Limits
-    from .models import AnthropicModel, Model, ScriptedModel
-    from .pricing import Price
-    from .result import RunResult, RunStatus, Usage
-    from .state import RunState, StateError
-    from .tools import Tool, tool
+    from looptrace.runtime.agent import Agent, RunInterrupted
+    from looptrace.runtime.approvals import ApprovalRequest, Decision, PendingCall, approve, reject
+    from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+    from looptrace.runtime.limits import Limits
+    from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
+    from looptrace.runtime.pricing import Price
+    from looptrace.runtime.result import RunResult, RunStatus, Usage
+    from looptrace.runtime.state import RunState, StateError
+    from looptrace.runtime.tools import Tool, tool
 
 
 def __getattr__(name: str) -> Any:

@@ -42,22 +42,20 @@ from looptrace.instrumentation.interface import (
     Usage,
     log,
 )
-
-from . import approvals
-from . import policy as policies
-from . import tools as toolkit
-from .approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, Decision, PendingCall
-from .events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
-from .limits import Budget, Limits
-from .models import AnthropicModel, Model
-from .pricing import DEFAULT_PRICES, Price, cost_usd, price_for
-from .result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
-from .state import PendingAnomaly, RunState, StateError, anomaly_from_dict
+from looptrace.runtime import approvals
+from looptrace.runtime import policy as policies
+from looptrace.runtime import tools as toolkit
+from looptrace.runtime.approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, Decision, PendingCall
+from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from looptrace.runtime.limits import Budget, Limits
+from looptrace.runtime.models import AnthropicModel, Model
+from looptrace.runtime.pricing import DEFAULT_PRICES, Price, cost_usd, price_for
+from looptrace.runtime.result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
+from looptrace.runtime.state import PendingAnomaly, RunState, StateError, anomaly_from_dict
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.agent_telemetry import Telemetry
-
-    from .mcp_servers import MCPConnections, MCPServer  # loaded when an agent has MCP servers, not before
+    from looptrace.runtime.mcp_servers import MCPConnections, MCPServer
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
@@ -118,7 +116,7 @@ class Agent:
         # Connected per run, closed when the run ends (see mcp_servers): their tools join these at each run's start.
         self.mcp_servers = tuple(mcp_servers)
         if self.mcp_servers:
-            from .mcp_servers import check_installed
+            from looptrace.runtime.mcp_servers import check_installed
 
             check_installed()
         self.model_params = dict(model_params or {})
@@ -154,7 +152,7 @@ class Agent:
                 judge = chosen.judge
             cap = self._detector_config.judge_max_calls
             if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
-                from .judge import ModelJudge
+                from looptrace.runtime.judge import ModelJudge
                 judge = ModelJudge(self.client, judge)
             judge = self._traced_judge(judge)
             self._detector_config = _replace(self._detector_config, capture_content=self._tracing.captures_content,
@@ -264,7 +262,7 @@ class Agent:
         """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
         if not self.mcp_servers:
             return None
-        from .mcp_servers import MCPConnections
+        from looptrace.runtime.mcp_servers import MCPConnections
 
         return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
 
@@ -651,7 +649,7 @@ class Agent:
 
     def _traced_judge(self, judge: Any) -> Any:
         """A model judge whose calls are traced as the judge's (a copy: the one passed in is left as it was)."""
-        from .judge import ModelJudge
+        from looptrace.runtime.judge import ModelJudge
 
         if not isinstance(judge, ModelJudge):
             return judge  # any other callable judges without a model call of ours to trace

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from .tools import ToolError
+from looptrace.runtime.tools import ToolError
 
 if TYPE_CHECKING:
-    from .tools import Tool
+    from looptrace.runtime.tools import Tool
 
 BY_APPROVER: Final = "approver"  # Agent(approver=...) decided, in process
 BY_PERSON: Final = "person"  # a person decided on resume (Agent.resume, `looptrace resume`)

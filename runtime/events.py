@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .result import RunResult, Usage
+from looptrace.runtime.result import RunResult, Usage
 
 
 @dataclass(frozen=True, slots=True)

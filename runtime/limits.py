@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .result import RunStatus, Usage
+from looptrace.runtime.result import RunStatus, Usage
 
 
 @dataclass(frozen=True, slots=True)

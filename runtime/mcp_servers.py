@@ -39,9 +39,8 @@ from urllib.parse import urlsplit
 
 from looptrace.instrumentation.agent_telemetry import mcp_call_scope
 from looptrace.instrumentation.interface import log
-
-from . import tools as toolkit
-from .mcp_results import tool_result
+from looptrace.runtime import tools as toolkit
+from looptrace.runtime.mcp_results import tool_result
 
 if TYPE_CHECKING:
     from mcp import ClientSession

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .result import Usage
+from looptrace.runtime.result import Usage
 
 
 @dataclass(frozen=True, slots=True)

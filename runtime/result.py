@@ -10,8 +10,8 @@ from looptrace.instrumentation.detector import Anomaly, JudgeSummary, Unresolved
 from looptrace.instrumentation.interface import Usage
 
 if TYPE_CHECKING:
-    from .approvals import PendingCall
-    from .state import RunState
+    from looptrace.runtime.approvals import PendingCall
+    from looptrace.runtime.state import RunState
 
 __all__ = ["STATUS_FOR_STOP_REASON", "RunResult", "RunStatus", "UnresolvedToolError", "Usage"]
 

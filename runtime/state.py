@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from looptrace.instrumentation.detector import Anomaly
-
-from .approvals import PendingCall
+from looptrace.runtime.approvals import PendingCall
 
 FORMAT = "looptrace-run-state"
 FORMAT_VERSION = 1

@@ -57,7 +57,7 @@ def _seen(anomalies: list[Any]) -> list[tuple[str, int, int]]:
 def _detect(exporter: Any, config: DetectorConfig, directory: Path) -> dict[str, Any]:
     from looptrace.cli.detect_command import detection_spans
     from looptrace.cli.trace_reading import LineReporter
-    from looptrace.instrumentation.trace_detect import detect_spans
+    from looptrace.instrumentation.offline.trace_detect import detect_spans
     from looptrace.instrumentation.tracefile.encode import encode_traces_data
 
     path = directory / "traces.jsonl"

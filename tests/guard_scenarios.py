@@ -21,8 +21,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from looptrace import Agent, ScriptedModel, tool
 from looptrace.instrumentation.alerts import Alerts, AnomalySinks
-from looptrace.instrumentation.langfuse_scores import LangfuseScores
-from looptrace.instrumentation.setup import Telemetry
+from looptrace.instrumentation.export.setup import Telemetry
+from looptrace.instrumentation.langfuse.scores import LangfuseScores
 from looptrace.runtime.events import AnomalyDetected
 
 MODEL = "claude-sonnet-5-5"
@@ -169,7 +169,7 @@ class Sinks:
 
 def as_records(finished_spans: list[Any]) -> list[Any]:
     """SDK spans as the trace reader's records, the way `looptrace detect` reads them back from the file."""
-    from looptrace.instrumentation.readers import NeutralSpan
+    from looptrace.instrumentation.offline.readers import NeutralSpan
 
     return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                         parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,

@@ -18,10 +18,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from looptrace.cli.app import main
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.instrumentation.detector import LoopDetector, ToolCall
-from looptrace.instrumentation.trace_detect import DetectorSpanProcessor, detect_spans
+from looptrace.instrumentation.offline.trace_detect import DetectorSpanProcessor, detect_spans
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.runtime import Agent, RunStatus, ScriptedModel, tool
 
 MODEL = "claude-sonnet-5-5"
@@ -387,7 +387,7 @@ def test_the_detector_never_raises_on_arbitrary_json(calls):
 
 def _as_records(finished_spans):
     """SDK spans as the trace reader's records, the way they look after a round trip through the file."""
-    from looptrace.instrumentation.readers import NeutralSpan
+    from looptrace.instrumentation.offline.readers import NeutralSpan
 
     return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                       parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,

@@ -21,9 +21,9 @@ from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
 
 from looptrace import Agent, ScriptedModel, configure, tool
-from looptrace.instrumentation.langfuse_scores import stable_score_id
+from looptrace.instrumentation.export.setup import default_telemetry
+from looptrace.instrumentation.langfuse.scores import stable_score_id
 from looptrace.instrumentation.settings import Settings
-from looptrace.instrumentation.setup import default_telemetry
 
 PUBLIC, SECRET = "pk-lf-sinks", "sk-lf-sinks"
 

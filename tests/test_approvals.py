@@ -17,7 +17,7 @@ import pytest
 from fakes.messages_api import FakeMessagesAPI
 
 from looptrace import Agent, Limits, RunState, RunStatus, StateError, Tool, approve, reject, tool
-from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.recording import semconv as sc
 
 MODEL = "claude-sonnet-4-5"
 paid: list[tuple[str, int]] = []

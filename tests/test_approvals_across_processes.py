@@ -15,7 +15,7 @@ import pytest
 from fakes.messages_api import FakeMessagesAPI
 
 from looptrace import Agent, DetectorConfig, Limits, RunStatus
-from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.recording import semconv as sc
 
 TOOLS = '''
 from looptrace import tool

@@ -15,7 +15,7 @@ from fakes.messages_api import Delay, Error, FakeMessagesAPI
 
 from looptrace.cli.app import main
 from looptrace.cli.demo import equipment_script
-from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile.read import read_spans
 
 TOOLS_FILE = Path(__file__).parent / "data" / "equipment_tools.py"

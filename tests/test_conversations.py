@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from looptrace.cli.app import main
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.conversations import ConversationIndex
-from looptrace.instrumentation.trace_detect import detect_spans
+from looptrace.instrumentation.offline.conversations import ConversationIndex
+from looptrace.instrumentation.offline.trace_detect import detect_spans
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 from looptrace.instrumentation.watch import RunWatcher, WatchMetrics, spans_of_request
 

@@ -12,8 +12,8 @@ import pytest
 
 from looptrace.cli import detect_command, trace_reading
 from looptrace.cli.app import main
+from looptrace.instrumentation.offline.trace_detect import DETECTION_KEYS
 from looptrace.instrumentation.settings import DEFAULT_MAX_LINE_BYTES
-from looptrace.instrumentation.trace_detect import DETECTION_KEYS
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_detect_starts_without_the_agent_runtime_the_sdk_or_the_full_cli(demo_fi
              "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe, str(demo_file)], capture_output=True, text=True, timeout=60)
     modules = set(json.loads(done.stderr.strip().splitlines()[-1]))
-    assert "looptrace.instrumentation.trace_detect" in modules  # it did run detection
+    assert "looptrace.instrumentation.offline.trace_detect" in modules  # it did run detection
     # (The settings module is loaded: the command reads them once, for its default file and the longest line read.)
     for heavy in ("looptrace.cli.app", "looptrace.runtime", "looptrace.runtime.agent", "opentelemetry.sdk", "anthropic",
                   "structlog", "logging"):

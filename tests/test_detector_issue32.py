@@ -253,7 +253,7 @@ def _stored_and_detected(spans) -> list:
 
     from looptrace.cli.detect_command import detection_spans
     from looptrace.cli.trace_reading import LineReporter
-    from looptrace.instrumentation.trace_detect import detect_spans
+    from looptrace.instrumentation.offline.trace_detect import detect_spans
     from looptrace.instrumentation.tracefile.encode import encode_traces_data
 
     with tempfile.TemporaryDirectory() as directory:

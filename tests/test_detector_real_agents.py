@@ -25,8 +25,8 @@ from looptrace.instrumentation.detector import (
     canonical_arguments,
     result_digest,
 )
-from looptrace.instrumentation.readers import NeutralSpan
-from looptrace.instrumentation.trace_detect import detect_spans
+from looptrace.instrumentation.offline.readers import NeutralSpan
+from looptrace.instrumentation.offline.trace_detect import detect_spans
 from looptrace.runtime import Agent, RunStatus, ScriptedModel, tool
 from looptrace.runtime.judge import ModelJudge
 
@@ -296,7 +296,7 @@ def test_with_content_capture_off_anomalies_carry_no_arguments_or_error_text(mon
                        detector=DetectorConfig(judge=lambda request: True),  # "Paid." names no operation: judged
                        alerts=Alerts(callback=lambda a, c: seen.append(webhook_payload(a, c)))).run("task")
     assert {a.type for a in result.anomalies} == {REPEATED_CALL, IGNORED_ERROR}
-    from looptrace.instrumentation.semconv import ANOMALY_EVENT
+    from looptrace.instrumentation.recording.semconv import ANOMALY_EVENT
 
     anomaly_events = [dict(e.attributes) for span in spans.all for e in span.events if e.name == ANOMALY_EVENT]
     statuses = [span.status.description or "" for span in spans.all]

@@ -29,7 +29,7 @@ CLI = [sys.executable, "-m", "looptrace"]
 _MANY_RUNS = """
 import sys
 from looptrace.cli.demo import Inventory, equipment_script, runaway_script
-from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.export.setup import configure
 from looptrace.runtime import Agent, ScriptedModel
 
 telemetry = configure(set_global=False)

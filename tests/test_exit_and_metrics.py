@@ -19,10 +19,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
-from looptrace.instrumentation import deadline as deadline_module
-from looptrace.instrumentation.exporters import network_metric_exporter
+from looptrace.instrumentation.export import deadline as deadline_module
+from looptrace.instrumentation.export.exporters import network_metric_exporter
+from looptrace.instrumentation.export.setup import Telemetry
 from looptrace.instrumentation.settings import Settings
-from looptrace.instrumentation.setup import Telemetry
 from looptrace.testing import capture_logs
 
 README = Path(__file__).parent.parent / "README.md"

@@ -27,13 +27,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from looptrace.instrumentation import delivery, langfuse, langfuse_scores
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.delivery import GuardedExporter
-from looptrace.instrumentation.exporters import network_exporter
-from looptrace.instrumentation.push import PushInProgress, push
+from looptrace.instrumentation.export import delivery
+from looptrace.instrumentation.export.delivery import GuardedExporter
+from looptrace.instrumentation.export.exporters import network_exporter
+from looptrace.instrumentation.export.push import PushInProgress, push
+from looptrace.instrumentation.export.setup import configure
+from looptrace.instrumentation.langfuse import mapping as langfuse
+from looptrace.instrumentation.langfuse import scores as langfuse_scores
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.settings import ConfigurationError, LangfuseSettings, OtlpSettings, Settings
-from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
 from looptrace.instrumentation.tracefile.write import TraceFileWriter
 from looptrace.testing import capture_logs
@@ -714,7 +716,7 @@ class ScriptedExporter:
 
 
 def test_an_interrupted_push_never_sends_a_batch_twice_to_a_collector(spill, monkeypatch):
-    from looptrace.instrumentation import push as push_module
+    from looptrace.instrumentation.export import push as push_module
 
     monkeypatch.setattr(push_module, "BATCH_SPANS", 4)  # one run's spans per request
     batches = [finished_run_spans() for _ in range(3)]

@@ -30,9 +30,9 @@ from claude_agent_sdk.types import (
 from fakes.langfuse_api import FakeLangfuse
 from opentelemetry.sdk.trace import TracerProvider
 
+from looptrace.guards import ClaudeAgentGuard
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.guards import ClaudeAgentGuard
-from looptrace.instrumentation.trace_detect import detect_spans
+from looptrace.instrumentation.offline.trace_detect import detect_spans
 
 SESSION = "8d0f3c1e-session"
 BASE = {"session_id": SESSION, "transcript_path": "/tmp/transcript.jsonl", "cwd": "/tmp"}

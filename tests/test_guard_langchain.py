@@ -17,8 +17,8 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool, ToolException
 
-from looptrace.instrumentation.guards import LoopGuardMiddleware
-from looptrace.instrumentation.trace_detect import detect_spans
+from looptrace.guards import LoopGuardMiddleware
+from looptrace.instrumentation.offline.trace_detect import detect_spans
 
 
 class ToolCallingFakeModel(GenericFakeChatModel):

@@ -18,9 +18,9 @@ from fakes.langfuse_api import FakeLangfuse
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from opentelemetry.sdk.trace import TracerProvider
 
+from looptrace.guards import OpenAIAgentsGuard
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.guards import OpenAIAgentsGuard
-from looptrace.instrumentation.trace_detect import detect_spans
+from looptrace.instrumentation.offline.trace_detect import detect_spans
 
 
 class ScriptedModel(Model):

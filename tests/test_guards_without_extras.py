@@ -24,8 +24,8 @@ def test_looptrace_and_its_guards_import_no_framework_and_a_missing_one_names_it
 
         sys.meta_path.insert(0, NotInstalled())
         import looptrace
-        import looptrace.instrumentation.guards as guards
-        from looptrace.instrumentation.guards import LoopGuard
+        import looptrace.guards as guards
+        from looptrace.guards import LoopGuard
 
         print(sorted(m for m in sys.modules if m.split(".")[0] in FRAMEWORKS))
         try:
@@ -42,7 +42,7 @@ def test_looptrace_and_its_guards_import_no_framework_and_a_missing_one_names_it
 
 def test_importing_the_guards_for_real_loads_no_framework():
     """The same with the frameworks installed (this venv has them): nothing loads them until a guard is asked for."""
-    code = ("import sys, looptrace, looptrace.instrumentation.guards as g; g.LoopGuard; "
+    code = ("import sys, looptrace, looptrace.guards as g; g.LoopGuard; "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

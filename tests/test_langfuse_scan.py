@@ -26,8 +26,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from looptrace.cli.trace_commands import main as trace_commands
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.langfuse_api import (
+from looptrace.instrumentation.export.setup import configure
+from looptrace.instrumentation.langfuse.api import (
     LangfuseAPI,
     LangfuseAuthError,
     LangfuseRateLimited,
@@ -35,10 +35,10 @@ from looptrace.instrumentation.langfuse_api import (
     MalformedPage,
     RetryPolicy,
 )
-from looptrace.instrumentation.langfuse_observations import trace_spans
-from looptrace.instrumentation.langfuse_scan import CursorError, ScanQuery, scan
-from looptrace.instrumentation.langfuse_scores import LangfuseScores, anomaly_score_body
-from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.langfuse.observations import trace_spans
+from looptrace.instrumentation.langfuse.scan import CursorError, ScanQuery, scan
+from looptrace.instrumentation.langfuse.scores import LangfuseScores, anomaly_score_body
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.runtime import Agent, ScriptedModel, tool
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"

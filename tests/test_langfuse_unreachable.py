@@ -9,7 +9,7 @@ import io
 from fakes.otlp_receiver import unused_port
 
 from looptrace.cli.trace_commands import main as trace_commands
-from looptrace.instrumentation.langfuse_api import LangfuseAPI
+from looptrace.instrumentation.langfuse.api import LangfuseAPI
 
 
 def test_an_unreachable_langfuse_is_said_to_be_unreachable(monkeypatch):

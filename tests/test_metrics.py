@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from looptrace.instrumentation.metrics import (
+from looptrace.instrumentation.recording.metrics import (
     OPERATION_DURATION_BUCKETS,
     TOKEN_USAGE_BUCKETS,
     LoopMetrics,

@@ -12,7 +12,7 @@ import pytest
 
 from looptrace.cli.app import main
 from looptrace.instrumentation.alerts import Alerts
-from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.export.setup import configure
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.instrumentation.watch.metrics import WatchMetrics
 from looptrace.instrumentation.watch.watcher import RunWatcher

@@ -7,8 +7,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_anomalies import MODEL, A, scenario_tools, turn_of
 
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.runtime import Agent, RunStatus, ScriptedModel
 from looptrace.testing import CapturedSpans, capture_logs
 

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
 from looptrace.cli.app import main
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.trace_detect import DETECTION_KEYS
+from looptrace.instrumentation.offline.trace_detect import DETECTION_KEYS
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 
 AGENTS = Path(__file__).parent / "foreign_agents.py"

@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from looptrace.cli.app import main
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile import OTLPJsonFileExporter
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool

@@ -19,14 +19,7 @@ from opentelemetry import trace
 
 from looptrace.cli.app import main
 from looptrace.instrumentation.tracefile.read import read_spans
-from looptrace.replay import (
-    ContentNotRecorded,
-    IncompleteRecording,
-    RecordedModelError,
-    rebuild_run,
-    replay,
-    runs_in,
-)
+from looptrace.replay import ContentNotRecorded, IncompleteRecording, RecordedModelError, rebuild_run, replay, runs_in
 from looptrace.runtime import Agent, AnomalyDetected, ScriptedModel, tool
 from looptrace.testing import final_answer, tool_use
 
@@ -408,15 +401,15 @@ def test_the_regression_test_passes_once_the_tool_is_fixed(trace_file, tmp_path,
     {"type": "redacted_thinking", "data": "opaque"},
 ])
 def test_a_messages_api_block_survives_the_genai_shape(block):
-    from looptrace.instrumentation.anthropic_messages import anthropic_block
-    from looptrace.instrumentation.content import genai_part
+    from looptrace.instrumentation.offline.anthropic_messages import anthropic_block
+    from looptrace.instrumentation.recording.content import genai_part
 
     assert anthropic_block(genai_part(block)) == block
 
 
 def test_what_the_genai_shape_never_kept_is_not_made_up():
-    from looptrace.instrumentation.anthropic_messages import anthropic_block
-    from looptrace.instrumentation.content import genai_part
+    from looptrace.instrumentation.offline.anthropic_messages import anthropic_block
+    from looptrace.instrumentation.recording.content import genai_part
 
     thinking = {"type": "thinking", "thinking": "Check stock first.", "signature": "sig-abc"}
     assert anthropic_block(genai_part(thinking)) == {**thinking, "signature": ""}

@@ -17,7 +17,7 @@ import pytest
 from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import OTLPReceiver, unused_port
 
-from looptrace.instrumentation.content import REDACTED, redact_with_secrets, redacted_history, scrub
+from looptrace.instrumentation.recording.content import REDACTED, redact_with_secrets, redacted_history, scrub
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, ToolFinished, tool
 

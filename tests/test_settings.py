@@ -12,9 +12,9 @@ from fakes.otlp_receiver import unused_port
 
 from looptrace import Settings
 from looptrace.instrumentation import settings as settings_module
-from looptrace.instrumentation.exporters import network_exporter, network_metric_exporter
+from looptrace.instrumentation.export.exporters import network_exporter, network_metric_exporter
+from looptrace.instrumentation.export.setup import configure
 from looptrace.instrumentation.settings import VARIABLES, ConfigurationError, expand
-from looptrace.instrumentation.setup import configure
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("LOOPTRACE_", "LANGFUSE_", "OTEL_", "TRACEPARENT", "TRACESTATE", "XDG_CACHE_HOME")

@@ -13,8 +13,8 @@ import pytest
 from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import unused_port
 
+from looptrace.instrumentation.export.setup import configure
 from looptrace.instrumentation.settings import ConfigurationError, Settings
-from looptrace.instrumentation.setup import configure
 
 CLI = [sys.executable, "-m", "looptrace"]
 

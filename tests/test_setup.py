@@ -16,8 +16,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from looptrace.instrumentation.metrics import LoopMetrics
-from looptrace.instrumentation.setup import ConfigurationError, choose_exporters, configure, context_from_traceparent
+from looptrace.instrumentation.export.setup import (
+    ConfigurationError,
+    choose_exporters,
+    configure,
+    context_from_traceparent,
+)
+from looptrace.instrumentation.recording.metrics import LoopMetrics
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
 from looptrace.testing import capture_logs
@@ -146,7 +151,7 @@ GLOBAL_METER_PROVIDER = """
 import logging, sys
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
-from looptrace.instrumentation.setup import configure
+from looptrace.instrumentation.export.setup import configure
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
 application = MeterProvider() if sys.argv[1] == "set" else None

@@ -20,9 +20,9 @@ from fakes.messages_api import FakeMessagesAPI
 from fakes.otlp_receiver import OTLPGrpcReceiver, OTLPReceiver, langfuse_view, phoenix_view, unused_port
 
 from looptrace.cli.demo import DEMO_SYSTEM, DEMO_TASK, Inventory, equipment_script, runaway_script
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.langfuse_api import TraceLinks
-from looptrace.instrumentation.setup import configure, context_from_traceparent
+from looptrace.instrumentation.export.setup import configure, context_from_traceparent
+from looptrace.instrumentation.langfuse.api import TraceLinks
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.runtime import Agent, ScriptedModel, tool
 

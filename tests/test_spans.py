@@ -10,7 +10,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from looptrace.cli.demo import DEMO_TASK, Inventory, equipment_script
-from looptrace.instrumentation import semconv as sc
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.runtime import Agent, Limits, RunStatus, ScriptedModel, tool
 
 MODEL = "claude-sonnet-4-5"
@@ -490,7 +490,7 @@ def test_the_capture_setting_decides_where_content_goes(spans, monkeypatch, valu
 @pytest.mark.parametrize("value", ["NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT", "span_and_event"])
 def test_named_modes_mean_what_the_genai_utilities_say(monkeypatch, value):
     utils = pytest.importorskip("opentelemetry.util.genai.utils")
-    from looptrace.instrumentation.content import resolve_capture
+    from looptrace.instrumentation.recording.content import resolve_capture
     from looptrace.instrumentation.settings import Settings
 
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", value)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from looptrace.instrumentation.readers import SESSION_KEYS
+from looptrace.instrumentation.offline.readers import SESSION_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -417,7 +417,7 @@ def scraped() -> dict[str, set[str]]:
     """{metric name: label names} from the runtime's own Prometheus endpoint, after a run and every kind of event."""
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from looptrace.instrumentation.metrics import LoopMetrics, prometheus_reader
+    from looptrace.instrumentation.recording.metrics import LoopMetrics, prometheus_reader
 
     port = free_port()
     provider = MeterProvider(metric_readers=[prometheus_reader(port)])
@@ -524,7 +524,7 @@ def test_the_collector_would_name_every_instrument_as_the_runtime_endpoint_does(
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from looptrace.instrumentation.metrics import LoopMetrics
+    from looptrace.instrumentation.recording.metrics import LoopMetrics
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])

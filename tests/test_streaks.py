@@ -17,15 +17,9 @@ from typing import Any
 import pytest
 
 from looptrace.instrumentation.alerts import Alerts, AnomalySinks
-from looptrace.instrumentation.detector import (
-    REPEATED_CALL,
-    LoopDetector,
-    SessionDetectors,
-    ToolCall,
-    result_digest,
-)
-from looptrace.instrumentation.semconv import ANOMALY_COUNT, ANOMALY_EVENT, ANOMALY_TYPE
-from looptrace.instrumentation.setup import Telemetry
+from looptrace.instrumentation.detector import REPEATED_CALL, LoopDetector, SessionDetectors, ToolCall, result_digest
+from looptrace.instrumentation.export.setup import Telemetry
+from looptrace.instrumentation.recording.semconv import ANOMALY_COUNT, ANOMALY_EVENT, ANOMALY_TYPE
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.testing import capture_logs
 

@@ -21,7 +21,7 @@ import pytest
 
 from looptrace import Agent, ScriptedModel, tool
 from looptrace.instrumentation import detector
-from looptrace.instrumentation.no_tracing import NoTracing
+from looptrace.instrumentation.recording.no_tracing import NoTracing
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each package's source sits in the checkout (pyproject.toml's package-dir).
@@ -34,7 +34,7 @@ PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.
 # `looptrace watch` goes through too.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",
-    "looptrace.instrumentation.setup",
+    "looptrace.instrumentation.export.setup",
     "looptrace.instrumentation.agent_telemetry",
     "looptrace.cli.environment",
 }
@@ -175,18 +175,18 @@ def test_the_import_graph_has_no_cycle():
 
 def test_a_cycle_added_on_purpose_is_caught():
     # The interface imports content; a lazy import back, inside a function, closes a cycle all the same.
-    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
-    sneaky = {"looptrace.instrumentation.content": content + "\n\ndef _later():\n    from .interface import Usage\n"}
-    both = {"looptrace.instrumentation.content", "looptrace.instrumentation.interface"}
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "recording" / "content.py").read_text(encoding="utf-8")
+    sneaky = {"looptrace.instrumentation.recording.content": content + "\n\ndef _later():\n    from ..interface import Usage\n"}
+    both = {"looptrace.instrumentation.recording.content", "looptrace.instrumentation.interface"}
     assert any(both <= set(group) for group in cycles(import_graph(sneaky)))
 
 
 def test_a_cycle_through_a_type_checking_import_is_caught():
     # interface imports content at run time; content naming interface's types for mypy alone closes a cycle too.
-    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
-    typing_only = {"looptrace.instrumentation.content": content + (
-        "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .interface import RunTrace\n")}
-    both = {"looptrace.instrumentation.content", "looptrace.instrumentation.interface"}
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "recording" / "content.py").read_text(encoding="utf-8")
+    typing_only = {"looptrace.instrumentation.recording.content": content + (
+        "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ..interface import RunTrace\n")}
+    both = {"looptrace.instrumentation.recording.content", "looptrace.instrumentation.interface"}
     assert not any(both <= set(group) for group in cycles(import_graph()))
     assert any(both <= set(group) for group in cycles(import_graph(typing_only)))
 
@@ -194,8 +194,8 @@ def test_a_cycle_through_a_type_checking_import_is_caught():
 def test_the_interface_builds_no_implementation():
     # The protocols and the plain types both sides speak; what implements them is the factory's to import.
     imported = import_graph()["looptrace.instrumentation.interface"]
-    assert not imported & {"looptrace.instrumentation.spans", "looptrace.instrumentation.no_tracing",
-                           "looptrace.instrumentation.agent_telemetry", "looptrace.instrumentation.setup"}
+    assert not imported & {"looptrace.instrumentation.recording.spans", "looptrace.instrumentation.recording.no_tracing",
+                           "looptrace.instrumentation.agent_telemetry", "looptrace.instrumentation.export.setup"}
 
 
 def test_the_runtime_reaches_telemetry_only_through_the_interface():
@@ -203,11 +203,11 @@ def test_the_runtime_reaches_telemetry_only_through_the_interface():
 
 
 @pytest.mark.parametrize("forbidden", [
-    "from looptrace.instrumentation.spans import Tracing",
+    "from looptrace.instrumentation.recording.spans import Tracing",
     "from looptrace.instrumentation.detector import _state",  # not among the detector's public names
     "from looptrace.instrumentation import setup",
     "from looptrace.instrumentation.agent_telemetry import anomaly_sinks",  # the factory, but not its one function
-    "from looptrace.instrumentation.no_tracing import NoTracing",
+    "from looptrace.instrumentation.recording.no_tracing import NoTracing",
 ])
 def test_a_forbidden_runtime_import_is_caught(forbidden):
     path = PACKAGE_DIRS["looptrace.runtime"] / "limits.py"
@@ -221,10 +221,10 @@ def test_only_the_entry_points_read_the_environment():
 
 
 def test_an_environment_read_below_the_entry_points_is_caught():
-    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
-    assert "looptrace.instrumentation.content" not in environment_readers()
-    reading = {"looptrace.instrumentation.content": content + "\nimport os\nos.environ.get('X')\n"}
-    assert "looptrace.instrumentation.content" in environment_readers(reading)
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "recording" / "content.py").read_text(encoding="utf-8")
+    assert "looptrace.instrumentation.recording.content" not in environment_readers()
+    reading = {"looptrace.instrumentation.recording.content": content + "\nimport os\nos.environ.get('X')\n"}
+    assert "looptrace.instrumentation.recording.content" in environment_readers(reading)
 
 
 def test_every_emitted_name_is_defined_in_semconv():
@@ -297,12 +297,12 @@ def test_telemetry_off_is_the_no_op_implementation_and_still_redacts_arguments(s
 def test_the_trace_file_package_loads_no_network_code():
     # The one durable copy is a file: writing it, reading it and listing what a backend did not take need no HTTP,
     # gRPC or network exporter (the SDK's OTLP/JSON encoder, which writes the lines, is no network code). Pushing
-    # (instrumentation/push.py) is where the network comes in.
+    # (instrumentation/export/push.py) is where the network comes in.
     code = ("import sys\nimport looptrace.instrumentation.tracefile.write, looptrace.instrumentation.tracefile.read, "
             "looptrace.instrumentation.tracefile.undelivered\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('requests', 'grpc', 'urllib3') "
-            "or m.startswith(('opentelemetry.exporter.otlp.proto', 'looptrace.instrumentation.delivery', "
-            "'looptrace.instrumentation.exporters', 'looptrace.instrumentation.push'))))")
+            "or m.startswith(('opentelemetry.exporter.otlp.proto', 'looptrace.instrumentation.export.delivery', "
+            "'looptrace.instrumentation.export.exporters', 'looptrace.instrumentation.export.push'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
 
@@ -310,7 +310,7 @@ def test_the_trace_file_package_loads_no_network_code():
 def test_the_span_detection_modules_import_one_way():
     # trace_detect offers the live processor, so the processor and the rebuilder it shares with `looptrace detect`
     # must not import trace_detect back.
-    imported = {name: set(re.findall(r"from \.(\w+) import", (ROOT / "instrumentation" / f"{name}.py").read_text()))
+    imported = {name: set(re.findall(r"from \.(\w+) import", (ROOT / "instrumentation" / "offline" / f"{name}.py").read_text()))
                 for name in ("trace_detect", "trace_detect_live", "run_rebuilder")}
     assert {"run_rebuilder", "trace_detect_live"} <= imported["trace_detect"]
     assert "run_rebuilder" in imported["trace_detect_live"]
@@ -320,7 +320,7 @@ def test_the_span_detection_modules_import_one_way():
 
 def test_the_trace_file_format_reads_no_environment():
     # Its settings come from the entry points (configure(), the CLI) as values or a Settings, never from here.
-    modules = [*(ROOT / "instrumentation" / "tracefile").glob("*.py"), ROOT / "instrumentation" / "encodable.py"]
+    modules = [*(ROOT / "instrumentation" / "tracefile").glob("*.py"), ROOT / "instrumentation" / "export" / "encodable.py"]
     for path in modules:
         code = re.sub(r'""".*?"""|#.*', "", path.read_text(encoding="utf-8"), flags=re.S)
         assert re.findall(r"\benviron\b|\bgetenv\b|\bfrom_env\b", code) == [], path.name
@@ -338,8 +338,8 @@ def test_no_private_attribute_of_an_opentelemetry_object_is_used():
     "    def processors(self):\n        return self._active_span_processor\n",
 ])
 def test_a_private_opentelemetry_attribute_added_on_purpose_is_caught(sneaky):
-    name = "looptrace.instrumentation.content"
-    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "content.py").read_text(encoding="utf-8")
+    name = "looptrace.instrumentation.recording.content"
+    content = (PACKAGE_DIRS["looptrace.instrumentation"] / "recording" / "content.py").read_text(encoding="utf-8")
     assert not any(use.startswith("content.py") for use in private_opentelemetry_uses())
     assert any(use.startswith("content.py") for use in private_opentelemetry_uses({name: content + sneaky}))
 
@@ -454,3 +454,31 @@ def test_no_private_opentelemetry_name_is_imported():
                 if any(part.startswith("_") for part in [*module.split("."), name]):
                     found.append(f"{path.name}:{node.lineno}: {module} {name}".strip())
     assert found == []
+
+
+MAX_TOP_ENTRIES = 12
+
+
+def top_entries(folder: Path) -> list[str]:
+    """What a newcomer sees opening a package's folder: its modules and subpackages, not ``__init__`` or caches."""
+    return sorted(entry.name for entry in folder.iterdir()
+                  if entry.name not in ("__init__.py", "__pycache__") and (entry.suffix == ".py" or entry.is_dir()))
+
+
+def crowded(folder: Path) -> list[str]:
+    """The folder's top entries when there are more than a dozen (grouped by concern they would be fewer), else []."""
+    entries = top_entries(folder)
+    return entries if len(entries) > MAX_TOP_ENTRIES else []
+
+
+def test_instrumentation_shows_at_most_a_dozen_concerns_at_its_top():
+    assert crowded(ROOT / "instrumentation") == []
+
+
+def test_a_thirteenth_entry_at_the_top_of_instrumentation_is_caught(tmp_path):
+    for entry in top_entries(ROOT / "instrumentation"):
+        (tmp_path / entry).mkdir() if (ROOT / "instrumentation" / entry).is_dir() else (tmp_path / entry).touch()
+    assert crowded(tmp_path) == []
+    for extra in range(MAX_TOP_ENTRIES + 1 - len(top_entries(tmp_path))):
+        (tmp_path / f"extra_{extra}.py").touch()
+    assert len(crowded(tmp_path)) == MAX_TOP_ENTRIES + 1

@@ -30,10 +30,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from looptrace.cli.app import main
-from looptrace.instrumentation import semconv as sc
-from looptrace.instrumentation.push import push
+from looptrace.instrumentation.export.push import push
+from looptrace.instrumentation.export.setup import configure
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.settings import Settings
-from looptrace.instrumentation.setup import configure
 from looptrace.instrumentation.tracefile import encode
 from looptrace.instrumentation.tracefile.read import read_lines, read_spans, trace_files
 from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
@@ -215,7 +215,7 @@ def test_the_file_exporter_writes_each_span_as_it_ends(tmp_path):
 def test_a_run_killed_mid_way_keeps_every_span_that_had_ended(tmp_path):
     path = tmp_path / "t.jsonl"
     code = ("import os, signal\n"
-            "from looptrace.instrumentation.setup import configure\n"
+            "from looptrace.instrumentation.export.setup import configure\n"
             f"t = configure(exporters='file', trace_file={str(path)!r}, set_global=False)\n"
             "tracer = t.tracer_provider.get_tracer('t')\n"
             "with tracer.start_as_current_span('invoke_agent run'):\n"
@@ -339,7 +339,7 @@ def test_kill_9_in_the_middle_of_a_push_never_sends_a_span_twice_to_a_collector(
         for name in ("LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
             env.pop(name, None)
         pusher = subprocess.Popen([sys.executable, "-c", "from looptrace.instrumentation.settings import Settings; "
-                                   "from looptrace.instrumentation.push import push; "
+                                   "from looptrace.instrumentation.export.push import push; "
                                    f"push({str(listing.path)!r}, settings=Settings.from_env())"], env=env)
         deadline = time.monotonic() + 30
         while not (listing.path.exists() and '"sending"' in listing.path.read_text()) \

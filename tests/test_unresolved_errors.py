@@ -16,8 +16,8 @@ import pytest
 from looptrace.cli.app import main
 from looptrace.cli.demo import Inventory
 from looptrace.cli.views import LiveView
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.detector import LoopDetector, ToolCall, UnresolvedToolError
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.runtime import Agent, ScriptedModel, tool
 from looptrace.testing import CapturedSpans, final_answer, tool_use
 
@@ -269,7 +269,7 @@ def test_the_embedded_default_writes_the_same_root_attributes(monkeypatch, tmp_p
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from looptrace.instrumentation.setup import default_telemetry
+    from looptrace.instrumentation.export.setup import default_telemetry
     from looptrace.instrumentation.tracefile.read import read_spans
 
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)

@@ -29,8 +29,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from looptrace.instrumentation import semconv as sc
 from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.watch import (
     ListenError,
@@ -184,7 +184,6 @@ def test_an_idle_run_is_judged_after_the_timeout():
     now = [0.0]
     watcher = RunWatcher(Alerts(callback=recorded), WatchMetrics(), idle_timeout_s=60, max_open_runs=100,
                          capture_content=True, clock=lambda: now[0])
-    from looptrace.instrumentation.tracefile.read import read_spans  # noqa: F401 (the same records the file reader gives)
     watcher.ingest(_records(agent_spans(ignored_error=True, root=False)))
     watcher.sweep()
     assert watcher.open_runs == 1 and recorded.types() == []
@@ -199,7 +198,7 @@ def _records(spans):
 
 
 def test_with_langfuse_keys_each_anomaly_becomes_a_score_on_the_trace():
-    from looptrace.instrumentation.langfuse_scores import LangfuseScores
+    from looptrace.instrumentation.langfuse.scores import LangfuseScores
 
     with OTLPReceiver(basic_auth=("pk-lf", "sk-lf"), path_prefix="/api/public/otel") as langfuse:
         scores = LangfuseScores(langfuse.base_url, "pk-lf", "sk-lf")

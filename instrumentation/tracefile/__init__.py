@@ -7,8 +7,8 @@
 * ``write``: appending lines safely (``TraceFileWriter``), and the SDK's way in (``TraceFileProcessor``,
   ``OTLPJsonFileExporter``).
 * ``write`` also rotates the file by size (``Rotation``), and ``read`` reads the rotated files with it, oldest first.
-* ``undelivered``: which spans (by id) and scores a backend could not take, for ``push`` (``instrumentation/push.py``)
-  to send from the trace file later, never twice.
+* ``undelivered``: which spans (by id) and scores a backend could not take, for ``export.push`` to send from the
+  trace file later, never twice.
 
 The names below load on first use: reading a file must not pay for the OpenTelemetry SDK the writers import.
 """

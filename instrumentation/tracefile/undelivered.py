@@ -2,7 +2,7 @@
 
 The trace file is the one durable copy of a span: it is written as each span ends, beside every backend. So when a
 backend cannot take a batch, nothing more than its spans' ids needs keeping, with the trace file that holds them.
-``push`` (``instrumentation/push.py``) reads those spans back from the trace file and its rotated files and sends
+``push`` (``instrumentation/export/push.py``) reads those spans back from the trace file and its rotated files and sends
 them. A Langfuse score is small and held nowhere else, so a score that could not be posted is kept here whole.
 
 One JSON object per line, appended and fsynced (it happens only when a backend fails, so the cost is rare)::

@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from ..trace_detect import DETECTION_KEYS
+from ..offline.trace_detect import DETECTION_KEYS
 from ..tracefile.read import SpanRecord, spans_of_traces_data
 
 SERVICE_NAME = "service.name"

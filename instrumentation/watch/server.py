@@ -25,7 +25,7 @@ from .settings import WatchSettings
 from .sinks import watch_sinks
 
 if TYPE_CHECKING:
-    from ..langfuse_scores import LangfuseScores
+    from ..langfuse.scores import LangfuseScores
 from .watcher import RunWatcher
 
 _STOP = object()

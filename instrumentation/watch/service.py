@@ -14,7 +14,7 @@ from .server import WatchServer
 from .settings import WatchSettings
 
 if TYPE_CHECKING:
-    from ..langfuse_scores import LangfuseScores
+    from ..langfuse.scores import LangfuseScores
 
 
 def serve(settings: WatchSettings, *, scores: LangfuseScores | None = None, alerts: Alerts | None = None) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..alerts import Alerts, AnomalySinks
 
 if TYPE_CHECKING:
-    from ..langfuse_scores import LangfuseScores
+    from ..langfuse.scores import LangfuseScores
     from ..settings import Settings
 
 
@@ -21,7 +21,7 @@ def langfuse_scores(settings: Settings) -> LangfuseScores | None:
     (as the agent's own are); None without Langfuse keys."""
     if settings.langfuse is None:
         return None
-    from ..langfuse_scores import LangfuseScores
+    from ..langfuse.scores import LangfuseScores
 
     return LangfuseScores.from_settings(settings.langfuse, resource=settings.resource_attributes)
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .. import semconv as sc
 from ..alerts import AlertContext, announces
 from ..detector import Anomaly, DetectorConfig
-from ..trace_detect import RunRebuilder, Verdict
+from ..offline.trace_detect import RunRebuilder, Verdict
+from ..recording import semconv as sc
 from ..tracefile.read import SpanRecord
 from .decoding import SERVICE_NAME
 from .metrics import WatchMetrics

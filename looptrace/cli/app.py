@@ -12,18 +12,17 @@ import argparse
 import sys
 
 from looptrace import __version__
+from looptrace.cli.common import Parser, UsageError, silence_stdout, tolerate_any_terminal
+from looptrace.cli.demo_command import add_demo_command
+from looptrace.cli.exit_codes import EXIT_CLOSED_PIPE, EXIT_CODE_HELP, EXIT_USAGE
+from looptrace.cli.logging_setup import configure_logging
+from looptrace.cli.mcp_command import add_mcp_command
+from looptrace.cli.replay_command import add_replay_command
+from looptrace.cli.resume_command import add_resume_command
+from looptrace.cli.run_command import add_run_command
+from looptrace.cli.trace_commands import add_trace_commands
+from looptrace.cli.watch_command import add_watch_command
 from looptrace.instrumentation.settings import ConfigurationError
-
-from .common import Parser, UsageError, silence_stdout, tolerate_any_terminal
-from .demo_command import add_demo_command
-from .exit_codes import EXIT_CLOSED_PIPE, EXIT_CODE_HELP, EXIT_USAGE
-from .logging_setup import configure_logging
-from .mcp_command import add_mcp_command
-from .replay_command import add_replay_command
-from .resume_command import add_resume_command
-from .run_command import add_run_command
-from .trace_commands import add_trace_commands
-from .watch_command import add_watch_command
 
 
 def main(argv: list[str] | None = None) -> int:

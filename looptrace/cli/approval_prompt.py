@@ -81,7 +81,7 @@ class TerminalApprover:
 
 def shown_arguments(arguments: Any) -> str:
     """A call's arguments on one line, redacted, cut at a length a terminal can take."""
-    from looptrace.instrumentation.content import redact
+    from looptrace.instrumentation.recording.content import redact
 
     text = json.dumps(redact(arguments), ensure_ascii=False, default=str)
     return text if len(text) <= MAX_SHOWN_ARGUMENTS else text[: MAX_SHOWN_ARGUMENTS - 1] + "…"

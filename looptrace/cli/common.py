@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .exit_codes import EXIT_USAGE
+from looptrace.cli.exit_codes import EXIT_USAGE
 
 
 class UsageError(Exception):

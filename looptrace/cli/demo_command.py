@@ -7,9 +7,9 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .environment import no_trace_file_reason, read_settings
-from .exit_codes import EXIT_CODE_HELP
-from .running import (
+from looptrace.cli.environment import no_trace_file_reason, read_settings
+from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.running import (
     EXIT_CODES,
     add_anomaly_flag,
     add_export_flags,
@@ -21,7 +21,7 @@ from .running import (
 )
 
 if TYPE_CHECKING:
-    from looptrace.instrumentation.setup import Telemetry
+    from looptrace.instrumentation.export.setup import Telemetry
     from looptrace.runtime.result import RunResult
 
 # demo.STORIES' names (a test keeps the two equal), spelled out so that `--help` does not import the demo's tools
@@ -43,13 +43,12 @@ def add_demo_command(commands: Any) -> None:
 
 def demo_command(args: argparse.Namespace) -> int:
     """Run the story; the live view on stderr, the final answer, what was flagged and the trace tree on stdout."""
-    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.cli import demo as demo_story
+    from looptrace.cli.views import LiveView
+    from looptrace.instrumentation.export import setup as telemetry_setup
     from looptrace.runtime.agent import Agent
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import ScriptedModel
-
-    from . import demo as demo_story
-    from .views import LiveView
 
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
@@ -85,9 +84,8 @@ def demo_command(args: argparse.Namespace) -> int:
 def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO, chosen_by: str | None) -> None:
     """The run read back from the trace file, as `looptrace traces show` draws it. ``chosen_by`` is the flag that
     chose the exporters, if one did."""
+    from looptrace.cli.views import render_trace
     from looptrace.instrumentation.tracefile.read import TraceFileError, read_spans
-
-    from .views import render_trace
 
     if telemetry.trace_file is None:
         out.write(f"(no trace file: {no_trace_file_reason(telemetry, chosen_by)})\n")

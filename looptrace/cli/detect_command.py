@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from looptrace.cli.common import plural, unresolved_line
+from looptrace.cli.exit_codes import EXIT_OK
+from looptrace.cli.trace_reading import LineReporter, spans_by_line, trace_file_of
 from looptrace.instrumentation.tracefile.read import (
     SKIP,
     decode_status_code,
@@ -23,18 +26,14 @@ from looptrace.instrumentation.tracefile.read import (
     span_identity,
 )
 
-from .common import plural, unresolved_line
-from .exit_codes import EXIT_OK
-from .trace_reading import LineReporter, spans_by_line, trace_file_of
-
 
 def detect_command(args: argparse.Namespace) -> int:
     """Print each run with anomalies (every run with --all; JSON lines with --json) and the count on stderr."""
     if getattr(args, "langfuse", False):
-        from .langfuse_detect import langfuse_detect_command
+        from looptrace.cli.langfuse_detect import langfuse_detect_command
 
         return langfuse_detect_command(args, print_verdict)
-    from looptrace.instrumentation.trace_detect import detect_spans
+    from looptrace.instrumentation.offline.trace_detect import detect_spans
 
     path, max_line_bytes = trace_file_of(args)
     found = unresolved = runs_unresolved = 0
@@ -84,8 +83,8 @@ def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
     reads (``trace_detect.DETECTION_KEYS``); the resource, the span kind and the other attributes are never decoded.
     A line is checked as ``trace_reading.spans_of`` checks it, so the same lines are reported malformed.
     """
-    from looptrace.instrumentation.readers import NeutralSpan
-    from looptrace.instrumentation.trace_detect import DETECTION_KEYS
+    from looptrace.instrumentation.offline.readers import NeutralSpan
+    from looptrace.instrumentation.offline.trace_detect import DETECTION_KEYS
 
     verdicts = DETECTION_KEYS.verdicts
 
@@ -125,7 +124,7 @@ def detection_parser() -> Any:
     parsed (their readers look at other keys). Inside a JSON string a quote is escaped, so these keys with their
     quotes can only be keys; the test errs only towards parsing.
     """
-    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.recording import semconv as sc
 
     wanted = [name.encode() for name in (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_CONVERSATION_ID)]
     ours = b'"scope":{"name":"' + sc.SCOPE_NAME.encode() + b'"'

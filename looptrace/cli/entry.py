@@ -10,10 +10,10 @@ TRACE_COMMANDS = ("detect", "traces")
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] and arguments[0] in TRACE_COMMANDS:
-        from .trace_commands import main as trace_main
+        from looptrace.cli.trace_commands import main as trace_main
 
         return trace_main(arguments)
-    from .app import main as full_main
+    from looptrace.cli.app import main as full_main
 
     return full_main(arguments)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .common import UsageError
+from looptrace.cli.common import UsageError
 
 if TYPE_CHECKING:
+    from looptrace.instrumentation.export.setup import Telemetry
     from looptrace.instrumentation.settings import Settings
-    from looptrace.instrumentation.setup import Telemetry
 
 
 def read_settings(**flags: Any) -> Settings:
@@ -29,7 +29,7 @@ def read_settings(**flags: Any) -> Settings:
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     if settings.ignored:  # a value that cannot be used is said here, once, naming its variable
-        from looptrace.instrumentation.logs import settings_ignored  # (logging loads only then: `detect` starts fast)
+        from looptrace.instrumentation.logs import settings_ignored
 
         settings_ignored(settings.ignored)
     return settings

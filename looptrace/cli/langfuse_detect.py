@@ -15,8 +15,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .common import UsageError, plural
-from .exit_codes import EXIT_OK
+from looptrace.cli.common import UsageError, plural
+from looptrace.cli.exit_codes import EXIT_OK
 
 _RELATIVE = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -58,10 +58,9 @@ def moment(text: str) -> datetime:
 
 def langfuse_detect_command(args: argparse.Namespace, print_verdict: Any) -> int:
     """Scan, print each verdict as `detect` does (``print_verdict``), say the count on stderr; exit 1 on findings."""
-    from looptrace.instrumentation.langfuse_api import LangfuseAPI, LangfuseAPIError
-    from looptrace.instrumentation.langfuse_scan import CursorError, ScanQuery, scan
-
-    from .environment import read_settings
+    from looptrace.cli.environment import read_settings
+    from looptrace.instrumentation.langfuse.api import LangfuseAPI, LangfuseAPIError
+    from looptrace.instrumentation.langfuse.scan import CursorError, ScanQuery, scan
 
     if args.file is not None:
         raise UsageError("give a trace file or --langfuse, not both")

@@ -7,18 +7,17 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
+from looptrace.cli.common import plural
+from looptrace.cli.exit_codes import EXIT_OK
+from looptrace.cli.trace_reading import NOT_TRACE_DATA, LineReporter, is_root, not_trace_data, trace_file_of
 from looptrace.instrumentation.tracefile.read import BadLine, SpanRecord, raw_spans, read_lines, span_record
-
-from .common import plural
-from .exit_codes import EXIT_OK
-from .trace_reading import NOT_TRACE_DATA, LineReporter, is_root, not_trace_data, trace_file_of
 
 MAX_OPEN_RUNS = 10_000  # runs whose root has not come yet, for their turn counts; beyond this the oldest is forgotten
 TURN_SPAN_NAME = "turn"  # semconv.TURN_SPAN_NAME (semconv is imported only once the command runs)
 
 
 def list_command(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.recording import semconv as sc
 
     path, max_line_bytes = trace_file_of(args)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
@@ -73,7 +72,7 @@ def run_line(root: SpanRecord, turns_drawn: int = 0) -> str:
     ``turns_drawn``: the turn spans found under the root. The run counts the turns it completed; one it failed in is
     still a turn of the run (`traces show` draws it), so the larger of the two is said.
     """
-    from looptrace.instrumentation import semconv as sc
+    from looptrace.instrumentation.recording import semconv as sc
 
     a = root.attributes
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(root.start_ns / 1e9)) if root.start_ns else "?"

@@ -13,9 +13,8 @@ import logging
 import sys
 from typing import TextIO
 
+from looptrace.cli.environment import no_color_requested
 from looptrace.instrumentation.logs import install_cli_rendering
-
-from .environment import no_color_requested
 
 
 def configure_logging() -> None:

@@ -8,8 +8,8 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from .common import UsageError
-from .exit_codes import EXIT_CODE_HELP
+from looptrace.cli.common import UsageError
+from looptrace.cli.exit_codes import EXIT_CODE_HELP
 
 if TYPE_CHECKING:
     from looptrace.runtime.mcp_servers import MCPServer

@@ -1,5 +1,5 @@
 """`looptrace traces push [--to langfuse|otlp]`: send the spans and scores a backend could not take earlier, never
-twice (``instrumentation/push.py``). It loads the exporters when it runs."""
+twice (``instrumentation/export/push.py``). It loads the exporters when it runs."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ import os
 import stat
 from pathlib import Path
 
-from .common import UsageError
-from .environment import read_settings
-from .exit_codes import EXIT_OK
+from looptrace.cli.common import UsageError
+from looptrace.cli.environment import read_settings
+from looptrace.cli.exit_codes import EXIT_OK
 
 
 def push_command(args: argparse.Namespace) -> int:
     """Push what the undelivered list names; print what was sent and what is still pending."""
-    from looptrace.instrumentation.push import PushInProgress, push
+    from looptrace.cli.logging_setup import configure_logging
+    from looptrace.instrumentation.export.push import PushInProgress, push
     from looptrace.instrumentation.settings import ConfigurationError
     from looptrace.instrumentation.tracefile.read import TraceFileError
-
-    from .logging_setup import configure_logging
 
     configure_logging()  # the exporters' warnings, rendered as the rest of the CLI renders them
     settings = read_settings(spill_file=args.file)

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .common import UsageError, plural
-from .exit_codes import EXIT_NOT_FOUND, EXIT_USAGE
-from .replay_options import (
+from looptrace.cli.common import UsageError, plural
+from looptrace.cli.exit_codes import EXIT_NOT_FOUND, EXIT_USAGE
+from looptrace.cli.replay_options import (
     DETECTOR_FLAGS,
     detector_changes,
     detector_config,
@@ -80,9 +80,8 @@ def add_replay_command(commands: Any) -> None:
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    from looptrace.cli.trace_reading import trace_file_of
     from looptrace.replay import NotReplayable, rebuild_run
-
-    from .trace_reading import trace_file_of
 
     if args.all and (args.trace_id or args.pytest):
         raise UsageError("--all replays every run; --trace-id and --pytest are for one run")
@@ -90,7 +89,7 @@ def replay_command(args: argparse.Namespace) -> int:
     tools = tools_of(args)
     path, max_line_bytes = trace_file_of(args)
     if args.all:
-        from .replay_table import replay_all
+        from looptrace.cli.replay_table import replay_all
 
         return replay_all(path, args, tools=tools, detector=detector, max_line_bytes=max_line_bytes)
     spans = _one_trace(path, args.trace_id, max_line_bytes)
@@ -109,12 +108,12 @@ def replay_command(args: argparse.Namespace) -> int:
     else:
         show(replayed, args, sys.stdout)
     if args.pytest is not None:
-        from .replay_pytest import write_regression_test
+        from looptrace.cli.replay_pytest import write_regression_test
 
         write_regression_test(args.pytest, replayed.recorded, tools_file=Path(args.tools) if args.tools else None)
         print(f"looptrace: wrote {args.pytest}: a regression test of run {recorded.trace_id[:12]} "
               f"(run it with: pytest {args.pytest})", file=sys.stderr)
-    from .running import EXIT_CODES
+    from looptrace.cli.running import EXIT_CODES
 
     return EXIT_CODES[replayed.result.status]
 
@@ -156,8 +155,8 @@ def show(replayed: Replay, args: argparse.Namespace, out: TextIO) -> None:
 
 def _one_trace(path: Path, trace_id: str | None, max_line_bytes: int) -> list[Any] | None:
     """The spans of the trace asked for, or of the latest run, read as `traces show` reads them."""
-    from .show_command import _find_trace
-    from .trace_reading import LineReporter
+    from looptrace.cli.show_command import _find_trace
+    from looptrace.cli.trace_reading import LineReporter
 
     with LineReporter(path, max_line_bytes) as report:
         spans = _find_trace(path, (trace_id or "").lower() or None, report)

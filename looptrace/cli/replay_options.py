@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import UsageError
+from looptrace.cli.common import UsageError
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.detector import DetectorConfig
@@ -70,7 +70,7 @@ def detector_changes(args: argparse.Namespace) -> str:
 def tools_of(args: argparse.Namespace) -> list[Tool] | None:
     if not args.tools:
         return None
-    from .run_command import load_tools
+    from looptrace.cli.run_command import load_tools
 
     return load_tools(Path(args.tools))
 

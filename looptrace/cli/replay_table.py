@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .common import plural
-from .exit_codes import EXIT_OK
-from .replay_options import detector_changes, run_replay
+from looptrace.cli.common import plural
+from looptrace.cli.exit_codes import EXIT_OK
+from looptrace.cli.replay_options import detector_changes, run_replay
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.detector import DetectorConfig
@@ -109,8 +109,8 @@ def _ending(row: Row) -> str:
 
 def _row(spans: list[Any], args: argparse.Namespace, tools: list[Tool] | None,
          detector: DetectorConfig | None) -> Row | None:
-    from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.trace_detect import detect_spans
+    from looptrace.instrumentation.offline.trace_detect import detect_spans
+    from looptrace.instrumentation.recording import semconv as sc
     from looptrace.replay import (
         ContentNotRecorded,
         IncompleteRecording,
@@ -144,9 +144,8 @@ def _row(spans: list[Any], args: argparse.Namespace, tools: list[Tool] | None,
 
 def _traces(path: Path, max_line_bytes: int) -> dict[str, list[Any]]:
     """Every span of the file by trace, each line decoded once."""
+    from looptrace.cli.trace_reading import LineReporter, spans_of
     from looptrace.replay import runs_in
-
-    from .trace_reading import LineReporter, spans_of
 
     with LineReporter(path, max_line_bytes) as report:
         by_trace = runs_in(spans_of(path, report, None))

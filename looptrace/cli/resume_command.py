@@ -12,9 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .common import UsageError
-from .exit_codes import EXIT_CODE_HELP
-from .running import add_export_flags, export_overrides
+from looptrace.cli.common import UsageError
+from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.running import add_export_flags, export_overrides
 
 
 def add_resume_command(commands: Any) -> None:
@@ -31,7 +31,7 @@ def add_resume_command(commands: Any) -> None:
     resume.add_argument("--approve-tool", action="append", default=[], metavar="TOOL",
                         help="in the resumed run, approve every new call of TOOL without asking")
     resume.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
-    from .run_command import add_approval_flags
+    from looptrace.cli.run_command import add_approval_flags
 
     add_approval_flags(resume)
     add_export_flags(resume)
@@ -39,11 +39,10 @@ def add_resume_command(commands: Any) -> None:
 
 
 def resume_command(args: argparse.Namespace) -> int:
-    from looptrace.instrumentation import setup as telemetry_setup
+    from looptrace.cli.environment import anthropic_credentials_set, read_settings
+    from looptrace.cli.run_command import build_agent, load_tools, report, resume_run, settle_asked, terminal_approver
+    from looptrace.instrumentation.export import setup as telemetry_setup
     from looptrace.runtime.state import RunState, StateError
-
-    from .environment import anthropic_credentials_set, read_settings
-    from .run_command import build_agent, load_tools, report, resume_run, settle_asked, terminal_approver
 
     decisions = _decisions(args)
     try:

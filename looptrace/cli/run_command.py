@@ -9,13 +9,11 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from looptrace.instrumentation.settings import DEFAULT_MODEL
-
-from .common import UsageError
-from .environment import anthropic_credentials_set, no_trace_file_reason, read_settings
-from .exit_codes import EXIT_CODE_HELP
-from .mcp_command import add_mcp_flags, servers_from
-from .running import (
+from looptrace.cli.common import UsageError
+from looptrace.cli.environment import anthropic_credentials_set, no_trace_file_reason, read_settings
+from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.mcp_command import add_mcp_flags, servers_from
+from looptrace.cli.running import (
     EXIT_CODES,
     add_anomaly_flag,
     add_export_flags,
@@ -25,14 +23,14 @@ from .running import (
     print_json,
     telemetry_options,
 )
+from looptrace.instrumentation.settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
-    from looptrace.instrumentation.setup import Telemetry
+    from looptrace.cli.approval_prompt import TerminalApprover
+    from looptrace.instrumentation.export.setup import Telemetry
     from looptrace.runtime.agent import Agent
     from looptrace.runtime.result import RunResult
     from looptrace.runtime.tools import Tool
-
-    from .approval_prompt import TerminalApprover
 
 
 def add_run_command(commands: Any) -> None:
@@ -84,8 +82,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the agent on the task; the final answer on stdout, the live view and where the trace went on stderr."""
     from opentelemetry import context as otel_context
 
-    from looptrace.instrumentation import setup as telemetry_setup
-    from looptrace.instrumentation.labels import checked, run_labels
+    from looptrace.instrumentation.export import setup as telemetry_setup
+    from looptrace.instrumentation.recording.labels import checked, run_labels
     from looptrace.runtime.mcp_servers import MCPServerUnavailable
 
     if not args.task.strip():
@@ -164,11 +162,10 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telemetry: Telemetry,
                 approver: TerminalApprover, *, json_output: bool) -> Agent:
+    from looptrace.cli.views import LiveView
     from looptrace.runtime.agent import Agent
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import AnthropicModel
-
-    from .views import LiveView
 
     servers = servers_from(argparse.Namespace(mcp=options.get("mcp") or [], mcp_url=options.get("mcp_url") or []))
     return Agent(
@@ -185,7 +182,7 @@ def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telem
 
 def terminal_approver(args: argparse.Namespace, approve_tools: list[str]) -> TerminalApprover:
     """Asks at the terminal when stdin is one; otherwise decides only what the flags approve, and the run pauses."""
-    from .approval_prompt import TerminalApprover
+    from looptrace.cli.approval_prompt import TerminalApprover
 
     return TerminalApprover(sys.stdin, sys.stderr, approve_tools=approve_tools, approve_all=args.approve_all,
                             ask=_is_terminal(sys.stdin))
@@ -222,7 +219,7 @@ def _write_state(args: argparse.Namespace, result: RunResult, options: dict[str,
 
 
 def short_arguments(arguments: Any) -> str:
-    from .approval_prompt import shown_arguments
+    from looptrace.cli.approval_prompt import shown_arguments
 
     text = shown_arguments(arguments)
     return text if len(text) <= 200 else text[:199] + "…"

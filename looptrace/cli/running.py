@@ -14,15 +14,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from looptrace.cli.exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 from looptrace.runtime.result import RunResult, RunStatus
-
-from .exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
 if TYPE_CHECKING:
     from looptrace.instrumentation.alerts import Alerts
-    from looptrace.instrumentation.setup import Telemetry
+    from looptrace.instrumentation.export.setup import Telemetry
     from looptrace.runtime.agent import Agent
 
 EXIT_CODES: dict[RunStatus, int] = {
@@ -64,7 +63,7 @@ def export_overrides(args: argparse.Namespace) -> dict[str, Any]:
     Flags that cannot work are refused here, before anything runs: an empty --exporter (it would quietly mean the
     default), a --trace-file that is a directory or lies under a file (the run would go ahead and lose its trace).
     """
-    from .common import UsageError
+    from looptrace.cli.common import UsageError
 
     if args.exporter is not None and not args.exporter.replace(",", "").strip():
         raise UsageError("--exporter needs at least one of file, console, otlp, langfuse, none")
@@ -156,7 +155,7 @@ def close(telemetry: Telemetry) -> None:
 def print_json(result: RunResult, out: TextIO) -> None:
     """The RunResult as one JSON object on one line, as the spans hold it: tool arguments redacted, and what they hid
     scrubbed from the results that quote it."""
-    from looptrace.instrumentation.content import redacted_history
+    from looptrace.instrumentation.recording.content import redacted_history
 
     shown = result.to_dict()
     # Output is a place secrets must not reach, like a span; the RunResult itself keeps the history the model saw.

@@ -13,6 +13,16 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from looptrace.cli.common import UsageError, plural
+from looptrace.cli.exit_codes import EXIT_NOT_FOUND, EXIT_OK
+from looptrace.cli.trace_reading import (
+    NOT_TRACE_DATA,
+    LineReporter,
+    bad_line_reason,
+    is_root,
+    not_trace_data,
+    trace_file_of,
+)
 from looptrace.instrumentation.tracefile.read import (
     BadLine,
     SpanRecord,
@@ -22,16 +32,12 @@ from looptrace.instrumentation.tracefile.read import (
     span_record,
 )
 
-from .common import UsageError, plural
-from .exit_codes import EXIT_NOT_FOUND, EXIT_OK
-from .trace_reading import NOT_TRACE_DATA, LineReporter, bad_line_reason, is_root, not_trace_data, trace_file_of
-
 MAX_OPEN_TRACES = 10_000  # traces whose root has not come yet; beyond this the oldest is forgotten
 MAX_ROOTED_TRACES = 64  # traces whose root had a parent (a sub-agent's, perhaps), kept for their outer run's spans
 
 
 def show_command(args: argparse.Namespace) -> int:
-    from .views import render_trace
+    from looptrace.cli.views import render_trace
 
     path, max_line_bytes = trace_file_of(args)
     wanted = (args.trace_id or "").lower() or None
@@ -58,17 +64,16 @@ def show_command(args: argparse.Namespace) -> int:
 def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     """The tool errors each run of the trace left unresolved: as its root recorded them (looptrace's runs), else
     rebuilt from its tool spans as `detect` rebuilds them (another producer's trace); nothing for a run without."""
-    from looptrace.instrumentation import semconv as sc
-    from looptrace.instrumentation.recorded_facts import recorded_unresolved_errors
-
-    from .common import unresolved_line
-    from .views import IGNORED_ERROR, WARN_MARK
+    from looptrace.cli.common import unresolved_line
+    from looptrace.cli.views import IGNORED_ERROR, WARN_MARK
+    from looptrace.instrumentation.offline.recorded_facts import recorded_unresolved_errors
+    from looptrace.instrumentation.recording import semconv as sc
 
     roots = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
     recorded = [(root.name, recorded_unresolved_errors(root)) for root in roots]
     runs: list[tuple[str, int, list[Any]]] = [(name, r[0], r[1]) for name, r in recorded if r is not None]
     if not runs:  # no root of looptrace's: what the tool spans say
-        from looptrace.instrumentation.trace_detect import detect_spans
+        from looptrace.instrumentation.offline.trace_detect import detect_spans
 
         runs = [(v.name, len(v.unresolved_errors), v.unresolved_errors) for v in detect_spans(spans)]
     # A warning only when the detector found the final answer ignoring an error; otherwise a fact, said quietly.

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import Parser, UsageError, positive_count, silence_stdout, since_time, tolerate_any_terminal
-from .exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
-from .langfuse_detect import add_langfuse_arguments
+from looptrace.cli.common import Parser, UsageError, positive_count, silence_stdout, since_time, tolerate_any_terminal
+from looptrace.cli.exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
+from looptrace.cli.langfuse_detect import add_langfuse_arguments
 
 
 def _handler(module: str, name: str) -> Any:

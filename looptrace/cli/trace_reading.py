@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from looptrace.cli.common import UsageError, plural
+from looptrace.cli.environment import read_settings
 from looptrace.instrumentation.tracefile.read import (
     BadLine,
     SpanRecord,
@@ -27,9 +29,6 @@ from looptrace.instrumentation.tracefile.read import (
     total_size,
     trace_files,
 )
-
-from .common import UsageError, plural
-from .environment import read_settings
 
 BAD_LINES_SHOWN = 5
 # A file this big takes a second or more to read: a person at a terminal gets a progress bar (tqdm's, imported only

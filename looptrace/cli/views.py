@@ -10,10 +10,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from looptrace.instrumentation import semconv as sc
+from looptrace.cli.common import plural, plural_of, unresolved_line
+from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile.read import SpanRecord
-
-from .common import plural, plural_of, unresolved_line
 
 if TYPE_CHECKING:  # the live view's types: the reading commands (render_trace) never import the runtime
     from looptrace.runtime.events import Event, ToolFinished
@@ -118,7 +117,7 @@ class LiveView:
 
     def _tool_call(self, event: ToolFinished) -> str:
         """``name(arguments) -> result``, or with content capture off what can be said without them."""
-        from looptrace.instrumentation.detector import result_digest  # the digest the execute_tool span records
+        from looptrace.instrumentation.detector import result_digest
 
         if self.capture_content:
             return f"{event.name}({short(event.arguments, 60)}) -> {short(event.result, 70)}"

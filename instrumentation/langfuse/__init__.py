@@ -1,0 +1,1 @@
+"""Langfuse at the edge: the attribute mapping, the scores, and reading traces back through its public API."""

@@ -1,0 +1,144 @@
+"""A model with its calls traced: the chat span of every Messages API call, opened around the model, not by the loop.
+
+``Tracing.instrument(model)`` returns an ``InstrumentedModel``; the loop calls it exactly as it would the model. Each
+call looks up the turn that is current (``TurnSpan.activate``), opens its chat span there, keeps it current while the
+model runs (so the HTTP client's own spans nest under it, and a streaming model's first chunk is timed on it through
+``interface.report_first_chunk``), and ends it with the response, its usage and its cost, or with the exception.
+A call made outside any run (the model used on its own) is passed through untraced.
+
+The judge's calls (``judge=True``) get a span of their own kind, marked ``looptrace.judge``: their tokens and cost are
+never the run's, so they are not counted as one of its generations.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from ..logs import telemetry_failed
+from .seam_types import CostOf, ModelLike, Usage, first_chunk_receiver
+
+__all__ = ["ChatCall", "CurrentTurn", "InstrumentedModel", "current_turn_var"]
+
+
+class ChatCall(Protocol):
+    """The span of one model call (``spans.ChatSpan``, ``spans.JudgeSpan``), as the wrapper drives it."""
+
+    def activate(self) -> AbstractContextManager[Any]: ...
+
+    def first_chunk(self, seconds: float) -> None: ...
+
+    def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
+class CurrentTurn(Protocol):
+    """The turn a model call belongs to (``spans.TurnSpan``): it opens the call's span."""
+
+    def start_chat(self, params: Mapping[str, Any], *, server_address: str | None, server_port: int | None,
+                   stream: bool, judge: bool = False) -> ChatCall: ...
+
+
+# The turn whose model call runs in this context: set by TurnSpan.activate() around the call, read by the wrapper.
+current_turn_var: contextvars.ContextVar[CurrentTurn | None] = contextvars.ContextVar("looptrace_turn", default=None)
+
+
+class InstrumentedModel:
+    """Wraps a model (``runtime.models.Model``): same calls, same results, with a chat span per call."""
+
+    __slots__ = ("_server", "cost_of", "judge", "model", "stream")
+
+    def __init__(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> None:
+        self.model = model
+        self.stream = bool(getattr(model, "stream", False))
+        self.cost_of = cost_of
+        self.judge = judge
+        self._server: tuple[str | None, int | None] | None = None
+
+    def server(self) -> tuple[str | None, int | None]:
+        """Where calls go (server.address/port), looked up until known, then kept; a model that cannot say is never
+        allowed to fail. (A model may know only once its first call has built its client: it is not asked to build
+        one here, before the chat span, where the set-up would be a gap nobody could explain.)"""
+        if self._server is None:
+            try:
+                found = self.model.server()
+            except Exception:
+                found = (None, None)
+            if found[0] is not None:
+                self._server = found
+            return found
+        return self._server
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        chat = self._start(params)
+        if chat is None:
+            return self.model.create(params, timeout=timeout)
+        with chat.activate():
+            receiver = first_chunk_receiver.set(chat.first_chunk)
+            try:
+                response = self.model.create(params, timeout=timeout)
+            except BaseException as exc:
+                self._learn_server(chat)
+                chat.fail(exc)
+                raise
+            finally:
+                first_chunk_receiver.reset(receiver)
+        self._learn_server(chat)
+        self._end(chat, response)
+        return response
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        chat = self._start(params)
+        if chat is None:
+            return await self.model.acreate(params, timeout=timeout)
+        with chat.activate():
+            receiver = first_chunk_receiver.set(chat.first_chunk)
+            try:
+                response = await self.model.acreate(params, timeout=timeout)
+            except BaseException as exc:
+                self._learn_server(chat)
+                chat.fail(exc)
+                raise
+            finally:
+                first_chunk_receiver.reset(receiver)
+        self._learn_server(chat)
+        self._end(chat, response)
+        return response
+
+    def _learn_server(self, chat: Any) -> None:
+        """Where the call went, for a span started before the model knew (its first call built its client)."""
+        try:
+            chat.learned_server(*self.server())
+        except Exception as exc:  # never into the run
+            telemetry_failed("chat span", exc)
+
+    def _start(self, params: dict[str, Any]) -> ChatCall | None:
+        turn = current_turn_var.get()
+        if turn is None:
+            return None
+        address, port = self.server()
+        try:
+            return turn.start_chat(params, server_address=address, server_port=port, stream=self.stream,
+                                   judge=self.judge)
+        except Exception as exc:  # the call goes ahead untraced rather than not at all
+            telemetry_failed("chat span", exc)
+            return None
+
+    def _end(self, chat: ChatCall, response: dict[str, Any]) -> None:
+        usage = Usage.from_response(response)  # parsed once: the price and the span both read it
+        cost = None
+        if self.cost_of is not None:
+            try:
+                cost = self.cost_of(response, usage)
+            except Exception:  # a price table that cannot price this response leaves the cost unknown, not the run
+                cost = None
+        chat.end(response, usage, cost_usd=cost)  # never raises (its body is guarded, see spans._never_raises)
+
+    def __getattr__(self, name: str) -> Any:
+        # What else the model offers (ScriptedModel.remaining, AnthropicModel.sync_client) stays reachable.
+        if name == "model":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)

@@ -1,0 +1,122 @@
+"""Telemetry switched off: the interface's protocols implemented with nothing at all, but for two duties.
+
+Tool arguments are still redacted (``ToolTrace.arguments``, which the detector, the events and the alerts quote, and
+``ToolTrace.scrub`` for what a result quotes of them), and anomaly reports still reach the sinks the telemetry was
+given (the log line, the webhook, a callback; no score: there is no trace to put it on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from ..alerts import AlertContext
+from ..detector import Anomaly, UnresolvedToolError
+from ..settings import Settings
+from .content import redact_with_secrets, scrub
+from .labels import checked, run_labels
+from .seam_types import Action, CostOf, ModelLike, Usage
+
+if TYPE_CHECKING:
+    from ..alerts import AnomalySinks
+    from ..interface import RunTrace, ToolTrace, TurnTrace
+
+__all__ = ["NoTracing"]
+
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
+
+
+class _NoTool:
+    __slots__ = ("arguments", "secrets")
+
+    def __init__(self, arguments: Any) -> None:
+        self.arguments, self.secrets = redact_with_secrets(arguments)
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self.secrets) if self.secrets else text
+
+    def activate(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
+            duration_s: float = 0.0, full_length: int | None = None) -> None:
+        pass
+
+    def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,
+                 wait_s: float | None = None) -> None:
+        pass
+
+
+class _NoTurn:
+    __slots__ = ("run",)
+
+    def __init__(self, run: _NoRun) -> None:
+        self.run = run
+
+    def activate(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolTrace:
+        return _NoTool(arguments)
+
+    def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
+        sinks = self.run.sinks
+        if sinks is not None:
+            sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=_ZERO_TRACE_ID, span_id=_ZERO_SPAN_ID,
+                                             action=action))
+
+    def nudged(self, text: str) -> None:
+        pass
+
+    def end(self, *, stop_reason: str | None) -> None:
+        pass
+
+
+class _NoRun:
+    __slots__ = ("agent", "sinks", "turn")
+
+    trace_id = _ZERO_TRACE_ID
+    span_id = _ZERO_SPAN_ID
+    trace_url = None
+
+    def __init__(self, agent: str, sinks: AnomalySinks | None) -> None:
+        self.agent = agent
+        self.sinks = sinks
+        self.turn = _NoTurn(self)
+
+    def start_turn(self, index: int) -> TurnTrace:
+        return self.turn
+
+    def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
+            final_text: str | None, error: str | None = None, error_type: str | None = None,
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+        pass
+
+
+class NoTracing:
+    """Telemetry switched off: no span, no metric, no exporter. Tool arguments are still redacted, and anomalies still
+    reach ``sinks`` (the log line, the webhook, a callback) when given."""
+
+    trace_links = None
+
+    def __init__(self, sinks: AnomalySinks | None = None, *, captures_content: bool = True,
+                 settings: Settings | None = None) -> None:
+        self.sinks = sinks
+        self.captures_content = captures_content
+        self.settings = Settings() if settings is None else settings  # what the Agent takes its judge from
+
+    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
+        return model
+
+    def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
+                  tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
+                  tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None,
+                  resumes: tuple[str, str] | None = None) -> RunTrace:
+        # Checked even here: a label a backend would drop should fail in tests, not once telemetry is switched on.
+        checked("trace name", agent)
+        run_labels(session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
+        return _NoRun(agent, self.sinks)
+
+    def flush(self, timeout_ms: int = 5_000) -> None:
+        pass
