@@ -13,11 +13,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from looptrace.instrumentation.export import encodable
 from looptrace.instrumentation.export.push import push
 from looptrace.instrumentation.export.setup import configure
 from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.settings import Settings
+from looptrace.instrumentation.tracefile import encodable
 from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
 from looptrace.instrumentation.tracefile.write import TraceFileWriter
 from looptrace.runtime import Agent, ScriptedModel, tool

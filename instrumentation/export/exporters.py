@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..settings import GRPC, ConfigurationError, LangfuseSettings, OtlpSettings, Settings
+from ..tracefile.encodable import encodable_spans
 from .delivery import GuardedExporter, GuardedMetricExporter, SpillSink
-from .encodable import encodable_spans
 from .failures import OutcomeProbe
 
 if TYPE_CHECKING:

@@ -1,7 +1,8 @@
 """The local trace file's format in one place: OTLP/JSON lines, one ``TracesData`` object per line.
 
 * ``encode``: finished spans to their OTLP/JSON text by OpenTelemetry's encoder (``encode_line``,
-  ``encode_traces_data``).
+  ``encode_traces_data``), after ``encodable``'s repair of the few values no encoder takes (the network exporters use
+  the same repair).
 * ``read``: the file back, line by line, as ``SpanRecord`` values (``read_spans``, ``read_lines``); standard library
   only, so that `looptrace detect` and `traces` start fast.
 * ``write``: appending lines safely (``TraceFileWriter``), and the SDK's way in (``TraceFileProcessor``,

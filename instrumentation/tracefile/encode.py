@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 
-from ..export.encodable import encodable_spans
 from ..recording.semconv import REPAIRED_ATTRIBUTES
+from .encodable import encodable_spans
 
 __all__ = ["REPAIRED_ATTRIBUTES", "encode_line", "encode_traces_data"]
 
