@@ -1,4 +1,15 @@
-"""looptrace's telemetry: settings, spans, metrics, the loop detector, alerts and exporters.
+"""looptrace's telemetry: settings, spans, metrics, the loop detector, alerts and exporters. Never imports runtime/.
+
+* ``interface``: the protocols the loop records through, and the plain types both sides speak;
+  ``agent_telemetry``: the one factory the runtime calls; ``settings``: every environment variable, read once;
+  ``logs``: the ``looptrace`` logger; ``alerts``: where an anomaly goes (log line, webhook, callback, score).
+* ``recording/``: spans with the GenAI conventions, the instrumented model, content capture, metrics, and the one
+  place backends' attribute mappings are applied.
+* ``export/``: ``configure()``, the SDK's exporters built from settings, the delivery guard, ``push``.
+* ``tracefile/``: the local OTLP/JSON file: encode, read, write, rotate; no network code.
+* ``offline/``: runs rebuilt from stored or received spans, ours and other producers'.
+* ``langfuse/``: Langfuse's attribute mapping, scores and public-API client; ``detector/``: pure standard library;
+  ``watch/``: the OTLP receiver in front of a run watcher.
 
 ``looptrace.configure(...)`` sets up exporters for an application and ``looptrace.Settings`` holds the configuration;
 both load on first use, so code that only makes spans through the API never imports the SDK's exporters.
