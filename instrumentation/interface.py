@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from .alerts import Alerts
 from .content import redact
-from .detector import Anomaly, UnresolvedToolError
+from .detector import Anomaly, LoopCost, UnresolvedToolError
 from .logs import log
 from .seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
 from .settings import Settings
@@ -115,9 +115,13 @@ class RunTrace(Protocol):
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None,
+            loop_cost: LoopCost | None = None, session_loop_cost: LoopCost | None = None,
+            loop_cost_by_type: Mapping[str, LoopCost] | None = None) -> None:
         """``session_id``: the session a run that had none joins as it ends (a paused run: the run that resumes it
-        continues in that session)."""
+        continues in that session). ``loop_cost``, ``session_loop_cost``: what the turns that belonged to a loop
+        cost in this run and in its session so far; ``loop_cost_by_type`` splits the run's by anomaly type (the
+        loop cost metric)."""
         ...
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .alerts import AlertContext
 from .content import redact_with_secrets, scrub
-from .detector import Anomaly, UnresolvedToolError
+from .detector import Anomaly, LoopCost, UnresolvedToolError
 from .labels import checked, run_labels
 from .seam_types import Action, CostOf, ModelLike, Usage
 from .settings import Settings
@@ -90,7 +90,9 @@ class _NoRun:
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None,
+            loop_cost: LoopCost | None = None, session_loop_cost: LoopCost | None = None,
+            loop_cost_by_type: Mapping[str, LoopCost] | None = None) -> None:
         pass
 
 
