@@ -24,17 +24,20 @@ from .alerts import Alerts
 from .content import redact
 from .detector import Anomaly, LoopCost, UnresolvedToolError
 from .logs import log
+from .prices import DEFAULT_PRICES, Price, price_for, usd_for_tokens
 from .seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
 from .settings import Settings
 
 __all__ = [
     "ACTIONS",
+    "DEFAULT_PRICES",
     "Action",
     "AgentTelemetry",
     "Alerts",
     "Anomaly",
     "CostOf",
     "ModelLike",
+    "Price",
     "RunTrace",
     "Settings",
     "ToolTrace",
@@ -42,8 +45,10 @@ __all__ = [
     "TurnTrace",
     "Usage",
     "log",
+    "price_for",
     "redact",
     "report_first_chunk",
+    "usd_for_tokens",
 ]
 
 class ToolTrace(Protocol):

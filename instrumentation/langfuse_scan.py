@@ -54,7 +54,7 @@ from .langfuse_api import (
     is_missing_route,
 )
 from .langfuse_observations import epoch_ms, trace_spans
-from .langfuse_scores import anomaly_score_body
+from .langfuse_scores import anomaly_score_body, loop_cost_score_body
 from .readers import SESSION_PREFIX, NeutralSpan
 from .settings import safe_url
 from .trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
@@ -267,8 +267,13 @@ class _Judge:
             latest = {anomaly.type: anomaly for anomaly in verdict.anomalies}  # one score per type: the latest
             for anomaly in latest.values():
                 self.scorer.post_score(anomaly_score_body(verdict.trace_id, anomaly.type, anomaly.message,
-                                                          span_id=root, environment=environment))
+                                                          span_id=root, environment=environment, cost=anomaly.cost))
                 self.state.scores_posted += 1
+            for anomaly_type, cost in verdict.loop_cost_by_type.items():  # what its loops cost, for alerts to sum
+                body = loop_cost_score_body(verdict.trace_id, anomaly_type, cost, span_id=root, environment=environment)
+                if body is not None:
+                    self.scorer.post_score(body)
+                    self.state.scores_posted += 1
 
 
 def _in_context(error: MalformedPage, doing: str, state: ScanState) -> MalformedPage:
