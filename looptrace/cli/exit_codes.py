@@ -17,7 +17,7 @@ EXIT_CODE_HELP = """exit codes:
   0   done (the model ended its turn)       1   error (the API call failed, see the message)
   2   usage: bad flag, tools file, missing key or unreadable file
   3   traces show: no such trace
-  10  max_turns    11 token_budget    12 cost_budget    13 timeout
+  10  max_turns    11 token_budget    12 cost_budget    13 timeout    14 loop_budget
   20  max_tokens   21 stop_sequence   22 refusal        23 context_window
   30  stopped_by_detector             130 interrupted (Ctrl-C)   143 terminated (SIGTERM)
   40  awaiting_approval: paused for a person's decision (resume with `looptrace resume STATE`)
