@@ -125,7 +125,7 @@ class CostLedger:
         self._last_unpriced: str | None = None
         self._marks: OrderedDict[tuple[int, int], _Totals] = OrderedDict()  # (run, turn) -> totals before it
         self._run_start = _Totals()
-        self._anchors: OrderedDict[str, tuple[_Totals, int]] = OrderedDict()  # streak -> (its mark, since_turn)
+        self._anchors: OrderedDict[str, tuple[_Totals, int | None]] = OrderedDict()  # streak -> (its mark, since_turn)
         self._loop_upto: _Totals | None = None  # how far the session's loop total has counted
         self._session_loop = _Totals()
         self._run_loop = _Totals()
@@ -165,11 +165,11 @@ class CostLedger:
             return None
         anchor = self._anchors.get(streak)
         if anchor is None:
-            mark = None
+            found = None
             if start_turn is not None:
-                mark = self._marks.get((start_run if start_run is not None else run, start_turn))
+                found = self._marks.get((start_run if start_run is not None else run, start_turn))
             # the turn was not fed usage, or is older than the window: counted from the run's start
-            anchor = (mark if mark is not None else self._run_start, start_turn if mark is not None else None)
+            anchor = (found, start_turn) if found is not None else (self._run_start, None)
             self._anchors[streak] = anchor
             while len(self._anchors) > self._max_anchors:
                 self._anchors.popitem(last=False)
