@@ -84,6 +84,11 @@ def run_story(**agent_options: Any) -> Any:
                      metadata={"team": "ops"})
 
 
+def _without_loop_time(attributes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An event's attributes without a loop's wall time (`looptrace.anomaly.duration_s`): a time, like the others."""
+    return [a for a in attributes if a.get("key") != "looptrace.anomaly.duration_s"]
+
+
 def normalised(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The spans of a file with ids replaced by their order of appearance and times left out: what two runs of the
     same script must share."""
@@ -104,8 +109,8 @@ def normalised(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     span[key] = label(span[key])
             for key in ("startTimeUnixNano", "endTimeUnixNano"):
                 assert int(span.pop(key)) > 0
-            span["events"] = [{k: v for k, v in event.items() if k != "timeUnixNano"}
-                              for event in span.get("events", ())]
+            span["events"] = [{k: _without_loop_time(v) if k == "attributes" else v
+                               for k, v in event.items() if k != "timeUnixNano"} for event in span.get("events", ())]
             spans.append({"resource": resource_spans["resource"], "scope": scope_spans["scope"], "span": span})
     return spans
 

@@ -171,7 +171,7 @@ def test_detect_reads_the_same_cost_from_the_stored_spans(tmp_path, capsys):
     assert trace_commands(["detect", str(path)]) == 1
     text = capsys.readouterr().out
     assert "repeated_call search x4 (4 turns, 14,400 tokens, $0.0279)" in text
-    assert "loops cost 4 turns, 14,400 tokens, $0.0279" in text
+    assert "1 anomaly (loops cost 4 turns, 14,400 tokens, $0.0279)" in text
 
 
 def test_a_model_without_a_price_keeps_its_tokens_and_says_why_it_has_no_usd(tmp_path, capsys):
