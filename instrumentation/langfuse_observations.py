@@ -268,8 +268,10 @@ def _native_usage(observation: Mapping[str, Any]) -> dict[str, Any]:
         return attributes
     counts = {key: value for key, value in details.items()
               if isinstance(value, int) and not isinstance(value, bool) and value >= 0}
-    cache_read = counts.get("cache_read_input_tokens", 0)
-    cache_write = counts.get("cache_creation_input_tokens", 0)
+    # Langfuse's own names (what looptrace sends), or Anthropic's (what its integrations pass through)
+    cache_read = counts.get("input_cache_read", counts.get("cache_read_input_tokens", 0))
+    cache_write = (sum(v for k, v in counts.items() if k.startswith("input_cache_creation"))
+                   or counts.get("cache_creation_input_tokens", 0))
     if "input" in counts or "output" in counts:
         attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = counts.get("input", 0) + cache_read + cache_write
         attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = counts.get("output", 0)

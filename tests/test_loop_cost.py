@@ -256,3 +256,18 @@ def test_the_ledger_stays_bounded_on_a_long_run():
         detector.end_turn(turn)
     sizes = detector.container_sizes()
     assert sizes["cost_marks"] <= 256 and sizes["cost_anchors"] <= 2 * detector.config.max_kept_anomalies
+
+
+def test_a_langfuse_generation_without_span_attributes_is_priced_from_its_usage_details():
+    # What the Langfuse SDK's own observations hold: the model and usageDetails in Langfuse's names (input without
+    # the cache), read by `looptrace detect --langfuse` into the conventions' counts.
+    from looptrace.instrumentation.langfuse_observations import observation_span
+    from looptrace.instrumentation.span_usage import model_call_usage
+
+    span = observation_span({"id": "obs1", "traceId": "t" * 32, "type": "GENERATION", "name": "claude",
+                             "startTime": "2026-11-30T10:00:00.000Z", "endTime": "2026-11-30T10:00:01.500Z",
+                             "model": MODEL, "usageDetails": {"input": 1000, "output": 100, "input_cache_read": 2000,
+                                                              "input_cache_creation": 500}})
+    usage = model_call_usage(span.attributes, span.start_ns, span.end_ns)
+    assert (usage.input_tokens, usage.output_tokens) == (PER_TURN_INPUT, PER_TURN_OUTPUT)
+    assert usage.usd == pytest.approx(PER_TURN_USD) and usage.ended - usage.started == pytest.approx(1.5)
