@@ -1,10 +1,9 @@
 """A loop's cost as span attributes: on the anomaly event (the streak's cost when it was reported) and on the root
-span (the run's and the session's loop cost), written by the spans and read back by `traces show`, `detect` and the
-summaries. The figures themselves come from the detector (`detector.LoopCost`)."""
+span (the run's and the session's loop cost, which `traces show` and `traces list` print). The figures themselves
+come from the detector (`detector.LoopCost`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from . import semconv as sc
@@ -34,23 +33,6 @@ def anomaly_cost_attributes(cost: LoopCost | None) -> dict[str, Any]:
     return attributes
 
 
-def anomaly_cost_from(attributes: Mapping[str, Any]) -> LoopCost | None:
-    """The cost an anomaly event recorded; None for an event without one (written before costs were, or without
-    usage)."""
-    turns = attributes.get(sc.ANOMALY_TURNS)
-    if not isinstance(turns, int):
-        return None
-    seconds, since, usd = (attributes.get(sc.ANOMALY_DURATION_S), attributes.get(sc.ANOMALY_SINCE_TURN),
-                           attributes.get(sc.ANOMALY_COST_USD))
-    unpriced = attributes.get(sc.ANOMALY_COST_UNPRICED)
-    return LoopCost(turns=turns, seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
-                    input_tokens=_int(attributes.get(sc.ANOMALY_INPUT_TOKENS)),
-                    output_tokens=_int(attributes.get(sc.ANOMALY_OUTPUT_TOKENS)),
-                    usd=float(usd) if isinstance(usd, (int, float)) else None,
-                    unpriced=str(unpriced) if unpriced is not None else None,
-                    since_turn=since if isinstance(since, int) else None)
-
-
 def loop_total_attributes(run: LoopCost | None, session: LoopCost | None) -> dict[str, Any]:
     """The root span's loop totals: this run's, and the session's so far (when the run is part of one)."""
     attributes: dict[str, Any] = {}
@@ -63,20 +45,3 @@ def loop_total_attributes(run: LoopCost | None, session: LoopCost | None) -> dic
         if cost.usd is not None:
             attributes[usd_name] = cost.usd
     return attributes
-
-
-def run_loop_cost_from(attributes: Mapping[str, Any], *, session: bool = False) -> LoopCost | None:
-    """The run's (or the session's) loop cost a root span recorded; None when it recorded none."""
-    usd_name, input_name, output_name, _total, turns_name = _SESSION if session else _RUN
-    turns = attributes.get(turns_name)
-    if not isinstance(turns, int):
-        return None
-    usd = attributes.get(usd_name)
-    return LoopCost(turns=turns, seconds=None, input_tokens=_int(attributes.get(input_name)),
-                    output_tokens=_int(attributes.get(output_name)),
-                    usd=float(usd) if isinstance(usd, (int, float)) else None,
-                    unpriced=None if isinstance(usd, (int, float)) else "a model call in it had no price")
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
