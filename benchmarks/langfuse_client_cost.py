@@ -73,7 +73,7 @@ def main() -> None:
     print(f"import langfuse.api.LangfuseAPI     {import_ms('from langfuse.api.client import LangfuseAPI'):7.1f} ms")
     print(f"import requests                     {import_ms('import requests'):7.1f} ms")
     print(f"import looptrace's langfuse_api     "
-          f"{import_ms('import looptrace.instrumentation.langfuse.mapping.api'):7.1f} ms (requests included)")
+          f"{import_ms('import looptrace.instrumentation.langfuse.api'):7.1f} ms (requests included)")
 
     from langfuse.api.client import LangfuseAPI as PackageClient
     from langfuse.api.scores.types.create_score_request import CreateScoreRequest

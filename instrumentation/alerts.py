@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .detector import Anomaly
+from .detector import Anomaly, LoopCost, format_usd
 from .logs import log
 from .recording.seam_types import Action
 from .settings import ConfigurationError
@@ -107,6 +107,7 @@ class Alerts:
                 span_id=context.span_id,
                 message=anomaly.message,
                 **_conversation_fields(context),
+                **cost_fields(anomaly.cost),
             )
         if self.callback is not None:
             try:
@@ -191,6 +192,14 @@ class AnomalySinks:
         """The same sinks with the alerts an Agent was given (``Agent(alerts=...)``) in place of these."""
         return self if alerts is None or alerts is self.alerts else replace(self, alerts=alerts)
 
+    def run_ended(self, trace_id: str, span_id: str, loop_cost_by_type: Mapping[str, LoopCost]) -> None:
+        """A run ended: its ``looped`` and ``loop_cost_usd`` scores, when scores go to Langfuse."""
+        if self.scores is not None and _is_trace_id(trace_id):
+            try:
+                self.scores.run_ended(trace_id, loop_cost_by_type, span_id=span_id)
+            except Exception as exc:  # a score that cannot even be queued must not fail the run it describes
+                log.warning("langfuse_score_failed", error=type(exc).__name__)
+
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
         if not announces(anomaly, context):
             return  # an earlier run of the session announced this streak: no second log line, post or score
@@ -199,7 +208,8 @@ class AnomalySinks:
         # the latest, where the anomaly was seen (docs/alerts.md).
         if self.scores is not None and _is_trace_id(context.trace_id):
             try:
-                self.scores.anomaly(context.trace_id, anomaly.type, anomaly.message, span_id=context.span_id)
+                self.scores.anomaly(context.trace_id, anomaly.type, anomaly.message, span_id=context.span_id,
+                                    cost=anomaly.cost)
             except Exception as exc:  # a score that cannot even be queued must not fail the run it describes
                 log.warning("langfuse_score_failed", error=type(exc).__name__)
 
@@ -217,8 +227,9 @@ def webhook_payload(anomaly: Anomaly, context: AlertContext) -> dict[str, Any]:
     where = f"trace {context.trace_id}"
     if context.conversation:
         where += f" ({plural_traces(len(context.trace_ids))} of {context.conversation})"
+    cost = f", {so_far(anomaly.cost)}" if anomaly.cost is not None else ""
     text = (f":warning: looptrace: {anomaly.type}{tool} (agent `{context.agent}`, turn {anomaly.turn}, "
-            f"action {context.action}): {anomaly.message} — {where}")
+            f"action {context.action}{cost}): {anomaly.message} — {where}")
     return {
         "text": text,
         "anomaly": anomaly.to_dict(),
@@ -239,6 +250,29 @@ def _conversation_fields(context: AlertContext) -> dict[str, Any]:
     if not context.conversation:
         return {}
     return {"conversation": context.conversation, "trace_ids": list(context.trace_ids)}
+
+
+def so_far(cost: LoopCost) -> str:
+    """"looping for 4 turns, 18,400 tokens, $0.3800 so far" (without a price: the tokens, and why no USD)."""
+    turns = f"{cost.turns} turn{'s' if cost.turns != 1 else ''}"
+    money = (f"{format_usd(cost.usd)} so far" if cost.usd is not None
+             else f"so far (USD unknown: {cost.unpriced or 'no price'})")
+    return f"looping for {turns}, {cost.total_tokens:,} tokens, {money}"
+
+
+def cost_fields(cost: LoopCost | None) -> dict[str, Any]:
+    """The log line's cost fields: tokens, turns, seconds and USD (or why there is none)."""
+    if cost is None:
+        return {}
+    fields: dict[str, Any] = {"loop_turns": cost.turns, "loop_input_tokens": cost.input_tokens,
+                              "loop_output_tokens": cost.output_tokens, "loop_total_tokens": cost.total_tokens}
+    if cost.seconds is not None:
+        fields["loop_seconds"] = round(cost.seconds, 3)
+    if cost.usd is not None:
+        fields["loop_cost_usd"] = cost.usd
+    else:
+        fields["loop_cost_unpriced"] = cost.unpriced
+    return fields
 
 
 _shared_lock = threading.Lock()

@@ -21,20 +21,23 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from .alerts import Alerts
-from .detector import Anomaly, UnresolvedToolError
+from .detector import Anomaly, LoopCost, UnresolvedToolError
 from .logs import log
 from .recording.content import redact
+from .recording.prices import DEFAULT_PRICES, Price, price_for, usd_for_tokens
 from .recording.seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
 from .settings import Settings
 
 __all__ = [
     "ACTIONS",
+    "DEFAULT_PRICES",
     "Action",
     "AgentTelemetry",
     "Alerts",
     "Anomaly",
     "CostOf",
     "ModelLike",
+    "Price",
     "RunTrace",
     "Settings",
     "ToolTrace",
@@ -42,8 +45,10 @@ __all__ = [
     "TurnTrace",
     "Usage",
     "log",
+    "price_for",
     "redact",
     "report_first_chunk",
+    "usd_for_tokens",
 ]
 
 class ToolTrace(Protocol):
@@ -115,9 +120,13 @@ class RunTrace(Protocol):
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None,
+            loop_cost: LoopCost | None = None, session_loop_cost: LoopCost | None = None,
+            loop_cost_by_type: Mapping[str, LoopCost] | None = None) -> None:
         """``session_id``: the session a run that had none joins as it ends (a paused run: the run that resumes it
-        continues in that session)."""
+        continues in that session). ``loop_cost``, ``session_loop_cost``: what the turns that belonged to a loop
+        cost in this run and in its session so far; ``loop_cost_by_type`` splits the run's by anomaly type (the
+        loop cost metric)."""
         ...
 
 

@@ -29,6 +29,7 @@ from looptrace.instrumentation.detector import (
     SessionDetectors,
     ToolCall,
     ToolErrorFacts,
+    TurnUsage,
     UnresolvedToolError,
 )
 from looptrace.instrumentation.interface import (
@@ -132,6 +133,11 @@ class Agent:
                 f"max_cost_usd needs a price for {model!r}, and the price table has none: "
                 f"pass prices={{{model!r}: Price(input=..., output=..., ...)}}"
             )
+        if self.limits.max_loop_cost_usd is not None and (self._price is None or detector is False):
+            raise ValueError(
+                f"max_loop_cost_usd needs the loop detector on and a price for {model!r}"
+                + ("" if self._price is not None else
+                   f": the price table has none; pass prices={{{model!r}: Price(input=..., output=..., ...)}}"))
         self.policy = policies.AnomalyPolicy(on_anomaly)
         # The one door to telemetry: spans, metrics, every anomaly sink and the trace link, from what configure()
         # returned when it is handed over, else from the settings (the environment's, read once here, when none are
@@ -336,6 +342,7 @@ class Agent:
             run.tools, run.tool_definitions = self._tools_with(run.servers)
         params = self._request(run.messages, run.budget, run.tool_definitions)
         started = time.perf_counter()
+        wall_started = time.time()
         outcome = yield _ModelCall(params, turn, run.budget.remaining_s())
         if isinstance(outcome, _Raised):  # the instrumented model already ended its chat span with the error
             turn.end(stop_reason=None)
@@ -349,7 +356,8 @@ class Agent:
             return status
         response: dict[str, Any] = outcome
         run.budget.turns = index
-        usage = self._charge(run, response)
+        usage, cost = self._charge(run, response)
+        self._record_usage(run, index, usage, cost, wall_started, time.time())
         content = response.get("content") or []
         run.messages.append({"role": "assistant", "content": content})
         stop_reason = response.get("stop_reason")
@@ -583,6 +591,9 @@ class Agent:
             action = self.policy.decide(anomaly, anomaly.streak in run.nudged)
             if action == policies.NUDGE and not turns_left:
                 action = policies.WARN  # a nudge the model will never read would only turn `done` into max_turns
+            if self._over_loop_budget(anomaly):
+                action = policies.STOP  # the loop's budget is spent: whatever the policy said
+                run.loop_budget_spent = True
             run.anomalies[anomaly.streak] = anomaly  # one entry per streak: its latest count and turn
             if anomaly.is_update and action != policies.STOP:
                 continue  # the streak already alerted: updated, summarised in the result, not alerted again
@@ -600,6 +611,11 @@ class Agent:
             elif action == policies.ASK and run.asked is None:
                 run.asked = PendingAnomaly(anomaly, at_end=False)
         return stop, nudges
+
+    def _over_loop_budget(self, anomaly: Anomaly) -> bool:
+        budget = self.limits.max_loop_cost_usd
+        cost = anomaly.cost
+        return budget is not None and cost is not None and cost.usd is not None and cost.usd > budget
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 
@@ -624,7 +640,18 @@ class Agent:
         params["messages"] = list(messages)  # a snapshot: the history grows after the call
         return params
 
-    def _charge(self, run: _Run, response: Mapping[str, Any]) -> Usage:
+    def _record_usage(self, run: _Run, index: int, usage: Usage, cost: float | None, started: float,
+                      ended: float) -> None:
+        """Tell the detector what this model call used: each anomaly's cost is counted from it."""
+        if run.detector is None:
+            return
+        entry = {"turn": index, "input_tokens": usage.all_input_tokens, "output_tokens": usage.output_tokens,
+                 "usd": cost, "unpriced": None if cost is not None else f"no price for model {self.model!r}",
+                 "started": started, "ended": ended}
+        run.detector.record_usage(index, _turn_usage(entry))
+        run.feed.append({"usage": entry})
+
+    def _charge(self, run: _Run, response: Mapping[str, Any]) -> tuple[Usage, float | None]:
         priced = self._priced
         if priced is not None and priced[0] is response:  # the instrumented model has just parsed and priced it
             usage, cost = priced[1], priced[2]
@@ -632,7 +659,7 @@ class Agent:
             usage = Usage.from_response(response)
             cost = self._price_of(response, usage)
         run.budget.charge(usage, cost)
-        return usage
+        return usage, cost
 
     def _cost_of(self, response: Mapping[str, Any], usage: Usage) -> float | None:
         """The instrumented model's pricing of a response of this agent's model (``interface.CostOf``), kept for
@@ -670,6 +697,8 @@ class Agent:
         return cost
 
     def _finish(self, run: _Run, status: RunStatus, *, error: BaseException | None = None) -> RunResult:
+        if status is RunStatus.STOPPED_BY_DETECTOR and run.loop_budget_spent:
+            status = RunStatus.LOOP_BUDGET
         error = error if error is not None else run.error
         error_text = None if error is None else (f"{type(error).__name__}: {error}" if str(error)
                                                  else type(error).__name__)
@@ -687,6 +716,9 @@ class Agent:
             trace_url=run.span.trace_url,
             unresolved_errors=run.unresolved_errors(),
             judge=run.detector.judge_summary if run.detector is not None else JudgeSummary(),
+            loop_cost=run.detector.loop_cost if run.detector is not None else None,
+            session_loop_cost=run.detector.session_loop_cost if run.detector is not None and run.labels.session_id
+            else None,
         )
         session_id = None
         if status is RunStatus.AWAITING_APPROVAL:
@@ -703,6 +735,8 @@ class Agent:
             error=result.error if status is RunStatus.ERROR else None,
             error_type=type(error).__qualname__ if error is not None else None,
             session_id=session_id if run.labels.session_id is None else None,
+            loop_cost=result.loop_cost, session_loop_cost=result.session_loop_cost,
+            loop_cost_by_type=run.detector.loop_cost_by_type if run.detector is not None else None,
         )
         self._emit(RunFinished(result))
         return result
@@ -892,6 +926,7 @@ class _Run:
     feed: list[dict[str, Any]] = field(default_factory=list)  # what the detector was fed, for a resumed run's replay
     paused: _Pause | None = None
     asked: PendingAnomaly | None = None  # an anomaly whose policy said "ask"
+    loop_budget_spent: bool = False  # a loop passed Limits.max_loop_cost_usd: the stop's status says so
     tools: dict[str, toolkit.Tool] = field(default_factory=dict)  # the agent's own and its MCP servers'
     tool_definitions: list[dict[str, Any]] = field(default_factory=list)
     servers: MCPConnections | None = None
@@ -1088,7 +1123,11 @@ def _replay(run: _Run, feed: list[dict[str, Any]]) -> None:
         return
     for entry in feed:
         call = entry.get("call")
-        if isinstance(call, Mapping):
+        usage = entry.get("usage")
+        if isinstance(usage, Mapping):
+            if run.detector is not None:
+                run.detector.record_usage(int(usage["turn"]), _turn_usage(usage))
+        elif isinstance(call, Mapping):
             watcher.observe(ToolCall(turn=int(call["turn"]), tool=str(call["tool"]), arguments=call.get("arguments"),
                                      call_id=call.get("call_id"), is_error=bool(call.get("is_error")),
                                      result=call.get("result")))
@@ -1099,6 +1138,13 @@ def _replay(run: _Run, feed: list[dict[str, Any]]) -> None:
             else:
                 run.detector.end_turn(int(entry["end_turn"]), text)
         run.feed.append(entry)
+
+
+def _turn_usage(entry: Mapping[str, Any]) -> TurnUsage:
+    """A model call's usage as the detector takes it, from the entry the run's feed keeps."""
+    return TurnUsage(input_tokens=int(entry["input_tokens"]), output_tokens=int(entry["output_tokens"]),
+                     usd=entry.get("usd"), unpriced=entry.get("unpriced"), started=entry.get("started"),
+                     ended=entry.get("ended"))
 
 
 def _timed(call: _Call, work: Callable[[], Any]) -> None:

@@ -22,9 +22,14 @@ class Limits:
     max_cost_usd: float | None = None
     timeout_s: float | None = None  # wall clock for the whole run, while it runs (not while it waits for a person)
     tool_timeout_s: float | None = 60.0  # per tool call
+    # What one loop may burn: a run whose current loop (an anomaly's streak, from its first repeated turn) has cost
+    # more than this stops at that turn with status loop_budget, whatever the anomaly policy says. Checked each time
+    # the loop's anomaly fires (every turn of a repeated call or failing tool, every round of a cycle).
+    max_loop_cost_usd: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_total_tokens", "max_cost_usd", "timeout_s", "tool_timeout_s"):
+        for name in ("max_turns", "max_total_tokens", "max_cost_usd", "timeout_s", "tool_timeout_s",
+                     "max_loop_cost_usd"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"Limits.{name} must be positive or None, got {value!r}")

@@ -6,7 +6,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from looptrace.instrumentation.detector import Anomaly, JudgeSummary, UnresolvedToolError
+from looptrace.instrumentation.detector import Anomaly, JudgeSummary, LoopCost, UnresolvedToolError
 from looptrace.instrumentation.interface import Usage
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ class RunStatus(enum.StrEnum):
     ERROR = "error"
     INTERRUPTED = "interrupted"
     STOPPED_BY_DETECTOR = "stopped_by_detector"
+    # The run's current loop burned more than Limits.max_loop_cost_usd: stopped whatever the policy said.
+    LOOP_BUDGET = "loop_budget"
     # Paused: calls wait for a person's decision, or an anomaly whose policy says "ask" does (RunResult.state
     # resumes it with Agent.resume).
     AWAITING_APPROVAL = "awaiting_approval"
@@ -75,6 +77,10 @@ class RunResult:
     pending: list[PendingCall] = field(default_factory=list)
     pending_anomaly: Anomaly | None = None
     state: RunState | None = None
+    # What the turns of this run that belonged to a loop cost (each counted once), and the same over the session so
+    # far (runs sharing a session_id); None without a loop, or with the detector off.
+    loop_cost: LoopCost | None = None
+    session_loop_cost: LoopCost | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,6 +110,8 @@ class RunResult:
             "stop_reason": self.stop_reason,
             "error": self.error,
             "anomalies": [a.to_dict() for a in self.anomalies],
+            "loop_cost": None if self.loop_cost is None else self.loop_cost.to_dict(),
+            "session_loop_cost": None if self.session_loop_cost is None else self.session_loop_cost.to_dict(),
             "unresolved_errors": [e.to_dict() for e in self.unresolved_errors],
             "judge": self.judge.to_dict(),
             "pending": [p.to_dict() for p in self.pending],

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looptrace.instrumentation.detector import Anomaly
-from looptrace.runtime.approvals import PendingCall
+from looptrace.instrumentation.detector import Anomaly, LoopCost
+
+from .approvals import PendingCall
 
 FORMAT = "looptrace-run-state"
 FORMAT_VERSION = 1
@@ -211,7 +212,8 @@ def anomaly_from_dict(data: Mapping[str, Any]) -> Anomaly:
     return Anomaly(type=data["type"], turn=int(data["turn"]), tool=data.get("tool"), arguments=data.get("arguments"),
                    call_ids=tuple(str(c) for c in data.get("call_ids") or ()), count=int(data["count"]),
                    message=str(data["message"]), streak=str(data["streak"]), first_turn=data.get("first_turn"),
-                   continued=bool(data.get("continued")), evidence=data.get("evidence"))
+                   continued=bool(data.get("continued")), evidence=data.get("evidence"),
+                   cost=LoopCost.from_dict(data.get("cost")))
 
 
 def _text(value: Any) -> str:

@@ -4,7 +4,7 @@
 and the tracer provider its spans went to. When the provider is a test's `Spans` provider (the `spans` fixture), its
 finished spans are written as a trace file, one span a line, read back the way `looptrace detect` reads a file, and
 judged by the run rebuilder with the same thresholds; `disagreements` lists every run whose anomalies (type, turn,
-count) differ. conftest.py fails the test that made such a run, as the network guard does.
+count, and what each loop cost) differ. conftest.py fails the test that made such a run, as the network guard does.
 
 Left out, each for a stated reason: runs without a `Spans` provider (nothing stored), runs with the detector off, runs
 with a judge (offline there is none), and runs with `repeat_threshold=1`, whose repeat is stopped before it runs and
@@ -50,8 +50,16 @@ class Recorder:
         return problems
 
 
-def _seen(anomalies: list[Any]) -> list[tuple[str, int, int]]:
-    return sorted((a.type, a.turn, a.count) for a in anomalies)
+def _seen(anomalies: list[Any]) -> list[tuple[Any, ...]]:
+    """What must agree: each anomaly's type, turn and count, and what its loop cost (turns, tokens, USD)."""
+    return sorted((a.type, a.turn, a.count, _cost(a.cost)) for a in anomalies)
+
+
+def _cost(cost: Any) -> tuple[Any, ...] | None:
+    if cost is None:
+        return None
+    return (cost.since_turn, cost.turns, cost.input_tokens, cost.output_tokens,
+            None if cost.usd is None else round(cost.usd, 9))
 
 
 def _detect(exporter: Any, config: DetectorConfig, directory: Path) -> dict[str, Any]:

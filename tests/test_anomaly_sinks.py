@@ -45,6 +45,11 @@ def _failing_three_times() -> list[dict]:
     return [*calls, answer]
 
 
+def _anomaly_scores(langfuse) -> list[dict]:
+    """The loop_anomaly scores posted (each run also gets its looped and loop_cost_usd scores)."""
+    return [score for score in langfuse.scores if score["name"] == "loop_anomaly"]
+
+
 class _Webhook:
     """A webhook receiver on loopback that keeps every JSON body posted to it."""
 
@@ -106,11 +111,13 @@ def _anomaly_count(metrics_text: str) -> float:
 
 
 def _expected_score(result) -> dict:
-    """The body the live path posts for the run's one anomaly: what the CLI posts too (the same sinks build it)."""
+    """The body the live path posts for the run's one anomaly: what the CLI posts too (the same sinks build it).
+    Three calls of 100 input and 20 output tokens at claude-sonnet-5-5's $2 / $10 per million: $0.0012."""
     [anomaly] = result.anomalies
     return {"id": stable_score_id(result.trace_id, "loop_anomaly", anomaly.type),  # deterministic: a retry updates
             "traceId": result.trace_id, "name": "loop_anomaly", "value": "repeated_call",
-            "dataType": "CATEGORICAL", "comment": anomaly.message}
+            "dataType": "CATEGORICAL",
+            "comment": "Loop cost so far: 3 turns, 360 tokens (300 in, 60 out), $0.0012. " + anomaly.message}
 
 
 def test_configure_langfuse_posts_one_score_one_webhook_and_one_metric_per_anomaly(environment):
@@ -128,11 +135,21 @@ def test_configure_langfuse_posts_one_score_one_webhook_and_one_metric_per_anoma
         _wait_for(lambda: webhook.received, "the webhook post")
     finally:
         telemetry.shutdown()
-    [score] = langfuse.scores
+    [score] = _anomaly_scores(langfuse)
     expected = _expected_score(result)
     assert {k: score[k] for k in expected} == expected
     assert set(score) - set(expected) <= {"metadata", "environment"}
-    assert score["metadata"] == {"span_id": next(s.span_id for s in langfuse.spans if s.parent_span_id is None)}
+    assert score["metadata"]["span_id"] == next(s.span_id for s in langfuse.spans if s.parent_span_id is None)
+    assert score["metadata"]["loop_cost"] == result.anomalies[0].cost.to_dict()
+    assert {k: v for k, v in score["metadata"]["loop_cost"].items() if k != "seconds"} == {
+        "since_turn": 1, "turns": 3, "input_tokens": 300, "output_tokens": 60, "total_tokens": 360, "usd": 0.0012,
+        "unpriced": None}
+    # Beside it, as the run ends: what its loops cost, for a Langfuse alert to sum, and whether it looped at all.
+    by_name = {s["name"]: s for s in langfuse.scores}
+    assert (by_name["loop_cost_usd"]["value"], by_name["loop_cost_usd"]["dataType"]) == (0.0012, "NUMERIC")
+    assert by_name["loop_cost_usd"]["metadata"]["anomaly_type"] == "repeated_call"
+    assert (by_name["looped"]["value"], by_name["looped"]["dataType"]) == (1, "BOOLEAN")
+    assert {s["traceId"] for s in langfuse.scores} == {result.trace_id}
     [post] = webhook.received
     assert (post["anomaly"]["type"], post["trace_id"]) == ("repeated_call", result.trace_id)
 
@@ -144,8 +161,8 @@ def test_the_embedded_default_with_only_langfuse_keys_posts_the_score_and_the_we
     result = agent.run("Reserve EQ-001")
     default = default_telemetry(Settings.from_env())  # the one the run used: same settings, same instance
     default.shutdown()  # delivers everything now, rather than at exit into a stand-in that is gone
-    _wait_for(lambda: langfuse.scores and webhook.received, "the score and the webhook post")
-    [score] = langfuse.scores
+    _wait_for(lambda: _anomaly_scores(langfuse) and webhook.received, "the score and the webhook post")
+    [score] = _anomaly_scores(langfuse)
     expected = _expected_score(result)
     assert {k: score[k] for k in expected} == expected
     [post] = webhook.received
@@ -166,7 +183,7 @@ def test_an_agents_own_alerts_replace_the_log_and_webhook_but_keep_the_score(env
     finally:
         telemetry.shutdown()
     assert seen == ["repeated_call"]
-    assert [s["value"] for s in langfuse.scores] == ["repeated_call"]
+    assert [s["value"] for s in _anomaly_scores(langfuse)] == ["repeated_call"]
     assert webhook.received == []  # the Agent's alerts name no webhook
 
 
@@ -185,7 +202,7 @@ def test_an_agent_handed_the_telemetry_configure_returned_reports_to_its_sinks_a
     finally:
         telemetry.shutdown()
     assert {s.trace_id for s in langfuse.wait_for_spans(1)} == {result.trace_id}
-    [score] = langfuse.scores
+    [score] = _anomaly_scores(langfuse)
     assert {k: score[k] for k in _expected_score(result)} == _expected_score(result)
     assert result.trace_url == f"{langfuse.base_url}/project/{langfuse.project_id}/traces/{result.trace_id}"
 
@@ -207,7 +224,7 @@ def test_an_agent_on_the_applications_own_provider_gets_the_log_webhook_and_scor
     sinks.wait(10.0)
     assert [entry["anomaly_type"] for entry in logs if entry["event"] == "loop_anomaly"] == ["repeated_call"]
     assert [post["trace_id"] for post in webhook.received] == [result.trace_id]
-    assert [(score["traceId"], score["value"]) for score in langfuse.scores] == [(result.trace_id, "repeated_call")]
+    assert [(score["traceId"], score["value"]) for score in _anomaly_scores(langfuse)] == [(result.trace_id, "repeated_call")]
     assert langfuse.spans == []  # the spans went to the application's provider, not to Langfuse behind its back
 
 
@@ -243,4 +260,4 @@ def test_a_script_on_its_own_provider_leaves_its_anomaly_score_behind_as_it_exit
     env.pop("LOOPTRACE_ALERT_WEBHOOK")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert [(s["traceId"], s["value"]) for s in langfuse.scores] == [(done.stdout.strip(), "repeated_call")]
+    assert [(s["traceId"], s["value"]) for s in _anomaly_scores(langfuse)] == [(done.stdout.strip(), "repeated_call")]

@@ -248,6 +248,8 @@ def test_a_run_reaches_langfuse_with_its_keys_the_ingestion_version_and_every_pa
     assert {s.span_id for s in received} == span_ids(made) and len(received) == len(made)
     assert_parents_arrive(received)
     for request in langfuse_rx.requests:
+        if request.path == "/api/public/scores":  # the run's `looped` score
+            continue
         assert request.path == LANGFUSE_PREFIX + "/v1/traces" and request.accepted
         assert request.headers["authorization"] == BASIC
         assert request.headers["x-langfuse-ingestion-version"] == "4"
@@ -619,8 +621,10 @@ def test_a_score_that_failed_while_langfuse_was_down_is_delivered_by_push_once(m
         report = push(tmp_path / "undelivered.jsonl", settings=Settings.from_env())
         again = push(tmp_path / "undelivered.jsonl", settings=Settings.from_env())
         scores = list(rx.scores)
-    assert report.ok and report.scores_sent == {"langfuse": 1} and "sent 1 score to langfuse" in report.summary()
-    assert [(score["name"], score["value"]) for score in scores] == [(langfuse.ANOMALY_SCORE, "repeated_call")]
+    # the anomaly's score, and the two every run ends with: whether it looped, and what its loop cost
+    assert report.ok and report.scores_sent == {"langfuse": 3} and "sent 3 scores to langfuse" in report.summary()
+    named = {score["name"]: score["value"] for score in scores}
+    assert (named[langfuse.ANOMALY_SCORE], named["looped"]) == ("repeated_call", 1) and named["loop_cost_usd"] > 0
     assert again.summary().startswith("nothing to push")
 
 

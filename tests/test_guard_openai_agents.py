@@ -112,8 +112,13 @@ def test_the_alert_reaches_webhook_metric_and_langfuse_once_and_detect_agrees(sp
         run = guard.guard.last_run
         assert run.actions == gs.agent_actions(gs.FAILING_LOOP, on_anomaly="stop") == [(3, "stop", "repeated_call")]
         assert [post["anomaly"]["type"] for post in webhook.received] == ["repeated_call"]
-        assert [(score["traceId"], score["value"]) for score in langfuse.scores.values()] == [
-            (run.trace_id, "repeated_call")]
+        assert [(score["traceId"], score["value"]) for score in langfuse.scores.values()
+                if score["name"] == "loop_anomaly"] == [(run.trace_id, "repeated_call")]
+        # What the loop cost, priced from the model calls' tokens, as on an Agent's run.
+        [anomaly] = run.anomalies.values()
+        assert anomaly.cost is not None and anomaly.cost.turns == 3 and anomaly.cost.total_tokens > 0
+        assert {score["name"]: score["value"] for score in langfuse.scores.values()
+                if score["name"] == "looped"} == {"looped": 1}
         assert [value for attributes, value in sinks.metric_points()
                 if attributes["looptrace.anomaly.type"] == "repeated_call"] == [1]
     webhook.close()

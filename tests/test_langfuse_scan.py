@@ -144,7 +144,16 @@ def detect_file(*paths: Path, tmp: Path) -> dict[str, dict[str, Any]]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         trace_commands(["detect", "--json", "--all", str(merged)])
     verdicts = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
-    return {verdict["trace_id"]: verdict for verdict in verdicts}
+    return {verdict["trace_id"]: without_loop_seconds(verdict) for verdict in verdicts}
+
+
+def without_loop_seconds(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The verdict without its loops' wall time: Langfuse keeps times to the millisecond, so a loop's duration read
+    back from it may differ from the file's by one (tokens and USD may not)."""
+    for anomaly in verdict["anomalies"]:
+        if anomaly.get("cost"):
+            anomaly["cost"] = {k: v for k, v in anomaly["cost"].items() if k != "seconds"}
+    return verdict
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +196,7 @@ def by_trace(verdicts) -> dict[str, dict[str, Any]]:
     found = {}
     for verdict in verdicts:
         assert verdict.trace_id not in found, f"{verdict.trace_id} reported twice"
-        found[verdict.trace_id] = verdict.to_dict()
+        found[verdict.trace_id] = without_loop_seconds(verdict.to_dict())
     return found
 
 
@@ -281,16 +290,24 @@ def test_scoring_makes_each_finding_one_score_across_two_scans_with_the_live_pat
     with langfuse_with(project) as fake:
         first = list(scan(client_for(fake), score=True))
         stored = dict(fake.scores)
+        anomaly_scores = {i: s for i, s in stored.items() if s["name"] == sc.LANGFUSE_ANOMALY_SCORE}
+        cost_scores = {i: s for i, s in stored.items() if s["name"] == sc.LANGFUSE_LOOP_COST_SCORE}
+        assert len(anomaly_scores) + len(cost_scores) == len(stored)
         findings = {(v.trace_id, a.type) for v in first for a in v.anomalies}
-        assert {(s["traceId"], s["value"]) for s in stored.values()} == findings and len(stored) == len(findings)
-        assert all(s["name"] == sc.LANGFUSE_ANOMALY_SCORE and s["dataType"] == "CATEGORICAL" for s in stored.values())
-        staging = [s for s in stored.values() if s.get("environment") == "staging"]
+        assert {(s["traceId"], s["value"]) for s in anomaly_scores.values()} == findings
+        assert len(anomaly_scores) == len(findings)
+        assert all(s["dataType"] == "CATEGORICAL" for s in anomaly_scores.values())
+        # beside each, what the run's loops of that type cost (the runs recorded usage: priced by the table)
+        priced = {(v.trace_id, kind): cost.usd for v in first for kind, cost in v.loop_cost_by_type.items()}
+        assert {(s["traceId"], s["metadata"]["anomaly_type"]): s["value"] for s in cost_scores.values()} == priced
+        assert all(s["dataType"] == "NUMERIC" for s in cost_scores.values())
+        staging = [s for s in anomaly_scores.values() if s.get("environment") == "staging"]
         assert len(staging) == 1  # each score filed in its trace's environment; "default" is left to Langfuse
 
         second = list(scan(client_for(fake), score=True))
         assert [v.to_dict() for v in second] == [v.to_dict() for v in first]
         assert fake.scores == stored  # the same ids: the second scan updated nothing and added nothing
-        assert len(fake.score_posts) == 2 * len(findings)
+        assert len(fake.score_posts) == 2 * len(stored)
 
         # The body is the one LangfuseScores.anomaly sends for the same finding on the live path.
         verdict = next(v for v in first if v.anomalies and v.trace_id in {s["traceId"] for s in staging})
@@ -298,10 +315,10 @@ def test_scoring_makes_each_finding_one_score_across_two_scans_with_the_live_pat
         root = next(o["id"] for o in fake.observations if o["traceId"] == verdict.trace_id and
                     o["parentObservationId"] is None)
         live = LangfuseScores(fake.url, fake.public_key, fake.secret_key, environment="staging")
-        live.anomaly(verdict.trace_id, anomaly.type, anomaly.message, span_id=root)
+        live.anomaly(verdict.trace_id, anomaly.type, anomaly.message, span_id=root, cost=anomaly.cost)
         assert live.close(5.0)
         assert fake.score_posts[-1] == anomaly_score_body(verdict.trace_id, anomaly.type, anomaly.message,
-                                                          span_id=root, environment="staging")
+                                                          span_id=root, environment="staging", cost=anomaly.cost)
         assert fake.scores == stored
 
 
@@ -410,7 +427,8 @@ def test_an_interrupted_scan_resumes_from_its_cursor(project, tmp_path):
     assert by_trace(first + rest) == project.expected
     assert not any("isRootObservation" in r for r in resumed)  # the listing was not read again
     assert {v.trace_id for v in first} & {r["traceId"][0] for r in resumed} == set()  # nor the judged traces
-    assert len(fake.scores) == sum(len({a["type"] for a in v["anomalies"]}) for v in project.expected.values())
+    anomaly_scores = [s for s in fake.scores.values() if s["name"] == sc.LANGFUSE_ANOMALY_SCORE]
+    assert len(anomaly_scores) == sum(len({a["type"] for a in v["anomalies"]}) for v in project.expected.values())
 
 
 def test_a_scan_its_reader_stopped_resumes_after_the_last_verdict_it_gave_and_keeps_a_sessions_memory(project,
@@ -584,7 +602,7 @@ def test_detect_langfuse_prints_what_detect_prints_for_the_same_spans(project, m
     with langfuse_with(project) as fake:
         code, out, err = detect_langfuse(fake, "--json", "--all", monkeypatch=monkeypatch)
     assert code == 1  # anomalies found, as `detect` says it
-    found = {v["trace_id"]: v for v in map(json.loads, out.splitlines())}
+    found = {v["trace_id"]: without_loop_seconds(v) for v in map(json.loads, out.splitlines())}
     assert found == project.expected
 
 
@@ -596,8 +614,11 @@ def test_detect_langfuse_scores_each_finding_once_across_two_scans(project, monk
         posts = [entry for entry in fake.log if entry[0] == "POST" and entry[1].endswith("/scores")]
         stored = dict(fake.scores)
     findings = {(t, a["type"]) for t, v in project.expected.items() if len(t) == 32 for a in v["anomalies"]}
-    assert {(s["traceId"], s["value"]) for s in stored.values()} == findings  # one score per finding ...
-    assert len(posts) == 2 * len(findings)  # ... posted by each scan with the same id: the second updates it
+    anomaly_scores = [s for s in stored.values() if s["name"] == sc.LANGFUSE_ANOMALY_SCORE]
+    assert {(s["traceId"], s["value"]) for s in anomaly_scores} == findings  # one score per finding ...
+    assert len(posts) == 2 * len(stored)  # ... posted by each scan with the same id: the second updates it
+    # and one loop_cost_usd per run and anomaly type, what its loops cost
+    assert {s["name"] for s in stored.values()} == {sc.LANGFUSE_ANOMALY_SCORE, sc.LANGFUSE_LOOP_COST_SCORE}
 
 
 def test_detect_langfuse_with_a_bad_key_is_one_line_and_exit_2(project, monkeypatch):

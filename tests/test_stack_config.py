@@ -402,19 +402,23 @@ def scripted_agent_run(provider) -> bool:
         """
         return f"3 results for {query}"
 
+    # The same search three turns running, the same result each time: a loop, so its cost is exported too.
     usage = {"input_tokens": 1200, "output_tokens": 40, "cache_read_input_tokens": 800}
     model = ScriptedModel([
-        {"content": [{"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"query": "osaka"}}],
-         "stop_reason": "tool_use", "usage": usage},
+        *({"content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "search", "input": {"query": "osaka"}}],
+           "stop_reason": "tool_use", "usage": usage} for n in range(3)),
         {"content": [{"type": "text", "text": "Found 3."}], "stop_reason": "end_turn", "usage": usage},
     ])
-    Agent("claude-sonnet-4-5", tools=[search], client=model, name="scrape-check", meter_provider=provider).run("hi")
+    result = Agent("claude-sonnet-4-5", tools=[search], client=model, name="scrape-check", meter_provider=provider,
+                   on_anomaly="warn").run("hi")
+    assert [a.type for a in result.anomalies] == ["repeated_call"]
     return True
 
 
 @pytest.fixture(scope="module")
-def scraped() -> dict[str, set[str]]:
-    """{metric name: label names} from the runtime's own Prometheus endpoint, after a run and every kind of event."""
+def scrape_text() -> str:
+    """What the runtime's own Prometheus endpoint serves after a looping run and every kind of event, and what
+    `looptrace watch` serves."""
     from opentelemetry.sdk.metrics import MeterProvider
 
     from looptrace.instrumentation.recording.metrics import LoopMetrics, prometheus_reader
@@ -437,9 +441,14 @@ def scraped() -> dict[str, set[str]]:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         provider.shutdown()
+    return body + "\n" + watch_metrics_text()
 
+
+@pytest.fixture(scope="module")
+def scraped(scrape_text) -> dict[str, set[str]]:
+    """{metric name: label names} from the scrape."""
     series: dict[str, set[str]] = {}
-    for line in body.splitlines() + watch_metrics_text().splitlines():
+    for line in scrape_text.splitlines():
         match = re.match(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? ", line)
         if match and not line.startswith("#"):
             labels = set(re.findall(r"(\w+)=\"", match.group(2) or ""))
@@ -472,6 +481,42 @@ def test_the_runtime_endpoint_shows_every_metric_under_its_documented_name(scrap
     assert {"gen_ai_agent_name", "looptrace_run_status"} <= scraped["looptrace_runs_total"]
     assert {"gen_ai_tool_name", "looptrace_tool_outcome"} <= scraped["looptrace_tool_calls_total"]
     assert {"looptrace_anomaly_type", "gen_ai_tool_name"} <= scraped["looptrace_anomalies_total"]
+
+
+LOOP_COST = "looptrace_loop_cost_usd_total"
+
+
+def test_the_loop_cost_panel_and_alert_work_on_the_series_a_looping_run_exports(scrape_text, tmp_path):
+    """The series a looping run really exported, with its name and labels, replayed to promtool growing $0.125 a
+    minute (a value floats hold exactly: promtool compares samples exactly): the dashboard panel's query and the
+    alert's recording rule give their sums, and the alert fires."""
+    [(labels, value)] = [(m.group(1), float(m.group(2))) for m in
+                         re.finditer(rf"^{LOOP_COST}\{{(.*)\}} (\S+)$", scrape_text, re.MULTILINE)]
+    # 3 turns of 1,200 input, 800 cache-read and 40 output tokens at claude-sonnet-4-5's $3 / $0.30 / $15 a million
+    assert value == pytest.approx(3 * (1200 * 3 + 800 * 0.3 + 40 * 15) / 1e6)
+    assert 'looptrace_anomaly_type="repeated_call"' in labels and 'gen_ai_agent_name="scrape-check"' in labels
+    per_minute = 0.125
+    [panel] = [grafana_to_promql(t["expr"]) for p in json.loads(DASHBOARD.read_text())["panels"]
+               if p["title"] == "Loop cost by anomaly type" for t in p["targets"]]
+    tests = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": f'{LOOP_COST}{{{labels},job="looptrace",instance="svc"}}',
+                          "values": f"0+{per_minute!r}x80"}],
+        "promql_expr_test": [
+            {"expr": panel, "eval_time": "30m",
+             "exp_samples": [{"labels": '{looptrace_anomaly_type="repeated_call"}', "value": per_minute}]},
+            {"expr": "agent:looptrace_loop_cost_usd:increase1h", "eval_time": "70m",
+             "exp_samples": [{"labels": 'agent:looptrace_loop_cost_usd:increase1h{gen_ai_agent_name="scrape-check"}',
+                              "value": 60 * per_minute}]},
+            {"expr": 'ALERTS{alertname="LooptraceLoopCostHigh"}', "eval_time": "70m",
+             "exp_samples": [{"labels": 'ALERTS{alertname="LooptraceLoopCostHigh", alertstate="firing", '
+                                        'gen_ai_agent_name="scrape-check", severity="critical"}', "value": 1}]},
+        ],
+    }]}
+    assert 60 * per_minute > 5  # the threshold the alert is for
+    path = tmp_path / "loop_cost_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    run(tool("promtool"), "test", "rules", str(path))
 
 
 def recording_rule_names() -> set[str]:

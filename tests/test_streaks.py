@@ -171,9 +171,13 @@ class _Scores:
     def __init__(self) -> None:
         self.sent: list[tuple[str, str]] = []
 
-    def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None) -> str:
+    def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None,
+                cost=None) -> str:
         self.sent.append((trace_id, anomaly_type))
         return "score"
+
+    def run_ended(self, trace_id: str, loop_cost_by_type, *, span_id: str | None = None) -> None:
+        pass
 
     def close(self, timeout_s: float = 5.0) -> None:
         pass

@@ -537,8 +537,10 @@ def test_traces_list_shows_when_tokens_cost_and_anomalies_with_correct_plurals(t
     assert code == 0
     assert "done" in equipment and "4 turns" in equipment and "0 anomalies" in equipment and "$0.0" in equipment
     flagged = int(runaway.split(" anomal")[0].rsplit(" ", 1)[-1])
-    assert flagged >= 1 and ("1 anomaly " if flagged == 1 else f"{flagged} anomalies ") in runaway
+    assert flagged >= 1 and ("1 anomaly, " if flagged == 1 else f"{flagged} anomalies, ") in runaway
     assert "2,320 tokens" in runaway and "stopped_by_detector" in runaway
+    # what the loop cost: its 4 turns, 2,200 input and 120 output tokens at claude-sonnet-5-5's $2 / $10 a million
+    assert "loops $0.0056" in runaway
     assert "1 turn," in single and "1 token," in single and "$0.5000" in single and "1 anomaly " in single
     assert time.strftime("%Y-%m-%d", time.localtime(1_700_000_000)) in single
 

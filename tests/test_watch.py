@@ -536,6 +536,29 @@ def test_watch_flags_a_bare_openllmetry_loop_and_not_its_clean_variant():
 
 
 @pytest.mark.slow
+def test_watch_reports_what_an_openllmetry_agents_loop_cost():
+    # OpenLLMetry records each call's gen_ai.usage.* (the fake API answers 10 input and 5 output tokens) and the
+    # model, claude-sonnet-4-6, which the price table has at $3 / $15 per million tokens.
+    server, recorded = start_watch()
+    try:
+        completed = subprocess.run(
+            [sys.executable, str(AGENTS), "--producer", "openllmetry", "--scenario", "repeat_failing",
+             "--otlp", f"http://127.0.0.1:{server.port}/v1/traces"], capture_output=True, text=True, timeout=120)
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        assert server.wait_idle()
+    finally:
+        server.stop()
+    [(anomaly, _)] = recorded.alerts
+    cost = anomaly.cost
+    assert anomaly.type == "repeated_call" and cost is not None and cost.since_turn == 1
+    assert cost.turns == anomaly.count  # the streak's turns, from its first
+    assert (cost.input_tokens, cost.output_tokens, cost.total_tokens) == (10 * cost.turns, 5 * cost.turns,
+                                                                         15 * cost.turns)
+    assert cost.usd == pytest.approx(cost.turns * (10 * 3 + 5 * 15) / 1e6, abs=1e-12)
+    assert cost.seconds is not None and cost.seconds > 0
+
+
+@pytest.mark.slow
 def test_watch_hears_a_real_grpc_exporter():
     server, recorded = start_watch()
     try:

@@ -28,6 +28,7 @@ _HOMES = {
     "normal_text": "identity", "result_digest": "identity",
     "DEFAULT_JUDGE_MAX_CALLS": "judge", "Judge": "judge", "JudgeRequest": "judge", "JudgeSummary": "judge",
     "JudgeVerdict": "judge",
+    "LoopCost": "cost", "LoopCostRecord": "cost", "TurnUsage": "cost", "format_usd": "cost",
     "LoopDetector": "loop_detector",
     "SessionDetectors": "session",
     "CYCLE": "types", "FAILING_TOOL": "types", "IGNORED_ERROR": "types", "REPEATED_CALL": "types",
@@ -39,6 +40,7 @@ _HOMES = {
 if TYPE_CHECKING:  # the same names, for type checkers
     from .answers import answer_addresses, draws_on, states_operation
     from .config import DetectorConfig
+    from .cost import LoopCost, LoopCostRecord, TurnUsage, format_usd
     from .errors import ToolErrorFacts
     from .facts import UnresolvedToolError
     from .identity import NONCE_KEYS, call_targets, canonical_arguments, normal_text, result_digest
@@ -87,15 +89,19 @@ __all__ = [
     "JudgeRequest",
     "JudgeSummary",
     "JudgeVerdict",
+    "LoopCost",
+    "LoopCostRecord",
     "LoopDetector",
     "SessionDetectors",
     "ToolCall",
     "ToolErrorFacts",
+    "TurnUsage",
     "UnresolvedToolError",
     "answer_addresses",
     "call_targets",
     "canonical_arguments",
     "draws_on",
+    "format_usd",
     "normal_text",
     "result_digest",
     "states_operation",

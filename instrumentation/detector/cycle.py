@@ -13,7 +13,7 @@ from .calls import ERROR_OUTCOME, describe_call, recent_ids
 from .config import DetectorConfig
 from .identity import digest, shorten
 from .rule import ClosedTurn, Rule
-from .types import CYCLE, Anomaly
+from .types import CYCLE, Anomaly, StreakStart
 
 
 class _TurnSignature(NamedTuple):  # a NamedTuple: one is made per turn, and cheaper than a frozen dataclass
@@ -156,6 +156,7 @@ class CycleRule(Rule):
                      "round in circles: take stock of what these results already show and do "
                      "something different, or tell the user what is blocking you."),
             streak=run.streak,
+            streak_start=StreakStart(run.start_turn),
         )
 
     def _describe_turn(self, signature: _TurnSignature) -> str:

@@ -13,7 +13,7 @@ from .config import DetectorConfig
 from .cycle import CycleRule
 from .repeated_call import RepeatedCallRule
 from .rule import ClosedTurn, Rule
-from .types import FAILING_TOOL, Anomaly
+from .types import FAILING_TOOL, Anomaly, StreakStart
 
 
 class _FailingToolStreak:
@@ -88,4 +88,5 @@ class FailingToolRule(Rule):
                      "varying arguments; the tool itself may be broken (credentials, a service "
                      "down, wrong usage): stop retrying it, use another tool, or report the error."),
             streak=f"failing_tool:{streak.tool}@t{streak.start_turn}",
+            streak_start=StreakStart(streak.start_turn),
         )

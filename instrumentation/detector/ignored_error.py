@@ -32,7 +32,7 @@ from .errors import ErrorLedger, UnresolvedError
 from .identity import shorten
 from .judge import JudgeRequest, Judging
 from .rule import OpenTurn, Rule, RunEnd
-from .types import IGNORED_ERROR, Anomaly
+from .types import IGNORED_ERROR, Anomaly, StreakStart
 
 _MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
 _MAX_SUCCEEDED_TOOLS = 256  # tools with a success this run, kept to tell whose operation a statement may be about
@@ -209,6 +209,8 @@ class IgnoredErrorRule(Rule):
                      f"{evidence}. Tell the user what failed, or retry until it succeeds before finishing."),
             streak=f"ignored_error@t{end.turn}",
             evidence=evidence,
+            # from the first failure the answer passed over (an earlier run's: this run's answer only)
+            streak_start=StreakStart(end.turn if evidence == EARLIER_RUN else min(e.first_turn for _, e in ignored)),
         )
 
 

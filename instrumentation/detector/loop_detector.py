@@ -14,6 +14,7 @@ from typing import Any
 
 from .calls import group_by_call, observe_call
 from .config import DetectorConfig, default_config
+from .cost import CostLedger, LoopCost, TurnUsage
 from .cycle import CycleRule
 from .errors import UnresolvedToolError
 from .failing_tool import FailingToolRule
@@ -57,6 +58,7 @@ class LoopDetector:
         self._turn_rules = [rules[i] for i in _HOOKED["end_turn"]]
         self._run_rules = [rules[i] for i in _HOOKED["end_run"]]
         self._streaks: dict[str, Anomaly] = {}  # this run's anomalies, one per streak (its latest firing)
+        self._ledger = CostLedger(_ledger_window(self.config), 2 * self.config.max_kept_anomalies)
         self._open = OpenTurn()
         self._last_closed_turn: int | None = None
         self._turn_seq = 0  # turns closed so far, in feed order
@@ -99,6 +101,33 @@ class LoopDetector:
         run's cap on judge calls reached)."""
         return self._judging.summary()
 
+    def record_usage(self, turn: int, usage: TurnUsage) -> None:
+        """What the model call of ``turn`` used (its tokens, its price, when it ran): the ledger every anomaly's
+        ``cost`` is worked out from. Call it once per model call, before the turn's calls are fed (the answer that
+        ends the run too, before ``end_run``). Without it anomalies carry no cost."""
+        try:
+            if isinstance(usage, TurnUsage):
+                self._ledger.record(self._runs_begun, _as_turn(turn, self._current_turn_guess()), usage)
+        except Exception as exc:  # a detector bug must never break the agent it watches
+            self.internal_errors += 1
+            self.last_internal_error = shorten(safe_text(exc), 300)
+
+    @property
+    def loop_cost(self) -> LoopCost | None:
+        """What the loops of this run cost, each turn counted once whatever number of streaks it is part of (a streak
+        that began in an earlier run of the session brings its turns there too); None without a loop or usage."""
+        return self._ledger.run_loop_cost()
+
+    @property
+    def loop_cost_by_type(self) -> dict[str, LoopCost]:
+        """`loop_cost` split by the anomaly type whose streak counted each turn first: the parts add up to it."""
+        return self._ledger.run_loop_cost_by_type()
+
+    @property
+    def session_loop_cost(self) -> LoopCost | None:
+        """The same over every run of the session this detector served."""
+        return self._ledger.session_loop_cost()
+
     def begin_run(self) -> None:
         """A new run of the same session: its own turns, streaks and errors; failing calls are remembered.
 
@@ -132,6 +161,7 @@ class LoopDetector:
         for rule in self._rules:
             sizes.update(rule.container_sizes())
         sizes["anomalies"] = len(self._streaks)
+        sizes.update(self._ledger.sizes())
         return sizes
 
     def _guarded(self, action: Callable[..., list[Anomaly]], *args: Any) -> list[Anomaly]:
@@ -150,6 +180,11 @@ class LoopDetector:
         """Keep one entry per streak; a later firing carries the turn where the streak first fired in this run, and
         whether an earlier run of the session reported it already (`continued`, set by the rule that owns it)."""
         known = self._streaks.pop(anomaly.streak, None)
+        start = anomaly.streak_start
+        cost = self._ledger.cost(anomaly.streak, anomaly.type, self._runs_begun, start.turn if start else None,
+                                 start.run if start else None)
+        if cost is not None:
+            anomaly = replace(anomaly, cost=cost)
         if known is None:
             anomaly = replace(anomaly, first_turn=anomaly.turn)
         else:
@@ -164,6 +199,7 @@ class LoopDetector:
 
     def _begin_run(self) -> list[Anomaly]:
         self._runs_begun += 1
+        self._ledger.begin_run(self._runs_begun)
         self._judging.begin_run()
         for rule in self._rules:
             rule.begin_run()
@@ -254,6 +290,14 @@ _HOOKED: dict[str, tuple[int, ...]] = {
     hook: tuple(i for i, rule in enumerate(_RULE_CLASSES) if hook in rule.hooks)
     for hook in ("observe", "model_said", "end_turn", "end_run")
 }
+
+
+def _ledger_window(config: DetectorConfig) -> int:
+    """How many recent model calls keep a mark: every rule's first firing comes within this many of its first
+    repeated turn (a failing call's repeats within `repeat_window` turns may span runs, each ending in an answer)."""
+    reach = max(config.repeat_window, config.repeat_threshold, config.cycle_max_period * config.cycle_repeats,
+                config.failing_tool_threshold, config.text_repeat_turns)
+    return max(256, 2 * reach + 8)
 
 
 def _as_turn(value: Any, fallback: int) -> int:

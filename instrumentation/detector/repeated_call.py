@@ -16,7 +16,7 @@ from .calls import ERROR_ONLY, ERROR_OUTCOME, ObservedCall, describe_call, error
 from .config import DetectorConfig
 from .identity import digest, key_id
 from .rule import ClosedTurn, Rule
-from .types import REPEATED_CALL, Anomaly
+from .types import REPEATED_CALL, Anomaly, StreakStart
 
 _NO_KEYS: frozenset[str] = frozenset()
 
@@ -178,6 +178,7 @@ class RepeatedCallRule(Rule):
             count=count,
             message=f"{what} {count} turns running; {advice}",
             streak=key,
+            streak_start=StreakStart(min(s.start_turn for s in group)),
         )
 
     # ---- the same call failing again and again, other calls between
@@ -241,6 +242,7 @@ class RepeatedCallRule(Rule):
                      "or tell the user what is failing."),
             streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
             continued=continued,
+            streak_start=StreakStart(run.turns[0], run.runs[0]),
         )
 
 

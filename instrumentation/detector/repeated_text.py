@@ -23,7 +23,7 @@ from collections import Counter
 from .config import DetectorConfig
 from .identity import digest, shorten
 from .rule import ClosedTurn, Rule, RunEnd
-from .types import REPEATED_TEXT, Anomaly
+from .types import REPEATED_TEXT, Anomaly, StreakStart
 
 _MIN_PARAGRAPH_CHARS = 60
 _MIN_SENTENCE_CHARS = 24
@@ -150,7 +150,7 @@ class RepeatedTextRule(Rule):
             message=(f"The model wrote the same paragraph in {longest.count} consecutive turns (turns "
                      f"{longest.first_turn}-{turn}){said}; it is repeating itself: say something new, act on what "
                      "you have, or tell the user what is blocking you."),
-            streak=longest.streak)]
+            streak=longest.streak, streak_start=StreakStart(longest.first_turn))]
 
     def _chant(self, turn: int, sentence: str, times: int) -> Anomaly:
         said = f": {shorten(sentence, 160)!r}" if self.config.capture_content else ""
@@ -158,4 +158,4 @@ class RepeatedTextRule(Rule):
             type=REPEATED_TEXT, turn=turn, tool=None, arguments=None, call_ids=(), count=times,
             message=(f"One response repeated the same sentence {times} times{said}; the model is looping on its own "
                      "words: stop repeating, and finish the answer or say what is blocking you."),
-            streak=f"repeated_text:chant:{digest(sentence)[:10]}@t{turn}")
+            streak=f"repeated_text:chant:{digest(sentence)[:10]}@t{turn}", streak_start=StreakStart(turn))

@@ -3,8 +3,10 @@ unresolved is in `facts`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final, Literal, TypedDict
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, NamedTuple, TypedDict
+
+from .cost import LoopCost, LoopCostRecord
 
 AnomalyType = Literal["repeated_call", "cycle", "ignored_error", "failing_tool", "repeated_text"]
 
@@ -47,6 +49,15 @@ class AnomalyRecord(TypedDict):
     first_turn: int
     continued: bool
     evidence: str | None
+    cost: LoopCostRecord | None
+
+
+class StreakStart(NamedTuple):
+    """Where a streak's first repeated turn was: its turn number, and the run of the session it was in (the
+    detector's own count of runs; None for the run being fed). What the loop cost is counted from."""
+
+    turn: int
+    run: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,11 @@ class Anomaly:
     # Why a verdict fired, in a few words (ignored_error: "the answer states the failed operation as done", "the model
     # retried, saw the same failure and moved on", "a judge said so"); None for a pattern that is its own evidence.
     evidence: str | None = None
+    # What the loop cost so far (tokens, USD, turns, wall time from its first repeated turn), when the detector was
+    # told each model call's usage (`LoopDetector.record_usage`); None otherwise.
+    cost: LoopCost | None = None
+    # Set by the rule that reports it, read by the detector to work out `cost`; not part of the JSON form.
+    streak_start: StreakStart | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_update(self) -> bool:
@@ -76,7 +92,7 @@ class Anomaly:
 
     def to_dict(self) -> AnomalyRecord:
         """The anomaly as JSON data; `first_turn` is always set (to `turn` for a first firing of this run), `evidence`
-        may be None."""
+        and `cost` may be None."""
         return {
             "type": self.type,
             "turn": self.turn,
@@ -89,4 +105,5 @@ class Anomaly:
             "first_turn": self.first_turn if self.first_turn is not None else self.turn,
             "continued": self.continued,
             "evidence": self.evidence,
+            "cost": None if self.cost is None else self.cost.to_dict(),
         }

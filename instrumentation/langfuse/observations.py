@@ -248,8 +248,35 @@ def _native_attributes(observation: Mapping[str, Any], session_id: str | None) -
         text = _response_text(_decoded(observation.get("output")))
         if text is not None:
             attributes[sc.GEN_AI_OUTPUT_MESSAGES] = _answer(text)
+        if kind == "GENERATION":
+            attributes.update(_native_usage(observation))
     if session_id and attributes:
         attributes[sc.GEN_AI_CONVERSATION_ID] = session_id
+    return attributes
+
+
+def _native_usage(observation: Mapping[str, Any]) -> dict[str, Any]:
+    """A generation's model and token counts (``usageDetails``: input, output, cache reads and writes) in the GenAI
+    conventions' names, what its loop's cost is read from. Langfuse's own ``input`` excludes the cache, as
+    Anthropic's does; the conventions' input count includes it."""
+    attributes: dict[str, Any] = {}
+    model = observation.get("model")
+    if isinstance(model, str) and model:
+        attributes[sc.GEN_AI_REQUEST_MODEL] = model
+    details = observation.get("usageDetails")
+    if not isinstance(details, Mapping) or not details:
+        return attributes
+    counts = {key: value for key, value in details.items()
+              if isinstance(value, int) and not isinstance(value, bool) and value >= 0}
+    # Langfuse's own names (what looptrace sends), or Anthropic's (what its integrations pass through)
+    cache_read = counts.get("input_cache_read", counts.get("cache_read_input_tokens", 0))
+    cache_write = (sum(v for k, v in counts.items() if k.startswith("input_cache_creation"))
+                   or counts.get("cache_creation_input_tokens", 0))
+    if "input" in counts or "output" in counts:
+        attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = counts.get("input", 0) + cache_read + cache_write
+        attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = counts.get("output", 0)
+        attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cache_read
+        attributes[sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS] = cache_write
     return attributes
 
 

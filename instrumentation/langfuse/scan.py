@@ -57,7 +57,7 @@ from .api import (
     is_missing_route,
 )
 from .observations import epoch_ms, trace_spans
-from .scores import anomaly_score_body
+from .scores import anomaly_score_body, loop_cost_score_body
 
 CURSOR_FORMAT = "looptrace-langfuse-scan"
 CURSOR_VERSION = 1
@@ -267,8 +267,13 @@ class _Judge:
             latest = {anomaly.type: anomaly for anomaly in verdict.anomalies}  # one score per type: the latest
             for anomaly in latest.values():
                 self.scorer.post_score(anomaly_score_body(verdict.trace_id, anomaly.type, anomaly.message,
-                                                          span_id=root, environment=environment))
+                                                          span_id=root, environment=environment, cost=anomaly.cost))
                 self.state.scores_posted += 1
+            for anomaly_type, cost in verdict.loop_cost_by_type.items():  # what its loops cost, for alerts to sum
+                body = loop_cost_score_body(verdict.trace_id, anomaly_type, cost, span_id=root, environment=environment)
+                if body is not None:
+                    self.scorer.post_score(body)
+                    self.state.scores_posted += 1
 
 
 def _in_context(error: MalformedPage, doing: str, state: ScanState) -> MalformedPage:

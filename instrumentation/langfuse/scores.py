@@ -16,14 +16,18 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..detector import LoopCost, format_usd
 from ..export.failures import Failure, failure_from_exception, failure_from_status
 from ..logs import log
 from ..recording.semconv import LANGFUSE_ANOMALY_SCORE as ANOMALY_SCORE
+from ..recording.semconv import LANGFUSE_LOOP_COST_SCORE as LOOP_COST_SCORE
+from ..recording.semconv import LANGFUSE_LOOPED_SCORE as LOOPED_SCORE
 from ..settings import LangfuseSettings, safe_url
 from .api import SCORES_PATH, LangfuseAPI, LangfuseAPIError, RetryPolicy
 from .mapping import DEFAULT_ENVIRONMENT, MAX_STATUS_MESSAGE_CHARS, run_environment
 
-__all__ = ["ANOMALY_SCORE", "LangfuseScores", "anomaly_score_body", "post_score", "stable_score_id"]
+__all__ = ["ANOMALY_SCORE", "LOOPED_SCORE", "LOOP_COST_SCORE", "LangfuseScores", "anomaly_score_body",
+           "loop_cost_score_body", "looped_score_body", "post_score", "stable_score_id"]
 
 _STOP = object()
 _ONE_ATTEMPT = RetryPolicy(max_attempts=1, max_retries=0)  # the queue never waits on a backend: a failure is said once
@@ -35,16 +39,58 @@ def stable_score_id(trace_id: str, name: str, value: Any, observation_id: str | 
 
 
 def anomaly_score_body(trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None,
-                       environment: str | None = None) -> dict[str, Any]:
+                       environment: str | None = None, cost: LoopCost | None = None) -> dict[str, Any]:
     """The score that marks a run with a loop anomaly, as the scores API takes it: categorical ``loop_anomaly`` = the
     anomaly type, on the trace (so the traces table can filter on it and an alert can count it), one per type and
     trace, with the detector's message as the comment and the id of the span that reported it (the run's root) in
-    the metadata; filed in ``environment`` unless that is Langfuse's default one."""
+    the metadata; filed in ``environment`` unless that is Langfuse's default one. With the loop's ``cost`` (when it
+    was reported), the comment begins with it and the metadata holds its figures."""
+    comment = message if cost is None else f"{cost_sentence(cost)} {message}"
     body: dict[str, Any] = {"id": stable_score_id(trace_id, ANOMALY_SCORE, anomaly_type), "traceId": trace_id,
                             "name": ANOMALY_SCORE, "value": anomaly_type, "dataType": "CATEGORICAL",
-                            "comment": message[:MAX_STATUS_MESSAGE_CHARS]}
+                            "comment": comment[:MAX_STATUS_MESSAGE_CHARS]}
+    metadata: dict[str, Any] = {}
     if span_id:
-        body["metadata"] = {"span_id": span_id}
+        metadata["span_id"] = span_id
+    if cost is not None:
+        metadata["loop_cost"] = dict(cost.to_dict())
+    if metadata:
+        body["metadata"] = metadata
+    return _filed(body, environment)
+
+
+def cost_sentence(cost: LoopCost) -> str:
+    """"Loop cost so far: 4 turns, 18,400 tokens (17,900 in, 500 out), $0.3800." (no USD without a price, and why)"""
+    money = format_usd(cost.usd) if cost.usd is not None else f"USD unknown: {cost.unpriced or 'no price'}"
+    return (f"Loop cost so far: {cost.turns} turn{'s' if cost.turns != 1 else ''}, {cost.total_tokens:,} tokens "
+            f"({cost.input_tokens:,} in, {cost.output_tokens:,} out), {money}.")
+
+
+def loop_cost_score_body(trace_id: str, anomaly_type: str, cost: LoopCost, *, span_id: str | None = None,
+                         environment: str | None = None) -> dict[str, Any] | None:
+    """The numeric ``loop_cost_usd`` score of a run: what the turns its ``anomaly_type`` loops first found cost (the
+    run's scores of every type add up to its loop cost, each turn counted once), so a Langfuse alert can sum it over
+    a window. None without a price: a score of 0 would read as a free loop."""
+    if cost.usd is None:
+        return None
+    metadata: dict[str, Any] = {"anomaly_type": anomaly_type, "loop_cost": dict(cost.to_dict())}
+    if span_id:
+        metadata["span_id"] = span_id
+    body = {"id": stable_score_id(trace_id, LOOP_COST_SCORE, anomaly_type), "traceId": trace_id,
+            "name": LOOP_COST_SCORE, "value": cost.usd, "dataType": "NUMERIC",
+            "comment": f"{anomaly_type}: {cost_sentence(cost)}"[:MAX_STATUS_MESSAGE_CHARS], "metadata": metadata}
+    return _filed(body, environment)
+
+
+def looped_score_body(trace_id: str, looped: bool, *, environment: str | None = None) -> dict[str, Any]:
+    """The boolean ``looped`` score every run gets as it ends: a Langfuse alert on its average over a window is the
+    share of runs that looped (Langfuse averages a boolean score as the share of true values)."""
+    body = {"id": stable_score_id(trace_id, LOOPED_SCORE, "run"), "traceId": trace_id, "name": LOOPED_SCORE,
+            "value": 1 if looped else 0, "dataType": "BOOLEAN"}
+    return _filed(body, environment)
+
+
+def _filed(body: dict[str, Any], environment: str | None) -> dict[str, Any]:
     if environment and environment != DEFAULT_ENVIRONMENT:
         body["environment"] = environment
     return body
@@ -121,10 +167,20 @@ class LangfuseScores:
                 body[key] = item
         return self._enqueue(body)
 
-    def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None) -> str:
+    def anomaly(self, trace_id: str, anomaly_type: str, message: str, *, span_id: str | None = None,
+                cost: LoopCost | None = None) -> str:
         """The score that marks a run with a loop anomaly (``anomaly_score_body``), queued."""
         return self._enqueue(anomaly_score_body(trace_id, anomaly_type, message, span_id=span_id,
-                                                environment=self.environment))
+                                                environment=self.environment, cost=cost))
+
+    def run_ended(self, trace_id: str, loop_cost_by_type: Mapping[str, LoopCost], *,
+                  span_id: str | None = None) -> None:
+        """The scores a run gets as it ends: ``looped`` (true or false) and a ``loop_cost_usd`` per anomaly type."""
+        self._enqueue(looped_score_body(trace_id, bool(loop_cost_by_type), environment=self.environment))
+        for anomaly_type, cost in loop_cost_by_type.items():
+            body = loop_cost_score_body(trace_id, anomaly_type, cost, span_id=span_id, environment=self.environment)
+            if body is not None:
+                self._enqueue(body)
 
     def _enqueue(self, body: dict[str, Any]) -> str:
         with self._lock:

@@ -59,6 +59,16 @@ OI_SESSION_ID = "session.id"
 OI_FINISH_REASON = "llm.finish_reason"
 OI_INPUT_MESSAGES = "llm.input_messages."
 OI_OUTPUT_MESSAGES = "llm.output_messages."
+OI_MODEL_NAME = "llm.model_name"
+OI_PROMPT_TOKENS = "llm.token_count.prompt"  # every input token, the cache's included
+OI_COMPLETION_TOKENS = "llm.token_count.completion"
+OI_CACHE_READ_TOKENS = "llm.token_count.prompt_details.cache_read"
+OI_CACHE_WRITE_TOKENS = "llm.token_count.prompt_details.cache_write"
+# OpenInference's token counts and model in the GenAI conventions' names, which the loop cost is read from.
+_OI_USAGE = {OI_MODEL_NAME: sc.GEN_AI_REQUEST_MODEL, OI_PROMPT_TOKENS: sc.GEN_AI_USAGE_INPUT_TOKENS,
+             OI_COMPLETION_TOKENS: sc.GEN_AI_USAGE_OUTPUT_TOKENS,
+             OI_CACHE_READ_TOKENS: sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+             OI_CACHE_WRITE_TOKENS: sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS}
 # OpenLLMetry's (opentelemetry-semantic-conventions-ai, before the GenAI message attributes).
 OLL_PROMPT = sc.OPENLLMETRY_PROMPT_PREFIX
 OLL_COMPLETION = sc.OPENLLMETRY_COMPLETION_PREFIX
@@ -70,7 +80,7 @@ SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, OI_SESSION_ID, OLL_SESSION_ID)
 # Every attribute any reader looks at, for readers of files that decode only what detection needs.
 FOREIGN_EXACT_KEYS = frozenset({
     sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_AGENT_NAME, sc.GEN_AI_RESPONSE_ID, OI_SPAN_KIND, OI_INPUT_VALUE,
-    OI_OUTPUT_VALUE, OI_TOOL_NAME, OI_TOOL_PARAMETERS, OI_TOOL_CALL_ID, OI_FINISH_REASON, *SESSION_KEYS,
+    OI_OUTPUT_VALUE, OI_TOOL_NAME, OI_TOOL_PARAMETERS, OI_TOOL_CALL_ID, OI_FINISH_REASON, *SESSION_KEYS, *_OI_USAGE,
 })
 FOREIGN_KEY_PREFIXES = (OLL_PROMPT, OLL_COMPLETION, OI_INPUT_MESSAGES, OI_OUTPUT_MESSAGES)
 
@@ -326,6 +336,7 @@ def _from_openinference(span: Any, kind: str) -> NeutralSpan:
         text = _indexed_text(a, OI_OUTPUT_MESSAGES)
         if text is not None:
             out[sc.GEN_AI_OUTPUT_MESSAGES] = _answer(text)
+        out.update((ours, a[theirs]) for theirs, ours in _OI_USAGE.items() if theirs in a)
     elif kind == "TOOL":
         out[sc.GEN_AI_OPERATION_NAME] = sc.OPERATION_EXECUTE_TOOL
         out[sc.GEN_AI_TOOL_NAME] = a.get(OI_TOOL_NAME) or span.name

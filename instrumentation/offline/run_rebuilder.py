@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,15 +38,19 @@ from ..detector import (
     REPEATED_TEXT,
     Anomaly,
     DetectorConfig,
+    LoopCost,
     LoopDetector,
     SessionDetectors,
     ToolCall,
+    TurnUsage,
     UnresolvedToolError,
     result_digest,
 )
 from ..detector.turns import answers, feed_turn
 from ..recording import semconv as sc
+from ..recording.prices import DEFAULT_PRICES, Price
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
+from .span_usage import USAGE_KEYS, model_call_usage
 
 MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 # The only span attributes detection reads: a reader can skip decoding everything else.
@@ -56,7 +61,7 @@ _OWN_KEYS = frozenset({
     sc.GEN_AI_CONVERSATION_ID, sc.GEN_AI_RESPONSE_ID,
 })
 # ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
-DETECTION_KEYS = KeySelection(_OWN_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
+DETECTION_KEYS = KeySelection(_OWN_KEYS | USAGE_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
 _STOP_LIKE = frozenset({"stop", "end_turn"})
 
 
@@ -85,8 +90,8 @@ class _Call:
 class _OpenRun:
     """What the detector needs of one trace, gathered span by span in whatever order they come."""
 
-    __slots__ = ("calls", "first_model_name", "last_model", "model_ends", "model_outputs", "model_spans", "parents",
-                 "response_starts", "root_name", "root_status", "root_text", "session_id")
+    __slots__ = ("calls", "first_model_name", "last_model", "model_ends", "model_outputs", "model_spans",
+                 "model_usage", "parents", "response_starts", "root_name", "root_status", "root_text", "session_id")
 
     def __init__(self, session_id: str | None = None) -> None:
         self.model_spans: list[tuple[int, str, str | None]] = []  # start, span id, parent id
@@ -94,6 +99,7 @@ class _OpenRun:
         # gen_ai.response.id -> (start, end) of its first span (made when seen): a second span of one call overlaps it
         self.response_starts: dict[str, tuple[int, int]] | None = None
         self.model_outputs: dict[int, Any] = {}  # start -> raw output messages, parsed only if needed
+        self.model_usage: dict[int, TurnUsage] = {}  # start -> what the call used (tokens, USD): its loop's cost
         self.session_id = session_id  # gen_ai.conversation.id: runs of one conversation share the detector's memory
         self.calls: list[_Call] = []
         self.last_model: tuple[int, str | None, str | None] = (-1, None, None)  # start, stop reason, output text
@@ -118,19 +124,28 @@ class Verdict:
     rules_not_run: dict[str, str] = field(default_factory=dict)  # rule -> what the producer did not record
     # The tool errors standing when the run ended, rebuilt from its tool spans as the live run's ledger kept them.
     unresolved_errors: list[UnresolvedToolError] = field(default_factory=list)
+    # What the run's loops cost (each turn counted once), and its session's so far; None without a loop or usage.
+    loop_cost: LoopCost | None = None
+    session_loop_cost: LoopCost | None = None
+    # `loop_cost` split by the anomaly type that found each turn first: the loop_cost_usd scores (not in to_dict).
+    loop_cost_by_type: dict[str, LoopCost] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace_id": self.trace_id, "name": self.name, "turns": self.turns, "tool_calls": self.tool_calls,
                 "status": self.status, "anomalies": [a.to_dict() for a in self.anomalies],
                 "rules_not_run": self.rules_not_run,
-                "unresolved_errors": [e.to_dict() for e in self.unresolved_errors]}
+                "unresolved_errors": [e.to_dict() for e in self.unresolved_errors],
+                "loop_cost": None if self.loop_cost is None else self.loop_cost.to_dict(),
+                "session_loop_cost": None if self.session_loop_cost is None else self.session_loop_cost.to_dict()}
 
 
 class RunRebuilder:
     """Feed spans (as `SpanRecord`-like objects) in any order; get a Verdict per trace as its root arrives."""
 
-    def __init__(self, config: DetectorConfig | None = None, max_open_traces: int = 10_000) -> None:
+    def __init__(self, config: DetectorConfig | None = None, max_open_traces: int = 10_000,
+                 prices: Mapping[str, Price] = DEFAULT_PRICES) -> None:
         self.config = config
+        self.prices = prices  # what another producer's model calls are priced by (ours carry their own cost)
         self.max_open_traces = max_open_traces
         self._open: OrderedDict[str, _OpenRun] = OrderedDict()
         self._sessions = SessionDetectors(config)  # runs of one conversation, judged in the order their roots came
@@ -223,6 +238,10 @@ class RunRebuilder:
                 run.first_model_name = run.first_model_name or span.name
             if sc.GEN_AI_OUTPUT_MESSAGES in attributes:
                 run.model_outputs[start] = attributes[sc.GEN_AI_OUTPUT_MESSAGES]
+            if start not in run.model_usage:  # of two spans of one call, the first that recorded usage
+                usage = model_call_usage(attributes, span.start_ns, end, self.prices)
+                if usage is not None:
+                    run.model_usage[start] = usage
             stop_reason = _stop_reason(attributes)
             ending = (start, stop_reason, attributes.get(sc.GEN_AI_OUTPUT_MESSAGES))
             run.model_ends[span.span_id] = ending
@@ -282,7 +301,10 @@ class RunRebuilder:
         detector = LoopDetector(self.config)
         model_starts = _model_call_starts(run.model_spans)
         stops = _stops_by_turn(model_starts, run.model_ends)
+        usage = _usage_by_turn(model_starts, run.model_usage)
         for turn, turn_calls in _assign_turns(model_starts, calls):
+            if turn in usage:
+                detector.record_usage(turn, usage[turn])
             # (a check for `watch`, not the hot path: without the results, as before)
             feed_turn(detector, turn, [ToolCall(turn=turn, tool=c.tool, arguments=c.arguments, call_id=c.call_id,
                                                 is_error=c.is_error, result_digest=c.result_digest)
@@ -309,12 +331,18 @@ class RunRebuilder:
         _, stop_reason, model_output = run.last_model
         final_text = _output_text(run.root_text if run.root_text is not None else model_output)
         last_turn = turns[-1][0] if turns else max(len(model_starts), 1)
+        usage = _usage_by_turn(model_starts, run.model_usage)
         for turn, calls in turns:
+            if turn in usage:
+                detector.record_usage(turn, usage[turn])
             for call in calls:
                 call.turn = turn
             text = final_text if turn == last_turn and answers(stops.get(turn), bool(calls)) else said.get(turn)
             # the same turn model as the live loop: an answer ends the run, it is no turn of its own
             feed_turn(detector, turn, calls, text, stops.get(turn))
+        for turn in range(last_turn + 1, len(model_starts) + 1):  # the answer, after the last turn with calls
+            if turn in usage:
+                detector.record_usage(turn, usage[turn])
         detector.end_run(stop_reason, final_text, max(last_turn, len(model_starts)))
         if final_text is None:  # stored without content: whether the answer admitted a failure cannot be known
             not_run.setdefault(IGNORED_ERROR, "the final answer's text was not recorded (content capture off?)")
@@ -330,7 +358,15 @@ class RunRebuilder:
         anomalies = [a for a in detector.anomalies if a.type not in not_run]
         return Verdict(trace_id=trace_id, name=run.root_name or run.first_model_name,
                        turns=max(len(model_starts), len(turns)), tool_calls=len(run.calls), status=run.root_status,
-                       anomalies=anomalies, rules_not_run=not_run, unresolved_errors=detector.unresolved_errors())
+                       anomalies=anomalies, rules_not_run=not_run, unresolved_errors=detector.unresolved_errors(),
+                       loop_cost=detector.loop_cost if anomalies else None,
+                       session_loop_cost=detector.session_loop_cost if anomalies and run.session_id else None,
+                       loop_cost_by_type=detector.loop_cost_by_type if anomalies else {})
+
+
+def _usage_by_turn(starts: list[int], usage: dict[int, TurnUsage]) -> dict[int, TurnUsage]:
+    """Each model call's usage by its turn number (the n-th model call is turn n)."""
+    return {turn: usage[start] for turn, start in enumerate(starts, start=1) if start in usage}
 
 
 def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]:

@@ -15,6 +15,7 @@ exporter (both apply the OpenTelemetry-to-Prometheus rules: dots become undersco
     looptrace.tool.duration           s          looptrace_tool_duration_seconds_bucket|_sum|_count
     looptrace.anomalies               {anomaly}  looptrace_anomalies_total
     looptrace.cost                    usd        looptrace_cost_usd_total
+    looptrace.loop.cost               usd        looptrace_loop_cost_usd_total
     looptrace.approvals               {call}     looptrace_approvals_total
     looptrace.approval.wait           s          looptrace_approval_wait_seconds_bucket|_sum|_count
 
@@ -106,6 +107,11 @@ class LoopMetrics:
         self._cost = meter.create_counter(
             sc.METRIC_COST, unit="usd", description="Estimated spend on model calls, in US dollars."
         )
+        self._loop_cost = meter.create_counter(
+            sc.METRIC_LOOP_COST, unit="usd",
+            description="Estimated spend on the turns of runs that belonged to a loop, in US dollars, by the anomaly "
+                        "type that found it.",
+        )
         self._approvals = meter.create_counter(
             sc.METRIC_APPROVALS, unit="{call}",
             description="Tool calls that needed approval, by state: pending (the run paused), approved, rejected."
@@ -177,6 +183,12 @@ class LoopMetrics:
         """The end of a run: its final status (a RunStatus value) and how many turns it took."""
         self._runs.add(1, {_gen_ai.GEN_AI_AGENT_NAME: agent, sc.RUN_STATUS: status})
         self._turns.record(turns, {_gen_ai.GEN_AI_AGENT_NAME: agent})
+
+    def record_loop_cost(self, *, agent: str, type: str, usd: float) -> None:
+        """What a run's loops cost, the part first found by anomalies of ``type`` (recorded as the run ends: the
+        parts of one run add up to its loop cost, each turn counted once)."""
+        if usd > 0:
+            self._loop_cost.add(usd, {_gen_ai.GEN_AI_AGENT_NAME: agent, ANOMALY_TYPE: type})
 
     def record_anomaly(self, *, agent: str, type: str, tool: str | None) -> None:
         """One anomaly from the detector; `tool` is None for anomalies that concern the run rather than one tool."""

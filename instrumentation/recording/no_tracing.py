@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from ..alerts import AlertContext
-from ..detector import Anomaly, UnresolvedToolError
+from ..detector import Anomaly, LoopCost, UnresolvedToolError
 from ..settings import Settings
 from .content import redact_with_secrets, scrub
 from .labels import checked, run_labels
@@ -90,7 +90,9 @@ class _NoRun:
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None,
+            loop_cost: LoopCost | None = None, session_loop_cost: LoopCost | None = None,
+            loop_cost_by_type: Mapping[str, LoopCost] | None = None) -> None:
         pass
 
 

@@ -150,6 +150,26 @@ ANOMALY_STREAK = "looptrace.anomaly.streak"
 ANOMALY_ACTION = "looptrace.anomaly.action"  # warn | nudge | stop
 ANOMALY_TOOL = "looptrace.anomaly.tool"
 ANOMALY_ARGUMENTS = "looptrace.anomaly.arguments"
+# What the anomaly's loop cost so far, from its first repeated turn (`LoopCost`): on the anomaly event.
+ANOMALY_COST_USD = "looptrace.anomaly.cost_usd"  # left out when a model call in it had no price...
+ANOMALY_COST_UNPRICED = "looptrace.anomaly.cost_unpriced"  # ...and this says why
+ANOMALY_INPUT_TOKENS = "looptrace.anomaly.input_tokens"  # cache reads and writes included
+ANOMALY_OUTPUT_TOKENS = "looptrace.anomaly.output_tokens"
+ANOMALY_TOTAL_TOKENS = "looptrace.anomaly.total_tokens"
+ANOMALY_TURNS = "looptrace.anomaly.turns"  # model calls in the loop
+ANOMALY_DURATION_S = "looptrace.anomaly.duration_s"
+ANOMALY_SINCE_TURN = "looptrace.anomaly.since_turn"
+# The run's and the session's loop cost on the root span: the turns that belonged to a loop, each counted once.
+RUN_LOOP_COST_USD = "looptrace.run.loop.cost_usd"
+RUN_LOOP_INPUT_TOKENS = "looptrace.run.loop.input_tokens"
+RUN_LOOP_OUTPUT_TOKENS = "looptrace.run.loop.output_tokens"
+RUN_LOOP_TOTAL_TOKENS = "looptrace.run.loop.total_tokens"
+RUN_LOOP_TURNS = "looptrace.run.loop.turns"
+SESSION_LOOP_COST_USD = "looptrace.session.loop.cost_usd"
+SESSION_LOOP_INPUT_TOKENS = "looptrace.session.loop.input_tokens"
+SESSION_LOOP_OUTPUT_TOKENS = "looptrace.session.loop.output_tokens"
+SESSION_LOOP_TOTAL_TOKENS = "looptrace.session.loop.total_tokens"
+SESSION_LOOP_TURNS = "looptrace.session.loop.turns"
 JUDGE = "looptrace.judge"  # true on the span of a judge's model call (runtime/judge.py), apart from the run's budget
 JUDGE_COST_USD = "looptrace.judge.cost_usd"
 JUDGE_VERDICT = "looptrace.judge.verdict"  # "true" (ignored), "false" (not ignored) or "none"
@@ -186,6 +206,8 @@ LANGFUSE_TRACE_INPUT = "langfuse.trace.input"
 LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
 ANOMALY_EVALUATION_NAME = "loop_anomaly"  # gen_ai.evaluation.name of an anomaly's evaluation event
 LANGFUSE_ANOMALY_SCORE = ANOMALY_EVALUATION_NAME  # the categorical score a loop anomaly adds to its trace
+LANGFUSE_LOOP_COST_SCORE = "loop_cost_usd"  # numeric, per anomaly type and run: what its loops cost, for alerts to sum
+LANGFUSE_LOOPED_SCORE = "looped"  # boolean, on every run: its average over a window is the share of runs that looped
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
 # METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module
@@ -196,6 +218,7 @@ METRIC_TOOL_CALLS = "looptrace.tool.calls"
 METRIC_TOOL_DURATION = "looptrace.tool.duration"
 METRIC_ANOMALIES = "looptrace.anomalies"
 METRIC_COST = "looptrace.cost"
+METRIC_LOOP_COST = "looptrace.loop.cost"  # USD burned by loops, by anomaly type and agent
 METRIC_APPROVALS = "looptrace.approvals"  # calls that needed approval, by decision: pending, approved, rejected
 METRIC_APPROVAL_WAIT = "looptrace.approval.wait"  # seconds from the call's request to its decision
 

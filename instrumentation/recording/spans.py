@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from ..alerts import AlertContext, AnomalySinks
-from ..detector import Anomaly, UnresolvedToolError, canonical_arguments, result_digest
+from ..detector import Anomaly, LoopCost, UnresolvedToolError, canonical_arguments, result_digest
 from ..logs import telemetry_failed
 from ..settings import Settings
 from . import backend_attributes
@@ -42,6 +42,7 @@ from .content import (
 )
 from .instrumented_model import CurrentTurn, InstrumentedModel, current_turn_var
 from .labels import RunLabels, checked, run_labels
+from .loop_cost import anomaly_cost_attributes, loop_total_attributes
 from .metrics import LoopMetrics
 from .providers import RunProviders, providers_for_run
 from .seam_types import Action, CostOf, ModelLike, Usage
@@ -330,10 +331,16 @@ class RunSpan:
     @_never_raises("invoke_agent span", _end_span)
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
             final_text: str | None, error: str | None = None, error_type: str | None = None,
-            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None) -> None:
+            unresolved_errors: Sequence[UnresolvedToolError] = (), session_id: str | None = None,
+            loop_cost: LoopCost | None = None, session_loop_cost: LoopCost | None = None,
+            loop_cost_by_type: Mapping[str, LoopCost] | None = None) -> None:
         metrics = self.tracing.metrics
         if metrics is not None:
             metrics.record_run(agent=self.agent, status=status, turns=turns)
+            for anomaly_type, cost in (loop_cost_by_type or {}).items():
+                if cost.usd is not None:
+                    metrics.record_loop_cost(agent=self.agent, type=anomaly_type, usd=cost.usd)
+        self._scored(loop_cost_by_type or {})
         if not self.recording:
             return
         attributes: dict[str, Any] = {
@@ -346,6 +353,7 @@ class RunSpan:
             sc.RUN_USAGE_TOTAL_TOKENS: usage.total_tokens,
             sc.RUN_ANOMALY_COUNT: anomalies,
             **unresolved_attributes(unresolved_errors),
+            **loop_total_attributes(loop_cost, session_loop_cost),
         }
         output: str | None = None
         if cost_usd is not None:
@@ -369,6 +377,10 @@ class RunSpan:
             self.span.set_status(Status(StatusCode.ERROR, cap(error, 1024)))
         self.span.set_attributes(attributes)
         self.span.end()
+
+    @_never_raises("run scores", _nothing)
+    def _scored(self, loop_cost_by_type: Mapping[str, LoopCost]) -> None:
+        self.tracing.sinks.run_ended(self.trace_id, self.span_id, loop_cost_by_type)
 
     def _record_unresolved(self, errors: Sequence[UnresolvedToolError]) -> None:
         """An event per tool error left unresolved (the most recent), for a reader of the stored run (`traces show`):
@@ -446,6 +458,7 @@ class TurnSpan:
             event[sc.ANOMALY_TOOL] = anomaly.tool
         if anomaly.arguments is not None and self.run.tracing.capture_content:
             event[sc.ANOMALY_ARGUMENTS] = cap(anomaly.arguments, 1024)
+        event.update(anomaly_cost_attributes(anomaly.cost))
         self.span.add_event(sc.ANOMALY_EVENT, event)
         self.flagged = f"{anomaly.type}: {anomaly.message}"
         for tool_span in tool_spans:

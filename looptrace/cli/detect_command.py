@@ -64,11 +64,14 @@ def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
         return
     errors = getattr(verdict, "unresolved_errors", None) or []
     left = f", {plural(len(errors), 'unresolved tool error')}" if errors else ""
+    loop_cost = getattr(verdict, "loop_cost", None)
+    spent = f" (loops cost {loop_cost.summary()})" if loop_cost is not None else ""
     write(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {plural(verdict.turns, 'turn')}, "
-          f"{plural(verdict.tool_calls, 'tool call')}, {plural(len(verdict.anomalies), 'anomaly')}{left}\n")
+          f"{plural(verdict.tool_calls, 'tool call')}, {plural(len(verdict.anomalies), 'anomaly')}{spent}{left}\n")
     for anomaly in verdict.anomalies:
         tool = f" {anomaly.tool}" if anomaly.tool else ""
-        write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}: {anomaly.message}\n")
+        cost = f" ({anomaly.cost.summary()})" if anomaly.cost is not None else ""
+        write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}{cost}: {anomaly.message}\n")
     line = unresolved_line(errors)
     if line is not None:
         write(f"  {line}\n")

@@ -28,7 +28,7 @@ EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] 
     ((2,), EVERY, "usage: a bad flag or setting, a tools file, a missing key, an unreadable or non-trace file, "
                   "a port taken, Langfuse refusing or unreachable"),
     ((3,), ("traces show", "replay"), "no such trace in the file"),
-    ((10, 11, 12, 13), RUNS, "a limit: max_turns, token_budget, cost_budget, timeout"),
+    ((10, 11, 12, 13, 14), RUNS, "a limit: max_turns, token_budget, cost_budget, timeout, loop_budget"),
     ((20, 21, 22, 23), RUNS, "the model stopped: max_tokens, stop_sequence, refusal, context_window"),
     ((30,), RUNS, "stopped_by_detector"),
     ((40,), ("run", "resume"),

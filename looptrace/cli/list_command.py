@@ -21,7 +21,8 @@ def list_command(args: argparse.Namespace) -> int:
 
     path, max_line_bytes = trace_file_of(args)
     keys = frozenset({sc.GEN_AI_OPERATION_NAME, sc.RUN_STATUS, sc.RUN_TURNS, sc.RUN_USAGE_TOTAL_TOKENS,
-                      sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT})
+                      sc.RUN_COST_USD, sc.RUN_ANOMALY_COUNT, sc.RUN_LOOP_COST_USD, sc.RUN_LOOP_TOTAL_TOKENS,
+                      sc.RUN_LOOP_TURNS})
     # Turn spans per parent, so that a run that failed mid-turn is said to have the turn `traces show` draws; a
     # run's entry goes when its root comes, and runs that never wrote a root are forgotten oldest first.
     turns_under: OrderedDict[Any, int] = OrderedDict()
@@ -88,6 +89,11 @@ def run_line(root: SpanRecord, turns_drawn: int = 0) -> str:
         f"${cost:.4f}" if isinstance(cost, (int, float)) and not isinstance(cost, bool) else "$?",
         plural(anomalies, "anomaly") if isinstance(anomalies, int) else f"{anomalies} anomalies",
     ]
+    loop_cost = a.get(sc.RUN_LOOP_COST_USD)
+    if isinstance(loop_cost, (int, float)) and not isinstance(loop_cost, bool):
+        parts.append(f"loops ${loop_cost:.4f}")
+    elif isinstance(a.get(sc.RUN_LOOP_TOTAL_TOKENS), int):  # a loop with a model the price table does not know
+        parts.append(f"loops {plural(a[sc.RUN_LOOP_TOTAL_TOKENS], 'token')}")
     status = str(a.get(sc.RUN_STATUS, "?"))
     return f"{root.trace_id}  {when}  {root.name:<24} {status:<16} {', '.join(parts)}  {_duration(root.duration_s)}"
 

@@ -47,6 +47,10 @@ def add_run_command(commands: Any) -> None:
     run.add_argument("--max-turns", type=_positive_int, default=10, help="model calls at most (default: %(default)s)")
     run.add_argument("--max-total-tokens", type=_positive_int, help="token budget, cache tokens included")
     run.add_argument("--max-cost-usd", type=_positive_float, help="cost budget in USD")
+    run.add_argument("--max-loop-cost-usd", type=_positive_float,
+                     help="what one loop may burn, in USD: a run whose current loop (an anomaly's streak, from its "
+                          "first repeated turn) costs more stops there with status loop_budget, whatever --on-anomaly "
+                          "says")
     run.add_argument("--timeout", type=_positive_float, help="wall-clock limit for the run, seconds")
     run.add_argument("--tool-timeout", type=_positive_float, default=60.0,
                      help="per tool call, seconds (default: %(default)s)")
@@ -98,6 +102,7 @@ def run_command(args: argparse.Namespace) -> int:
     settings = read_settings(**export_overrides(args), model=args.model or None,
                              traceparent=args.traceparent or None, judge=args.judge or None)
     _check_priced(settings.model, args.max_cost_usd)
+    _check_priced(settings.model, args.max_loop_cost_usd, "--max-loop-cost-usd")
     if not tools and not servers:
         print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     if args.traceparent:
@@ -155,7 +160,8 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
     same agent again."""
     return {"tools": str(Path(args.tools).resolve()) if args.tools else None, "model": args.model or None,
             "system": args.system, "name": args.name, "max_tokens": args.max_tokens, "max_turns": args.max_turns,
-            "max_total_tokens": args.max_total_tokens, "max_cost_usd": args.max_cost_usd, "timeout": args.timeout,
+            "max_total_tokens": args.max_total_tokens, "max_cost_usd": args.max_cost_usd,
+            "max_loop_cost_usd": args.max_loop_cost_usd, "timeout": args.timeout,
             "tool_timeout": args.tool_timeout, "stream": args.stream, "on_anomaly": args.on_anomaly,
             "mcp": list(args.mcp), "mcp_url": list(args.mcp_url)}
 
@@ -173,7 +179,8 @@ def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telem
         max_tokens=options["max_tokens"], client=AnthropicModel(stream=options["stream"]),
         on_anomaly=options["on_anomaly"], approver=approver,
         limits=Limits(max_turns=options["max_turns"], max_total_tokens=options["max_total_tokens"],
-                      max_cost_usd=options["max_cost_usd"], timeout_s=options["timeout"],
+                      max_cost_usd=options["max_cost_usd"], max_loop_cost_usd=options.get("max_loop_cost_usd"),
+                      timeout_s=options["timeout"],
                       tool_timeout_s=options["tool_timeout"]),
         on_event=None if json_output else LiveView(sys.stderr, capture_content=settings.capture_content),
         **telemetry_options(telemetry, live_view=not json_output),
@@ -235,16 +242,16 @@ def _is_terminal(stream: Any) -> bool:
 MAX_TOOLS_FILE_BYTES = 16 << 20  # a tools file is source code: beyond this, it is the wrong file (or /dev/zero)
 
 
-def _check_priced(model: str, max_cost_usd: float | None) -> None:
+def _check_priced(model: str, max_cost_usd: float | None, flag: str = "--max-cost-usd") -> None:
     """A cost budget needs the model's price. The library's answer (pass ``prices=``) is not one a command line can
     take, so the CLI says what it can do instead."""
     from looptrace.runtime.pricing import price_for
 
     if max_cost_usd is None or price_for(model) is not None:
         return
-    raise UsageError(f"--max-cost-usd needs the price of model {model!r}, and looptrace's price table has none: "
+    raise UsageError(f"{flag} needs the price of model {model!r}, and looptrace's price table has none: "
                      f"give a model it prices (--model or LOOPTRACE_MODEL, e.g. {DEFAULT_MODEL}), or drop "
-                     "--max-cost-usd and bound the run with --max-total-tokens instead")
+                     f"{flag} and bound the run with --max-total-tokens instead")
 
 
 def load_tools(path: Path) -> list[Tool]:

@@ -36,6 +36,7 @@ EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.REFUSAL: 22,
     RunStatus.CONTEXT_WINDOW: 23,
     RunStatus.STOPPED_BY_DETECTOR: 30,
+    RunStatus.LOOP_BUDGET: 14,
     RunStatus.INTERRUPTED: EXIT_INTERRUPTED,
     RunStatus.AWAITING_APPROVAL: EXIT_AWAITING_APPROVAL,
 }

@@ -95,13 +95,14 @@ class LiveView:
             self._write(f"  {mark} tool  {self._tool_call(event)}  {duration(event.duration_s)}\n")
         elif isinstance(event, AnomalyDetected):
             a = event.anomaly
-            self._write(f"  {WARN_MARK} {a.type} [{event.action}]  {a.message}\n")
+            spent = f"  (looping for {a.cost.summary()} so far)" if a.cost is not None else ""
+            self._write(f"  {WARN_MARK} {a.type} [{event.action}]{spent}  {a.message}\n")
         elif isinstance(event, RunFinished):
             r = event.result
             cost = "" if r.cost_usd is None else f"  ${r.cost_usd:.4f}"
             turns = max(r.turns, self._turns_started)  # a run failing in turn 1 showed "turn 1": it had one turn
             summary = [f"{r.status.value}: {plural(turns, 'turn')}, {plural(r.usage.total_tokens, 'token')}{cost}",
-                       *judge_lines(r, self.no_judge_hint)]
+                       *loop_cost_lines(r), *judge_lines(r, self.no_judge_hint)]
             self._write("".join(line + "\n" for line in summary))
             # The fact a user reviews whatever the detector said: the errors the run ended with unresolved. Without
             # content capture, named by tool and turn only, as the tool lines above are.
@@ -158,6 +159,17 @@ class LiveView:
         except (BrokenPipeError, ValueError):  # the reader went away, or the stream was closed: stop showing
             self.out = None
             self._stop.set()
+
+
+def loop_cost_lines(result: RunResult) -> list[str]:
+    """What the run's loops cost (each turn counted once), and its session's so far when it has one and they differ."""
+    if result.loop_cost is None:
+        return []
+    lines = [f"loops: {result.loop_cost.summary()}"]
+    session = result.session_loop_cost
+    if session is not None and session != result.loop_cost:
+        lines.append(f"loops in this session so far: {session.summary()}")
+    return lines
 
 
 def judge_lines(result: RunResult, no_judge_hint: str = NO_JUDGE_HINT) -> list[str]:
@@ -231,7 +243,7 @@ def _describe(span: SpanRecord, children: list[SpanRecord]) -> str:
         cost = a.get(sc.RUN_COST_USD)
         cost_text = "" if cost is None else f"  ${_number(cost, '.4f')}"
         anomalies = a.get(sc.RUN_ANOMALY_COUNT) or 0
-        flagged = f"  {WARN_MARK} {_count(anomalies, 'anomaly')}" if anomalies else ""
+        flagged = f"  {WARN_MARK} {_count(anomalies, 'anomaly')}{_loop_cost(a)}" if anomalies else ""
         turns = a.get(sc.RUN_TURNS, "?")
         # The run counts the turns it completed; one that failed mid-turn is still drawn below, so it is counted.
         drawn = sum(1 for child in children if sc.TURN_INDEX in child.attributes)
@@ -260,6 +272,19 @@ def _describe(span: SpanRecord, children: list[SpanRecord]) -> str:
         name = f"{span.name} {a[sc.TURN_INDEX]}" if span.name == sc.TURN_SPAN_NAME else span.name
         return f"{mark}{name}  stop_reason={a.get(sc.STOP_REASON, '?')}  {took}"
     return f"{mark}{span.name}  {took}"
+
+
+def _loop_cost(a: Any) -> str:
+    """What the run's loops cost, as its root span recorded it (and its session's, when that is more)."""
+    usd, tokens = a.get(sc.RUN_LOOP_COST_USD), a.get(sc.RUN_LOOP_TOTAL_TOKENS)
+    if _is_count(a.get(sc.RUN_LOOP_TURNS)):
+        spent = f"${_number(usd, '.4f')}" if isinstance(usd, (int, float)) else f"{_number(tokens)} tokens"
+        text = f", loops {_count(a[sc.RUN_LOOP_TURNS], 'turn')} {spent}"
+        session = a.get(sc.SESSION_LOOP_COST_USD)
+        if isinstance(session, (int, float)) and isinstance(usd, (int, float)) and session > usd:
+            text += f" (session ${_number(session, '.4f')})"
+        return text
+    return ""
 
 
 def _approval(a: Any) -> str:

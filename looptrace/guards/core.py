@@ -23,7 +23,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from looptrace.instrumentation.agent_telemetry import agent_telemetry
-from looptrace.instrumentation.detector import Anomaly, DetectorConfig, LoopDetector, SessionDetectors, ToolCall
+from looptrace.instrumentation.detector import (
+    Anomaly,
+    DetectorConfig,
+    LoopDetector,
+    SessionDetectors,
+    ToolCall,
+    TurnUsage,
+)
 from looptrace.instrumentation.interface import (
     Action,
     AgentTelemetry,
@@ -34,6 +41,7 @@ from looptrace.instrumentation.interface import (
     TurnTrace,
     Usage,
 )
+from looptrace.instrumentation.recording.prices import price_for, usd_for_tokens
 from looptrace.runtime import policy as policies
 
 if TYPE_CHECKING:
@@ -127,6 +135,7 @@ class GuardedRun:
         self.trace = trace
         self.turn = 0  # the current turn: the number of model calls so far
         self.model_calls: list[ModelCall] = []
+        self.cost_usd: float | None = None  # of the model calls whose model has a price
         self.anomalies: dict[str, Anomaly] = {}  # streak -> its latest firing, as in RunResult.anomalies
         self.stopped: str | None = None  # why the guard stopped the run
         self.actions: list[tuple[int, str, str]] = []  # (turn, action, anomaly type) for every report, in order
@@ -184,7 +193,7 @@ class GuardedRun:
                 self.start_turn()
             assert self._turn_trace is not None
             if usage is not None:  # None: the framework does not say (its tokens are not counted as zero)
-                self.model_calls.append(ModelCall(self.turn, model, usage))
+                self._count(usage, model)
             if text:
                 self._turn_text = text
                 self.final_text = text
@@ -198,7 +207,28 @@ class GuardedRun:
     def add_model_call(self, usage: Usage, model: str | None = None) -> None:
         """Tokens of a model call learnt apart from its answer (a framework that reports them on another channel)."""
         with self._lock:
-            self.model_calls.append(ModelCall(self.turn, model, usage))
+            self._count(usage, model)
+
+    def _count(self, usage: Usage, model: str | None) -> None:
+        """A model call's tokens: on the run, and in the detector's ledger, priced, so anomalies say what the loop
+        cost (as an Agent's do)."""
+        call = ModelCall(self.turn, model, usage)
+        self.model_calls.append(call)
+        self.detector.record_usage(self.turn, self._priced(call))
+
+    def _priced(self, call: ModelCall) -> TurnUsage:
+        usage, name = call.usage, call.model or self.guard.model
+        every_input = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+        now = time.time()
+        price = price_for(name)
+        if price is None:
+            return TurnUsage(input_tokens=every_input, output_tokens=usage.output_tokens,
+                             unpriced=f"no price for model {name!r} in the price table", started=now, ended=now)
+        usd = usd_for_tokens(price, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                             cache_read_tokens=usage.cache_read_input_tokens,
+                             cache_write_tokens=usage.cache_creation_input_tokens)
+        self.cost_usd = (self.cost_usd or 0.0) + usd
+        return TurnUsage(input_tokens=every_input, output_tokens=usage.output_tokens, usd=usd, started=now, ended=now)
 
     def tool_started(self, call_id: str, name: str, arguments: Any) -> None:
         with self._lock:
@@ -245,11 +275,13 @@ class GuardedRun:
             self._close_open_turn()
             if status is None:
                 status = "stopped_by_detector" if self.stopped else ("error" if error else "done")
-            self.trace.end(status=status, turns=self.turn, usage=self.usage, cost_usd=None,
+            detector = self.detector
+            self.trace.end(status=status, turns=self.turn, usage=self.usage, cost_usd=self.cost_usd,
                            anomalies=len(self.anomalies), final_text=self.final_text,
                            error=str(error) if error else None,
                            error_type=type(error).__qualname__ if error else None,
-                           unresolved_errors=self.detector.unresolved_errors())
+                           unresolved_errors=detector.unresolved_errors(), loop_cost=detector.loop_cost,
+                           session_loop_cost=detector.session_loop_cost, loop_cost_by_type=detector.loop_cost_by_type)
 
     # ---- the Agent's own reaction, step for step
 
