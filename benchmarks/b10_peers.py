@@ -45,8 +45,9 @@ CALLS = 3  # model calls per conversation (2 tool calls, then end_turn)
 MAX_TOKENS = 1024
 GOAL_FILE = 1.0  # goal 1: looptrace file export / raw SDK, null exporter
 GOAL_OTLP = 1.5  # goal 2: looptrace OTLP export / raw SDK, OTLP exporter
-GOAL_INPROCESS_FILE = 1.0  # issue 23: looptrace file / raw SDK file floor with content, in one process
-GOAL_INPROCESS_OTLP = 1.2  # issue 23: looptrace OTLP / raw SDK OTLP floor with content, in one process
+GOAL_INPROCESS_FILE = 1.2  # issue 29 (1.0 under issue 23, when looptrace had an encoder of its own): looptrace
+# file / raw SDK file floor with content, in one process; both paths now go through the SDK's encoders
+GOAL_INPROCESS_OTLP = 1.2  # issues 23 and 29: looptrace OTLP / raw SDK OTLP floor with content, in one process
 _ROOT = Path(__file__).resolve().parent.parent
 
 

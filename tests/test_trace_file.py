@@ -184,6 +184,46 @@ def test_values_otlp_cannot_carry_are_replaced_and_marked(bad, expected, repaire
     (tmp_path / "t.jsonl").read_bytes().decode("utf-8")  # valid UTF-8 throughout
 
 
+def _line_of(name: str, attributes: dict, event_attributes: dict | None = None) -> bytes:
+    processor = TraceFileProcessor(os.devnull, Rotation(max_bytes=0))
+    lines: list[bytes] = []
+    processor.writer.write = lambda line, spans=1: lines.append(line) or True  # type: ignore[method-assign]
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with provider.get_tracer("t").start_as_current_span(name) as span:
+        span._attributes._dict.update(attributes)  # what the SDK would let through from a caller, placed directly
+        if event_attributes is not None:
+            span.add_event("e", {"placeholder": 1})
+            span._events[0]._attributes._dict.update(event_attributes)
+    (line,) = lines
+    return line
+
+
+@pytest.mark.parametrize("name, attributes, event_attributes, repaired", [
+    ("s", {"ok": "text", "n": 2**63 - 1, "m": -(2**63)}, None, None),  # 19 digits, within 64 bits: kept
+    ("s", {"looks": '{"intValue":"12345678901234567890"} and "key":5'}, None, None),  # text that looks like both
+    ("s", {"big": -(2**70)}, None, ["big"]),
+    ("s", {"huge": 10**5000}, None, ["huge"]),  # more digits than Python writes out
+    ("s", {5: "a key that is not text"}, None, ["5"]),
+    ("s", {"list": ("ok", "half \ud83d")}, None, ["list"]),
+    ("half \ud83d", {"ok": 1}, None, ["span.name"]),
+    ("s", {"ok": 1}, {"bad": "\udfff"}, ["bad"]),
+])
+def test_the_repair_step_runs_for_the_lines_that_need_it_and_only_changes_those(name, attributes, event_attributes,
+                                                                                 repaired):
+    # The line is checked after encoding (see encode's note): a span that needs nothing is written as the encoder
+    # wrote it, and one that might is encoded again after the repair step, exactly as that step alone writes it.
+    line = _line_of(name, attributes, event_attributes)
+    data = json.loads(line.decode("utf-8"))  # valid UTF-8 and JSON, every time
+    (span,) = data["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    marks = [kv["value"]["arrayValue"]["values"] for kv in span["attributes"] if kv["key"] == encode.REPAIRED_ATTRIBUTES]
+    assert ([v["stringValue"] for v in marks[0]] if marks else None) == repaired
+    assert all(isinstance(kv["key"], str) for kv in span["attributes"])
+    if repaired is None:  # written as given
+        assert {kv["key"]: next(iter(kv["value"].values())) for kv in span["attributes"]} == {
+            key: str(value) if isinstance(value, int) else value for key, value in attributes.items()}
+
+
 # --- items 2 and 5: a torn line costs itself; every span is on disk when it ends ------------------------------------
 
 
@@ -399,6 +439,28 @@ def test_writers_sharing_a_file_lose_and_tear_no_line_across_rotations(tmp_path)
     longest = max(len(json.dumps({"w": w, "n": n, "pad": "x" * (n % 50)})) + 1 for w in range(writers)
                   for n in range(lines_each))
     assert all(os.path.getsize(name) < 4096 + writers * longest for name in trace_files(path))
+
+
+def test_a_writer_finds_its_file_rotated_away_by_its_size_and_a_file_removed_by_hand_by_the_path(tmp_path,
+                                                                                                   monkeypatch):
+    from looptrace.instrumentation.tracefile import write
+
+    path = tmp_path / "traces.jsonl"
+    rotation = Rotation(max_bytes=100, backups=3)
+    mine, other = TraceFileWriter(path, rotation), TraceFileWriter(path, rotation)
+    mine.write(b'{"n":1}\n')
+    other.write(b'{"pad":"' + b"x" * 100 + b'"}\n')  # full: the next line of either rotates
+    other.write(b'{"n":2}\n')  # rotated: "traces.jsonl.1" is the full file, which mine still holds open
+    mine.write(b'{"n":3}\n')  # mine finds its file full, and the path naming a new one: it writes there
+    assert [data.get("n") for _, data in read_lines(path)] == [1, None, 2, 3]
+    assert path.read_bytes() == b'{"n":2}\n{"n":3}\n'
+    # A file removed by hand: the path is looked at once per PATH_CHECK_INTERVAL_S, not on every line.
+    monkeypatch.setattr(write, "PATH_CHECK_INTERVAL_S", 0.0)
+    path.unlink()
+    mine.write(b'{"n":4}\n')
+    assert path.read_bytes() == b'{"n":4}\n'
+    mine.close()
+    other.close()
 
 
 def test_the_rotation_settings_come_from_the_environment(tmp_path):

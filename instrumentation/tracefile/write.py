@@ -10,8 +10,10 @@ Rotation. Past ``Rotation.max_bytes`` the file is renamed ``<file>.1`` (``.1`` t
 beyond ``Rotation.backups`` replaced), and the next line starts a new file. Several processes may append to the same
 file, so writers share an advisory lock beside it (``<file>.lock``): each line is written under the shared lock, to the
 file the path names at that moment (a writer whose file was rotated away reopens first), and a rotation takes the lock
-exclusively. No line is torn or lost across a rotation, and none lands in a file already deleted. Size is the only
-trigger: age adds no bound that size does not give, and a quiet process would have to wake up to honour it.
+exclusively. No line is torn or lost across a rotation, and none lands in a file already deleted. A writer learns
+that its file was rotated away from the file's own size (one ``fstat`` per line: a file is rotated only when full),
+and looks at the path itself once a second, for a file deleted or moved by hand. Size is the only trigger: age adds
+no bound that size does not give, and a quiet process would have to wake up to honour it.
 
 Trace files hold prompts and tool results: they are created readable by their owner only (0600), in a directory
 created 0700. A trace file is a convenience that must never take an agent down: a failed write costs a warning
@@ -23,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +39,14 @@ from .encode import encode_line, encode_traces_data
 
 try:  # advisory locks keep a rotation from racing other processes' writes; without them (Windows) threads still lock
     import fcntl
+
+    LOCK_SH, LOCK_EX, LOCK_UN = fcntl.LOCK_SH, fcntl.LOCK_EX, fcntl.LOCK_UN
 except ImportError:  # pragma: no cover - not on the platforms we test
     fcntl = None  # type: ignore[assignment]
+    LOCK_SH, LOCK_EX, LOCK_UN = 1, 2, 8
 
 FILE_MODE = 0o600
+PATH_CHECK_INTERVAL_S = 1.0  # how often a writer looks whether the path still names its file
 DIRECTORY_MODE = 0o700
 
 
@@ -115,6 +122,7 @@ class TraceFileWriter:
         self._fd: int | None = None
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] = (0, 0)  # (inode, device) of the file self._fd appends to
+        self._checked_at = 0.0  # time.monotonic() when the path was last looked at
         self._lock = threading.Lock()
         self._warned = False
         self._closed = False
@@ -126,19 +134,10 @@ class TraceFileWriter:
                 self.lost_spans += spans
                 return False
             try:
-                # The size is checked before the line is written, so a file passes the limit by at most the lines
-                # that writers checked beside this one, however busy they are; a full file is rotated, and the line
-                # written, under the exclusive lock.
-                with self._shared():
-                    fd, opened, size = self._current_file()
-                    full = 0 < self.rotation.max_bytes <= size
-                    if not full:
-                        self._append(fd, line, opened)
-                if full:
-                    with self._exclusive():
-                        self._rotate_if_full()
-                        fd, opened, _ = self._current_file()
-                        self._append(fd, line, opened)
+                if self.rotation.max_bytes <= 0:
+                    self._write_unrotated(line)
+                else:
+                    self._write_rotating(line)
             except OSError as error:
                 self.lost_spans += spans
                 self._failed = True
@@ -146,58 +145,74 @@ class TraceFileWriter:
                 return False
         return True
 
+    def _write_unrotated(self, line: bytes) -> None:
+        opened = self._fd is None
+        if opened:
+            self._fd = open_private_append(self.path)
+        self._append(self._fd, line, opened)  # type: ignore[arg-type]
+
+    def _write_rotating(self, line: bytes) -> None:
+        # The size is checked before the line is written, so a file passes the limit by at most the lines that
+        # writers checked beside this one, however busy they are; a full file is rotated, and the line written, under
+        # the exclusive lock. The locks are taken in place (no context manager): this runs for every span.
+        self._flock(LOCK_SH)
+        try:
+            fd, opened = self._current_file()
+            # The size of the file this writer appends to, other writers' lines included. A file rotated away by
+            # another writer was full when it was, so a writer still appending to it finds it full here and takes
+            # the exclusive path, which reopens the path's new file.
+            full = self.rotation.max_bytes <= os.fstat(fd).st_size
+            if not full:
+                self._append(fd, line, opened)
+        finally:
+            self._flock(LOCK_UN)
+        if full:
+            self._flock(LOCK_EX)
+            try:
+                self._rotate_if_full()
+                self._checked_at = 0.0  # look at the path again: it names a new file
+                fd, opened = self._current_file()
+                self._append(fd, line, opened)
+            finally:
+                self._flock(LOCK_UN)
+
+    def _flock(self, mode: int) -> None:
+        """Take (or with LOCK_UN, release) the lock all writers of this file share; threads only where there is no
+        advisory locking (the writer's own lock is held throughout)."""
+        if fcntl is None:
+            return
+        if self._lock_fd is None:
+            self._lock_fd = open_private_append(lock_name(self.path))
+        fcntl.flock(self._lock_fd, mode)
+
     def _append(self, fd: int, line: bytes, opened: bool) -> None:
         # A torn line is looked for when the file is opened (a crashed run before this one) and after a failed write
         # of ours; a process killed mid-write while this one appends costs its line and ours.
         append_line(fd, line, fresh=opened or self._failed)
         self._failed = False
 
-    @contextlib.contextmanager
-    def _shared(self) -> Iterator[None]:
-        """Held while a line is written: a rotation (exclusive) waits for it, and it waits for a rotation."""
-        with self._locked(fcntl.LOCK_SH if fcntl is not None else 0):
-            yield
-
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """Held while the file is rotated (and the line that found it full is written): no writer appends meanwhile."""
-        with self._locked(fcntl.LOCK_EX if fcntl is not None else 0):
-            yield
-
-    @contextlib.contextmanager
-    def _locked(self, mode: int) -> Iterator[None]:
-        if fcntl is None or self.rotation.max_bytes <= 0:
-            yield
-            return
-        if self._lock_fd is None:
-            self._lock_fd = open_private_append(lock_name(self.path))
-        fcntl.flock(self._lock_fd, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _current_file(self) -> tuple[int, bool, int]:
-        """The descriptor of the file the path names now (reopened when another writer rotated ours away), whether it
-        was just opened, and its size before this line (0 when the file does not rotate: not needed)."""
-        if self.rotation.max_bytes <= 0:
-            if self._fd is None:
-                self._fd = open_private_append(self.path)
-                return self._fd, True, 0
-            return self._fd, False, 0
-        try:
-            current = os.stat(self.path)
-        except FileNotFoundError:
-            current = None
-        if self._fd is not None and (current is None or (current.st_ino, current.st_dev) != self._identity):
-            os.close(self._fd)  # rotated away by another writer: what it holds is complete, the path is the new file
-            self._fd = None
+    def _current_file(self) -> tuple[int, bool]:
+        """The descriptor of the file the path names (reopened when it names another file than ours), and whether it
+        was just opened. The path itself is looked at once a second and after a rotation, not on every line: a file
+        another writer rotated away is found full first (see ``_write_rotating``), and the second is for a file
+        deleted or moved by hand, whose next lines then go to a new file at the path."""
+        now = time.monotonic()
+        if self._fd is not None and now - self._checked_at >= PATH_CHECK_INTERVAL_S:
+            self._checked_at = now
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            if current is None or (current.st_ino, current.st_dev) != self._identity:
+                os.close(self._fd)  # what it holds is complete; the path names another file now
+                self._fd = None
         if self._fd is None:
             self._fd = open_private_append(self.path)
             opened = os.fstat(self._fd)
             self._identity = (opened.st_ino, opened.st_dev)
-            return self._fd, True, opened.st_size
-        return self._fd, False, current.st_size if current is not None else 0
+            self._checked_at = now
+            return self._fd, True
+        return self._fd, False
 
     def _rotate_if_full(self) -> None:
         """Rotate unless another writer just did (the file the path names is small again)."""
