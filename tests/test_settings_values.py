@@ -69,7 +69,7 @@ def test_the_cli_refuses_an_endpoint_that_is_no_url_before_the_run_in_one_line(t
     done = _demo(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="garbage")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "looptrace: error: OTEL_EXPORTER_OTLP_ENDPOINT='garbage' is not an endpoint URL; "
+        "looptrace: error: OTEL_EXPORTER_OTLP_ENDPOINT is not an endpoint URL; "
         "write it as http://host:4318 (https:// for TLS)"]
 
 
@@ -83,7 +83,8 @@ def test_the_cli_says_a_value_it_ignores_in_one_line_naming_the_variable(tmp_pat
                               "OTEL_METRICS_EXPORTER": "none"})
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "setting_ignored" in line]
-    assert len(said) == 1 and f"{variable}='{value}'" in said[0]
+    # The variable is named, its value never said: a mistyped value may hold a secret (a key in the wrong variable).
+    assert len(said) == 1 and variable in said[0] and value not in said[0]
     assert "Traceback" not in done.stderr and "Unable to parse" not in done.stderr
 
 
@@ -93,7 +94,7 @@ def test_a_reading_command_says_a_longest_line_that_is_no_number(tmp_path):
     done = subprocess.run([*CLI, "traces", "list", "--file", str(tmp_path / "traces.jsonl")], cwd=tmp_path,
                           env=_env(LOOPTRACE_MAX_LINE_BYTES="garbage"), capture_output=True, text=True, timeout=60)
     said = [line for line in done.stderr.splitlines() if "setting_ignored" in line]
-    assert len(said) == 1 and "LOOPTRACE_MAX_LINE_BYTES='garbage'" in said[0], done.stderr
+    assert len(said) == 1 and "LOOPTRACE_MAX_LINE_BYTES" in said[0] and "garbage" not in said[0], done.stderr
 
 
 @pytest.mark.slow
