@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .export.setup import Telemetry
     from .interface import AgentTelemetry, TraceLinks
 
-__all__ = ["Telemetry", "agent_telemetry", "mcp_call_scope"]
+__all__ = ["agent_telemetry", "mcp_call_scope"]  # and ``Telemetry`` for type checkers: ``export.setup``'s
 
 
 def agent_telemetry(telemetry: bool | Telemetry = True, *, tracer_provider: TracerProvider | None = None,

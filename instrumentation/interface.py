@@ -131,7 +131,7 @@ class RunTrace(Protocol):
 
 
 class TraceLinks(Protocol):
-    """Links to traces in a backend's UI (Langfuse's: ``langfuse_api.TraceLinks``)."""
+    """Links to traces in a backend's UI (Langfuse's: ``langfuse.api.TraceLinks``)."""
 
     def url(self, trace_id: str) -> str | None:
         """The trace's URL, or None when it cannot be known (never an error, never a long wait)."""

@@ -205,14 +205,22 @@ class Agent:
         linked to the paused one.
         """
         resumption = self._accepted(state, approve, reject, go_on, message)
-        return self._drive_sync(lambda servers: self._resume_loop(resumption, servers))
+        try:
+            return self._drive_sync(lambda servers: self._resume_loop(resumption, servers))
+        except BaseException:
+            self._release(resumption)
+            raise
 
     async def aresume(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], *,
                       approve: Iterable[str] = (), reject: Mapping[str, str] | None = None,
                       go_on: bool | None = None, message: str | None = None) -> RunResult:
         """``resume`` in asyncio."""
         resumption = self._accepted(state, approve, reject, go_on, message)
-        return await self._drive_async(lambda servers: self._resume_loop(resumption, servers))
+        try:
+            return await self._drive_async(lambda servers: self._resume_loop(resumption, servers))
+        except BaseException:
+            self._release(resumption)
+            raise
 
     def _drive_sync(self, start: _Start) -> RunResult:
         servers = self._open_servers()
@@ -820,6 +828,13 @@ class Agent:
         decisions.update({call_id: Decision(False, reason) for call_id, reason in rejected.items()})
         return _Resumption(loaded, decisions, go_on, message)
 
+    def _release(self, resumption: _Resumption) -> None:
+        """A resume that failed before its run began (a required MCP server down, a damaged record) leaves the state
+        resumable: the claim on it is taken back."""
+        if not resumption.started:
+            resumption.state.release()
+            self._resumed_states.discard(resumption.state.state_id)
+
     def _resume_loop(self, resumption: _Resumption,
                      servers: MCPConnections | None = None) -> Generator[_Effect, Any, RunResult]:
         state = resumption.state
@@ -843,9 +858,17 @@ class Agent:
             tools=tools, tool_definitions=definitions, servers=servers,
             servers_version=servers.version if servers is not None else 0,
         )
-        _replay(run, state.detector_feed)
-        run.anomalies = {a["streak"]: anomaly_from_dict(a) for a in state.anomalies}
+        try:
+            _replay(run, state.detector_feed)
+            run.anomalies = {a["streak"]: anomaly_from_dict(a) for a in state.anomalies}
+        except (KeyError, TypeError, ValueError) as exc:  # a state file edited or damaged where from_dict does not look
+            run.span.end(status="error", turns=state.turns, usage=budget.usage, cost_usd=budget.cost_usd, anomalies=0,
+                         final_text=None, error=f"the run state's detector record is damaged: {exc!r}",
+                         error_type="StateError")
+            raise StateError(f"run state {state.state_id[:12]} cannot be resumed: its detector record is damaged "
+                             f"({type(exc).__name__}: {exc})") from None
         run.nudged = set(state.nudged)
+        resumption.started = True
         return (yield from self._lifecycle(run, self._resumed(run, resumption)))
 
     def _resumed(self, run: _Run, resumption: _Resumption) -> Generator[_Effect, Any, RunStatus]:
@@ -902,12 +925,13 @@ class _Pause:
     settled: dict[str, dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Resumption:
     state: RunState
     decisions: dict[str, Decision]
     go_on: bool | None
     message: str | None
+    started: bool = False  # the resumed run began: from here on, however it ends, the state was used
 
 
 @dataclass(slots=True)

@@ -482,7 +482,11 @@ class MCPConnections:
             raise toolkit.ToolError(problem) from None
         converted = tool_result(result)
         if result.is_error:
-            log.warning("mcp_tool_error", server=server.label, tool=name, error=toolkit.result_text(converted)[:500])
+            # The tool's own words may quote what it was sent (a token in a URL): they go to the model and, with
+            # content capture, to the tool span, where redaction applies; the log line says only that it happened.
+            log.warning("mcp_tool_error", server=server.label, tool=name,
+                        error_chars=len(toolkit.result_text(converted)),
+                        hint="the model got the tool's error as an is_error result; its text is on the tool span")
             raise toolkit.ToolError(toolkit.result_text(converted) if converted else
                                     f"{name} reported an error without a message")
         return converted

@@ -151,9 +151,13 @@ class RunState:
         target = Path(path)
         temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(self.to_json())
-        os.replace(temporary, target)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(self.to_json())
+            os.replace(temporary, target)
+        except BaseException:  # a full disk, an interrupt: no half-written temporary file is left behind
+            temporary.unlink(missing_ok=True)
+            raise
         return target
 
     @classmethod
@@ -192,6 +196,18 @@ class RunState:
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
                 handle.write(json.dumps({"resumed_at": time.time(), "pid": os.getpid()}) + "\n")
         self.resumed = True
+
+
+    def release(self) -> None:
+        """Take back a ``claim`` whose resume never began: the state can be resumed again."""
+        if not self.resumed:
+            return
+        if self.path is not None:
+            try:
+                resumed_marker(self.path).unlink()
+            except OSError:
+                return  # the marker stays: the state reads as resumed, which loses nothing but a retry
+        self.resumed = False
 
 
 def resumed_marker(path: Path) -> Path:

@@ -280,6 +280,23 @@ def test_a_state_file_resumes_once(tmp_path):
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
+def test_a_resume_that_fails_before_its_run_begins_leaves_the_state_file_resumable(tmp_path):
+    with FakeMessagesAPI() as api:
+        agent, result = paused_run(api)
+        path = result.state.save(tmp_path / "run.json")
+        data = json.loads(path.read_text())
+        good = json.dumps(data)
+        data["detector_feed"] = [{"call": {"tool": "balance"}}]  # an entry without its turn: hand-edited, or damaged
+        path.write_text(json.dumps(data))
+        with pytest.raises(StateError, match="detector record is damaged"):
+            agent_on(api).resume(path, approve=["t2"])
+        assert paid == [] and len(api.requests) == 1  # nothing ran, nothing was asked of the model
+        path.write_text(good)  # mended: the failed attempt did not use the state up
+        api.add(says("Paid."))
+        assert agent_on(api).resume(path, approve=["t2"]).status is RunStatus.DONE
+    assert paid == [("Ann", 500)]
+
+
 # --- an anomaly that asks a person ---------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Exporter factories: the OpenTelemetry project's OTLP exporters, built from ``Settings`` for a collector or Langfuse.
 
-``network_exporter("langfuse" | "otlp")`` is what ``configure()`` and ``spill.push()`` use: the exporter, wrapped in
+``network_exporter("langfuse" | "otlp")`` is what ``configure()`` and ``push`` use: the exporter, wrapped in
 ``delivery.GuardedExporter``. ``OTEL_EXPORTER_OTLP_TIMEOUT`` is read in **milliseconds**, as the OpenTelemetry
 specification defines it and as every other language's SDK reads it; the Python exporters read it as seconds when left
 to themselves, so looptrace always passes the timeout explicitly and the two readings never mix.

@@ -13,7 +13,7 @@ Where "never twice" needs the backend's help, and what push does about it:
   the span id and merges events with the same id), so a second copy changes nothing there: push resends uncertain
   spans to Langfuse. An OTLP backend may store a span twice, so push holds them back and says so, unless
   ``resend_interrupted`` (``--resend-interrupted``) asks for them.
-* Scores carry ids derived from what they say (``langfuse_scores.stable_score_id``): posting one again updates it.
+* Scores carry ids derived from what they say (``langfuse.scores.stable_score_id``): posting one again updates it.
 
 Nothing is dropped silently: spans no longer in any trace file (rotated away, deleted) are reported as lost, and
 dropped from the list so that they are reported once.

@@ -3,7 +3,7 @@
 Libraries use the OpenTelemetry API only, and looptrace never replaces what an application set up:
 
 * ``configure()`` with no global provider set: a provider of looptrace's own, made global (``set_global=True``).
-* ``configure(tracer_provider=app_provider)``: looptrace's processors (file, Langfuse, OTLP, spill) are added to the
+* ``configure(tracer_provider=app_provider)``: looptrace's processors (file, Langfuse, OTLP) are added to the
   application's SDK provider; its resource, sampler and exporters stay as they are.
 * ``configure()`` when the application already set a global SDK provider: that provider stays, and a warning (once)
   says how to add looptrace's exporters to it; the returned provider is looptrace's own, used only where passed.
@@ -449,9 +449,15 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
     telemetry = Telemetry(tracer_provider=provider, exporters=names, settings=settings,
                           owns_provider=app_provider is None)
     processors = _processors(settings, names, console_stream, telemetry)
+    try:
+        finished = _finish(telemetry, settings, processors, provider, resource)
+    except BaseException:  # e.g. the Prometheus port is taken: nothing of this set-up stays open or attached
+        for processor in processors:
+            _quietly(processor.shutdown)
+        raise
     for processor in processors:
         provider.add_span_processor(processor)
-    return _finish(telemetry, settings, processors, provider, resource)
+    return finished
 
 
 def _rotation(settings: Settings) -> Rotation:

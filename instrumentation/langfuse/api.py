@@ -16,7 +16,7 @@ Endpoints, as Langfuse's API definition (langfuse/langfuse, fern/apis/server/def
 - ``GET /api/public/projects``: the project the keys belong to, ``{"data": [{"id", "name", ...}]}`` (``TraceLinks``).
 
 This is looptrace's one client for Langfuse's public API: the scan reads through it, scores are posted through it
-(``langfuse_scores``) and the trace links ask it for the project. Not the ``langfuse`` package's own API client: that
+(``scores``) and the trace links ask it for the project. Not the ``langfuse`` package's own API client: that
 one imports in about 0.55 s against 0.08 s for ``requests`` (``python benchmarks/langfuse_client_cost.py``), costs
 the same per call, posts scores as a batch (a JSON list, which servers older than the batch endpoint refuse) where
 one object works on every version, and refuses a response its models do not expect (a project without

@@ -3,8 +3,8 @@
 Spans reach Langfuse through its OTLP endpoint, and Langfuse's ingestion turns span attributes into its data model.
 The functions here return plain attribute dicts; ``backend_attributes`` composes them (with OpenInference's kinds)
 for each run, the one place spans take vendor attributes from. They know nothing about OpenTelemetry, so they cost
-nothing when Langfuse is not in use and are trivially testable. The scores are ``langfuse_scores``', the public API
-client (the scan, the scores, the project behind a trace link) ``langfuse_api``'s.
+nothing when Langfuse is not in use and are trivially testable. The scores are ``scores``', the public API
+client (the scan, the scores, the project behind a trace link) ``api``'s.
 
 How Langfuse reads them (server: packages/shared/src/server/otel/OtelIngestionProcessor.ts and ObservationTypeMapper.ts
 in langfuse/langfuse; SDK: langfuse 5.x, langfuse/_client/attributes.py and propagation.py):

@@ -1,12 +1,12 @@
 """Which of the runs Langfuse holds looped: `looptrace detect` over a Langfuse project instead of a trace file.
 
 ``scan(client, query)`` lists the traces the query selects (a time window, a session, a user, tags, environments),
-reads each one's observations, turns them back into spans (``langfuse_observations``) and rebuilds and judges the
+reads each one's observations, turns them back into spans (``observations``) and rebuilds and judges the
 runs with the same ``RunRebuilder`` that `looptrace detect` and `looptrace watch` use, so a run gets the verdict
 `detect` would give its spans in a file. Verdicts come out one trace at a time, oldest first (runs of one session
 share the detector's memory, in the order they ran).
 
-Which API (see ``langfuse_api``): ``GET /api/public/v2/observations``, the read path of Langfuse v4 and Cloud, lists
+Which API (see ``api``): ``GET /api/public/v2/observations``, the read path of Langfuse v4 and Cloud, lists
 the window's root observations (``isRootObservation=true``, core and basic fields) and then reads each trace
 (``traceId``, the core, basic, io and metadata fields); a server without it (Langfuse v3, which answers 404) is read
 through the v1 endpoints instead, ``GET /api/public/traces`` (``orderBy=timestamp.asc``) and ``GET

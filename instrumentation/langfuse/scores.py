@@ -1,7 +1,7 @@
 """The ``loop_anomaly`` score on a run's trace in Langfuse, and the queue that posts scores off the agent's thread.
 
-Every score goes through Langfuse's public API client (``langfuse_api.LangfuseAPI``), the one client looptrace has for
-Langfuse: the live path (``LangfuseScores``), ``looptrace watch`` and the scan of stored traces (``langfuse_scan``)
+Every score goes through Langfuse's public API client (``api.LangfuseAPI``), the one client looptrace has for
+Langfuse: the live path (``LangfuseScores``), ``looptrace watch`` and the scan of stored traces (``scan``)
 build their bodies with ``anomaly_score_body`` and post them with ``post_score``. One score is one JSON object, the
 form every Langfuse version accepts. Each score's id is derived from what it says, so posting it again (a retry, a
 second run of the same code on the same trace, a scan after the live run) updates it instead of adding a duplicate.

@@ -64,8 +64,9 @@ class InstrumentedModel:
         one here, before the chat span, where the set-up would be a gap nobody could explain.)"""
         if self._server is None:
             try:
-                found = self.model.server()
-            except Exception:
+                address, port = self.model.server()
+                found = (address, port)
+            except Exception:  # a custom model that cannot say (or says it in another shape): no server named
                 found = (None, None)
             if found[0] is not None:
                 self._server = found

@@ -37,7 +37,7 @@ from opentelemetry.semconv._incubating.metrics import mcp_metrics
 from opentelemetry.semconv.attributes import error_attributes, network_attributes, server_attributes
 from opentelemetry.util.types import Attributes
 
-from ..logs import log
+from ..logs import log, telemetry_failed
 
 MCP_SESSION_ID = mcp_attributes.MCP_SESSION_ID
 MCP_PROTOCOL_VERSION = mcp_attributes.MCP_PROTOCOL_VERSION
@@ -75,17 +75,25 @@ def mcp_call_scope(telemetry: Any, *, transport: str, session_id: str | None, pr
     """The mcp package's requests made inside this block are recorded by the run's providers (``telemetry`` is the
     Agent's), under the current span, with the session's attributes. Without providers (telemetry off) it does
     nothing: the package records as it would anyway."""
-    providers = getattr(telemetry, "providers", None)
-    if providers is None or not _install():
+    try:
+        providers = getattr(telemetry, "providers", None)
+        if providers is None or not _install():
+            route = None
+        else:
+            tracer_provider, meter_provider = providers
+            attributes: dict[str, Any] = {NETWORK_TRANSPORT: transport}
+            for key, value in ((MCP_SESSION_ID, session_id), (MCP_PROTOCOL_VERSION, protocol_version),
+                               (GEN_AI_TOOL_NAME, tool), (SERVER_ADDRESS, server_address),
+                               (SERVER_PORT, server_port)):
+                if value is not None:
+                    attributes[key] = value
+            route = _Route(_tracer_of(tracer_provider), _duration_of(meter_provider), attributes)
+    except Exception as exc:  # telemetry never becomes the tool's error: the call goes on, recorded as mcp would
+        telemetry_failed("mcp call scope", exc)
+        route = None
+    if route is None:
         yield
         return
-    tracer_provider, meter_provider = providers
-    attributes: dict[str, Any] = {NETWORK_TRANSPORT: transport}
-    for key, value in ((MCP_SESSION_ID, session_id), (MCP_PROTOCOL_VERSION, protocol_version),
-                       (GEN_AI_TOOL_NAME, tool), (SERVER_ADDRESS, server_address), (SERVER_PORT, server_port)):
-        if value is not None:
-            attributes[key] = value
-    route = _Route(_tracer_of(tracer_provider), _duration_of(meter_provider), attributes)
     token = _ROUTE.set(route)
     try:
         yield

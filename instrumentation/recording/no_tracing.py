@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..alerts import AlertContext
 from ..detector import Anomaly, LoopCost, UnresolvedToolError
+from ..logs import telemetry_failed
 from ..settings import Settings
 from .content import redact_with_secrets, scrub
 from .labels import checked, run_labels
@@ -62,9 +63,13 @@ class _NoTurn:
 
     def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
         sinks = self.run.sinks
-        if sinks is not None:
+        if sinks is None:
+            return
+        try:
             sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=_ZERO_TRACE_ID, span_id=_ZERO_SPAN_ID,
                                              action=action))
+        except Exception as exc:  # a sink that fails is the sink's business, never the run's
+            telemetry_failed("anomaly alert", exc)
 
     def nudged(self, text: str) -> None:
         pass

@@ -429,12 +429,17 @@ class TurnSpan:
     def report(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
         """The one report of an anomaly: an event on this turn and on each offending call, the metric, and the run's
         sinks (log line, webhook, Langfuse score). A sink that fails is the sink's business, never the run's."""
-        metrics = self.run.tracing.metrics
-        if metrics is not None and not anomaly.is_update:  # a streak nudged, then stopped, is one anomaly
-            metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
+        if not anomaly.is_update:  # a streak nudged, then stopped, is one anomaly
+            self._count(anomaly)
         if self.recording:
             self._record_anomaly(anomaly, action, tool_spans)
         self._send(anomaly, action)
+
+    @_never_raises("anomaly metric", _nothing)
+    def _count(self, anomaly: Anomaly) -> None:
+        metrics = self.run.tracing.metrics
+        if metrics is not None:
+            metrics.record_anomaly(agent=self.run.agent, type=anomaly.type, tool=anomaly.tool)
 
     @_never_raises("anomaly alert", _nothing)
     def _send(self, anomaly: Anomaly, action: Action) -> None:
@@ -465,6 +470,7 @@ class TurnSpan:
             if isinstance(tool_span, ToolSpan):
                 tool_span.flag(event, self.flagged)
 
+    @_never_raises("nudge attribute", _nothing)
     def nudged(self, text: str) -> None:
         if self.recording:
             self.span.set_attribute(sc.NUDGE_TEXT, text)
@@ -650,6 +656,7 @@ class ChatSpan:
             telemetry_failed("chat span", exc)
             _end_span(self)
 
+    @_never_raises("chat span", _end_span)
     def fail(self, exc: BaseException) -> None:
         metrics = self.run.tracing.metrics
         if metrics is not None:
@@ -675,6 +682,14 @@ class JudgeSpan:
 
     @classmethod
     def start(cls, turn: TurnSpan, model: str) -> JudgeSpan:
+        try:
+            return cls._start(turn, model)
+        except Exception as exc:  # never into the run (see _never_raises): the judge's call goes on, untraced
+            telemetry_failed("judge span", exc)
+            return cls(_NON_RECORDING)
+
+    @classmethod
+    def _start(cls, turn: TurnSpan, model: str) -> JudgeSpan:
         if not turn.recording:
             return cls(_NON_RECORDING)
         attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
@@ -692,6 +707,7 @@ class JudgeSpan:
     def learned_server(self, address: str | None, port: int | None) -> None:
         pass  # the judge's span names no server (it is not the agent's model call)
 
+    @_never_raises("judge span", _end_span)
     def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None:
         if not self.span.is_recording():
             return
@@ -703,6 +719,7 @@ class JudgeSpan:
         self.span.set_attributes(attributes)
         self.span.end()
 
+    @_never_raises("judge span", _end_span)
     def fail(self, exc: BaseException) -> None:
         if self.span.is_recording():
             _record_error(self.span, exc)
