@@ -99,8 +99,11 @@ def test_1000_runs_with_both_backends_down_reach_each_exactly_once_after_push_wi
         bodies = [request.body or b"" for request in [*langfuse.requests, *collector.requests]]
     assert pushed.returncode == 0, pushed.stderr[-3000:]
     assert sorted(to_langfuse) == sorted(stored) and sorted(to_collector) == sorted(stored)  # each exactly once
-    assert f"sent {len(stored)} spans to langfuse" in pushed.stdout and "sent 100 scores to langfuse" in pushed.stdout
-    assert len({score["id"] for score in scores}) == len(scores) == 100  # one per runaway run, kept while down
+    # Kept while Langfuse was down: every run's looped flag (1,000), and each runaway run's anomaly and loop cost (100
+    # each).
+    assert f"sent {len(stored)} spans to langfuse" in pushed.stdout and "sent 1200 scores to langfuse" in pushed.stdout
+    assert len({score["id"] for score in scores}) == len(scores) == 1200
+    assert sum(score["name"] == "loop_anomaly" for score in scores) == 100
     assert again.returncode == 0 and again.stdout.startswith("nothing to push")
     assert not any(secret.encode() in body for body in bodies for secret in (SECRET_KEY, OTLP_TOKEN))
     assert_no_secret_in_files(tmp_path)

@@ -221,7 +221,7 @@ def test_a_server_that_cannot_start_is_left_out_with_one_warning(api, caplog):
     with caplog.at_level(logging.WARNING, logger="looptrace"):
         result = quiet_agent(mcp_servers=[missing]).run("hello")
     assert result.status is RunStatus.DONE
-    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("looptrace")]
     assert len(warnings) == 1 and "mcp_server_unavailable" in warnings[0] and "ghost" in warnings[0]
     assert "tools" not in api.requests[0]
 

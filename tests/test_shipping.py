@@ -63,7 +63,8 @@ def test_a_run_arrives_in_langfuse_whole_with_its_session_and_generations(tmp_pa
 
     stored = list(read_spans(tmp_path / ".looptrace" / "traces.jsonl"))
     assert {s.span_id for s in received} == {s.span_id for s in stored}  # every span in the file, and no more
-    assert all(r.headers.get("x-langfuse-ingestion-version") == "4" for r in langfuse.requests)
+    assert all(r.headers.get("x-langfuse-ingestion-version") == "4" for r in langfuse.requests
+               if r.path.startswith("/api/public/otel"))  # the span exports (the run's scores go to the public API)
     assert SECRET not in done.stderr + done.stdout
 
     ids = {s.span_id for s in received}
@@ -125,7 +126,11 @@ def test_an_anomaly_is_a_warning_observation_and_a_score_in_langfuse(tmp_path):
     trace_id = json.loads(done.stdout)["trace_id"]
     # Two firings of one streak (nudge, then stop) carry the same score id: Langfuse keeps one score, updated.
     scores = {s["id"]: (s["traceId"], s["name"], s["value"], s["dataType"]) for s in langfuse.scores}
-    assert list(scores.values()) == [(trace_id, "loop_anomaly", "repeated_call", "CATEGORICAL")]
+    assert [score for score in scores.values() if score[1] == "loop_anomaly"] == [
+        (trace_id, "loop_anomaly", "repeated_call", "CATEGORICAL")]
+    # and what the loop cost, beside the run's looped flag (what a Langfuse alert sums and averages)
+    assert {score[1]: score[3] for score in scores.values() if score[1] != "loop_anomaly"} == {
+        "looped": "BOOLEAN", "loop_cost_usd": "NUMERIC"}
 
 
 @pytest.mark.slow
