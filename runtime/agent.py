@@ -323,9 +323,10 @@ class Agent:
                 return status
 
     def _lifecycle(self, run: _Run, steps: Generator[_Effect, Any, RunStatus]) -> Generator[_Effect, Any, RunResult]:
-        """Drive a run's steps to its status, and end the run however they end."""
+        """Drive a run's steps to its status, and end the run however they end (once: a fault in the ending itself
+        is not met by ending the run again)."""
         try:
-            return self._finish(run, (yield from steps))
+            status = yield from steps
         except (KeyboardInterrupt, asyncio.CancelledError) as exc:
             result = self._finish(run, RunStatus.INTERRUPTED, error=exc)
             if isinstance(exc, KeyboardInterrupt):
@@ -338,6 +339,7 @@ class Agent:
             # A fault of looptrace's own (none is known): the run still ends, with its root span, as an error.
             log.error("run_failed", error=toolkit.error_text(exc), where=_where(exc))
             return self._finish(run, RunStatus.ERROR, error=exc)
+        return self._finish(run, status)
 
     def _turn(self, run: _Run) -> Generator[_Effect, Any, RunStatus | None]:
         """One model call and whatever it asks for. Returns the run's status when this turn ends the run."""
