@@ -271,7 +271,7 @@ def _joins_outer_trace() -> bool:
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("agent", "backends", "content", "finish_reason", "messages", "recording", "span",
+    __slots__ = ("agent", "backends", "content", "context", "finish_reason", "messages", "recording", "span",
                  "span_attributes", "system_message", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
@@ -281,6 +281,8 @@ class RunSpan:
         self.span = span
         self.agent = agent
         self.recording = span.is_recording()
+        # The context its turns start in, made once for all of them (a Context is immutable).
+        self.context = trace.set_span_in_context(span) if self.recording else None
         self.messages = MessageLog()
         self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
         self.finish_reason: str | None = None  # of the newest model response (or "error"), for the root span
@@ -319,7 +321,7 @@ class RunSpan:
                 return TurnSpan(self, _NON_RECORDING)
             span = self.tracing.tracer.start_span(
                 sc.TURN_SPAN_NAME,
-                context=trace.set_span_in_context(self.span),
+                context=self.context,
                 kind=SpanKind.INTERNAL,
                 attributes={sc.TURN_INDEX: index, **self.span_attributes["turn"]},
             )
@@ -412,12 +414,14 @@ def unresolved_attributes(errors: Sequence[UnresolvedToolError]) -> dict[str, An
 
 
 class TurnSpan:
-    __slots__ = ("flagged", "recording", "run", "span")
+    __slots__ = ("context", "flagged", "recording", "run", "span")
 
     def __init__(self, run: RunSpan, span: Span) -> None:
         self.run = run
         self.span = span
         self.recording = span.is_recording()
+        # The context its chat, tool and judge spans start in, made once for all of them.
+        self.context = trace.set_span_in_context(span) if self.recording else None
         self.flagged: str | None = None
 
     def activate(self) -> contextlib.AbstractContextManager:
@@ -512,7 +516,7 @@ class TurnSpan:
             attributes.update(self.run.content)
             attributes.update(backend_attributes.shown_input(self.run.input_view(history), json=True))
         span = tracing.tracer.start_span(
-            sc.chat_span_name(model), context=trace.set_span_in_context(self.span), kind=SpanKind.CLIENT,
+            sc.chat_span_name(model), context=self.context, kind=SpanKind.CLIENT,
             attributes=attributes,
         )
         return ChatSpan(self.run, span, model, server_address, server_port,
@@ -542,7 +546,7 @@ class TurnSpan:
             else:
                 attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redacted))
             span = tracing.tracer.start_span(
-                sc.tool_span_name(name), context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
+                sc.tool_span_name(name), context=self.context, kind=SpanKind.INTERNAL,
                 attributes=attributes,
             )
             return ToolSpan(self.run, span, name, redacted, secrets)
@@ -694,8 +698,7 @@ class JudgeSpan:
             return cls(_NON_RECORDING)
         attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
                       sc.GEN_AI_REQUEST_MODEL: model, sc.JUDGE: True, **turn.run.span_attributes["judge"]}
-        return cls(turn.run.tracing.tracer.start_span(sc.chat_span_name(model),
-                                                      context=trace.set_span_in_context(turn.span),
+        return cls(turn.run.tracing.tracer.start_span(sc.chat_span_name(model), context=turn.context,
                                                       kind=SpanKind.CLIENT, attributes=attributes))
 
     def activate(self) -> contextlib.AbstractContextManager:
