@@ -41,8 +41,8 @@ from looptrace.instrumentation.interface import (
     TurnTrace,
     Usage,
 )
-from looptrace.instrumentation.recording.prices import price_for, usd_for_tokens
 from looptrace.runtime import policy as policies
+from looptrace.runtime.pricing import cost_usd, price_for
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.export.setup import Telemetry
@@ -218,17 +218,15 @@ class GuardedRun:
 
     def _priced(self, call: ModelCall) -> TurnUsage:
         usage, name = call.usage, call.model or self.guard.model
-        every_input = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
         now = time.time()
         price = price_for(name)
         if price is None:
-            return TurnUsage(input_tokens=every_input, output_tokens=usage.output_tokens,
+            return TurnUsage(input_tokens=usage.all_input_tokens, output_tokens=usage.output_tokens,
                              unpriced=f"no price for model {name!r} in the price table", started=now, ended=now)
-        usd = usd_for_tokens(price, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                             cache_read_tokens=usage.cache_read_input_tokens,
-                             cache_write_tokens=usage.cache_creation_input_tokens)
+        usd = cost_usd(usage, price)  # the Agent's own pricing of a model call
         self.cost_usd = (self.cost_usd or 0.0) + usd
-        return TurnUsage(input_tokens=every_input, output_tokens=usage.output_tokens, usd=usd, started=now, ended=now)
+        return TurnUsage(input_tokens=usage.all_input_tokens, output_tokens=usage.output_tokens, usd=usd,
+                         started=now, ended=now)
 
     def tool_started(self, call_id: str, name: str, arguments: Any) -> None:
         with self._lock:
