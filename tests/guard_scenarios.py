@@ -8,14 +8,12 @@ a final answer. The tools are plain functions with the same behaviour in every f
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from fakes.langfuse_api import FakeLangfuse
+from fakes.webhook import WebhookReceiver as Webhook
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -105,28 +103,6 @@ def agent_actions(scenario: Scenario, **options: Any) -> list[tuple[int, str, st
 # ---- the sinks
 
 
-class Webhook:
-    """A webhook receiver on loopback that keeps every JSON body posted to it."""
-
-    def __init__(self) -> None:
-        received = self.received = list[dict]()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @dataclass

@@ -7,15 +7,13 @@ webhook is a local HTTP server too; the metric is scraped from the Prometheus en
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fakes.otlp_receiver import OTLPReceiver, unused_port
+from fakes.webhook import WebhookReceiver as _Webhook
 from opentelemetry import trace
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
@@ -50,28 +48,6 @@ def _anomaly_scores(langfuse) -> list[dict]:
     return [score for score in langfuse.scores if score["name"] == "loop_anomaly"]
 
 
-class _Webhook:
-    """A webhook receiver on loopback that keeps every JSON body posted to it."""
-
-    def __init__(self) -> None:
-        received = self.received = list[dict]()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _wait_for(condition, what: str, timeout_s: float = 10.0) -> None:

@@ -11,10 +11,9 @@ turn, and 3,500 input tokens (cache included) and 100 output tokens.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fakes.webhook import WebhookReceiver as Webhook
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -103,28 +102,6 @@ def test_the_log_line_says_what_the_loop_cost():
     assert line["loop_seconds"] >= 0
 
 
-class Webhook:
-    """A webhook receiver on loopback that keeps every JSON body posted to it."""
-
-    def __init__(self) -> None:
-        received = self.received = list[dict]()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_the_webhook_text_says_how_long_it_has_looped_and_what_it_cost_so_far():

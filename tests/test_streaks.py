@@ -9,12 +9,8 @@ lists it with its growing count, the alert sinks (log line, webhook, Langfuse sc
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
 import pytest
+from fakes.webhook import WebhookReceiver as _Webhook
 
 from looptrace.instrumentation.alerts import Alerts, AnomalySinks
 from looptrace.instrumentation.detector import REPEATED_CALL, LoopDetector, SessionDetectors, ToolCall, result_digest
@@ -141,28 +137,6 @@ def test_a_loop_that_is_not_failing_alerts_in_each_run_it_happens():
     assert [[a.continued for a in found] for found in runs] == [[False], [False]]
 
 
-class _Webhook:
-    """A webhook receiver on loopback that keeps every JSON body posted to it."""
-
-    def __init__(self) -> None:
-        received = self.received = list[dict]()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class _Scores:
