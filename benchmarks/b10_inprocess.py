@@ -12,10 +12,15 @@ Variants:
 * ``raw-file``: the file's floor *with content*: the spans of a real looptrace run of the conversation (input and
   output messages, system instructions, tool definitions, every attribute) made again through the SDK's tracer, each
   span encoded by the SDK's own OTLP/JSON encoder (``opentelemetry-exporter-otlp-json-common``) and appended to a file
-  as it ends (one line per span, as looptrace writes it).
+  as it ends (one line per span, as looptrace writes it). Each span is made where a loop instrumented by hand would
+  make it (``replay.Replayer``): a chat span around each request, a tool span around each tool call.
 * ``looptrace-otlp``: ``configure(exporters="otlp")`` to the local OTLP sink (what Langfuse and collector users run).
-* ``raw-otlp``: the OTLP floor *with content*: the same recorded spans through a ``BatchSpanProcessor`` and the SDK's
-  OTLP/HTTP exporter to the same sink.
+* ``raw-otlp``: the OTLP floor *with content*: the same recorded spans, made the same way, through a
+  ``BatchSpanProcessor`` and the SDK's OTLP/HTTP exporter to the same sink.
+* ``raw-file-burst`` and ``raw-otlp-burst``: the same two with every span made after the conversation, in one burst
+  (the floor before issue 29's last round). A reference only: no instrumentation can make its spans after the calls
+  they time, and the burst runs the SDK's code and the recorded values warm in the cache, which the interleaved
+  floor, like looptrace and every peer, does not.
 * the peers that can share a process, each instrumenting the anthropic SDK only around its own samples
   (``instrument()`` before, ``uninstrument()`` after, outside the clock), exporting through a BatchSpanProcessor and
   the OTLP/HTTP exporter to the sink: OpenLLMetry (``opentelemetry-instrumentation-anthropic``) and OpenInference
@@ -75,14 +80,14 @@ def _variants(tmp: str) -> dict[str, Any]:
     os.environ["LOOPTRACE_SPILL_FILE"] = os.path.join(tmp, "spill.jsonl")
     found: dict[str, Any] = {"bare": pw.Bare()}
     found["looptrace-file"] = pw.Looptrace("file")
-    raw_file = pw.RawSDK("null")
-    _replace_processor(raw_file, "file", os.path.join(tmp, "raw.jsonl"))
-    found["raw-file"] = raw_file
+    found["raw-file"] = _raw_file(pw, os.path.join(tmp, "raw.jsonl"))
     found["looptrace-otlp"] = _looptrace_otlp(pw)
     found["raw-otlp"] = pw.RawSDK("otlp")
     if os.environ.get("LOOPTRACE_BENCH_INPROCESS_GOALS_ONLY") == "1":
         # Only what the goals divide: more repetitions in the same time, for a ratio that moves less between runs.
         return found
+    found["raw-file-burst"] = _raw_file(pw, os.path.join(tmp, "raw-burst.jsonl"), burst=True)
+    found["raw-otlp-burst"] = pw.RawSDK("otlp", burst=True)
     for key, module, package in (("openllmetry", "opentelemetry.instrumentation.anthropic",
                                   "opentelemetry-instrumentation-anthropic"),
                                  ("openinference", "openinference.instrumentation.anthropic",
@@ -94,15 +99,17 @@ def _variants(tmp: str) -> dict[str, Any]:
     return found
 
 
-def _replace_processor(raw: Any, kind: str, path: str) -> None:
+def _raw_file(pw: Any, path: str, *, burst: bool = False) -> Any:
     """The raw variant with a SimpleSpanProcessor writing each span through the SDK's OTLP/JSON encoder."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+    raw = pw.RawSDK("null", burst=burst)
     raw.provider.shutdown()
     raw.provider = TracerProvider(resource=raw._looptrace_resource())
     raw.provider.add_span_processor(SimpleSpanProcessor(_JsonFileExporter(path)))
     raw.tracer = raw.provider.get_tracer("looptrace")
+    return raw
 
 
 def _looptrace_otlp(pw: Any) -> Any:

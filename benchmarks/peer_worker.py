@@ -300,16 +300,22 @@ class LooptraceOff(Variant):
 class RawSDK(ProviderVariant):
     """The bare loop, plus the spans a real looptrace run made of this conversation (recorded once at start-up:
     names, kinds, parents, every attribute, content included, events, statuses, in order), made again straight
-    through the OpenTelemetry SDK: no instrumentation logic, only the SDK's object layer and the exporter."""
+    through the OpenTelemetry SDK: no instrumentation logic, only the SDK's object layer and the exporter.
+
+    Each span is made where a loop instrumented by hand would make it (``replay.Replayer``): the run's and the turn's
+    as the conversation reaches them, a chat span around each request, a tool span around each tool call. ``burst``
+    replays them all after the conversation instead, in one warm run of the SDK's code (a reference, not a floor: no
+    instrumentation can make its spans after the calls they time)."""
 
     packages = ("opentelemetry-sdk",)
 
-    def __init__(self, exporter: str) -> None:
+    def __init__(self, exporter: str, *, burst: bool = False) -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         self.recording = self._record()
         self.exporter_name = exporter
+        self.burst = burst
         self.null = _NullExporter()
         self.provider = TracerProvider(resource=self._looptrace_resource())
         self.provider.add_span_processor(BatchSpanProcessor(self.null if exporter == "null" else _otlp_exporter()))
@@ -337,10 +343,30 @@ class RawSDK(ProviderVariant):
         return resource
 
     def run_once(self) -> None:
-        from benchmarks.replay import replay
+        from benchmarks.replay import Replayer, replay
 
-        super().run_once()
-        replay(self.tracer, self.recording)
+        if self.burst:
+            super().run_once()
+            replay(self.tracer, self.recording)
+            return
+        replayer = Replayer(self.tracer, self.recording)
+        create = self.client.messages.create
+
+        def call_model(**request: Any) -> Any:
+            replayer.until("start", "chat")
+            response = create(**request)
+            replayer.until("end", "chat")
+            return response
+
+        def call_tool(name: str, arguments: dict[str, Any]) -> str:
+            replayer.until("start", "execute_tool")
+            result = plain_tool(name, arguments)
+            replayer.until("end", "execute_tool")
+            return result
+
+        calls = conversation(call_model, call_tool)
+        assert calls == CONFIG["calls"], calls
+        replayer.rest()
 
     def count(self) -> dict[str, int | None]:
         if self.exporter_name != "null":

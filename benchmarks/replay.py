@@ -58,22 +58,61 @@ def record(run: Callable[[TracerProvider], Any]) -> tuple[Recording, Any]:
 
 
 def replay(tracer: trace.Tracer, recording: Recording) -> None:
-    """The recorded run's spans, created, filled and ended through the SDK directly (a new trace each time)."""
-    specs = recording.specs
-    spans: list[Any] = [None] * len(specs)
-    for op, index in recording.ops:
-        spec = specs[index]
+    """The recorded run's spans, created, filled and ended through the SDK directly (a new trace each time), one after
+    the other."""
+    Replayer(tracer, recording).rest()
+
+
+class Replayer:
+    """One replay of a recording that can stop part way: ``until`` runs the recorded operations up to a point (the
+    start or the end of the next model call's or tool call's span), ``rest`` runs what is left.
+
+    A loop instrumented by hand with the SDK makes its spans as the conversation goes: the chat span starts before the
+    request and ends after the answer. Replaying a run that way, around the real calls, makes each span where such a
+    loop would, with the SDK's work interleaved with the HTTP client's as it is in any instrumentation; replaying it
+    all at once after the conversation runs the SDK's code and the recorded values in one warm burst.
+    """
+
+    __slots__ = ("_position", "_recording", "_spans", "_tracer")
+
+    def __init__(self, tracer: trace.Tracer, recording: Recording) -> None:
+        self._tracer = tracer
+        self._recording = recording
+        self._spans: list[Any] = [None] * len(recording.specs)
+        self._position = 0
+
+    def until(self, op: str, operation: str) -> None:
+        """Run the operations up to and including the next ``op`` ("start" or "end") of a span whose
+        ``gen_ai.operation.name`` is ``operation`` ("chat", "execute_tool")."""
+        ops, specs = self._recording.ops, self._recording.specs
+        while self._position < len(ops):
+            kind, index = ops[self._position]
+            self._position += 1
+            self._do(kind, index)
+            if kind == op and specs[index]["start"].get("gen_ai.operation.name") == operation:
+                return
+        raise AssertionError(f"the recording has no further {op} of a {operation} span")
+
+    def rest(self) -> None:
+        ops = self._recording.ops
+        while self._position < len(ops):
+            kind, index = ops[self._position]
+            self._position += 1
+            self._do(kind, index)
+
+    def _do(self, op: str, index: int) -> None:
+        spec = self._recording.specs[index]
         if op == "start":
             parent = spec["parent"]
-            context = trace.set_span_in_context(spans[parent]) if parent is not None else None
-            spans[index] = tracer.start_span(spec["name"], context=context, kind=spec["kind"],
-                                             attributes=spec["start"])
-        else:
-            span = spans[index]
-            for name, attributes in spec["events"]:
-                span.add_event(name, attributes)
-            if spec["status"] is not None:
-                span.set_status(spec["status"])
-            if spec["end"]:
-                span.set_attributes(spec["end"])
-            span.end()
+            context = trace.set_span_in_context(self._spans[parent]) if parent is not None else None
+            self._spans[index] = self._tracer.start_span(spec["name"], context=context, kind=spec["kind"],
+                                                         attributes=spec["start"])
+            return
+        span = self._spans[index]
+        for name, attributes in spec["events"]:
+            span.add_event(name, attributes)
+        if spec["status"] is not None:
+            span.set_status(spec["status"])
+        if spec["end"]:
+            span.set_attributes(spec["end"])
+        span.end()
