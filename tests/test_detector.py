@@ -97,8 +97,15 @@ def test_canonical_arguments_is_compact_sorted_json_or_the_raw_text():
 
 
 
+def _more_digits_than_python_writes() -> int:
+    return 10 ** 5000
+
+
+# The huge integer is built, not listed: hypothesis writes out the values of a sampled_from when it describes the
+# strategy (in a warning, say), and an integer of 5,001 digits cannot be written out.
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20),
-                     st.sampled_from([" a  b ", "line\n  two  \n", "e\u0301", "x\r\ny", 2.0 ** 60, -0.0, 10 ** 5000]))
+                     st.sampled_from([" a  b ", "line\n  two  \n", "e\u0301", "x\r\ny", 2.0 ** 60, -0.0]),
+                     st.builds(_more_digits_than_python_writes))
 _NAMES = st.one_of(st.text(max_size=8), st.sampled_from(["request_id", "Trace-Id", "ts", "e\u0301", "query"]))
 
 

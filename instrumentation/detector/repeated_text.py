@@ -110,7 +110,7 @@ class RepeatedTextRule(Rule):
             return []
         paragraphs, sentences = prose_units(text)
         fired = []
-        if cfg.sentence_repeats:
+        if cfg.sentence_repeats and len(sentences) >= cfg.sentence_repeats:  # fewer sentences cannot repeat enough
             counts = Counter(sentences)
             if counts:
                 sentence, times = counts.most_common(1)[0]

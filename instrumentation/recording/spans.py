@@ -123,6 +123,8 @@ class Tracing:
         self.capture_content = self.capture.on_spans  # content attributes on spans
         self.capture_events = self.capture.in_events  # content on each chat span's content event
         self.max_chars = max_attribute_chars or settings.max_attribute_chars
+        # (system prompt, tool definitions list, their span attributes, the system message): see _run_content.
+        self._kept_run_content: tuple[str | None, list[dict[str, Any]], dict[str, str], str | None] | None = None
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -219,14 +221,9 @@ class Tracing:
                                                        self.max_chars)
             shown_task = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as the run's input
             attributes.update(backend_attributes.shown_input(shown_task))
+        system_message = None
         if self.capture_content or self.capture_events:
-            # Encoded once per run; every chat span repeats them, so a generation shows the prompt the model got.
-            if system:
-                run_content[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = cap(to_json([{"type": "text", "content": system}]),
-                                                                 self.max_chars)
-            if tool_definitions:
-                run_content[sc.GEN_AI_TOOL_DEFINITIONS] = cap(
-                    to_json([genai_tool_definition(d) for d in tool_definitions]), self.max_chars)
+            run_content, system_message = self._run_content(system, tool_definitions)
         if self.capture_content:
             attributes.update(run_content)
         backends = backend_attributes.for_run(agent, labels, joins_outer_trace=joins,
@@ -237,10 +234,28 @@ class Tracing:
             attributes[sc.RUN_RESUMES_TRACE_ID] = resumes[0]
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes,
                                        links=links)
-        # The system prompt as the message Langfuse puts first in a generation's input, encoded once per run.
-        system_message = (to_json({"role": "system", "content": cap(system, self.max_chars)})
-                          if self.capture_content and system else None)
-        return RunSpan(self, span, agent, common, run_content, system_message, backends)
+        return RunSpan(self, span, agent, common, run_content,
+                       system_message if self.capture_content else None, backends)
+
+    def _run_content(self, system: str | None, tool_definitions: list[dict[str, Any]]
+                     ) -> tuple[dict[str, str], str | None]:
+        """The system instructions and tool definitions every chat span of a run repeats (so a generation shows the
+        prompt the model got), and the system prompt as the message Langfuse puts first in a generation's input.
+
+        Encoded once for all the runs that send the same ones: an Agent passes the same system prompt and the same
+        list of definitions run after run (a run with MCP servers makes a list of its own, encoded afresh)."""
+        kept = self._kept_run_content
+        if kept is not None and kept[0] == system and kept[1] is tool_definitions:
+            return kept[2], kept[3]
+        content: dict[str, str] = {}
+        if system:
+            content[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = cap(to_json([{"type": "text", "content": system}]), self.max_chars)
+        if tool_definitions:
+            content[sc.GEN_AI_TOOL_DEFINITIONS] = cap(to_json([genai_tool_definition(d) for d in tool_definitions]),
+                                                      self.max_chars)
+        system_message = to_json({"role": "system", "content": cap(system, self.max_chars)}) if system else None
+        self._kept_run_content = (system, tool_definitions, content, system_message)
+        return content, system_message
 
 
 def _resumed_run_link(resumes: tuple[str, str] | None) -> list[trace.Link]:
