@@ -142,7 +142,8 @@ class CostLedger:
         before = self._total
         key = (run, turn)
         if key not in self._marks:  # a turn's second call (a paused turn resumed) adds to the same turn
-            self._marks[key] = before._replace(started=usage.started)
+            self._marks[key] = _Totals(before.calls, before.input_tokens, before.output_tokens, before.usd,
+                                       before.unpriced, usage.started)  # not _replace: this runs for every call
             while len(self._marks) > self._window:
                 self._marks.popitem(last=False)
         usd = usage.usd

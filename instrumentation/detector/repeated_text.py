@@ -52,7 +52,11 @@ def prose_units(text: str) -> tuple[list[str], list[str]]:
     if current:
         paragraphs.append(" ".join(current))
     normal = [_normal(p) for p in paragraphs]
-    sentences = [_normal(s) for p in paragraphs for s in _SENTENCE_END.split(p)]
+    sentences = []
+    for paragraph, normalised in zip(paragraphs, normal):
+        parts = _SENTENCE_END.split(paragraph)
+        # A paragraph of one sentence is that sentence, already normalised (most of what a model says beside a call).
+        sentences += [normalised] if len(parts) == 1 else [_normal(part) for part in parts]
     return ([p for p in normal if len(p) >= _MIN_PARAGRAPH_CHARS],
             [s for s in sentences if len(s) >= _MIN_SENTENCE_CHARS])
 
