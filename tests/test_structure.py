@@ -43,6 +43,7 @@ ENTRY_POINTS = {
 RUNTIME_FACTORY = ("looptrace.instrumentation.agent_telemetry", {"agent_telemetry", "Telemetry", "mcp_call_scope"})
 
 
+@functools.cache
 def module_sources() -> dict[str, Path]:
     """Every module of the product by its import name."""
     modules = {}
@@ -78,7 +79,15 @@ def imports_of(name: str, path: Path, modules: dict[str, Path], source: str | No
 def import_graph(overrides: dict[str, str] | None = None) -> dict[str, set[str]]:
     """Module -> the product modules it imports; ``overrides`` replaces modules' source (to test the test)."""
     modules = module_sources()
-    return {name: imports_of(name, path, modules, (overrides or {}).get(name)) for name, path in modules.items()}
+    overrides = overrides or {}
+    return {name: imports_of(name, path, modules, overrides[name]) if name in overrides else set(_imports(name))
+            for name, path in modules.items()}
+
+
+@functools.cache  # each module is read once per session, whichever test asks
+def _imports(name: str) -> frozenset[str]:
+    modules = module_sources()
+    return frozenset(imports_of(name, modules[name], modules))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -150,6 +159,11 @@ def runtime_reaches_into_instrumentation(graph: dict[str, set[str]],
     return wrong
 
 
+@functools.cache
+def _reads_the_environment(name: str) -> bool:
+    return reads_the_environment(module_sources()[name].read_text(encoding="utf-8"))
+
+
 def reads_the_environment(source: str) -> bool:
     """Whether code (not its docstrings or comments) reads ``os.environ``, calls ``getenv`` or any ``from_env()``."""
     for node in ast.walk(ast.parse(source)):
@@ -164,9 +178,9 @@ def reads_the_environment(source: str) -> bool:
 
 def environment_readers(sources: dict[str, str] | None = None) -> list[str]:
     """Modules outside the entry points that read the environment or call a from_env()."""
-    modules = module_sources()
-    return sorted(name for name, path in modules.items() if name not in ENTRY_POINTS
-                  and reads_the_environment((sources or {}).get(name) or path.read_text(encoding="utf-8")))
+    sources = sources or {}
+    return sorted(name for name in module_sources() if name not in ENTRY_POINTS
+                  and (reads_the_environment(sources[name]) if name in sources else _reads_the_environment(name)))
 
 
 def test_the_import_graph_has_no_cycle():
@@ -399,42 +413,54 @@ def private_opentelemetry_uses(overrides: dict[str, str] | None = None) -> list[
 
     Two ways in: ``thing._x`` (or ``getattr(thing, "_x")``) where OpenTelemetry defines ``_x`` and the product itself
     defines no ``_x`` anywhere (so it can only be OpenTelemetry's), and ``self._x`` inside a subclass of an
-    OpenTelemetry class that does not define ``_x`` itself (an inherited private)."""
-    theirs = opentelemetry_private_names()
-    trees = {name: ast.parse((overrides or {}).get(name) or path.read_text(encoding="utf-8"))
-             for name, path in module_sources().items()}
-    ours = set().union(*(_private_names_defined(tree) for tree in trees.values()))
-    ours |= {node.name for tree in trees.values() for node in ast.walk(tree)
+    OpenTelemetry class that does not define ``_x`` itself (an inherited private). Each module is read once per
+    session (``_module_privates``); ``overrides`` replaces modules' source (to test the test)."""
+    overrides = overrides or {}
+    scanned = {name: _scan_privates(name, overrides[name]) if name in overrides else _module_privates(name)
+               for name in module_sources()}
+    ours = set().union(*(defined for defined, _ in scanned.values()))
+    return sorted(text for _, uses in scanned.values() for on_self_bad, attribute, text in uses
+                  if (on_self_bad if on_self_bad is not None else attribute not in ours))
+
+
+@functools.cache
+def _module_privates(name: str) -> tuple[frozenset[str], tuple[tuple[bool | None, str, str], ...]]:
+    return _scan_privates(name, module_sources()[name].read_text(encoding="utf-8"))
+
+
+def _scan_privates(name: str, source: str) -> tuple[frozenset[str], tuple[tuple[bool | None, str, str], ...]]:
+    """One module's private names (defined, imported from elsewhere than OpenTelemetry) and its uses of a private
+    name OpenTelemetry defines: (for ``self._x``, whether the OpenTelemetry subclass lacks ``_x`` itself, else None:
+    decided against the product's names), the name, and where."""
+    tree = ast.parse(source)
+    ours = set(_private_names_defined(tree))
+    ours |= {node.name for node in ast.walk(tree)
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(node.name)}
-    ours |= {alias.asname or alias.name for tree in trees.values() for node in ast.walk(tree)
-             if isinstance(node, ast.ImportFrom) for alias in node.names
-             if not (node.module or "").startswith("opentelemetry")}
-    found = []
-    sources = module_sources()
-    for name, tree in trees.items():
-        from_opentelemetry = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                              and (node.module or "").startswith("opentelemetry") for alias in node.names}
-        inherited: dict[int, set[str]] = {}  # node id -> what its OpenTelemetry subclass does not define itself
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and any(ast.unparse(base).split(".")[0] in from_opentelemetry
-                                                      for base in node.bases):
-                own = _private_names_defined(ast.Module(body=[node], type_ignores=[]))
-                for inner in ast.walk(node):
-                    inherited[id(inner)] = own
-        for node in ast.walk(tree):
-            named = _named_private_attribute(node)
-            if named is None or named[1] not in theirs:
-                continue
-            receiver, attribute = named
-            on_self = (isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")) or (
-                isinstance(receiver, ast.Call) and getattr(receiver.func, "id", "") == "super")
-            if on_self:
-                bad = id(node) in inherited and attribute not in inherited[id(node)]
-            else:
-                bad = attribute not in ours
-            if bad:
-                found.append(f"{sources[name].name}:{getattr(node, 'lineno', 0)}: {ast.unparse(node)[:80]}")
-    return sorted(found)
+    ours |= {alias.asname or alias.name for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("opentelemetry")
+             for alias in node.names}
+    theirs = opentelemetry_private_names()
+    from_opentelemetry = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                          and (node.module or "").startswith("opentelemetry") for alias in node.names}
+    inherited: dict[int, set[str]] = {}  # node id -> what its OpenTelemetry subclass does not define itself
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(base).split(".")[0] in from_opentelemetry
+                                                  for base in node.bases):
+            own = _private_names_defined(ast.Module(body=[node], type_ignores=[]))
+            for inner in ast.walk(node):
+                inherited[id(inner)] = own
+    uses = []
+    where = module_sources()[name].name
+    for node in ast.walk(tree):
+        named = _named_private_attribute(node)
+        if named is None or named[1] not in theirs:
+            continue
+        receiver, attribute = named
+        on_self = (isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")) or (
+            isinstance(receiver, ast.Call) and getattr(receiver.func, "id", "") == "super")
+        on_self_bad = (id(node) in inherited and attribute not in inherited[id(node)]) if on_self else None
+        uses.append((on_self_bad, attribute, f"{where}:{getattr(node, 'lineno', 0)}: {ast.unparse(node)[:80]}"))
+    return frozenset(ours), tuple(uses)
 
 
 def test_no_private_opentelemetry_name_is_imported():
