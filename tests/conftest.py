@@ -25,6 +25,14 @@ network_guard.install()
 _CHILD_GUARD = str(Path(__file__).parent / "child_network_guard")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_CHILD_GUARD, os.environ.get("PYTHONPATH")) if p)
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): two workers a core, at most 8. Most of the suite waits on sockets,
+    subprocesses and a tool's sleep rather than computing, so two a core keep the cores busy; more would only crowd a
+    small machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, 2 * cores)
+
+
 # No test may fail because the machine is busy: Hypothesis's per-example deadline and its "too slow" health check are
 # both wall-clock limits, so they are off for every property test (each still bounds its own example count).
 settings.register_profile("looptrace", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -374,13 +374,15 @@ def test_no_tool_is_started_once_the_runs_clock_has_run_out():
     def slow(n: int) -> str:
         """Takes long enough to use up the run's clock."""
         ran.append(n)
-        time.sleep(0.4)
+        time.sleep(1.2)
         return "ok"
 
     calls = {"stop_reason": "tool_use", "content": [
         {"type": "tool_use", "id": f"t{n}", "name": "slow", "input": {"n": n}} for n in range(3)]}
     model = ScriptedModel([calls, answer()])
-    result = Agent(MODEL, tools=[slow], client=model, limits=Limits(timeout_s=0.3), telemetry=False).run("go")
+    # A second of margin before the first call starts (the model is scripted, so that is the loop's own set-up): a busy
+    # machine (parallel test workers) must not make the first call start after the clock ran out.
+    result = Agent(MODEL, tools=[slow], client=model, limits=Limits(timeout_s=1.0), telemetry=False).run("go")
     assert result.status is RunStatus.TIMEOUT
     assert ran == [0]
     assert "was not run: the run's time limit was reached" in result.messages[-1]["content"][2]["content"]
