@@ -25,6 +25,7 @@ network_guard.install()
 _CHILD_GUARD = str(Path(__file__).parent / "child_network_guard")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_CHILD_GUARD, os.environ.get("PYTHONPATH")) if p)
 
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject's addopts): two workers a core, at most 8. Most of the suite waits on sockets,
     subprocesses and a tool's sleep rather than computing, so two a core keep the cores busy; more would only crowd a

@@ -53,7 +53,7 @@ def prose_units(text: str) -> tuple[list[str], list[str]]:
         paragraphs.append(" ".join(current))
     normal = [_normal(p) for p in paragraphs]
     sentences = []
-    for paragraph, normalised in zip(paragraphs, normal):
+    for paragraph, normalised in zip(paragraphs, normal, strict=True):
         parts = _SENTENCE_END.split(paragraph)
         # A paragraph of one sentence is that sentence, already normalised (most of what a model says beside a call).
         sentences += [normalised] if len(parts) == 1 else [_normal(part) for part in parts]
