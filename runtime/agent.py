@@ -33,6 +33,7 @@ from looptrace.instrumentation.detector import (
     UnresolvedToolError,
 )
 from looptrace.instrumentation.interface import (
+    Action,
     AgentTelemetry,
     Alerts,
     ModelLike,
@@ -597,25 +598,22 @@ class Agent:
             return False, []
         stop, nudges = False, []
         turns_left = self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
-        for anomaly in anomalies:
+
+        def decide(anomaly: Anomaly) -> Action:
             action = self.policy.decide(anomaly, anomaly.streak in run.nudged)
             if action == policies.NUDGE and not turns_left:
                 action = policies.WARN  # a nudge the model will never read would only turn `done` into max_turns
             if self._over_loop_budget(anomaly):
                 action = policies.STOP  # the loop's budget is spent: whatever the policy said
                 run.loop_budget_spent = True
-            run.anomalies[anomaly.streak] = anomaly  # one entry per streak: its latest count and turn
-            if anomaly.is_update and action != policies.STOP:
-                continue  # the streak already alerted: updated, summarised in the result, not alerted again
-            involved = set(anomaly.call_ids)
-            # The one report: span events, metric, log line, webhook, Langfuse score, wherever telemetry routes it.
-            turn.report(anomaly, action, [c.span for c in calls if c.call_id in involved])
+            return action
+
+        for anomaly, action, nudge in policies.reported(
+                anomalies, turn, decide=decide, latest=run.anomalies, nudged=run.nudged,
+                offending=lambda ids: [c.span for c in calls if c.call_id in ids]):
             self._emit(AnomalyDetected(anomaly, action))
-            if action == policies.NUDGE:
-                run.nudged.add(anomaly.streak)
-                text = policies.nudge_text(anomaly)
-                turn.nudged(text)
-                nudges.append(text)
+            if nudge is not None:
+                nudges.append(nudge)
             elif action == policies.STOP:
                 stop = True
             elif action == policies.ASK and run.asked is None:

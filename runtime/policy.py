@@ -9,11 +9,11 @@ again; a tool that keeps failing is nudged once; an ignored error is reported.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, MutableSet, Sequence
 from typing import Final, Literal
 
 from looptrace.instrumentation.detector import Anomaly
-from looptrace.instrumentation.interface import Action, log
+from looptrace.instrumentation.interface import Action, ToolTrace, TurnTrace, log
 
 WARN: Final = "warn"
 NUDGE: Final = "nudge"
@@ -68,6 +68,31 @@ class AnomalyPolicy:
 def nudge_text(anomaly: Anomaly) -> str:
     """The corrective message the model receives, in the user turn after the tool results."""
     return f"[looptrace loop detector] {anomaly.message}"
+
+
+def reported(anomalies: Sequence[Anomaly], turn: TurnTrace, *, decide: Callable[[Anomaly], Action],
+             latest: MutableMapping[str, Anomaly], nudged: MutableSet[str],
+             offending: Callable[[set[str]], Sequence[ToolTrace]]) -> Iterator[tuple[Anomaly, Action, str | None]]:
+    """A turn's anomalies, each reported once: the reaction an Agent and the guards inside other frameworks share.
+
+    Each anomaly gets its action (``decide``, asked as it comes, so that a nudge given earlier in the turn counts) and
+    is kept in ``latest``, one entry per streak. A streak that already alerted is updated there, not reported again,
+    unless it now stops the run. Each report goes to ``turn`` (span events, metric, log line, webhook, Langfuse score),
+    naming the tool calls ``offending`` finds for the anomaly's call ids; a nudge is marked on the turn and its streak
+    added to ``nudged``. Yields each reported anomaly with its action and, for a nudge, the text the model is sent.
+    """
+    for anomaly in anomalies:
+        action = decide(anomaly)
+        latest[anomaly.streak] = anomaly
+        if anomaly.is_update and action != STOP:
+            continue
+        turn.report(anomaly, action, offending(set(anomaly.call_ids)))
+        nudge = None
+        if action == NUDGE:
+            nudged.add(anomaly.streak)
+            nudge = nudge_text(anomaly)
+            turn.nudged(nudge)
+        yield anomaly, action, nudge
 
 
 def _checked(action: object) -> Rule:

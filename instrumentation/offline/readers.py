@@ -430,12 +430,8 @@ def _history_calls(raw: Any, form: str, at_ns: int) -> list[_Requested]:
                                             exact=False))
             continue
         calls = _indexed(message, "tool_calls.") or _indexed(message, "message.tool_calls.")
-        for call in calls.values():
-            call_id = call.get("id", call.get("tool_call.id"))
-            name = call.get("name", call.get("tool_call.function.name"))
-            arguments = call.get("arguments", call.get("tool_call.function.arguments"))
-            if call_id and name:
-                found.append(_Requested(at_ns, str(name), arguments, str(call_id), exact=False))
+        found += [_Requested(at_ns, name, arguments, call_id, exact=False)
+                  for call_id, name, arguments in _tool_call_fields(calls)]
         content = message.get("content", message.get("message.content"))
         if not calls and isinstance(content, str) and '"tool_use"' in content:  # Anthropic blocks, as JSON text
             for block in _json_list(content):
@@ -460,12 +456,20 @@ def _requested_calls(span: Any, start_ns: int) -> list[_Requested]:
     for prefix in (OLL_COMPLETION, OI_OUTPUT_MESSAGES):
         for message in _indexed(a, prefix).values():
             calls = _indexed(message, "tool_calls.") or _indexed(message, "message.tool_calls.")
-            for call in calls.values():
-                call_id = call.get("id", call.get("tool_call.id"))
-                name = call.get("name", call.get("tool_call.function.name"))
-                arguments = call.get("arguments", call.get("tool_call.function.arguments"))
-                if call_id and name:
-                    found.append(_Requested(start_ns, str(name), arguments, str(call_id)))
+            found += [_Requested(start_ns, name, arguments, call_id)
+                      for call_id, name, arguments in _tool_call_fields(calls)]
+    return found
+
+
+def _tool_call_fields(calls: dict[int, dict[str, Any]]) -> list[tuple[str, str, Any]]:
+    """(id, name, arguments) of each tool call an indexed message lists, OpenLLMetry's ``tool_calls.N.*`` or
+    OpenInference's ``message.tool_calls.N.tool_call.*``; a call without an id or a name is left out."""
+    found = []
+    for call in calls.values():
+        call_id = call.get("id", call.get("tool_call.id"))
+        name = call.get("name", call.get("tool_call.function.name"))
+        if call_id and name:
+            found.append((str(call_id), str(name), call.get("arguments", call.get("tool_call.function.arguments"))))
     return found
 
 

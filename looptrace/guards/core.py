@@ -32,7 +32,6 @@ from looptrace.instrumentation.detector import (
     TurnUsage,
 )
 from looptrace.instrumentation.interface import (
-    Action,
     AgentTelemetry,
     Alerts,
     RunTrace,
@@ -312,20 +311,14 @@ class GuardedRun:
         reports: list[tuple[Anomaly, str]] = []
         stop: str | None = None
         asks: list[Anomaly] = []
-        for anomaly in found:
-            action: Action | str = self.guard.policy.decide(anomaly, anomaly.streak in self._nudged)
-            self.anomalies[anomaly.streak] = anomaly
-            if anomaly.is_update and action != policies.STOP:
-                continue  # the streak already alerted: updated, not alerted again
-            involved = set(anomaly.call_ids)
-            turn.report(anomaly, action, [c.trace for c in calls if c.call_id in involved])  # type: ignore[arg-type]
+        for anomaly, action, nudge in policies.reported(
+                found, turn, decide=lambda a: self.guard.policy.decide(a, a.streak in self._nudged),
+                latest=self.anomalies, nudged=self._nudged,
+                offending=lambda ids: [c.trace for c in calls if c.call_id in ids]):
             reports.append((anomaly, action))
             self.actions.append((anomaly.turn, action, anomaly.type))
-            if action == policies.NUDGE:
-                self._nudged.add(anomaly.streak)
-                text = policies.nudge_text(anomaly)
-                turn.nudged(text)
-                nudges.append(text)
+            if nudge is not None:
+                nudges.append(nudge)
             elif action == policies.STOP:
                 stop = stop or anomaly.message
             elif action != policies.WARN:
