@@ -77,7 +77,7 @@ def _variants(tmp: str) -> dict[str, Any]:
     from benchmarks import peer_worker as pw
 
     os.environ["LOOPTRACE_TRACE_FILE"] = os.path.join(tmp, "default.jsonl")
-    os.environ["LOOPTRACE_SPILL_FILE"] = os.path.join(tmp, "spill.jsonl")
+    os.environ["LOOPTRACE_UNDELIVERED_FILE"] = os.path.join(tmp, "undelivered.jsonl")
     found: dict[str, Any] = {"bare": pw.Bare()}
     found["looptrace-file"] = pw.Looptrace("file")
     found["raw-file"] = _raw_file(pw, os.path.join(tmp, "raw.jsonl"))

@@ -57,7 +57,7 @@ def _environment(**values: str) -> Iterator[None]:
 class _Pipeline:
     """Where one agent's telemetry goes: configure()'s otlp pipeline, or the SDK's exporter if there is none."""
 
-    def __init__(self, endpoint: str | None, spill_file: str) -> None:
+    def __init__(self, endpoint: str | None, undelivered_file: str) -> None:
         from looptrace.instrumentation.export import setup
 
         self.telemetry = None
@@ -69,10 +69,10 @@ class _Pipeline:
             self.meter_provider = None
         elif "otlp" in getattr(setup, "KNOWN_EXPORTERS", ()):
             with _environment(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf"):
-                self.telemetry = setup.configure(exporters="otlp", set_global=False, spill_file=spill_file)
+                self.telemetry = setup.configure(exporters="otlp", set_global=False, undelivered_file=undelivered_file)
             self.tracer_provider = self.telemetry.tracer_provider
             self.meter_provider = self.telemetry.meter_provider
-            self.how = "configure(exporters='otlp'): guarded OTLP/HTTP exporter, spill file, OTLP metrics"
+            self.how = "configure(exporters='otlp'): guarded OTLP/HTTP exporter, undelivered list, OTLP metrics"
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace import TracerProvider
@@ -84,8 +84,8 @@ class _Pipeline:
             self.meter_provider = None
             self.how = "SDK OTLPSpanExporter (HTTP) behind a BatchSpanProcessor"
 
-    def spilled(self) -> int:
-        return self.telemetry.spilled_spans if self.telemetry is not None else 0
+    def undelivered(self) -> int:
+        return self.telemetry.undelivered_spans if self.telemetry is not None else 0
 
     def shutdown(self) -> None:
         if self.telemetry is not None:
@@ -119,7 +119,7 @@ def run(quick: bool = False) -> list[Row]:
     responses = scenario.script(TURNS)
     task = scenario.task("run-0")
     clocks = {state: _TurnClock() for state in STATES}
-    spilled = dict.fromkeys(STATES, 0)
+    undelivered = dict.fromkeys(STATES, 0)
     shutdown_s = dict.fromkeys(STATES, 0.0)
     with tempfile.TemporaryDirectory(prefix="looptrace-bench4-") as tmp, \
             OTLPBackend() as healthy, OTLPBackend(delay_s=2.0) as slow:
@@ -129,7 +129,7 @@ def run(quick: bool = False) -> list[Row]:
 
         def phase(state: str, number: int, runs: int, measured: bool = True) -> None:
             nonlocal how
-            pipeline = _Pipeline(endpoints[state], os.path.join(tmp, f"spill-{state}-{number}.jsonl"))
+            pipeline = _Pipeline(endpoints[state], os.path.join(tmp, f"undelivered-{state}-{number}.jsonl"))
             how = how or pipeline.how
             agent = Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="bench",
                           limits=scenario.LIMITS, tracer_provider=pipeline.tracer_provider,
@@ -142,7 +142,7 @@ def run(quick: bool = False) -> list[Row]:
             started = clock()
             pipeline.shutdown()
             shutdown_s[state] = max(shutdown_s[state], clock() - started)
-            spilled[state] += pipeline.spilled()
+            undelivered[state] += pipeline.undelivered()
 
         for state in STATES:  # warm-up, not measured
             phase(state, -1, 2, measured=False)
@@ -168,9 +168,9 @@ def run(quick: bool = False) -> list[Row]:
         context = f"p50 {fmt_s(p50)}, p99 {fmt_s(p99)}, max {fmt_s(worst)} over {n:,} turns"
         if state != "none":
             accepted = received.get(state, (0, 0))[1]
-            lost = max(spans_made - accepted - spilled[state], 0)
-            context += (f"; of {spans_made:,} spans: {accepted:,} accepted by the backend, {spilled[state]:,} in the "
-                        f"spill file, {lost:,} neither (dropped from the full queue); shutdown took up to "
+            lost = max(spans_made - accepted - undelivered[state], 0)
+            context += (f"; of {spans_made:,} spans: {accepted:,} accepted by the backend, {undelivered[state]:,} in the "
+                        f"undelivered list, {lost:,} neither (dropped from the full queue); shutdown took up to "
                         f"{fmt_s(shutdown_s[state])}")
         if state == "healthy":
             rows.append(Row("4 backend trouble", "per-turn p50 / p99, healthy backend",

@@ -235,7 +235,7 @@ class Looptrace(ProviderVariant):
         self.exporter = exporter
         if exporter == "file":
             os.environ["LOOPTRACE_TRACE_FILE"] = self.trace_file
-            os.environ["LOOPTRACE_SPILL_FILE"] = os.path.join(self._tmp.name, "spill.jsonl")
+            os.environ["LOOPTRACE_UNDELIVERED_FILE"] = os.path.join(self._tmp.name, "undelivered.jsonl")
             self.telemetry = self.provider = None
             self.agent = looptrace_agent(None)
             return
@@ -243,7 +243,7 @@ class Looptrace(ProviderVariant):
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = SINK_URL
             os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
         self.telemetry = configure(exporters=exporter, trace_file=self.trace_file, set_global=False,
-                                   spill_file=os.path.join(self._tmp.name, "spill.jsonl"))
+                                   undelivered_file=os.path.join(self._tmp.name, "undelivered.jsonl"))
         self.provider = self.telemetry.tracer_provider
         # Traces only, like the file row (whose embedded default records no metrics) and the floors: the no-op meter
         # provider is how an Agent is told to record no metrics. Given none, it would record them through the global

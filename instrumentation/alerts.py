@@ -295,7 +295,7 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
 
         scored = (langfuse.base_url, langfuse.public_key, langfuse.secret_key, langfuse.timeout_s,
                   *environment_inputs(langfuse, resource))
-    key = (settings.alert_webhook, scored, settings.spill_file)
+    key = (settings.alert_webhook, scored, settings.undelivered_file)
     with _shared_lock:
         sinks = _shared.get(key)
         if sinks is None:
@@ -306,7 +306,7 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
 
                 scores = LangfuseScores.from_settings(langfuse, resource=resource)
                 # A score Langfuse cannot take now is kept for `looptrace traces push`.
-                scores.keep_undelivered = UndeliveredList(settings.spill_file).keep_score
+                scores.keep_undelivered = UndeliveredList(settings.undelivered_file).keep_score
                 # Whoever else shuts down (configure()'s Telemetry does, within its exit deadline), the scores of an
                 # Agent on the application's own provider still leave before the interpreter does, boundedly.
                 atexit.register(scores.close, scores.timeout_s)

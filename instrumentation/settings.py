@@ -18,6 +18,7 @@ import base64
 import dataclasses
 import os
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 10.0  # the specification's default OTEL_EXPORTER_OTLP_TIMEOUT (10000 ms)
 DEFAULT_TRACE_FILE = Path(".looptrace") / "traces.jsonl"
-DEFAULT_SPILL_FILE = Path(".looptrace") / "undelivered.jsonl"
+DEFAULT_UNDELIVERED_FILE = Path(".looptrace") / "undelivered.jsonl"
 # The trace file rotates past this size, keeping this many older files beside it (traces.jsonl.1 is the newest).
 DEFAULT_TRACE_FILE_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_TRACE_FILE_BACKUPS = 8
@@ -73,14 +74,15 @@ VARIABLES: dict[str, str] = {
     "LOOPTRACE_TRACE_FILE": "the file exporter's path",
     "LOOPTRACE_TRACE_FILE_MAX_BYTES": "the trace file rotates past this size (default 64 MiB; 0: never)",
     "LOOPTRACE_TRACE_FILE_BACKUPS": "rotated trace files kept beside it (default 8)",
-    "LOOPTRACE_SPILL_FILE": "the list of spans (by id) and scores a backend has not taken, for `looptrace traces push`",
+    "LOOPTRACE_UNDELIVERED_FILE": "the spans (by id) and scores a backend has not taken, for `looptrace traces push`",
+    "LOOPTRACE_SPILL_FILE": "deprecated: the old name of LOOPTRACE_UNDELIVERED_FILE",
     "LOOPTRACE_PROMETHEUS_PORT": "serve metrics at /metrics on this port",
     "LOOPTRACE_MODEL": "`looptrace run`'s default model",
     "LOOPTRACE_JUDGE": "model that confirms ignored_error before it is reported (the detector's judge)",
     "LOOPTRACE_JUDGE_MAX_CALLS": "judge calls per run at most (default 3); the rest are left unjudged",
     "LOOPTRACE_CAPTURE_CONTENT": "the GenAI variable's values; wins over it",
     "LOOPTRACE_MAX_ATTRIBUTE_CHARS": "cap on each content attribute",
-    MAX_LINE_BYTES_VARIABLE: "longest trace or spill file line read back, bytes; longer ones are skipped",
+    MAX_LINE_BYTES_VARIABLE: "longest trace file or undelivered list line read back, bytes; longer ones are skipped",
     "LOOPTRACE_ALERT_WEBHOOK": "URL each new kind of anomaly is posted to",
     "LOOPTRACE_WATCH_TOKEN": "bearer token `looptrace watch` requires of senders",
     "LOOPTRACE_WATCH_USERNAME": "basic-auth user `looptrace watch` requires of senders",
@@ -363,6 +365,16 @@ class BatchSettings:
         return {name: value for name, value in given.items() if value is not None}
 
 
+def _deprecated_spill_file(env: _Env) -> str | None:
+    """LOOPTRACE_SPILL_FILE, the undelivered list's old variable: still read (when the new one is unset), with a
+    warning a user sees (FutureWarning: shown by default, unlike DeprecationWarning)."""
+    value = env.get("LOOPTRACE_SPILL_FILE")
+    if value:
+        warnings.warn("LOOPTRACE_SPILL_FILE is deprecated: set LOOPTRACE_UNDELIVERED_FILE instead", FutureWarning,
+                      stacklevel=2)
+    return value
+
+
 def parse_exporters(value: str | Iterable[str] | None) -> tuple[str, ...]:
     """A comma list (or a list) of exporter names, validated, duplicates removed, order kept."""
     if value is None:
@@ -389,7 +401,7 @@ class Settings:
 
     exporters: tuple[str, ...] | None = None
     trace_file: Path = DEFAULT_TRACE_FILE
-    spill_file: Path = DEFAULT_SPILL_FILE  # the undelivered list (tracefile/undelivered.py), not a copy of spans
+    undelivered_file: Path = DEFAULT_UNDELIVERED_FILE  # tracefile/undelivered.py: span ids, not a copy of spans
     trace_file_max_bytes: int = DEFAULT_TRACE_FILE_MAX_BYTES  # 0: the trace file never rotates
     trace_file_backups: int = DEFAULT_TRACE_FILE_BACKUPS
     prometheus_port: int | None = None
@@ -399,7 +411,7 @@ class Settings:
     capture_content: bool = True  # content attributes on spans (capture_setting's mode is SPAN_ONLY or SPAN_AND_EVENT)
     capture_setting: str | None = None  # the capture variable's value as set (None: unset, capture on spans)
     max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # reading the trace and spill files: longer lines are skipped
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # reading the trace file and undelivered list: longer lines skipped
     alert_webhook: str | None = field(default=None, repr=False)  # the URL is the credential
     telemetry_disabled: bool = False
     otlp_metrics_disabled: bool = False
@@ -435,7 +447,8 @@ class Settings:
             exporters=exporters,
             exporters_variable=exporters_variable,
             trace_file=Path(env.get("LOOPTRACE_TRACE_FILE") or DEFAULT_TRACE_FILE),
-            spill_file=Path(env.get("LOOPTRACE_SPILL_FILE") or DEFAULT_SPILL_FILE),
+            undelivered_file=Path(env.get("LOOPTRACE_UNDELIVERED_FILE") or _deprecated_spill_file(env)
+                                  or DEFAULT_UNDELIVERED_FILE),
             trace_file_max_bytes=_count(env, "LOOPTRACE_TRACE_FILE_MAX_BYTES", ignored, DEFAULT_TRACE_FILE_MAX_BYTES),
             trace_file_backups=_count(env, "LOOPTRACE_TRACE_FILE_BACKUPS", ignored, DEFAULT_TRACE_FILE_BACKUPS),
             prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
@@ -476,7 +489,7 @@ class Settings:
         given = {name: value for name, value in changes.items() if value is not None}
         if "exporters" in given:
             given["exporters"] = parse_exporters(given["exporters"]) or None
-        for name in ("trace_file", "spill_file"):
+        for name in ("trace_file", "undelivered_file"):
             if name in given:
                 given[name] = Path(given[name])
         return dataclasses.replace(self, **given)

@@ -38,7 +38,7 @@ for n in range(int(sys.argv[1])):
     Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(script), on_anomaly="warn",
           tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider).run(f"run {n}")
 telemetry.shutdown()
-print(telemetry.spill_notice())
+print(telemetry.undelivered_notice())
 """
 
 

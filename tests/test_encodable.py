@@ -49,7 +49,7 @@ def test_a_lone_surrogate_in_a_tool_result_reaches_langfuse_and_a_grpc_collector
             "XDG_CACHE_HOME": str(tmp_path / "cache"), "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_METRICS_EXPORTER": "none"})
         telemetry = configure(settings, exporters="langfuse,otlp", set_global=False,
-                              spill_file=tmp_path / "spill.jsonl")
+                              undelivered_file=tmp_path / "undelivered.jsonl")
         with caplog.at_level(logging.WARNING):
             Agent("claude-sonnet-5-5", tools=[read_blob], client=ScriptedModel(SCRIPT),
                   tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider).run("read it")
@@ -62,14 +62,14 @@ def test_a_lone_surrogate_in_a_tool_result_reaches_langfuse_and_a_grpc_collector
             assert "\ufffd" in second_chat.attributes[sc.GEN_AI_INPUT_MESSAGES]  # the history that quotes it, kept
         assert "\ufffd" in str(langfuse_view(tool_span).output)
     assert _tracebacks(caplog.records) == []
-    assert not (tmp_path / "spill.jsonl").exists()  # delivered, not left behind as a failed batch
+    assert not (tmp_path / "undelivered.jsonl").exists()  # delivered, not left behind as a failed batch
 
 
 def test_a_surrogate_in_a_span_name_and_status_no_longer_fails_the_whole_batch(tmp_path, caplog):
     with OTLPReceiver() as collector:
         telemetry = configure(Settings.from_env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
                                                          "OTEL_METRICS_EXPORTER": "none"}),
-                              exporters="otlp", set_global=False, spill_file=tmp_path / "spill.jsonl")
+                              exporters="otlp", set_global=False, undelivered_file=tmp_path / "undelivered.jsonl")
         tracer = telemetry.tracer_provider.get_tracer("test")
         with caplog.at_level(logging.WARNING):
             with tracer.start_as_current_span("tool \udc80") as span:
@@ -84,7 +84,7 @@ def test_a_surrogate_in_a_span_name_and_status_no_longer_fails_the_whole_batch(t
 
 
 @pytest.fixture
-def spill_with_an_integer_key(tmp_path):
+def undelivered_with_an_integer_key(tmp_path):
     """A trace file whose one listed span has an attribute under the key 5 (a number, not text), as a hand edit or
     another producer could leave it."""
     finished = InMemorySpanExporter()
@@ -102,9 +102,9 @@ def spill_with_an_integer_key(tmp_path):
     return listing
 
 
-def test_an_integer_key_in_the_trace_file_is_pushed_as_text(spill_with_an_integer_key, caplog):
+def test_an_integer_key_in_the_trace_file_is_pushed_as_text(undelivered_with_an_integer_key, caplog):
     with OTLPReceiver() as collector, caplog.at_level(logging.WARNING):
-        report = push(spill_with_an_integer_key.path,
+        report = push(undelivered_with_an_integer_key.path,
                       settings=Settings.from_env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}))
         [span] = collector.wait_for_spans(1)
     assert report.ok and report.sent == {"otlp": 1}

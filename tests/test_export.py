@@ -49,7 +49,7 @@ ISOLATED_ENV = (
     "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
     "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_INSECURE",
-    "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED", "LOOPTRACE_EXPORTER", "LOOPTRACE_SPILL_FILE",
+    "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED", "LOOPTRACE_EXPORTER", "LOOPTRACE_UNDELIVERED_FILE",
     "LOOPTRACE_PROMETHEUS_PORT", "LOOPTRACE_TRACE_FILE", "TRACEPARENT", "TRACESTATE",
 )
 
@@ -58,7 +58,7 @@ ISOLATED_ENV = (
 def _isolated(monkeypatch, tmp_path):
     for name in ISOLATED_ENV:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)  # default trace and spill files land in the test's directory
+    monkeypatch.chdir(tmp_path)  # default trace and undelivered files land in the test's directory
     monkeypatch.setattr(delivery, "RETRY_AFTER_FAILURE_S", 10.0)
 
 
@@ -94,7 +94,7 @@ def write_spans(path, spans):
 
 
 @pytest.fixture
-def spill(tmp_path) -> ListedRun:
+def undelivered(tmp_path) -> ListedRun:
     return ListedRun(tmp_path)
 
 
@@ -238,7 +238,7 @@ def configure_with_memory(**kwargs):
 
 
 def test_a_run_reaches_langfuse_with_its_keys_the_ingestion_version_and_every_parent(langfuse_rx, tmp_path):
-    telemetry, memory = configure_with_memory(exporters="langfuse", spill_file=tmp_path / "spill.jsonl")
+    telemetry, memory = configure_with_memory(exporters="langfuse", undelivered_file=tmp_path / "undelivered.jsonl")
     result, _ = run_agent(telemetry.tracer_provider)
     telemetry.shutdown()
 
@@ -254,21 +254,21 @@ def test_a_run_reaches_langfuse_with_its_keys_the_ingestion_version_and_every_pa
         assert request.headers["authorization"] == BASIC
         assert request.headers["x-langfuse-ingestion-version"] == "4"
         assert request.headers["content-encoding"] == "gzip"
-    assert not (tmp_path / "spill.jsonl").exists()
+    assert not (tmp_path / "undelivered.jsonl").exists()
 
 
-def test_langfuse_never_receives_the_collectors_headers(langfuse_rx, monkeypatch, spill):
+def test_langfuse_never_receives_the_collectors_headers(langfuse_rx, monkeypatch, undelivered):
     # OTEL_EXPORTER_OTLP_HEADERS is for the collector; the HTTP exporter would merge it into every request.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer collector-token,x-tenant=acme")
-    exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
+    exporter = network_exporter("langfuse", Settings.from_env(), undelivered=undelivered)
     assert exporter.export(finished_run_spans()) == SpanExportResult.SUCCESS
     headers = langfuse_rx.requests[0].headers
     assert headers["authorization"] == BASIC and "x-tenant" not in headers
     assert "collector-token" not in json.dumps(headers)
 
 
-def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, spill):
-    assert network_exporter("langfuse", Settings.from_env(), spill=spill).export(finished_run_spans()) == SpanExportResult.SUCCESS
+def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, undelivered):
+    assert network_exporter("langfuse", Settings.from_env(), undelivered=undelivered).export(finished_run_spans()) == SpanExportResult.SUCCESS
     by_name = {s.name: s for s in langfuse_rx.wait_for_spans(4)}
     for span in by_name.values():  # Langfuse v4 reads trace attributes per observation: all of them carry them
         a = span.attributes
@@ -291,9 +291,9 @@ def test_langfuse_attributes_arrive_as_langfuse_reads_them(langfuse_rx, spill):
     assert tool[sc.GEN_AI_TOOL_NAME] == "search" and tool[sc.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"q":"projector"}'
 
 
-def test_a_scripted_run_looks_right_in_langfuse(langfuse_rx, spill):
+def test_a_scripted_run_looks_right_in_langfuse(langfuse_rx, undelivered):
     """The real loop's spans, as Langfuse's ingestion maps them (observation types, trace name, usage)."""
-    telemetry = configure(exporters="langfuse", set_global=False, spill_file=spill.path)
+    telemetry = configure(exporters="langfuse", set_global=False, undelivered_file=undelivered.path)
     run_agent(telemetry.tracer_provider)
     telemetry.shutdown()
     received = langfuse_rx.wait_for_spans(1)
@@ -424,23 +424,23 @@ def test_a_failing_score_is_one_warning_and_never_blocks_the_caller():
 # --- the collector ------------------------------------------------------------------------------------------------
 
 
-def test_collector_over_http_gets_the_headers_and_compression_from_the_environment(monkeypatch, spill):
+def test_collector_over_http_gets_the_headers_and_compression_from_the_environment(monkeypatch, undelivered):
     with OTLPReceiver(required_headers={"x-api-key": "k 1"}) as rx:
         use_collector(monkeypatch, rx.url, OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k%201",
                       OTEL_EXPORTER_OTLP_COMPRESSION="gzip")
         spans = finished_run_spans()
-        assert network_exporter("otlp", Settings.from_env(), spill=spill).export(spans) == SpanExportResult.SUCCESS
+        assert network_exporter("otlp", Settings.from_env(), undelivered=undelivered).export(spans) == SpanExportResult.SUCCESS
         assert {s.span_id for s in rx.wait_for_spans(4)} == span_ids(spans)
         request = rx.requests[0]
     assert request.path == "/v1/traces" and request.headers["content-encoding"] == "gzip"
 
 
-def test_collector_over_grpc(monkeypatch, spill):
+def test_collector_over_grpc(monkeypatch, undelivered):
     with OTLPGrpcReceiver(required_metadata={"x-api-key": "k1"}) as rx:
         use_collector(monkeypatch, rx.url, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_HEADERS="x-api-key=k1",
                       OTEL_EXPORTER_OTLP_COMPRESSION="gzip")
         spans = finished_run_spans()
-        assert network_exporter("otlp", Settings.from_env(), spill=spill).export(spans) == SpanExportResult.SUCCESS
+        assert network_exporter("otlp", Settings.from_env(), undelivered=undelivered).export(spans) == SpanExportResult.SUCCESS
         received = rx.wait_for_spans(4)
     assert {s.span_id for s in received} == span_ids(spans)
     assert_parents_arrive(received)
@@ -452,18 +452,18 @@ def test_collector_over_grpc(monkeypatch, spill):
     (Reject(grpc.StatusCode.UNAUTHENTICATED), "unauthorized"),
     (Reject(grpc.StatusCode.INTERNAL), "server_error"),
 ])
-def test_grpc_failures_are_classified(monkeypatch, spill, fault, cause):
+def test_grpc_failures_are_classified(monkeypatch, undelivered, fault, cause):
     with OTLPGrpcReceiver() as rx:
         url = rx.url if fault else f"http://127.0.0.1:{unused_port()}"
         if fault:
             rx.fail_next(fault)
         use_collector(monkeypatch, url, timeout_ms=60_000, OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
-        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), undelivered=undelivered)
         with capture_logs() as logs:
             result, _ = exported_within(exporter, finished_run_spans(), 60)  # not retried until the timeout
             assert result == SpanExportResult.FAILURE
     assert [w["cause"] for w in warnings_of(logs)] == [cause]
-    assert spill.pending_spans("otlp") == 4
+    assert undelivered.pending_spans("otlp") == 4
 
 
 # --- faults -------------------------------------------------------------------------------------------------------
@@ -480,10 +480,10 @@ def exported_within(exporter, spans, slow_path_s: float):
     return result, elapsed
 
 
-def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spill):
+def test_refused_is_bounded_warned_once_listed_and_pushed_once(monkeypatch, undelivered):
     port = unused_port()
     use_langfuse(monkeypatch, f"http://127.0.0.1:{port}", timeout_s=60)
-    exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
+    exporter = network_exporter("langfuse", Settings.from_env(), undelivered=undelivered)
     batches = [finished_run_spans() for _ in range(3)]
     with capture_logs() as logs:
         for batch in batches:
@@ -493,60 +493,60 @@ def test_refused_is_bounded_warned_once_spilled_and_pushed_once(monkeypatch, spi
     (warning,) = warnings_of(logs)
     assert (warning["backend"], warning["cause"]) == ("langfuse", "refused")
     assert warning["endpoint"] == f"http://127.0.0.1:{port}/api/public/otel/v1/traces"
-    assert warning["undelivered_listed_in"] == str(spill.path)
+    assert warning["undelivered_listed_in"] == str(undelivered.path)
     assert_no_secret(logs)
     expected = set().union(*(span_ids(b) for b in batches))
-    assert spill.pending_ids("langfuse") == expected and exporter.spilled_spans == 12
-    assert_no_secret([spill.path.read_text()])  # ids and paths only
+    assert undelivered.pending_ids("langfuse") == expected and exporter.undelivered_spans == 12
+    assert_no_secret([undelivered.path.read_text()])  # ids and paths only
 
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url)
-        report = push(spill.path, settings=Settings.from_env())
+        report = push(undelivered.path, settings=Settings.from_env())
         received = rx.wait_for_spans(12)
         assert report.sent == {"langfuse": 12} and report.ok
         assert sorted(s.span_id for s in received) == sorted(expected)  # each exactly once
         rx.clear()
-        assert push(spill.path, settings=Settings.from_env()).summary().startswith("nothing to push")
+        assert push(undelivered.path, settings=Settings.from_env()).summary().startswith("nothing to push")
         assert rx.requests == []
-    assert not spill.path.exists()
+    assert not undelivered.path.exists()
 
 
-def test_503_then_success_is_delivered_without_a_warning(langfuse_rx, spill):
+def test_503_then_success_is_delivered_without_a_warning(langfuse_rx, undelivered):
     langfuse_rx.fail_next(Reject(503, retry_after=0.1))
-    exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
+    exporter = network_exporter("langfuse", Settings.from_env(), undelivered=undelivered)
     spans = finished_run_spans()
     with capture_logs() as logs:
         result = exporter.export(spans)
     assert result == SpanExportResult.SUCCESS and warnings_of(logs) == []
     assert [r.status for r in langfuse_rx.requests] == [503, 200]
-    assert {s.span_id for s in langfuse_rx.spans} == span_ids(spans) and not spill.path.exists()
+    assert {s.span_id for s in langfuse_rx.spans} == span_ids(spans) and not undelivered.path.exists()
 
 
-def test_a_slow_backend_costs_the_timeout_then_the_batch_is_spilled(monkeypatch, spill):
+def test_a_slow_backend_costs_the_timeout_then_the_batch_is_listed_as_undelivered(monkeypatch, undelivered):
     with OTLPReceiver() as rx:
         rx.fail_next(Delay(60))  # ended when the receiver stops
         use_collector(monkeypatch, rx.url, timeout_ms=400)
-        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), undelivered=undelivered)
         spans = finished_run_spans()
         with capture_logs() as logs:
             result, elapsed = exported_within(exporter, spans, 60)
             assert result == SpanExportResult.FAILURE
-            # Paused after the failure: the next batch goes straight to the spill file, with no second warning and
+            # Paused after the failure: the next batch goes straight to the undelivered file, with no second warning and
             # without waiting out a timeout as the first did (the baseline, measured here).
             result, paused_s = exported_within(exporter, finished_run_spans(), 60)
             assert result == SpanExportResult.FAILURE and paused_s < elapsed
     (warning,) = warnings_of(logs)
     assert (warning["backend"], warning["cause"]) == ("otlp", "timeout")
     assert elapsed >= 0.35
-    assert set(spill.listing.pending()) == {"otlp"} and spill.pending_spans() == 8
+    assert set(undelivered.listing.pending()) == {"otlp"} and undelivered.pending_spans() == 8
     # The first batch timed out: it may have arrived. The second was never sent.
-    assert len(spill.listing.pending()["otlp"].uncertain) == 4
+    assert len(undelivered.listing.pending()["otlp"].uncertain) == 4
 
 
-def test_401_names_the_keys_and_never_prints_them(monkeypatch, spill):
+def test_401_names_the_keys_and_never_prints_them(monkeypatch, undelivered):
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url, secret="sk-lf-wrong-and-secret", timeout_s=60)
-        exporter = network_exporter("langfuse", Settings.from_env(), spill=spill)
+        exporter = network_exporter("langfuse", Settings.from_env(), undelivered=undelivered)
         with capture_logs() as logs:
             result, _ = exported_within(exporter, finished_run_spans(), 60)  # rejected keys end the wait at once
         assert rx.requests[0].status == 401
@@ -555,14 +555,14 @@ def test_401_names_the_keys_and_never_prints_them(monkeypatch, spill):
     assert (warning["cause"], warning["detail"]) == ("unauthorized", "HTTP 401")
     assert "LANGFUSE_SECRET_KEY" in warning["hint"]
     assert "sk-lf-wrong-and-secret" not in json.dumps(logs) and "Basic" not in json.dumps(logs)
-    assert spill.pending_spans("langfuse") == 4
+    assert undelivered.pending_spans("langfuse") == 4
 
 
-def test_a_success_resets_the_warnings(monkeypatch, spill):
+def test_a_success_resets_the_warnings(monkeypatch, undelivered):
     monkeypatch.setattr(delivery, "RETRY_AFTER_FAILURE_S", 0.0)
     with OTLPReceiver() as rx:
         use_collector(monkeypatch, rx.url)
-        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), undelivered=undelivered)
         with capture_logs() as logs:
             for fault in (500, 500, None, 500):  # 500 is not retried by the exporter; 503 would be
                 if fault:
@@ -571,34 +571,34 @@ def test_a_success_resets_the_warnings(monkeypatch, spill):
     assert [w["cause"] for w in warnings_of(logs)] == ["server_error", "server_error"]  # once, then again after a success
 
 
-def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeypatch, spill):
+def test_an_answer_arriving_after_the_deadline_marks_the_batch_delivered(monkeypatch, undelivered):
     with OTLPReceiver() as rx:
         rx.fail_next(Delay(1.5))
         use_collector(monkeypatch, rx.url, timeout_ms=30_000)
-        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), undelivered=undelivered)
         exporter.set_deadline(time.monotonic() + 0.1)  # a flush with 0.1 s left
         result = exporter.export(finished_run_spans())
         # Still pending: the export gave up at the deadline, before the answer came (which would mark it delivered).
-        assert result == SpanExportResult.FAILURE and spill.pending_spans() == 4
+        assert result == SpanExportResult.FAILURE and undelivered.pending_spans() == 4
         rx.wait_for_spans(4)
         deadline = time.monotonic() + 30
-        while spill.pending_spans() and time.monotonic() < deadline:
+        while undelivered.pending_spans() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert spill.pending_spans() == 0 and exporter.spilled_spans == 0  # so push will not send it a second time
+        assert undelivered.pending_spans() == 0 and exporter.undelivered_spans == 0  # so push will not send it a second time
         rx.clear()
-        assert push(spill.path, settings=Settings.from_env()).sent == {}
+        assert push(undelivered.path, settings=Settings.from_env()).sent == {}
         assert rx.requests == []
 
 
-def test_a_batch_a_collector_stored_after_the_timeout_is_not_pushed_a_second_time(monkeypatch, spill):
+def test_a_batch_a_collector_stored_after_the_timeout_is_not_pushed_a_second_time(monkeypatch, undelivered):
     with OTLPReceiver() as rx:
         rx.fail_next(Delay(1.5))  # stored, answered too late
         use_collector(monkeypatch, rx.url, timeout_ms=300)
-        exporter = network_exporter("otlp", Settings.from_env(), spill=spill)
+        exporter = network_exporter("otlp", Settings.from_env(), undelivered=undelivered)
         spans = finished_run_spans()
         assert exporter.export(spans) == SpanExportResult.FAILURE
         rx.wait_for_spans(4)  # the collector has them after all
-        report = push(spill.path, settings=Settings.from_env())
+        report = push(undelivered.path, settings=Settings.from_env())
         assert report.held == {"otlp": 4} and report.sent == {} and "--resend-interrupted" in report.summary()
         assert sorted(s.span_id for s in rx.spans) == sorted(span_ids(spans))  # once
 
@@ -609,7 +609,7 @@ def test_a_score_that_failed_while_langfuse_was_down_is_delivered_by_push_once(m
 
     use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}")
     telemetry = configure(exporters="file,langfuse", set_global=False, trace_file=tmp_path / "traces.jsonl",
-                          spill_file=tmp_path / "undelivered.jsonl")
+                          undelivered_file=tmp_path / "undelivered.jsonl")
     with capture_logs() as logs:
         Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(runaway_script()),
               telemetry=telemetry, on_anomaly="warn").run("find a projector")
@@ -634,7 +634,7 @@ def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tm
     _, baseline_s = run_agent(TracerProvider())
     use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_s=60)
     use_collector(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_ms=60_000)
-    telemetry, memory = configure_with_memory(exporters="file,langfuse,otlp", spill_file=tmp_path / "spill.jsonl")
+    telemetry, memory = configure_with_memory(exporters="file,langfuse,otlp", undelivered_file=tmp_path / "undelivered.jsonl")
     with capture_logs() as logs:
         result, run_s = run_agent(telemetry.tracer_provider)
         started = time.monotonic()
@@ -647,38 +647,38 @@ def test_a_dead_backend_changes_neither_the_run_nor_its_duration(monkeypatch, tm
     assert shutdown_s < 30
     assert sorted((w["backend"], w["cause"]) for w in warnings_of(logs)) == [("langfuse", "refused"),
                                                                              ("otlp", "refused")]
-    spill = UndeliveredList(tmp_path / "spill.jsonl")
+    undelivered = UndeliveredList(tmp_path / "undelivered.jsonl")
     made = span_ids(memory.get_finished_spans())
     for backend in ("langfuse", "otlp"):
-        assert {key[32:] for keys in spill.pending()[backend].spans.values() for key in keys} == made
-    assert telemetry.spilled_spans == 2 * len(made)
-    assert "looptrace traces push" in telemetry.spill_notice() and str(spill.path) in telemetry.spill_notice()
+        assert {key[32:] for keys in undelivered.pending()[backend].spans.values() for key in keys} == made
+    assert telemetry.undelivered_spans == 2 * len(made)
+    assert "looptrace traces push" in telemetry.undelivered_notice() and str(undelivered.path) in telemetry.undelivered_notice()
 
     with OTLPReceiver(basic_auth=(PUBLIC_KEY, SECRET_KEY), path_prefix=LANGFUSE_PREFIX) as rx:
         use_langfuse(monkeypatch, rx.base_url)
-        report = push(spill.path, to=["langfuse"], settings=Settings.from_env())  # the collector's copy stays
+        report = push(undelivered.path, to=["langfuse"], settings=Settings.from_env())  # the collector's copy stays
         assert report.sent == {"langfuse": len(made)} and report.skipped == {"otlp": len(made)}
         assert {s.span_id for s in rx.wait_for_spans(len(made))} == made
-    assert spill.pending_spans("otlp") == len(made) and spill.pending_spans("langfuse") == 0
+    assert undelivered.pending_spans("otlp") == len(made) and undelivered.pending_spans("langfuse") == 0
 
 
 def test_without_the_trace_file_an_undelivered_batch_is_said_to_be_lost(monkeypatch, tmp_path):
     use_langfuse(monkeypatch, f"http://127.0.0.1:{unused_port()}", timeout_s=60)
-    telemetry, memory = configure_with_memory(exporters="langfuse", spill_file=tmp_path / "undelivered.jsonl")
+    telemetry, memory = configure_with_memory(exporters="langfuse", undelivered_file=tmp_path / "undelivered.jsonl")
     with capture_logs() as logs:
         run_agent(telemetry.tracer_provider)
         telemetry.shutdown(timeout_ms=1000)
     (warning,) = warnings_of(logs)
     assert "lost" in warning["lost"] and "trace file is off" in warning["lost"]
     made = len(memory.get_finished_spans())
-    assert f"{made} spans could not be delivered (" in telemetry.spill_notice()
-    assert "are lost" in telemetry.spill_notice() and not (tmp_path / "undelivered.jsonl").exists()
+    assert f"{made} spans could not be delivered (" in telemetry.undelivered_notice()
+    assert "are lost" in telemetry.undelivered_notice() and not (tmp_path / "undelivered.jsonl").exists()
 
 
 # --- the undelivered list and push --------------------------------------------------------------------------------
 
 
-def test_spilled_spans_come_back_as_they_were_sent(spill):
+def test_undelivered_spans_come_back_as_they_were_sent(undelivered):
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "svc", "deployment.environment": "test"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
@@ -693,9 +693,9 @@ def test_spilled_spans_come_back_as_they_were_sent(spill):
             pass
     original = memory.get_finished_spans()
     assert len(original) == 2
-    spill.append("otlp", original)
+    undelivered.append("otlp", original)
     backend = ScriptedExporter()
-    push(spill.path, {"otlp": backend})
+    push(undelivered.path, {"otlp": backend})
     (sent,) = backend.batches
     assert encode_proto(sent) == encode_proto(original)  # what the SDK's exporter puts on the wire, byte for byte
     assert encode_json(sent).to_dict() == encode_json(original).to_dict()
@@ -719,82 +719,82 @@ class ScriptedExporter:
         pass
 
 
-def test_an_interrupted_push_never_sends_a_batch_twice_to_a_collector(spill, monkeypatch):
+def test_an_interrupted_push_never_sends_a_batch_twice_to_a_collector(undelivered, monkeypatch):
     from looptrace.instrumentation.export import push as push_module
 
     monkeypatch.setattr(push_module, "BATCH_SPANS", 4)  # one run's spans per request
     batches = [finished_run_spans() for _ in range(3)]
     for batch in batches:
-        spill.append("otlp", batch)
+        undelivered.append("otlp", batch)
     first = ScriptedExporter(raise_on={2})
     with pytest.raises(KeyboardInterrupt):
-        push(spill.path, {"otlp": first})
+        push(undelivered.path, {"otlp": first})
     second = ScriptedExporter()
-    report = push(spill.path, {"otlp": second})
+    report = push(undelivered.path, {"otlp": second})
     # The interrupted call never got its answer: it may have arrived, so it is held back, reported, not resent.
     assert second.calls == [span_ids_in_order(batches[2])]
     assert report.held == {"otlp": 4} and not report.ok and "--resend-interrupted" in report.summary()
     third = ScriptedExporter()
-    assert push(spill.path, {"otlp": third}).held == {"otlp": 4} and third.calls == []
+    assert push(undelivered.path, {"otlp": third}).held == {"otlp": 4} and third.calls == []
     fourth = ScriptedExporter()
-    push(spill.path, {"otlp": fourth}, resend_interrupted=True)  # the user's explicit choice
-    assert fourth.calls == [span_ids_in_order(batches[1])] and not spill.path.exists()
+    push(undelivered.path, {"otlp": fourth}, resend_interrupted=True)  # the user's explicit choice
+    assert fourth.calls == [span_ids_in_order(batches[1])] and not undelivered.path.exists()
 
 
-def test_langfuse_gets_an_uncertain_batch_again_because_it_keeps_one_observation_per_span_id(spill):
+def test_langfuse_gets_an_uncertain_batch_again_because_it_keeps_one_observation_per_span_id(undelivered):
     # A batch Langfuse may have stored although its answer never came (a timeout). Langfuse's OTel ingestion makes
     # the span id the observation id and merges events with the same id, so a second copy adds nothing there.
     spans = finished_run_spans()
-    spill.append("langfuse", spans, uncertain=True)
+    undelivered.append("langfuse", spans, uncertain=True)
     backend = ScriptedExporter()
-    report = push(spill.path, {"langfuse": backend})
+    report = push(undelivered.path, {"langfuse": backend})
     assert backend.calls == [span_ids_in_order(spans)] and report.ok and report.held == {}
-    assert push(spill.path, {"langfuse": ScriptedExporter()}).summary().startswith("nothing to push")
+    assert push(undelivered.path, {"langfuse": ScriptedExporter()}).summary().startswith("nothing to push")
 
 
 def span_ids_in_order(spans):
     return [format(s.context.span_id, "016x") for s in spans]
 
 
-def test_a_failing_backend_keeps_its_batches_and_others_go_on(spill):
+def test_a_failing_backend_keeps_its_batches_and_others_go_on(undelivered):
     for backend in ("langfuse", "langfuse", "otlp"):
-        spill.append(backend, finished_run_spans())
+        undelivered.append(backend, finished_run_spans())
     langfuse_exporter, otlp_exporter = ScriptedExporter(fail_on={1}), ScriptedExporter()
-    report = push(spill.path, {"langfuse": langfuse_exporter, "otlp": otlp_exporter})
+    report = push(undelivered.path, {"langfuse": langfuse_exporter, "otlp": otlp_exporter})
     assert len(langfuse_exporter.calls) == 1  # not tried again in the same push
     assert (report.sent, report.failed, report.ok) == ({"otlp": 4}, {"langfuse": 8}, False)
-    assert spill.pending_spans("langfuse") == 8 and spill.pending_spans("otlp") == 0
+    assert undelivered.pending_spans("langfuse") == 8 and undelivered.pending_spans("otlp") == 0
     with pytest.raises(ConfigurationError, match="not configured"):
-        push(spill.path, {"otlp": otlp_exporter}, to=["langfuse"])
+        push(undelivered.path, {"otlp": otlp_exporter}, to=["langfuse"])
 
 
-def test_two_pushes_at_once_are_refused(spill):
-    spill.append("otlp", finished_run_spans())
+def test_two_pushes_at_once_are_refused(undelivered):
+    undelivered.append("otlp", finished_run_spans())
     exporter = ScriptedExporter()
-    with spill.listing.pushing(), pytest.raises(PushInProgress):
-        push(spill.path, {"otlp": exporter})
+    with undelivered.listing.pushing(), pytest.raises(PushInProgress):
+        push(undelivered.path, {"otlp": exporter})
     assert exporter.calls == []
 
 
-def test_a_torn_line_in_the_trace_file_or_the_list_costs_only_itself(spill):
-    spill.append("otlp", finished_run_spans())
-    for path in (spill.path, spill.trace_file):
+def test_a_torn_line_in_the_trace_file_or_the_list_costs_only_itself(undelivered):
+    undelivered.append("otlp", finished_run_spans())
+    for path in (undelivered.path, undelivered.trace_file):
         with open(path, "a") as handle:
             handle.write('{"truncated": ')  # a writer killed mid-line
-    spill.append("otlp", finished_run_spans())  # written on a line of its own, after the torn one
-    report = push(spill.path, {"otlp": ScriptedExporter()})
-    assert report.sent == {"otlp": 8} and report.ok and not spill.path.exists()
+    undelivered.append("otlp", finished_run_spans())  # written on a line of its own, after the torn one
+    report = push(undelivered.path, {"otlp": ScriptedExporter()})
+    assert report.sent == {"otlp": 8} and report.ok and not undelivered.path.exists()
 
 
-def test_spans_no_longer_in_any_trace_file_are_reported_lost_once(spill):
-    spill.append("otlp", finished_run_spans())
-    spill.trace_file.unlink()
-    report = push(spill.path, {"otlp": ScriptedExporter()})
+def test_spans_no_longer_in_any_trace_file_are_reported_lost_once(undelivered):
+    undelivered.append("otlp", finished_run_spans())
+    undelivered.trace_file.unlink()
+    report = push(undelivered.path, {"otlp": ScriptedExporter()})
     assert report.missing == {"otlp": 4} and not report.ok and "lost" in report.summary()
-    assert push(spill.path, {"otlp": ScriptedExporter()}).summary().startswith("nothing to push")
+    assert push(undelivered.path, {"otlp": ScriptedExporter()}).summary().startswith("nothing to push")
 
 
-def test_guarded_exporter_survives_an_exporter_that_raises(spill):
+def test_guarded_exporter_survives_an_exporter_that_raises(undelivered):
     class Broken:
         def export(self, spans):
             raise RuntimeError("boom")
@@ -803,10 +803,10 @@ def test_guarded_exporter_survives_an_exporter_that_raises(spill):
             pass
 
     exporter = GuardedExporter("otlp", Broken(), endpoint="http://user:pw@collector:4318/v1/traces?token=t",
-                               spill=spill)
+                               undelivered=undelivered)
     with capture_logs() as logs:
         assert exporter.export(finished_run_spans()) == SpanExportResult.FAILURE
     (warning,) = warnings_of(logs)
     assert (warning["cause"], warning["detail"]) == ("failed", "RuntimeError")
     assert warning["endpoint"] == "http://collector:4318/v1/traces"  # no user info, no query
-    assert spill.pending_spans() == 4
+    assert undelivered.pending_spans() == 4

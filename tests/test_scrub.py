@@ -126,15 +126,15 @@ def test_the_cli_keeps_the_token_out_of_the_trace_file_langfuse_the_undelivered_
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         received = langfuse.wait_for_spans(6)
-    trace_file, spill = tmp_path / ".looptrace" / "traces.jsonl", tmp_path / ".looptrace" / "undelivered.jsonl"
-    assert len(list(read_spans(trace_file))) == 6 and spill.exists()
-    places = {"trace file": trace_file.read_text(), "spill": spill.read_text(), "stdout": done.stdout,
+    trace_file, undelivered = tmp_path / ".looptrace" / "traces.jsonl", tmp_path / ".looptrace" / "undelivered.jsonl"
+    assert len(list(read_spans(trace_file))) == 6 and undelivered.exists()
+    places = {"trace file": trace_file.read_text(), "undelivered list": undelivered.read_text(), "stdout": done.stdout,
               "stderr": done.stderr,
               "langfuse": json.dumps([[dict(s.attributes), s.status_message] for s in received], default=str)}
     for place, text in places.items():
         for form in (TOKEN, quote(TOKEN, safe=""), json.dumps(TOKEN)[1:-1]):
             assert form not in text, f"{form} reached the {place}"
-    assert REDACTED in places["langfuse"] and places["spill"].strip()
+    assert REDACTED in places["langfuse"] and places["undelivered list"].strip()
     printed = json.loads(done.stdout)
     assert printed["messages"][1]["content"][0]["input"]["access_token"] == REDACTED
     assert REDACTED in printed["messages"][2]["content"][0]["content"]

@@ -23,6 +23,7 @@ from looptrace.instrumentation.export.setup import (
     context_from_traceparent,
 )
 from looptrace.instrumentation.recording.metrics import LoopMetrics
+from looptrace.instrumentation.settings import Settings
 from looptrace.instrumentation.tracefile.read import read_spans
 from looptrace.instrumentation.tracefile.undelivered import UndeliveredList
 from looptrace.testing import capture_logs
@@ -34,7 +35,7 @@ ISOLATED_ENV = (
     "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_TRACES_EXPORTER",
     "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "LOOPTRACE_EXPORTER",
-    "LOOPTRACE_SPILL_FILE", "LOOPTRACE_PROMETHEUS_PORT", "LOOPTRACE_TRACE_FILE", "TRACEPARENT", "TRACESTATE",
+    "LOOPTRACE_UNDELIVERED_FILE", "LOOPTRACE_PROMETHEUS_PORT", "LOOPTRACE_TRACE_FILE", "TRACEPARENT", "TRACESTATE",
 )
 
 
@@ -117,7 +118,7 @@ def test_file_langfuse_and_otlp_together(monkeypatch, tmp_path):
     assert runs.data_points[0].value == 1 and runs.resource["service.name"] == "booking-service"
     assert collector.spans[0].resource["deployment.environment"] == "test"
     assert all(r.path == "/v1/metrics" for r in collector.requests if r.metrics)
-    assert telemetry.spill_notice() is None and not (tmp_path / ".looptrace").exists()  # no spill, no lock files
+    assert telemetry.undelivered_notice() is None and not (tmp_path / ".looptrace").exists()  # nothing undelivered, no lock files
 
 
 def test_metrics_on_a_prometheus_endpoint(monkeypatch):
@@ -192,7 +193,7 @@ def slow_collector(monkeypatch, receiver, seconds: float) -> None:
 def test_flush_keeps_its_timeout_with_a_slow_backend(monkeypatch, tmp_path):
     with OTLPReceiver() as collector:
         slow_collector(monkeypatch, collector, 60.0)  # the receiver's stop ends the delay
-        telemetry = configure(exporters="file,otlp", spill_file=tmp_path / "spill.jsonl",
+        telemetry = configure(exporters="file,otlp", undelivered_file=tmp_path / "undelivered.jsonl",
                               trace_file=tmp_path / "traces.jsonl", set_global=False)
         memory = with_memory(telemetry)
         run_agent(telemetry.tracer_provider)
@@ -208,13 +209,13 @@ def test_flush_keeps_its_timeout_with_a_slow_backend(monkeypatch, tmp_path):
             telemetry.shutdown(timeout_ms=300)
             shutdown_s = time.monotonic() - started
         made = ids(memory.get_finished_spans())
-        assert listed(tmp_path / "spill.jsonl") == made  # nothing dropped: what missed the deadline is listed
+        assert listed(tmp_path / "undelivered.jsonl") == made  # nothing dropped: what missed the deadline is listed
     # Stopping the receiver ends its delay: the request still on the wire is answered 200 after all, and its batch
     # is marked delivered, so a push will not send it a second time.
     waited_until = time.monotonic() + 30
-    while listed(tmp_path / "spill.jsonl") and time.monotonic() < waited_until:
+    while listed(tmp_path / "undelivered.jsonl") and time.monotonic() < waited_until:
         time.sleep(0.02)
-    assert listed(tmp_path / "spill.jsonl") == set() and {s.span_id for s in collector.spans} == made
+    assert listed(tmp_path / "undelivered.jsonl") == set() and {s.span_id for s in collector.spans} == made
     # Each kept its 0.3 s deadline rather than the backend's 60 s delay or the exporter's 60 s timeout: half of that
     # is a margin no busy machine eats.
     assert (delivered, flush_s < 30, provider_flush_s < 30, shutdown_s < 30) == (False, True, True, True), \
@@ -222,12 +223,12 @@ def test_flush_keeps_its_timeout_with_a_slow_backend(monkeypatch, tmp_path):
     assert [(w["backend"], w["cause"]) for w in logs if w["event"] == "export_failed"] == [("otlp", "timeout")]
 
 
-def test_shutdown_spills_what_is_still_queued(monkeypatch, tmp_path):
+def test_shutdown_lists_what_is_still_queued_as_undelivered(monkeypatch, tmp_path):
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", PUBLIC_KEY)
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", SECRET_KEY)
     monkeypatch.setenv("LANGFUSE_BASE_URL", f"http://127.0.0.1:{unused_port()}")
     monkeypatch.setenv("LANGFUSE_TIMEOUT", "60")  # what an exporter retrying the refused connection would take
-    monkeypatch.setenv("LOOPTRACE_SPILL_FILE", str(tmp_path / "elsewhere.jsonl"))
+    monkeypatch.setenv("LOOPTRACE_UNDELIVERED_FILE", str(tmp_path / "elsewhere.jsonl"))
     telemetry = configure(set_global=False)
     memory = with_memory(telemetry)
     for _ in range(3):
@@ -236,9 +237,22 @@ def test_shutdown_spills_what_is_still_queued(monkeypatch, tmp_path):
     telemetry.shutdown(timeout_ms=1000)
     assert time.monotonic() - started < 30
     made = ids(memory.get_finished_spans())
-    assert telemetry.spilled_spans == len(made) == UndeliveredList(tmp_path / "elsewhere.jsonl").pending_spans("langfuse")
-    assert str(tmp_path / "elsewhere.jsonl") in telemetry.spill_notice()
+    assert telemetry.undelivered_spans == len(made) == UndeliveredList(tmp_path / "elsewhere.jsonl").pending_spans("langfuse")
+    assert str(tmp_path / "elsewhere.jsonl") in telemetry.undelivered_notice()
     telemetry.shutdown()  # idempotent
+
+
+def test_the_undelivered_lists_old_names_still_work_and_say_they_are_deprecated(monkeypatch, tmp_path):
+    monkeypatch.delenv("LOOPTRACE_UNDELIVERED_FILE", raising=False)
+    monkeypatch.setenv("LOOPTRACE_SPILL_FILE", str(tmp_path / "old-variable.jsonl"))
+    with pytest.warns(FutureWarning, match="LOOPTRACE_UNDELIVERED_FILE"):
+        assert Settings.from_env().undelivered_file == tmp_path / "old-variable.jsonl"
+    monkeypatch.setenv("LOOPTRACE_UNDELIVERED_FILE", str(tmp_path / "new-variable.jsonl"))
+    assert Settings.from_env().undelivered_file == tmp_path / "new-variable.jsonl"  # the new name wins
+    with pytest.warns(DeprecationWarning, match="undelivered_file"):
+        telemetry = configure(exporters="none", set_global=False, spill_file=tmp_path / "old-parameter.jsonl")
+    assert telemetry.settings.undelivered_file == tmp_path / "old-parameter.jsonl"
+    telemetry.shutdown()
 
 
 def test_a_full_export_queue_counts_every_dropped_span_and_says_so(monkeypatch, tmp_path):
@@ -246,7 +260,7 @@ def test_a_full_export_queue_counts_every_dropped_span_and_says_so(monkeypatch, 
         slow_collector(monkeypatch, collector, 60.0)  # the first batch hangs on the wire: the queue cannot drain
         monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
         monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
-        telemetry = configure(exporters="file,otlp", spill_file=tmp_path / "spill.jsonl",
+        telemetry = configure(exporters="file,otlp", undelivered_file=tmp_path / "undelivered.jsonl",
                               trace_file=tmp_path / "traces.jsonl", set_global=False)
         tracer = telemetry.tracer_provider.get_tracer("test")
         with capture_logs() as logs:
@@ -256,10 +270,10 @@ def test_a_full_export_queue_counts_every_dropped_span_and_says_so(monkeypatch, 
         dropped = telemetry.dropped_spans
         assert 2 <= dropped <= 6
         assert [entry["event"] for entry in logs].count("export_queue_full") == 1  # one warning, not one per span
-        assert f"{dropped} spans were dropped" in telemetry.spill_notice()
+        assert f"{dropped} spans were dropped" in telemetry.undelivered_notice()
         telemetry.shutdown(timeout_ms=300)
-        spilled = listed(tmp_path / "spill.jsonl")
-    assert len(spilled) + dropped == 10  # every span is either kept for a push or counted as lost
+        undelivered = listed(tmp_path / "undelivered.jsonl")
+    assert len(undelivered) + dropped == 10  # every span is either kept for a push or counted as lost
 
 
 # --- joining a caller's trace -------------------------------------------------------------------------------------

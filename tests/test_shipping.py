@@ -249,7 +249,7 @@ def run_into_langfuse(tmp_path, script, *, task=DEMO_TASK, tools=None, parent=No
     """One run exported to Langfuse as the CLI does it: spans, anomaly scores, then everything flushed."""
     from opentelemetry import context
 
-    telemetry = configure(exporters="langfuse", set_global=False, spill_file=tmp_path / "spill.jsonl")
+    telemetry = configure(exporters="langfuse", set_global=False, undelivered_file=tmp_path / "undelivered.jsonl")
     agent = Agent("claude-sonnet-5-5", tools=Inventory().tools() if tools is None else tools, system=DEMO_SYSTEM,
                   client=ScriptedModel(script), tracer_provider=telemetry.tracer_provider,
                   meter_provider=telemetry.meter_provider, on_anomaly="warn")

@@ -351,7 +351,7 @@ def ran(tmp_path: Path, backend: str = "otlp", line_after: str | None = None) ->
 def test_push_reads_the_trace_file_within_the_line_limit_the_settings_give(tmp_path):
     listing = ran(tmp_path, line_after='{"resourceSpans":[],"x":"' + "y" * 10_000 + '"}\n')
     exporter = Recorder()
-    report = push(None, {"otlp": exporter}, settings=Settings(spill_file=listing.path, max_line_bytes=8192))
+    report = push(None, {"otlp": exporter}, settings=Settings(undelivered_file=listing.path, max_line_bytes=8192))
     assert report.sent == {"otlp": 6} and report.ok  # the spans after the long line too
 
 

@@ -57,7 +57,7 @@ WAIT_SLICE_S = 0.05  # how often a waiting export looks at its deadline and at w
 _GRACE_S = 1.0  # the exporters enforce their timeout themselves; this only catches one that does not
 
 
-class SpillSink(Protocol):
+class UndeliveredSink(Protocol):
     """Where undelivered batches are noted (``tracefile.undelivered.UndeliveredList``): by span id, the spans being
     in the trace file; forgotten once delivered after all."""
 
@@ -126,7 +126,7 @@ class _Delivery:
         self.probe = probe
         self.timeout_s = timeout_s
         self.sender = _Sender(f"{name}-{signal}", probe)
-        self.deadline: float | None = None  # time.monotonic() after which nothing is sent any more, only spilled
+        self.deadline: float | None = None  # time.monotonic() after which nothing is sent, only listed as undelivered
         self.closed = False
         self.last_failure: Failure | None = None
         self._paused_until = 0.0
@@ -212,20 +212,20 @@ class GuardedExporter(SpanExporter):
     """A network span exporter that never raises, never blocks for long, and never loses a span silently.
 
     ``export`` waits for the inner exporter at most ``timeout_s`` (less when a flush deadline is set, much less when
-    the connection is refused or the keys are rejected). What it cannot deliver is noted in ``spill`` (the undelivered
+    the connection is refused or the keys are rejected). What it cannot deliver is noted in ``undelivered`` (the
     list, when the trace file holds the spans), and the first failure of each cause is reported once. After a failure
     the backend is left alone for ``RETRY_AFTER_FAILURE_S``; batches meanwhile are noted at once.
     """
 
     def __init__(self, name: str, inner: SpanExporter, *, endpoint: str, probe: OutcomeProbe | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, spill: SpillSink | None = None) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, undelivered: UndeliveredSink | None = None) -> None:
         self.name = name
         self.inner = inner
-        self.spill = spill
+        self.undelivered = undelivered
         self._delivery = _Delivery(name, "traces", endpoint, probe or OutcomeProbe(), timeout_s)
-        self._spilled: dict[str, int] = {}  # batch id -> spans, for this exporter's lifetime
-        self._spill_lock = threading.Lock()
-        self._spill_warned = False
+        self._undelivered: dict[str, int] = {}  # batch id -> spans, for this exporter's lifetime
+        self._undelivered_lock = threading.Lock()
+        self._undelivered_warned = False
         self.delivered_spans = 0
         self.lost_spans = 0  # not delivered and not noted for push (no trace file, or the list unwritable)
 
@@ -238,10 +238,10 @@ class GuardedExporter(SpanExporter):
         return self._delivery.last_failure
 
     @property
-    def spilled_spans(self) -> int:
+    def undelivered_spans(self) -> int:
         """Spans of this exporter's lifetime noted as undelivered (in the trace file, for push)."""
-        with self._spill_lock:
-            return sum(self._spilled.values())
+        with self._undelivered_lock:
+            return sum(self._undelivered.values())
 
     @property
     def deadline(self) -> float | None:
@@ -277,27 +277,27 @@ class GuardedExporter(SpanExporter):
         # A timeout may hide a batch the backend stored; a refusal, an error status or a fault of the exporter not.
         batch = self._save(spans, failure, uncertain=failure.cause == TIMEOUT)
         if batch is not None:
-            # Possibly still on the wire (the wait was cut short): if it gets through after all, the spilled copy
+            # Possibly still on the wire (the wait was cut short): if it gets through after all, the listed copy
             # must never be pushed. A future that already ended runs the callback at once.
             future.add_done_callback(lambda done: self._late_answer(done, batch, len(spans)))
         return SpanExportResult.FAILURE
 
     def _save(self, spans: list[ReadableSpan], failure: Failure, *, uncertain: bool) -> str | None:
         batch = None
-        if self.spill is not None:
+        if self.undelivered is not None:
             try:
-                batch = self.spill.append(self.name, spans, uncertain=uncertain)
+                batch = self.undelivered.append(self.name, spans, uncertain=uncertain)
             except (OSError, ValueError, TypeError) as error:
-                self._warn_spill(error)
+                self._warn_undelivered(error)
             else:
-                with self._spill_lock:
-                    self._spilled[batch] = len(spans)
+                with self._undelivered_lock:
+                    self._undelivered[batch] = len(spans)
         if batch is None:
-            with self._spill_lock:
+            with self._undelivered_lock:
                 self.lost_spans += len(spans)
-        if batch is not None and self.spill is not None:
-            self._delivery.warn_once(failure, undelivered_listed_in=str(self.spill.path))
-        elif self.spill is None:
+        if batch is not None and self.undelivered is not None:
+            self._delivery.warn_once(failure, undelivered_listed_in=str(self.undelivered.path))
+        elif self.undelivered is None:
             self._delivery.warn_once(failure, lost="the trace file is off, so there is no copy for `looptrace traces "
                                                    "push` to send: these spans are lost for this backend")
         else:
@@ -308,26 +308,26 @@ class GuardedExporter(SpanExporter):
         try:
             delivered = not future.cancelled() and future.exception() is None \
                 and future.result() == SpanExportResult.SUCCESS
-            if delivered and self.spill is not None:
-                self.spill.mark_delivered(batch)
-                with self._spill_lock:
-                    self._spilled.pop(batch, None)
+            if delivered and self.undelivered is not None:
+                self.undelivered.mark_delivered(batch)
+                with self._undelivered_lock:
+                    self._undelivered.pop(batch, None)
                 self._count_delivered(count)
                 self._delivery.recovered()
         except Exception:  # noqa: BLE001 - on the sender thread; the batch simply stays pending, push sends it
             pass
 
     def _count_delivered(self, count: int) -> None:
-        with self._spill_lock:  # the worker thread and, for a late answer, the sender thread
+        with self._undelivered_lock:  # the worker thread and, for a late answer, the sender thread
             self.delivered_spans += count
 
-    def _warn_spill(self, error: BaseException) -> None:
-        if not self._spill_warned:
-            self._spill_warned = True
+    def _warn_undelivered(self, error: BaseException) -> None:
+        if not self._undelivered_warned:
+            self._undelivered_warned = True
             log.warning("undelivered_list_unwritable", backend=self.name,
-                        path=str(self.spill.path if self.spill else ""), error=type(error).__name__,
+                        path=str(self.undelivered.path if self.undelivered else ""), error=type(error).__name__,
                         hint="the spans this backend could not take are in the trace file, but push cannot know "
-                             "which: set LOOPTRACE_SPILL_FILE to a writable path")
+                             "which: set LOOPTRACE_UNDELIVERED_FILE to a writable path")
 
     def shutdown(self) -> None:
         self._delivery.closed = True
@@ -341,9 +341,9 @@ class GuardedExporter(SpanExporter):
 
 
 class GuardedMetricExporter(MetricExporter):
-    """The metric side of GuardedExporter: bounded, never raising, one warning per cause. Metrics are not spilled:
+    """The metric side of GuardedExporter: bounded, never raising, one warning per cause. Metrics are not listed:
     in a long-lived process the next export carries the cumulative totals again; a one-shot run whose final export
-    fails loses that run's points (the spans, which are spilled, still hold everything the metrics count), and
+    fails loses that run's points (the spans, which are listed, still hold everything the metrics count), and
     ``undelivered`` lets the exit say so.
 
     An endpoint that has no metrics service (HTTP 404, gRPC UNIMPLEMENTED: ``looptrace watch``, a traces-only

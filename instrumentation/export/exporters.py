@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..settings import GRPC, ConfigurationError, LangfuseSettings, OtlpSettings, Settings
 from ..tracefile.encodable import encodable_spans
-from .delivery import GuardedExporter, GuardedMetricExporter, SpillSink
+from .delivery import GuardedExporter, GuardedMetricExporter, UndeliveredSink
 from .failures import OutcomeProbe
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def _grpc_arguments(settings: OtlpSettings) -> dict[str, Any]:
     }
 
 
-def network_exporter(name: str, settings: Settings, *, spill: SpillSink | None = None) -> GuardedExporter:
+def network_exporter(name: str, settings: Settings, *, undelivered: UndeliveredSink | None = None) -> GuardedExporter:
     """The guarded span exporter for ``"langfuse"`` or ``"otlp"``."""
     probe = OutcomeProbe()
     if name == "langfuse":
@@ -154,11 +154,11 @@ def network_exporter(name: str, settings: Settings, *, spill: SpillSink | None =
                                      "(and LANGFUSE_BASE_URL for a self-hosted Langfuse)")
         inner = langfuse_span_exporter(langfuse, probe=probe)
         return GuardedExporter(name, inner, endpoint=langfuse.traces_url, probe=probe, timeout_s=langfuse.timeout_s,
-                               spill=spill)
+                               undelivered=undelivered)
     if name == "otlp":
         otlp = settings.otlp
         return GuardedExporter(name, otlp_span_exporter(otlp, probe=probe), endpoint=otlp.endpoint, probe=probe,
-                               timeout_s=otlp.timeout_s, spill=spill)
+                               timeout_s=otlp.timeout_s, undelivered=undelivered)
     raise ConfigurationError(f"{name!r} is not a network exporter; choose langfuse or otlp")
 
 

@@ -90,19 +90,19 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def push(spill_path: str | os.PathLike[str] | None = None, exporters: Mapping[str, SpanExporter] | None = None, *,
+def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapping[str, SpanExporter] | None = None, *,
          to: Iterable[str] | None = None, resend_interrupted: bool = False, settings: Settings | None = None,
          post_score: Callable[[Mapping[str, Any]], bool] | None = None) -> PushReport:
     """Send what the undelivered list names, never twice, and keep listing what still fails.
 
-    ``settings`` say where the list is (unless ``spill_path`` is given), how long a line may be, and which backends
-    to push to; without them the defaults apply (no backend configured). ``exporters`` maps backend names to span
-    exporters (tests pass their own); by default every configured backend gets its guarded exporter. ``post_score``
+    ``settings`` say where the list is (unless ``undelivered_path`` is given), how long a line may be, and which
+    backends to push to; without them the defaults apply (no backend configured). ``exporters`` maps backend names to
+    span exporters (tests pass their own); by default every configured backend gets its guarded exporter. ``post_score``
     posts one Langfuse score body and says whether it was taken (by default, to the configured Langfuse). ``to``
     limits the push to those backends. A backend that fails is not tried again in the same push.
     """
     settings = settings or Settings()
-    listing = UndeliveredList(spill_path if spill_path is not None else settings.spill_file)
+    listing = UndeliveredList(undelivered_path if undelivered_path is not None else settings.undelivered_file)
     own = exporters is None
     if exporters is None:
         from .exporters import network_exporter

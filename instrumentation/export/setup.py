@@ -35,7 +35,7 @@ about 0.1 s, whatever the backends do (default 5 s); the span and metric parts r
 deadline. On the way out, ``Telemetry.leaving()`` makes every later flush and the shutdown share a single deadline, so
 the whole exit is bounded once (the CLI's 5 s). Past the deadline, spans still queued are noted as undelivered rather
 than dropped; metrics that miss it are not exported (the next run's cumulative points make up for them), and
-``spill_notice()`` says so.
+``undelivered_notice()`` says so.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,7 @@ class Telemetry:
     settings: Settings = field(default_factory=Settings)
     trace_file: Path | None = None
     meter_provider: MeterProvider | None = None
-    spill_file: Path | None = None
+    undelivered_file: Path | None = None
     scores: LangfuseScores | None = None
     sinks: AnomalySinks | None = None  # where the anomalies of runs recorded through this telemetry go
     trace_links: TraceLinks | None = None  # the link of each run to its trace in Langfuse's UI
@@ -132,11 +133,11 @@ class Telemetry:
 
     def flush(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> bool:
         """Export what is buffered, within ``timeout_ms`` (or what is left of the exit deadline, see ``leaving``).
-        True when nothing had to be spilled meanwhile."""
+        True when nothing had to be listed as undelivered meanwhile."""
         if self._stopped:  # the CLI's interrupted path shuts down, then flushes in a finally: nothing left to do
-            return self.spilled_spans == 0
+            return self.undelivered_spans == 0
         deadline = self._deadline_for(timeout_ms)
-        spilled_before = self.spilled_spans
+        undelivered_before = self.undelivered_spans
         with self._guards_until(deadline, then=None):
             meter = self.meter_provider
             flushed = self._side_by_side(
@@ -144,12 +145,12 @@ class Telemetry:
                 None if meter is None else lambda left: _succeeded(meter.force_flush, left.remaining_ms()))
         if self.scores is not None:
             flushed = self.scores.flush(deadline.remaining_s()) and flushed
-        return flushed and self.spilled_spans == spilled_before
+        return flushed and self.undelivered_spans == undelivered_before
 
     def shutdown(self, timeout_ms: int = FLUSH_TIMEOUT_MS) -> None:
         """Deliver what can be delivered within ``timeout_ms`` (or what is left of the exit deadline), note the
         rest as undelivered, stop everything. Idempotent. Spans that miss the deadline are listed for push (they are
-        in the trace file); metrics that miss it are lost, and ``spill_notice`` says so."""
+        in the trace file); metrics that miss it are lost, and ``undelivered_notice`` says so."""
         if self._stopped:
             return
         self._stopped = True
@@ -195,9 +196,9 @@ class Telemetry:
         return delivered and bool(outcome) and outcome[0]
 
     @property
-    def spilled_spans(self) -> int:
+    def undelivered_spans(self) -> int:
         """Spans of this process's runs that a backend did not take, listed for push."""
-        return sum(guard.spilled_spans for guard in self.guards)
+        return sum(guard.undelivered_spans for guard in self.guards)
 
     @property
     def lost_spans(self) -> int:
@@ -206,7 +207,7 @@ class Telemetry:
 
     @property
     def dropped_spans(self) -> int:
-        """Spans a network exporter's full queue turned away: lost, and said so in spill_notice()."""
+        """Spans a network exporter's full queue turned away: lost, and said so in undelivered_notice()."""
         return sum(p.dropped_spans for p in self.processors if isinstance(p, _BoundedBatchSpanProcessor))
 
     @property
@@ -214,14 +215,14 @@ class Telemetry:
         """Whether the final metrics of this process missed their backend (set by ``shutdown``)."""
         return self._metrics_missed
 
-    def spill_notice(self) -> str | None:
+    def undelivered_notice(self) -> str | None:
         """The lines the CLI prints when spans or the final metrics could not be delivered, or None when all were."""
         lines = []
-        counts = [(guard.name, guard.spilled_spans) for guard in self.guards if guard.spilled_spans]
+        counts = [(guard.name, guard.undelivered_spans) for guard in self.guards if guard.undelivered_spans]
         if counts:
             each = ", ".join(f"{count} for {name}" for name, count in counts)
             lines.append(f"looptrace: {sum(c for _, c in counts)} spans could not be delivered ({each}); they are "
-                         f"in the trace file {self.trace_file} and listed in {self.spill_file}. Send them later "
+                         f"in the trace file {self.trace_file} and listed in {self.undelivered_file}. Send them later "
                          "with: looptrace traces push")
         lost = [(guard.name, guard.lost_spans) for guard in self.guards if guard.lost_spans]
         if lost:
@@ -285,8 +286,8 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
 
     def __init__(self, guard: GuardedExporter, settings: Settings) -> None:
         # A network backend can stall a batch for its whole timeout; the SDK's 2,048-span queue then overflows within
-        # a second of a busy process and drops spans before they could be spilled. A larger queue (a few tens of MB
-        # at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
+        # a second of a busy process and drops spans before they could be listed as undelivered. A larger queue (a
+        # few tens of MB at most) rides out the stall; OTEL_BSP_MAX_QUEUE_SIZE still decides when it is set.
         arguments = {"max_queue_size": NETWORK_QUEUE_SPANS, **settings.batch.arguments()}
         self.counted = _CountedExporter(guard)
         super().__init__(self.counted, **arguments)
@@ -296,7 +297,7 @@ class _BoundedBatchSpanProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         # When the queue is full the SDK drops a span and logs one warning per span, which nothing adds up. Counted
-        # here instead: one warning at the first drop, the total in Telemetry.spill_notice() at the end.
+        # here instead: one warning at the first drop, the total in Telemetry.undelivered_notice() at the end.
         if self.counted.waiting() >= self.max_queue_size:
             self.dropped_spans += 1
             if self.dropped_spans == 1:
@@ -367,9 +368,10 @@ def configure(
     service_name: str | None = None,
     console_stream: IO[str] | None = None,
     set_global: bool = True,
-    spill_file: str | os.PathLike[str] | None = None,
+    undelivered_file: str | os.PathLike[str] | None = None,
     prometheus_port: int | None = None,
     tracer_provider: TracerProvider | None = None,
+    spill_file: str | os.PathLike[str] | None = None,
 ) -> Telemetry:
     """Set up looptrace's exporters (and metrics) for an application. Returns the handle to flush and shut them down.
 
@@ -382,17 +384,22 @@ def configure(
         console_stream: where the console exporter prints (standard error by default).
         set_global: make looptrace's own provider the global one, if no application set one before. Never replaces
             a global provider that is already set.
-        spill_file: the undelivered list: which spans (by id; the trace file holds them) and scores a backend did
+        undelivered_file: the undelivered list: which spans (by id; the trace file holds them) and scores a backend did
             not take, for ``looptrace traces push``.
         prometheus_port: serve metrics for Prometheus on this port.
         tracer_provider: the application's SDK TracerProvider: looptrace's processors are added to it (nothing of the
             application's is replaced), and runs of an Agent given no provider join it through the global API or
             by passing it.
+        spill_file: the old name of ``undelivered_file``; deprecated.
 
     A bounded ``shutdown()`` also runs at interpreter exit if the application does not call it.
     """
+    if spill_file is not None:
+        warnings.warn("configure(spill_file=...) is deprecated: pass undelivered_file=...", DeprecationWarning,
+                      stacklevel=2)
+        undelivered_file = undelivered_file if undelivered_file is not None else spill_file
     settings = (settings or Settings.from_env()).with_overrides(
-        exporters=exporters, trace_file=trace_file, spill_file=spill_file, prometheus_port=prometheus_port,
+        exporters=exporters, trace_file=trace_file, undelivered_file=undelivered_file, prometheus_port=prometheus_port,
         service_name=service_name)
     if tracer_provider is not None:
         if not isinstance(tracer_provider, TracerProvider):
@@ -417,7 +424,8 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
     Serves no Prometheus port (only configure() opens one: two defaults could not share it)."""
     settings = settings or Settings.from_env()
     names = settings.chosen_exporters()
-    key = (tuple(names), settings.sdk_span_settings, settings.trace_file, settings.spill_file, settings.service_name,
+    key = (tuple(names), settings.sdk_span_settings, settings.trace_file, settings.undelivered_file,
+           settings.service_name,
            repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
            settings.otlp.endpoint, settings.otlp.protocol)
     with _default_lock:
@@ -469,11 +477,11 @@ def _processors(settings: Settings, names: list[str], console_stream: IO[str] | 
     """One span processor per exporter named; if one cannot be built, those already built are shut down."""
     # What a backend cannot take is noted by id; the trace file holds the spans. Without the file, nothing is kept.
     keeps_spans = "file" in settings.chosen_exporters()
-    spill = UndeliveredList(settings.spill_file, trace_file=settings.trace_file if keeps_spans else None)
+    undelivered = UndeliveredList(settings.undelivered_file, trace_file=settings.trace_file if keeps_spans else None)
     processors: list[SpanProcessor] = []
     try:
         for name in names:
-            processors.append(_processor(name, settings, spill, console_stream, telemetry))
+            processors.append(_processor(name, settings, undelivered, console_stream, telemetry))
     except BaseException:
         for processor in processors:
             _quietly(processor.shutdown)
@@ -496,12 +504,13 @@ def _finish(telemetry: Telemetry, settings: Settings, processors: list[SpanProce
     return telemetry
 
 
-def _processor(name: str, settings: Settings, spill: UndeliveredList, console_stream: IO[str] | None,
+def _processor(name: str, settings: Settings, undelivered: UndeliveredList, console_stream: IO[str] | None,
                telemetry: Telemetry) -> SpanProcessor:
     if name in NETWORK_EXPORTERS:
-        guard = network_exporter(name, settings, spill=spill if spill.trace_file is not None else None)
+        kept_for_push = undelivered if undelivered.trace_file is not None else None
+        guard = network_exporter(name, settings, undelivered=kept_for_push)
         telemetry.guards.append(guard)
-        telemetry.spill_file = spill.path
+        telemetry.undelivered_file = undelivered.path
         return _BoundedBatchSpanProcessor(guard, settings)
     if name == "file":
         telemetry.trace_file = settings.trace_file

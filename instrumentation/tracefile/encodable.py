@@ -9,8 +9,8 @@ What the encoders cannot carry, measured on opentelemetry-sdk 1.45 (``tests/test
   text is (attribute values at any depth, keys, names, the status, events, links, the resource);
 * an integer beyond 64 bits: the protobuf encoder drops the attribute; the JSON encoder writes an ``intValue`` no
   OTLP reader accepts. It becomes its decimal text (``"<integer>"`` past Python's digit limit);
-* an attribute key that is not text (a spill line edited by hand, another producer's file): kept as its text
-  (``5`` -> ``"5"``), with one warning per process.
+* an attribute key that is not text (a hand-edited line of the undelivered list, another producer's file): kept as its
+  text (``5`` -> ``"5"``), with one warning per process.
 
 A repaired span says which keys were repaired in ``looptrace.repaired_attributes``. NaN and the infinities need
 nothing (both encoders write them as OTLP defines), and an object of another type never reaches a span: the SDK

@@ -375,7 +375,7 @@ def decode_status_code(value: Any) -> int:
 
 
 def decode_attributes(items: Any, keys: frozenset[str] | None = None) -> dict[str, Any]:
-    """OTLP/JSON key-value pairs as a dict, keys as they are (the spill file keeps what the SDK was given)."""
+    """OTLP/JSON key-value pairs as a dict, keys as they are (the undelivered list keeps what the SDK was given)."""
     if not items:
         return {}
     if keys is None:

@@ -67,8 +67,8 @@ class Pending:
 
 
 class UndeliveredList:
-    """The list at ``path`` (``Settings.spill_file``); thread-safe, and shared safely by processes. ``trace_file`` is
-    the file that holds the spans an exporter notes here (needed by ``append`` only)."""
+    """The list at ``path`` (``Settings.undelivered_file``); thread-safe, and shared safely by processes.
+    ``trace_file`` is the file that holds the spans an exporter notes here (needed by ``append`` only)."""
 
     def __init__(self, path: str | os.PathLike[str], *, trace_file: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(path)

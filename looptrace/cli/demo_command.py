@@ -77,7 +77,7 @@ def demo_command(args: argparse.Namespace) -> int:
             out.write("\n")
             _show_written_trace(telemetry, result, out, "--exporter" if args.exporter else None)
     finally:
-        close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
+        close(telemetry)  # whatever happens to stdout, the spans are delivered or listed as undelivered
     return EXIT_CODES[result.status]
 
 

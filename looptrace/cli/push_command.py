@@ -21,10 +21,10 @@ def push_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.tracefile.read import TraceFileError
 
     configure_logging()  # the exporters' warnings, rendered as the rest of the CLI renders them
-    settings = read_settings(spill_file=args.file)
-    _require_a_regular_file(settings.spill_file)
+    settings = read_settings(undelivered_file=args.file)
+    _require_a_regular_file(settings.undelivered_file)
     try:
-        report = push(settings.spill_file, to=[args.to] if args.to else None,
+        report = push(settings.undelivered_file, to=[args.to] if args.to else None,
                       resend_interrupted=args.resend_interrupted, settings=settings)
     except (PushInProgress, ConfigurationError, TraceFileError) as exc:
         raise UsageError(str(exc)) from None

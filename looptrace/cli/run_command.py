@@ -151,7 +151,7 @@ def report(args: argparse.Namespace, telemetry: Telemetry, result: RunResult, op
                 print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
             _point_at_trace(telemetry, result, sys.stderr, "--exporter" if args.exporter else None)
     finally:
-        close(telemetry)  # whatever happens to stdout, the spans are delivered or spilled
+        close(telemetry)  # whatever happens to stdout, the spans are delivered or listed as undelivered
     return EXIT_CODES[result.status]
 
 

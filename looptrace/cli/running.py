@@ -141,14 +141,14 @@ WEBHOOK_WAIT_S = 5.0
 
 
 def close(telemetry: Telemetry) -> None:
-    """Deliver or spill everything, within the exit's one deadline, and say what could not be delivered."""
+    """Deliver everything or list it as undelivered, within the exit's one deadline; say what was not delivered."""
     deadline = telemetry.leaving()
     for alerts in _ALERTS:
         # posts run on daemon threads: without this an exit would cut them off
         alerts.wait(min(WEBHOOK_WAIT_S, deadline.remaining_s()))
     _ALERTS.clear()
     telemetry.shutdown()
-    notice = telemetry.spill_notice()
+    notice = telemetry.undelivered_notice()
     if notice:
         print(notice, file=sys.stderr)
 

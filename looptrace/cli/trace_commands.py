@@ -103,7 +103,7 @@ def add_trace_commands(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     push.add_argument("--to", choices=("langfuse", "otlp"),
                       help="only this backend (default: every backend the environment configures)")
-    push.add_argument("--file", type=Path, help="the undelivered list (default: LOOPTRACE_SPILL_FILE or "
+    push.add_argument("--file", type=Path, help="the undelivered list (default: LOOPTRACE_UNDELIVERED_FILE or "
                                                 ".looptrace/undelivered.jsonl); the spans are read from the trace "
                                                 "files it names")
     push.add_argument("--resend-interrupted", action="store_true",
