@@ -24,8 +24,10 @@ from .alerts import Alerts
 from .detector import Anomaly, LoopCost, UnresolvedToolError
 from .logs import log
 from .recording.content import redact
+from .recording.instrumented_model import Answer
 from .recording.prices import DEFAULT_PRICES, Price, price_for, usd_for_tokens
 from .recording.seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
+from .recording.tool_call import ToolCallView
 from .settings import Settings
 
 __all__ = [
@@ -35,11 +37,14 @@ __all__ = [
     "AgentTelemetry",
     "Alerts",
     "Anomaly",
+    "Answer",
+    "AnsweringModel",
     "CostOf",
     "ModelLike",
     "Price",
     "RunTrace",
     "Settings",
+    "ToolCallView",
     "ToolTrace",
     "TraceLinks",
     "TurnTrace",
@@ -52,23 +57,18 @@ __all__ = [
 ]
 
 class ToolTrace(Protocol):
-    """One tool call. ``arguments`` are the call's, secrets redacted: what may be quoted anywhere."""
+    """One tool call, recorded from its ``view`` (``ToolCallView``): the loop made the view, redacted, canonicalised
+    and, once the call came back, settled; the trace reads it and hands nothing back."""
 
     @property
-    def arguments(self) -> Any: ...
+    def view(self) -> ToolCallView: ...
 
     def activate(self) -> AbstractContextManager[Any]:
         """Current while the tool runs, so a tool's own spans nest under it."""
         ...
 
-    def scrub(self, text: str) -> str:
-        """``text`` (the call's result or error) with the values ``arguments`` redacted replaced wherever it quotes
-        them: what the detector, the events and anything shown may carry. ``end`` scrubs what it records itself."""
-        ...
-
-    def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
-            duration_s: float = 0.0, full_length: int | None = None) -> None:
-        """The call settled: what the model is sent, whether it is an error and why."""
+    def end(self) -> None:
+        """The call's view is settled (``ToolCallView.settle``): record its result and how it ended."""
         ...
 
     def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,
@@ -86,7 +86,9 @@ class TurnTrace(Protocol):
         """Current while the turn's model call runs: the instrumented model opens its chat span under it."""
         ...
 
-    def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolTrace: ...
+    def start_tool(self, view: ToolCallView, *, description: str | None) -> ToolTrace:
+        """The trace of one tool call of this turn, from the view the loop made of it."""
+        ...
 
     def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
         """The detector flagged ``anomaly`` in this turn, involving ``tool_calls``, and the policy took ``action``:
@@ -138,6 +140,15 @@ class TraceLinks(Protocol):
         ...
 
 
+class AnsweringModel(ModelLike, Protocol):
+    """A model as telemetry hands it back (``AgentTelemetry.instrument``): each call answered with its usage and cost,
+    worked out once for the chat span and the loop's budget alike."""
+
+    def answer(self, params: dict[str, Any], *, timeout: float | None) -> Answer: ...
+
+    async def aanswer(self, params: dict[str, Any], *, timeout: float | None) -> Answer: ...
+
+
 class AgentTelemetry(Protocol):
     """An agent's telemetry: wraps its model, starts the trace of each run."""
 
@@ -148,7 +159,7 @@ class AgentTelemetry(Protocol):
     """The settings the telemetry was built from (the Agent's, or the environment's read once): the Agent takes its
     detector's judge and cap from them too."""
 
-    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
+    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> AnsweringModel:
         """``model`` with its calls traced: a chat span per call, under the current turn. ``judge`` marks the calls
         of the detector's judge, whose tokens are not the run's."""
         ...

@@ -13,10 +13,13 @@ the failed call and the answer to the model: the same provider that already rece
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from looptrace.instrumentation.detector import JudgeRequest, JudgeVerdict
-from looptrace.instrumentation.interface import Usage
+from looptrace.instrumentation.detector import DetectorConfig, JudgeRequest, JudgeVerdict
+from looptrace.instrumentation.interface import AgentTelemetry, Usage
+from looptrace.runtime.models import AnthropicModel, Model
+from looptrace.runtime.pricing import Price, Pricing
 
 JUDGE_TIMEOUT_S = 20.0
 JUDGE_MAX_TOKENS = 200
@@ -62,9 +65,34 @@ class ModelJudge:
         }
         response = self.client.create(params, timeout=self.timeout_s)  # raises: the detector keeps its verdict
         usage = Usage.from_response(response)
-        return JudgeVerdict(ignored=_verdict(response), input_tokens=usage.input_tokens + usage.cache_read_input_tokens
-                            + usage.cache_creation_input_tokens, output_tokens=usage.output_tokens,
+        return JudgeVerdict(ignored=_verdict(response), input_tokens=usage.all_input_tokens,
+                            output_tokens=usage.output_tokens,
                             cost_usd=None if self.cost_of is None else self.cost_of(response))
+
+
+def judged_config(detector: DetectorConfig | bool, *, telemetry: AgentTelemetry, client: Model,
+                  prices: Mapping[str, Price]) -> DetectorConfig | None:
+    """An agent's detector config (None: the detector is off), with its judge made ready: the config's, else the
+    settings' (``LOOPTRACE_JUDGE``, ``looptrace run --judge``), a model name turned into a `ModelJudge` over the agent's
+    own client, and a model judge's calls traced as the judge's. The settings' judge asks the Messages API only: on a
+    scripted or custom model it would take the answers meant for the agent's own turns. Anomaly messages leave the
+    process, so the config quotes content only when the telemetry captures it."""
+    if detector is False:
+        return None
+    config = detector if isinstance(detector, DetectorConfig) else DetectorConfig()
+    settings = telemetry.settings
+    judge = config.judge
+    if judge is None and isinstance(client, AnthropicModel):
+        judge = settings.judge
+    if isinstance(judge, str):  # a model name: the judge asks it through this agent's own client
+        judge = ModelJudge(client, judge)
+    if isinstance(judge, ModelJudge):  # a copy traced as the judge's: the one passed in is left as it was
+        pricing = Pricing(judge.model, prices)
+        traced = telemetry.instrument(judge.client, cost_of=pricing.cost_of, judge=True)
+        judge = ModelJudge(traced, judge.model, timeout_s=judge.timeout_s, cost_of=judge.cost_of or pricing.cost_of)
+    cap = config.judge_max_calls
+    return replace(config, capture_content=telemetry.captures_content, judge=judge,
+                   judge_max_calls=cap if cap is not None else settings.judge_max_calls)
 
 
 def _verdict(response: dict[str, Any]) -> bool | None:

@@ -76,13 +76,16 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
     if type(call) is ToolCall:  # the loop's own record has every field; another feed's may lack some
         tool, raw_arguments, is_error = call.tool, call.arguments, call.is_error
         result, given, call_id = call.result, call.result_digest, call.call_id
+        arguments = call.canonical_arguments
     else:
         tool, raw_arguments = getattr(call, "tool", None), getattr(call, "arguments", None)
         is_error, result = getattr(call, "is_error", False), getattr(call, "result", None)
         given, call_id = getattr(call, "result_digest", None), getattr(call, "call_id", None)
+        arguments = None
     if type(tool) is not str:
         tool = "" if tool is None else safe_text(tool)
-    arguments = canonical_arguments(raw_arguments)
+    if type(arguments) is not str:
+        arguments = canonical_arguments(raw_arguments)
     if type(is_error) is not bool:
         is_error = bool(is_error)
     if given is not None:

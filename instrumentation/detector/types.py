@@ -33,6 +33,9 @@ class ToolCall:
     # The result's digest, when the caller has it already (offline, from the trace): the outcome is compared on it,
     # and the result text, if also given, is read only for error texts and the batch an error came back in.
     result_digest: str | None = None
+    # The canonical arguments (`canonical_arguments`), when the caller made them already (the loop's one view of the
+    # call): taken as they are instead of worked out again.
+    canonical_arguments: str | None = None
 
 
 class AnomalyRecord(TypedDict):

@@ -1,10 +1,11 @@
 """A model with its calls traced: the chat span of every Messages API call, opened around the model, not by the loop.
 
-``Tracing.instrument(model)`` returns an ``InstrumentedModel``; the loop calls it exactly as it would the model. Each
-call looks up the turn that is current (``TurnSpan.activate``), opens its chat span there, keeps it current while the
-model runs (so the HTTP client's own spans nest under it, and a streaming model's first chunk is timed on it through
-``interface.report_first_chunk``), and ends it with the response, its usage and its cost, or with the exception.
-A call made outside any run (the model used on its own) is passed through untraced.
+``Tracing.instrument(model)`` returns an ``InstrumentedModel``; the loop calls its ``answer`` (the response with its
+usage and cost, worked out once for the span and the loop's budget alike), anything else ``create`` as it would the
+model. Each call looks up the turn that is current (``TurnSpan.activate``), opens its chat span there, keeps it
+current while the model runs (so the HTTP client's own spans nest under it, and a streaming model's first chunk is
+timed on it through ``interface.report_first_chunk``), and ends it with the response, its usage and its cost, or with
+the exception. A call made outside any run (the model used on its own) is passed through untraced, priced.
 
 The judge's calls (``judge=True``) get a span of their own kind, marked ``looptrace.judge``: their tokens and cost are
 never the run's, so they are not counted as one of its generations.
@@ -15,12 +16,21 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..logs import telemetry_failed
 from .seam_types import CostOf, ModelLike, Usage, first_chunk_receiver
 
-__all__ = ["ChatCall", "CurrentTurn", "InstrumentedModel", "current_turn_var"]
+__all__ = ["Answer", "ChatCall", "CurrentTurn", "InstrumentedModel", "PricedModel", "current_turn_var"]
+
+
+class Answer(NamedTuple):
+    """A model call's response, with its usage (parsed once) and its cost by the agent's price table (None: the model
+    has no price there)."""
+
+    response: dict[str, Any]
+    usage: Usage
+    cost_usd: float | None
 
 
 class ChatCall(Protocol):
@@ -74,9 +84,16 @@ class InstrumentedModel:
         return self._server
 
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        return self.answer(params, timeout=timeout).response
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        return (await self.aanswer(params, timeout=timeout)).response
+
+    def answer(self, params: dict[str, Any], *, timeout: float | None) -> Answer:
+        """The call, traced, with its usage and cost."""
         chat = self._start(params)
         if chat is None:
-            return self.model.create(params, timeout=timeout)
+            return _priced(self.model.create(params, timeout=timeout), self.cost_of)
         with chat.activate():
             receiver = first_chunk_receiver.set(chat.first_chunk)
             try:
@@ -87,14 +104,15 @@ class InstrumentedModel:
                 raise
             finally:
                 first_chunk_receiver.reset(receiver)
-        self._learn_server(chat)
-        self._end(chat, response)
-        return response
+        return self._end(chat, response)
 
-    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+    # answer() and aanswer() are the same lines but for `await`: one function cannot both block and await.
+
+    async def aanswer(self, params: dict[str, Any], *, timeout: float | None) -> Answer:
+        """``answer`` in asyncio."""
         chat = self._start(params)
         if chat is None:
-            return await self.model.acreate(params, timeout=timeout)
+            return _priced(await self.model.acreate(params, timeout=timeout), self.cost_of)
         with chat.activate():
             receiver = first_chunk_receiver.set(chat.first_chunk)
             try:
@@ -105,9 +123,7 @@ class InstrumentedModel:
                 raise
             finally:
                 first_chunk_receiver.reset(receiver)
-        self._learn_server(chat)
-        self._end(chat, response)
-        return response
+        return self._end(chat, response)
 
     def _learn_server(self, chat: Any) -> None:
         """Where the call went, for a span started before the model knew (its first call built its client)."""
@@ -128,18 +144,59 @@ class InstrumentedModel:
             telemetry_failed("chat span", exc)
             return None
 
-    def _end(self, chat: ChatCall, response: dict[str, Any]) -> None:
-        usage = Usage.from_response(response)  # parsed once: the price and the span both read it
-        cost = None
-        if self.cost_of is not None:
-            try:
-                cost = self.cost_of(response, usage)
-            except Exception:  # a price table that cannot price this response leaves the cost unknown, not the run
-                cost = None
-        chat.end(response, usage, cost_usd=cost)  # never raises (its body is guarded, see spans._never_raises)
+    def _end(self, chat: ChatCall, response: dict[str, Any]) -> Answer:
+        self._learn_server(chat)
+        answer = _priced(response, self.cost_of)
+        chat.end(response, answer.usage, cost_usd=answer.cost_usd)  # never raises (see spans._never_raises)
+        return answer
 
     def __getattr__(self, name: str) -> Any:
         # What else the model offers (ScriptedModel.remaining, AnthropicModel.sync_client) stays reachable.
         if name == "model":  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
         return getattr(self.model, name)
+
+
+class PricedModel:
+    """A model whose calls are priced but not traced: ``answer`` as ``InstrumentedModel`` gives it, without spans (what
+    telemetry switched off instruments a model with)."""
+
+    __slots__ = ("cost_of", "model", "stream")
+
+    def __init__(self, model: ModelLike, *, cost_of: CostOf | None = None) -> None:
+        self.model = model
+        self.stream = bool(getattr(model, "stream", False))
+        self.cost_of = cost_of
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        return self.model.create(params, timeout=timeout)
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
+        return await self.model.acreate(params, timeout=timeout)
+
+    def answer(self, params: dict[str, Any], *, timeout: float | None) -> Answer:
+        return _priced(self.model.create(params, timeout=timeout), self.cost_of)
+
+    async def aanswer(self, params: dict[str, Any], *, timeout: float | None) -> Answer:
+        return _priced(await self.model.acreate(params, timeout=timeout), self.cost_of)
+
+    def server(self) -> tuple[str | None, int | None]:
+        return self.model.server()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+
+def _priced(response: dict[str, Any], cost_of: CostOf | None) -> Answer:
+    """``response`` with its usage, parsed once, and its cost (None without a price; a price table that cannot price
+    this response leaves the cost unknown, never the run ended)."""
+    usage = Usage.from_response(response)
+    cost = None
+    if cost_of is not None:
+        try:
+            cost = cost_of(response, usage)
+        except Exception:
+            cost = None
+    return Answer(response, usage, cost)

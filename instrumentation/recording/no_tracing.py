@@ -1,8 +1,8 @@
 """Telemetry switched off: the interface's protocols implemented with nothing at all, but for two duties.
 
-Tool arguments are still redacted (``ToolTrace.arguments``, which the detector, the events and the alerts quote, and
-``ToolTrace.scrub`` for what a result quotes of them), and anomaly reports still reach the sinks the telemetry was
-given (the log line, the webhook, a callback; no score: there is no trace to put it on).
+The loop's view of each tool call is redacted all the same (it makes it, ``ToolCallView``), model calls are still
+priced for the budget (``PricedModel``), and anomaly reports still reach the sinks the telemetry was given (the log
+line, the webhook, a callback; no score: there is no trace to put it on).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from ..alerts import AlertContext
 from ..detector import Anomaly, LoopCost, UnresolvedToolError
 from ..logs import telemetry_failed
 from ..settings import Settings
-from .content import redact_with_secrets, scrub
+from .instrumented_model import PricedModel
 from .labels import checked, run_labels
 from .seam_types import Action, CostOf, ModelLike, Usage
+from .tool_call import ToolCallView
 
 if TYPE_CHECKING:
     from ..alerts import AnomalySinks
@@ -29,19 +30,15 @@ _ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 
 
 class _NoTool:
-    __slots__ = ("arguments", "secrets")
+    __slots__ = ("view",)
 
-    def __init__(self, arguments: Any) -> None:
-        self.arguments, self.secrets = redact_with_secrets(arguments)
-
-    def scrub(self, text: str) -> str:
-        return scrub(text, self.secrets) if self.secrets else text
+    def __init__(self, view: ToolCallView) -> None:
+        self.view = view
 
     def activate(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
-    def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
-            duration_s: float = 0.0, full_length: int | None = None) -> None:
+    def end(self) -> None:
         pass
 
     def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,
@@ -58,8 +55,8 @@ class _NoTurn:
     def activate(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
-    def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolTrace:
-        return _NoTool(arguments)
+    def start_tool(self, view: ToolCallView, *, description: str | None) -> ToolTrace:
+        return _NoTool(view)
 
     def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
         sinks = self.run.sinks
@@ -113,8 +110,8 @@ class NoTracing:
         self.captures_content = captures_content
         self.settings = Settings() if settings is None else settings  # what the Agent takes its judge from
 
-    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
-        return model
+    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> PricedModel:
+        return PricedModel(model, cost_of=cost_of)
 
     def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,

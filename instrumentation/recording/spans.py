@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from ..alerts import AlertContext, AnomalySinks
-from ..detector import Anomaly, LoopCost, UnresolvedToolError, canonical_arguments, result_digest
+from ..detector import Anomaly, LoopCost, UnresolvedToolError
 from ..logs import telemetry_failed
 from ..settings import Settings
 from . import backend_attributes
@@ -35,9 +35,7 @@ from .content import (
     genai_message,
     genai_tool_definition,
     last_user_text,
-    redact_with_secrets,
     resolve_capture,
-    scrub,
     to_json,
 )
 from .instrumented_model import CurrentTurn, InstrumentedModel, current_turn_var
@@ -46,6 +44,7 @@ from .loop_cost import anomaly_cost_attributes, loop_total_attributes
 from .metrics import LoopMetrics
 from .providers import RunProviders, providers_for_run
 from .seam_types import Action, CostOf, ModelLike, Usage
+from .tool_call import ToolCallView
 
 if TYPE_CHECKING:
     from ..interface import ToolTrace, TraceLinks
@@ -537,17 +536,15 @@ class TurnSpan:
         return ChatSpan(self.run, span, model, server_address, server_port,
                         history if tracing.capture_events else None)
 
-    def start_tool(self, *, call_id: str, name: str, description: str | None, arguments: Any) -> ToolSpan:
-        """The span of one tool call. Its ``arguments`` are the call's, secrets redacted: what anything that reports on
-        the call (spans, the detector, alerts) may quote; ``scrub`` takes what they hid out of the call's result."""
+    def start_tool(self, view: ToolCallView, *, description: str | None) -> ToolSpan:
+        """The span of one tool call, written from the view the loop made of it (its arguments redacted)."""
         try:
-            redacted, secrets = redact_with_secrets(arguments)
             if not self.recording:
-                return ToolSpan(self.run, _NON_RECORDING, name, redacted, secrets)
+                return ToolSpan(self.run, _NON_RECORDING, view)
             attributes = {
                 sc.GEN_AI_OPERATION_NAME: sc.OPERATION_EXECUTE_TOOL,
-                sc.GEN_AI_TOOL_NAME: name,
-                sc.GEN_AI_TOOL_CALL_ID: call_id,
+                sc.GEN_AI_TOOL_NAME: view.name,
+                sc.GEN_AI_TOOL_CALL_ID: view.call_id,
                 sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
                 **self.run.span_attributes["tool"],
             }
@@ -555,19 +552,19 @@ class TurnSpan:
                 attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
             tracing = self.run.tracing
             if tracing.capture_content:
-                encoded = cap(to_json(redacted), tracing.max_chars)
+                encoded = cap(to_json(view.arguments), tracing.max_chars)
                 attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
                 attributes.update(backend_attributes.shown_input(encoded, json=True))
             else:
-                attributes[sc.TOOL_ARGUMENTS_DIGEST] = result_digest(canonical_arguments(redacted))
+                attributes[sc.TOOL_ARGUMENTS_DIGEST] = view.arguments_digest
             span = tracing.tracer.start_span(
-                sc.tool_span_name(name), context=self.context, kind=SpanKind.INTERNAL,
+                sc.tool_span_name(view.name), context=self.context, kind=SpanKind.INTERNAL,
                 attributes=attributes,
             )
-            return ToolSpan(self.run, span, name, redacted, secrets)
+            return ToolSpan(self.run, span, view)
         except Exception as exc:  # never into the run (see _never_raises)
             telemetry_failed("execute_tool span", exc)
-            return ToolSpan(self.run, _NON_RECORDING, name, *redact_with_secrets(arguments))
+            return ToolSpan(self.run, _NON_RECORDING, view)
 
     def end(self, *, stop_reason: str | None) -> None:
         try:
@@ -745,20 +742,13 @@ class JudgeSpan:
 
 
 class ToolSpan:
-    __slots__ = ("arguments", "flagged", "run", "secrets", "span", "tool")
+    __slots__ = ("flagged", "run", "span", "view")
 
-    def __init__(self, run: RunSpan, span: Span, tool: str, arguments: Any, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(self, run: RunSpan, span: Span, view: ToolCallView) -> None:
         self.run = run
         self.span = span
-        self.tool = tool
-        self.arguments = arguments  # redacted
-        self.secrets = secrets  # what the redaction hid, in the forms a tool's text may quote it
+        self.view = view  # the loop's one view of the call: redacted arguments, then the settled result
         self.flagged: str | None = None  # the status message of an anomaly this call is part of
-
-    def scrub(self, text: str) -> str:
-        """``text`` with the values of this call's redacted arguments replaced wherever it quotes them (a tool's
-        error message echoing ``?access_token=...``): what its result may be shown as."""
-        return scrub(text, self.secrets) if self.secrets else text
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
@@ -769,7 +759,7 @@ class ToolSpan:
         try:
             metrics = self.run.tracing.metrics
             if metrics is not None:
-                metrics.record_approval(agent=self.run.agent, tool=self.tool, decision=decision, by=by,
+                metrics.record_approval(agent=self.run.agent, tool=self.view.name, decision=decision, by=by,
                                         wait_s=wait_s)
             if not self.span.is_recording():
                 return
@@ -779,7 +769,7 @@ class ToolSpan:
             if wait_s is not None:
                 attributes[sc.TOOL_APPROVAL_WAIT_S] = wait_s
             if reason and self.run.tracing.capture_content:  # a person's words may quote anything: content
-                attributes[sc.TOOL_APPROVAL_REASON] = cap(self.scrub(reason), 1024)
+                attributes[sc.TOOL_APPROVAL_REASON] = cap(self.view.scrub(reason), 1024)
             self.span.set_attributes(attributes)
         except Exception as exc:  # never into the run (see _never_raises)
             telemetry_failed("execute_tool span", exc)
@@ -790,31 +780,32 @@ class ToolSpan:
             self.span.add_event(sc.ANOMALY_EVENT, anomaly_event)
             self.flagged = message
 
-    def end(self, *, result: str, is_error: bool, outcome: str, error_type: str | None = None,
-            duration_s: float = 0.0, full_length: int | None = None) -> None:
+    def end(self) -> None:
         try:
+            view = self.view
             metrics = self.run.tracing.metrics
             if metrics is not None:
-                metrics.record_tool(agent=self.run.agent, tool=self.tool, outcome=outcome, duration_s=duration_s)
+                metrics.record_tool(agent=self.run.agent, tool=view.name, outcome=view.outcome,
+                                    duration_s=view.duration_s)
             if not self.span.is_recording():
                 return
-            result = self.scrub(result)  # the model got the real text; everything recorded gets it without the secret
+            result = view.result if view.result is not None else ""  # scrubbed: the model alone got the secret
             attributes: dict[str, Any] = {
-                sc.TOOL_RESULT_DIGEST: result_digest(result),
-                sc.TOOL_IS_ERROR: is_error,
-                sc.TOOL_OUTCOME: outcome,
-                sc.TOOL_RESULT_CHARS: len(result) if full_length is None else full_length,
+                sc.TOOL_RESULT_DIGEST: view.result_digest or "",
+                sc.TOOL_IS_ERROR: view.is_error,
+                sc.TOOL_OUTCOME: view.outcome,
+                sc.TOOL_RESULT_CHARS: view.result_chars,
             }
             tracing = self.run.tracing
             if tracing.capture_content:
                 shown = attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
                 attributes.update(backend_attributes.shown_output(shown))
-            if is_error:
+            if view.is_error:
                 # Without content capture the error's text stays off the span too: it can quote the arguments. The
                 # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
                 # anomaly the call is part of stays beside it, as the span's evaluation event.
-                said = cap(result, 1024) if tracing.capture_content else error_type or outcome
-                attributes[sc.ERROR_TYPE] = error_type or outcome
+                said = cap(result, 1024) if tracing.capture_content else view.error_type or view.outcome
+                attributes[sc.ERROR_TYPE] = view.error_type or view.outcome
                 self.span.set_status(Status(StatusCode.ERROR, said))
             elif self.flagged is not None and self.run.backends is not None:
                 attributes.update(self.run.backends.flagged(cap(self.flagged, 1024)))
@@ -823,6 +814,7 @@ class ToolSpan:
         except Exception as exc:  # never into the run (see _never_raises)
             telemetry_failed("execute_tool span", exc)
             _end_span(self)
+
 
 def _record_error(span: Span, exc: BaseException) -> None:
     span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)

@@ -2,11 +2,11 @@
 
 A framework adapter tells a `GuardedRun` what its loop did (a model call answered, a tool call started and came back,
 the model stopped) and gets back a `Reaction`: the nudges to put in front of the model, or the reason to stop. Between
-the two, the run does what looptrace's own `Agent` does with the same events: it feeds the detector the turn's calls in
-the order the model asked for them, lets the policy decide (``runtime/policy.py``: warn, nudge once, stop), reports each
+the two sits the same `RunMonitor` looptrace's own `Agent` uses (``runtime/monitor.py``): it feeds the detector the
+turn's calls in the order the model asked for them, lets the policy decide (warn, nudge once, stop), reports each
 anomaly once through the telemetry an Agent would use (span events, metric, log line, webhook, Langfuse score), and
-records the run as invoke_agent > turn > execute_tool spans, so that ``looptrace detect`` over the stored trace finds
-what the guard found live.
+records the run as invoke_agent > turn > chat and execute_tool spans, so that ``looptrace detect`` over the stored
+trace finds what the guard found live.
 
 Turns are model calls, as in the Agent: turn N is the N-th model call of the run, and its tool calls are judged when
 the last of them has come back (``end_turn``), before the model sees their results.
@@ -23,50 +23,24 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from looptrace.instrumentation.agent_telemetry import agent_telemetry
-from looptrace.instrumentation.detector import (
-    Anomaly,
-    DetectorConfig,
-    LoopDetector,
-    SessionDetectors,
-    ToolCall,
-    TurnUsage,
-)
+from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors
 from looptrace.instrumentation.interface import (
     AgentTelemetry,
     Alerts,
-    RunTrace,
+    Answer,
     Settings,
+    ToolCallView,
     ToolTrace,
-    TurnTrace,
     Usage,
 )
 from looptrace.runtime import policy as policies
-from looptrace.runtime.pricing import cost_usd, price_for
+from looptrace.runtime.monitor import NOTHING, Reaction, RunMonitor
+from looptrace.runtime.pricing import Pricing
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.export.setup import Telemetry
 
 __all__ = ["GuardedRun", "LoopGuard", "ModelCall", "Reaction"]
-
-
-@dataclass(frozen=True, slots=True)
-class Reaction:
-    """What the framework's loop should do now: nothing, show the model ``nudges``, or end the run (``stop``)."""
-
-    nudges: tuple[str, ...] = ()
-    stop: str | None = None  # why the run stops (the anomaly's message), when the policy says stop
-    reports: tuple[tuple[Anomaly, str], ...] = ()  # every anomaly reported with the action taken
-    # Anomalies the policy wants a person to decide on (an action beyond warn, nudge and stop, such as "ask"): each
-    # adapter maps them to its framework's own human-in-the-loop idiom; until it does, they are reported only.
-    asks: tuple[Anomaly, ...] = ()
-
-    @property
-    def nudge_text(self) -> str | None:
-        """The nudges as one message, or None."""
-        return "\n\n".join(self.nudges) if self.nudges else None
-
-
-NOTHING = Reaction()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +54,7 @@ class ModelCall:
 
 @dataclass
 class _Call:
-    call_id: str
-    name: str
+    view: ToolCallView
     trace: ToolTrace
     started: float
     result: str | None = None
@@ -96,15 +69,18 @@ class LoopGuard:
     an Agent's do. ``on_anomaly``, ``detector``, ``alerts``, the providers, ``capture_content`` and ``settings`` mean
     what they mean for ``Agent``; with no settings given, the environment is read once, here. ``telemetry``, as for
     ``Agent``: what ``configure()`` returned, handed over whole (its providers, settings, sinks and trace links).
+    ``max_loop_cost_usd``, as ``Limits.max_loop_cost_usd``: a loop that costs more is stopped.
     """
 
     def __init__(self, *, name: str = "agent", model: str = "unknown", on_anomaly: policies.Policy = None,
                  detector: DetectorConfig | None = None, alerts: Alerts | None = None, tracer_provider: Any = None,
                  meter_provider: Any = None, capture_content: bool | None = None,
-                 settings: Settings | None = None, telemetry: bool | Telemetry = True) -> None:
+                 settings: Settings | None = None, telemetry: bool | Telemetry = True,
+                 max_loop_cost_usd: float | None = None) -> None:
         self.name = name
         self.model = model
         self.policy = policies.AnomalyPolicy(on_anomaly)
+        self.max_loop_cost_usd = max_loop_cost_usd
         self.telemetry: AgentTelemetry = agent_telemetry(
             telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
             capture_content=capture_content, alerts=alerts, settings=settings)
@@ -120,50 +96,56 @@ class LoopGuard:
         trace = self.telemetry.start_run(agent=self.name, model=model or self.model, task=task, system=None,
                                          tool_definitions=[dict(d) for d in tool_definitions],
                                          session_id=session_id)
-        run = self.last_run = GuardedRun(self, detector, trace)
+        monitor = RunMonitor(trace, self.policy, detector=detector, max_loop_cost_usd=self.max_loop_cost_usd)
+        run = self.last_run = GuardedRun(self, monitor)
         return run
 
 
 class GuardedRun:
     """One run of a framework's agent under the guard. Thread-safe: frameworks run tool calls in parallel."""
 
-    def __init__(self, guard: LoopGuard, detector: LoopDetector, trace: RunTrace) -> None:
+    def __init__(self, guard: LoopGuard, monitor: RunMonitor) -> None:
         self.id = uuid.uuid4().hex
         self.guard = guard
-        self.detector = detector
-        self.trace = trace
+        self.monitor = monitor
         self.turn = 0  # the current turn: the number of model calls so far
         self.model_calls: list[ModelCall] = []
         self.cost_usd: float | None = None  # of the model calls whose model has a price
-        self.anomalies: dict[str, Anomaly] = {}  # streak -> its latest firing, as in RunResult.anomalies
         self.stopped: str | None = None  # why the guard stopped the run
         self.actions: list[tuple[int, str, str]] = []  # (turn, action, anomaly type) for every report, in order
         self.ended = False
         self.final_text: str | None = None
-        self._nudged: set[str] = set()
         self._lock = threading.RLock()
-        self._turn_trace: TurnTrace | None = None
         self._turn_text: str | None = None
         self._calls: dict[str, _Call] = {}  # this turn's calls, in the order they started
         self._answer = _Recorded()
-        self._recorder = guard.telemetry.instrument(self._answer)
+        self._recorder = guard.telemetry.instrument(self._answer, cost_of=_priced_by_its_model)
 
     @property
     def trace_id(self) -> str:
-        return self.trace.trace_id
+        return self.monitor.trace.trace_id
+
+    @property
+    def detector(self) -> LoopDetector | None:
+        return self.monitor.detector
+
+    @property
+    def anomalies(self) -> dict[str, Any]:
+        """Streak -> its latest firing, as in RunResult.anomalies."""
+        return self.monitor.anomalies
 
     @property
     def usage(self) -> Usage:
         """The tokens of every model call so far."""
-        return Usage(input_tokens=sum(c.usage.input_tokens for c in self.model_calls),
-                     output_tokens=sum(c.usage.output_tokens for c in self.model_calls),
-                     cache_read_input_tokens=sum(c.usage.cache_read_input_tokens for c in self.model_calls),
-                     cache_creation_input_tokens=sum(c.usage.cache_creation_input_tokens for c in self.model_calls))
+        total = Usage()
+        for call in self.model_calls:
+            total.add(call.usage)
+        return total
 
     @property
     def in_turn(self) -> bool:
         """Whether a turn is open (its model call answered, its calls not yet judged)."""
-        return self._turn_trace is not None
+        return self.monitor.turn is not None
 
     @property
     def pending(self) -> int:
@@ -177,8 +159,9 @@ class GuardedRun:
         """A model call is about to be made: a new turn (the previous one is judged first if still open)."""
         with self._lock:
             self._close_open_turn()
+            self.monitor.end_turn(None)  # a turn the framework showed no calls or answer of ends here
             self.turn += 1
-            self._turn_trace = self.trace.start_turn(self.turn)
+            self.monitor.start_turn(self.turn)
             self._turn_text = None
             return self.turn
 
@@ -188,53 +171,43 @@ class GuardedRun:
         ``start_turn`` was not called. Its tokens count towards the run, and it gets a chat span: offline detection
         tells the turns apart by their model calls."""
         with self._lock:
-            if self._turn_trace is None:
+            if self.monitor.turn is None:
                 self.start_turn()
-            assert self._turn_trace is not None
-            if usage is not None:  # None: the framework does not say (its tokens are not counted as zero)
-                self._count(usage, model)
             if text:
                 self._turn_text = text
                 self.final_text = text
-            response = _as_messages_response(self.turn, model or self.guard.model, text, tool_calls,
-                                             usage or Usage(), response_id)
-            self._answer.response = response
-            with self._turn_trace.activate():  # the instrumented model opens its chat span under the current turn
-                self._recorder.create({"model": response["model"], "messages": []}, timeout=None)
+            name = model or self.guard.model
+            self._answer.response = _as_messages_response(self.turn, name, text, tool_calls, usage or Usage(),
+                                                          response_id)
+            turn = self.monitor.turn
+            assert turn is not None
+            with turn.activate():  # the instrumented model opens its chat span under the current turn
+                answer: Answer = self._recorder.answer({"model": name, "messages": []}, timeout=None)
+            if usage is not None:  # None: the framework does not say (its tokens are not counted as zero)
+                self._count(answer.usage, answer.cost_usd, name)
             return self.turn
 
     def add_model_call(self, usage: Usage, model: str | None = None) -> None:
         """Tokens of a model call learnt apart from its answer (a framework that reports them on another channel)."""
         with self._lock:
-            self._count(usage, model)
+            name = model or self.guard.model
+            self._count(usage, Pricing(name).cost_of({}, usage), name)
 
-    def _count(self, usage: Usage, model: str | None) -> None:
-        """A model call's tokens: on the run, and in the detector's ledger, priced, so anomalies say what the loop
-        cost (as an Agent's do)."""
-        call = ModelCall(self.turn, model, usage)
-        self.model_calls.append(call)
-        self.detector.record_usage(self.turn, self._priced(call))
-
-    def _priced(self, call: ModelCall) -> TurnUsage:
-        usage, name = call.usage, call.model or self.guard.model
+    def _count(self, usage: Usage, cost: float | None, model: str) -> None:
+        """A model call's tokens: on the run, and in the detector's cost ledger, so anomalies say what the loop cost
+        (as an Agent's do)."""
+        self.model_calls.append(ModelCall(self.turn, model, usage))
+        if cost is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + cost
         now = time.time()
-        price = price_for(name)
-        if price is None:
-            return TurnUsage(input_tokens=usage.all_input_tokens, output_tokens=usage.output_tokens,
-                             unpriced=f"no price for model {name!r} in the price table", started=now, ended=now)
-        usd = cost_usd(usage, price)  # the Agent's own pricing of a model call
-        self.cost_usd = (self.cost_usd or 0.0) + usd
-        return TurnUsage(input_tokens=usage.all_input_tokens, output_tokens=usage.output_tokens, usd=usd,
-                         started=now, ended=now)
+        self.monitor.model_called(usage, cost, model=model, started=now, ended=now)
 
     def tool_started(self, call_id: str, name: str, arguments: Any) -> None:
         with self._lock:
-            if self._turn_trace is None:  # a framework that shows us no model call: each batch of calls is a turn
+            if self.monitor.turn is None:  # a framework that shows us no model call: each batch of calls is a turn
                 self.model_responded(tool_calls=[(call_id, name, arguments)])
-            assert self._turn_trace is not None
-            trace = self._turn_trace.start_tool(call_id=call_id, name=name, description=None,
-                                                arguments=_parsed(arguments))
-            self._calls[call_id] = _Call(call_id, name, trace, time.perf_counter())
+            view = ToolCallView(call_id, name, _parsed(arguments))
+            self._calls[call_id] = _Call(view, self.monitor.start_call(view), time.perf_counter())
 
     def tool_finished(self, call_id: str, result: Any, *, is_error: bool = False) -> None:
         with self._lock:
@@ -254,14 +227,11 @@ class GuardedRun:
             reaction = self._close_open_turn()
             if final_text:
                 self.final_text = final_text
-            if self._turn_trace is None:  # a framework that shows us no model call: the answer is a turn of its own
+            if self.monitor.turn is None:  # a framework that shows us no model call: the answer is a turn of its own
                 self.model_responded(text=final_text)
-            turn_trace = self._turn_trace
-            assert turn_trace is not None
-            at_end = self._react(self.detector.end_run(stop_reason, self.final_text, self.turn), turn_trace, [])
-            turn_trace.end(stop_reason=stop_reason)
-            self._turn_trace = None
-            return _merged(reaction, at_end)
+            at_end = self._kept(self.monitor.judge_run(stop_reason, self.final_text))
+            self.monitor.end_turn(stop_reason)
+            return reaction.then(at_end)
 
     def end(self, *, status: str | None = None, error: BaseException | None = None) -> None:
         """The run is over: close its spans (idempotent)."""
@@ -270,62 +240,37 @@ class GuardedRun:
                 return
             self.ended = True
             self._close_open_turn()
+            self.monitor.end_turn(None)
             if status is None:
                 status = "stopped_by_detector" if self.stopped else ("error" if error else "done")
-            detector = self.detector
-            self.trace.end(status=status, turns=self.turn, usage=self.usage, cost_usd=self.cost_usd,
-                           anomalies=len(self.anomalies), final_text=self.final_text,
-                           error=str(error) if error else None,
-                           error_type=type(error).__qualname__ if error else None,
-                           unresolved_errors=detector.unresolved_errors(), loop_cost=detector.loop_cost,
-                           session_loop_cost=detector.session_loop_cost, loop_cost_by_type=detector.loop_cost_by_type)
+            self.monitor.finish(status=status, turns=self.turn, usage=self.usage, cost_usd=self.cost_usd,
+                                final_text=self.final_text, error=str(error) if error else None,
+                                error_type=type(error).__qualname__ if error else None)
 
-    # ---- the Agent's own reaction, step for step
+    # ---- the turn's verdict, through the monitor the Agent uses
 
     def _close_open_turn(self) -> Reaction:
-        turn_trace = self._turn_trace
-        if turn_trace is None or not self._calls:
+        if self.monitor.turn is None or not self._calls:
             return NOTHING
         calls = list(self._calls.values())
         for call in calls:
-            # Redacted as on the spans, as the Agent feeds it: anomaly messages quote arguments.
-            result = call.trace.scrub(call.result if call.result is not None else "")
-            self.detector.observe(ToolCall(turn=self.turn, tool=call.name, arguments=call.trace.arguments,
-                                           call_id=call.call_id, is_error=call.is_error, result=result))
-        reaction = self._react(self.detector.end_turn(self.turn, self._turn_text), turn_trace, calls)
-        for call in calls:  # after detection, so the spans of offending calls carry the anomaly
             finished = call.finished if call.finished is not None else time.perf_counter()
-            call.trace.end(result=call.result if call.result is not None else "(no result)",
-                           is_error=call.is_error or call.result is None,
-                           outcome="error" if call.is_error else ("ok" if call.result is not None else "interrupted"),
-                           duration_s=finished - call.started)
+            came_back = call.result is not None
+            call.view.settle(call.result if came_back else "(no result)", is_error=call.is_error or not came_back,
+                             failed=call.is_error, duration_s=finished - call.started,
+                             outcome="error" if call.is_error else ("ok" if came_back else "interrupted"))
+            self.monitor.call_settled(call.view)
+        reaction = self._kept(self.monitor.judge_turn(self._turn_text, [call.trace for call in calls]))
         self._calls = {}
-        turn_trace.end(stop_reason="tool_use")
-        self._turn_trace = None
+        self.monitor.end_turn("tool_use")
         return reaction
 
-    def _react(self, found: list[Anomaly], turn: TurnTrace, calls: list[_Call]) -> Reaction:
-        if not found:
-            return NOTHING
-        nudges: list[str] = []
-        reports: list[tuple[Anomaly, str]] = []
-        stop: str | None = None
-        asks: list[Anomaly] = []
-        for anomaly, action, nudge in policies.reported(
-                found, turn, decide=lambda a: self.guard.policy.decide(a, a.streak in self._nudged),
-                latest=self.anomalies, nudged=self._nudged,
-                offending=lambda ids: [c.trace for c in calls if c.call_id in ids]):
-            reports.append((anomaly, action))
-            self.actions.append((anomaly.turn, action, anomaly.type))
-            if nudge is not None:
-                nudges.append(nudge)
-            elif action == policies.STOP:
-                stop = stop or anomaly.message
-            elif action != policies.WARN:
-                asks.append(anomaly)
-        if stop is not None:
-            self.stopped = stop
-        return Reaction(tuple(nudges), stop, tuple(reports), tuple(asks))
+    def _kept(self, reaction: Reaction) -> Reaction:
+        """What the guard keeps of a reaction: every report's action, and why it stopped the run."""
+        self.actions.extend((anomaly.turn, action, anomaly.type) for anomaly, action in reaction.reports)
+        if reaction.stop is not None:
+            self.stopped = reaction.stop
+        return reaction
 
 
 class _Recorded:
@@ -358,13 +303,9 @@ def _as_messages_response(turn: int, model: str, text: str | None, tool_calls: S
                       "cache_creation_input_tokens": usage.cache_creation_input_tokens}}
 
 
-def _merged(first: Reaction, second: Reaction) -> Reaction:
-    if first is NOTHING:
-        return second
-    if second is NOTHING:
-        return first
-    return Reaction(first.nudges + second.nudges, first.stop or second.stop, first.reports + second.reports,
-                    first.asks + second.asks)
+def _priced_by_its_model(response: Mapping[str, Any], usage: Usage) -> float | None:
+    """A recorded answer priced by its own model's row of the price table (a framework may switch models)."""
+    return Pricing(str(response.get("model") or "")).cost_of(response, usage)
 
 
 def _parsed(arguments: Any) -> Any:
