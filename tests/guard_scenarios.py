@@ -8,7 +8,8 @@ a final answer. The tools are plain functions with the same behaviour in every f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,16 +79,7 @@ def call_id(turn: int, index: int) -> str:
 def agent_actions(scenario: Scenario, **options: Any) -> list[tuple[int, str, str]]:
     """(turn, action, anomaly type) for every anomaly looptrace's own Agent reports on the same script."""
     tools = scenario.tools()
-    responses: list[dict[str, Any]] = []
-    for n, turn in enumerate(scenario.turns, start=1):
-        blocks = [{"type": "tool_use", "id": call_id(n, i), "name": name, "input": args}
-                  for i, (name, args) in enumerate(turn)]
-        responses.append({"id": f"msg_{n}", "type": "message", "role": "assistant", "model": MODEL,
-                          "content": blocks, "stop_reason": "tool_use",
-                          "usage": {"input_tokens": 10, "output_tokens": 5}})
-    responses.append({"id": "msg_end", "type": "message", "role": "assistant", "model": MODEL,
-                      "content": [{"type": "text", "text": scenario.final}], "stop_reason": "end_turn",
-                      "usage": {"input_tokens": 10, "output_tokens": 5}})
+    responses = _responses(scenario)
     seen: list[tuple[int, str, str]] = []
 
     def on_event(event: Any) -> None:
@@ -98,6 +90,72 @@ def agent_actions(scenario: Scenario, **options: Any) -> list[tuple[int, str, st
     Agent(MODEL, tools=[tool(f) for f in tools.values()], client=ScriptedModel(responses), on_event=on_event,
           **options).run("task")
     return seen
+
+
+def _responses(scenario: Scenario) -> list[dict[str, Any]]:
+    """The scenario as the Messages API's responses: one per turn, then the final answer."""
+    responses: list[dict[str, Any]] = []
+    for n, turn in enumerate(scenario.turns, start=1):
+        blocks = [{"type": "tool_use", "id": call_id(n, i), "name": name, "input": args}
+                  for i, (name, args) in enumerate(turn)]
+        responses.append({"id": f"msg_{n}", "type": "message", "role": "assistant", "model": MODEL,
+                          "content": blocks, "stop_reason": "tool_use",
+                          "usage": {"input_tokens": 10, "output_tokens": 5}})
+    responses.append({"id": "msg_end", "type": "message", "role": "assistant", "model": MODEL,
+                      "content": [{"type": "text", "text": scenario.final}], "stop_reason": "end_turn",
+                      "usage": {"input_tokens": 10, "output_tokens": 5}})
+    return responses
+
+
+# ---- what the run monitor decided, for the Agent and for a guard alike
+
+
+@dataclass
+class Reactions:
+    """Every reaction a `RunMonitor` gave, per monitor, in order: (turn, nudges, stop, reported anomalies with
+    their actions and what their loop had cost, without the wall time)."""
+
+    by_monitor: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
+
+    def record(self, monitor: Any, reaction: Any) -> None:
+        if reaction.reports or reaction.nudges or reaction.stop:
+            reports = tuple((a.type, a.turn, a.count, a.streak, a.first_turn, action, cost_key(a.cost))
+                            for a, action in reaction.reports)
+            self.by_monitor.setdefault(id(monitor), []).append(
+                (monitor.turn_index, len(reaction.nudges), reaction.stop is not None, reports))
+
+    def runs(self) -> list[list[tuple[Any, ...]]]:
+        return list(self.by_monitor.values())
+
+
+def cost_key(cost: Any) -> tuple[Any, ...] | None:
+    return None if cost is None else (cost.since_turn, cost.turns, cost.input_tokens, cost.output_tokens, cost.usd)
+
+
+@contextmanager
+def monitored(monkeypatch: Any) -> Iterator[Reactions]:
+    """Record every reaction of every RunMonitor made inside the block (the Agent's and a guard's)."""
+    from looptrace.runtime.monitor import RunMonitor
+
+    seen = Reactions()
+    for verdict in ("before_calls", "judge_turn", "judge_run"):
+        original = getattr(RunMonitor, verdict)
+
+        def spy(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            reaction = _original(self, *args, **kwargs)
+            seen.record(self, reaction)
+            return reaction
+
+        monkeypatch.setattr(RunMonitor, verdict, spy)
+    yield seen
+
+
+def agent_loop_cost(scenario: Scenario, **options: Any) -> Any:
+    """What looptrace's own Agent says the loop of ``scenario`` cost (its run's loop cost)."""
+    tools = scenario.tools()
+    result = Agent(MODEL, tools=[tool(f) for f in tools.values()], client=ScriptedModel(_responses(scenario)),
+                   telemetry=False, alerts=Alerts(log_warnings=False), **options).run("task")
+    return cost_key(result.loop_cost)
 
 
 # ---- the sinks

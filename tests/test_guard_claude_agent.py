@@ -25,6 +25,7 @@ from claude_agent_sdk.types import (
     PreToolUseHookInput,
     StopHookInput,
     TextBlock,
+    ToolUseBlock,
     UserPromptSubmitHookInput,
 )
 from fakes.langfuse_api import FakeLangfuse
@@ -157,6 +158,18 @@ def test_token_usage_is_recorded_per_model_call(quiet):
     guard, _ = run_guarded(gs.POLLING, **quiet)
     calls = guard.guard.last_run.model_calls
     assert len(calls) == 7 and {(c.usage.input_tokens, c.usage.output_tokens) for c in calls} == {(10, 5)}
+    assert [c.turn for c in calls] == list(range(1, 8))  # each answer's tokens in the turn it opened
+
+
+def test_a_response_sent_as_one_message_per_block_is_counted_once(quiet):
+    guard = ClaudeAgentGuard(**quiet)
+    asyncio.run(guard.prompt_submitted(UserPromptSubmitHookInput(**BASE, hook_event_name="UserPromptSubmit",
+                                                                 prompt="task"), None, {"signal": None}))
+    for block in (TextBlock("Let me look."), ToolUseBlock("call_1", "read_file", {"path": "a.txt"})):
+        guard.record(AssistantMessage(content=[block], model=gs.MODEL, session_id=SESSION, message_id="msg_1",
+                                      usage={"input_tokens": 10, "output_tokens": 5}))
+    run = guard.guard.last_run
+    assert [(c.turn, c.usage.input_tokens) for c in run.model_calls] == [(1, 10)]
 
 
 # ---- Claude Code itself, against the local Messages-API fake
@@ -213,3 +226,16 @@ def test_claude_code_nudged_then_stopped_against_the_local_messages_api(tmp_path
     assert "[looptrace loop detector]" in last_results[3] and "[looptrace loop detector]" not in last_results[2]
     assert len(agent_loop) == 5  # the fifth call is denied, and the session ends there
     assert len(run.model_calls) >= 4  # tokens of each model call, from the stream
+
+
+@pytest.mark.parametrize("scenario", [gs.FAILING_LOOP, gs.CYCLE], ids=lambda scenario: scenario.name)
+def test_the_guard_and_the_agent_react_alike_through_one_run_monitor(quiet, monkeypatch, scenario):
+    # Both loops go through the same RunMonitor: the same reactions at the same turns (nudges, stops, each anomaly
+    # with its streak, count and the cost of its loop so far), and the same loop cost for the run.
+    with gs.monitored(monkeypatch) as seen:
+        gs.agent_actions(scenario)
+        guard, _ = run_guarded(scenario, model=gs.MODEL, **quiet)
+    agent_reactions, guard_reactions = seen.runs()
+    assert agent_reactions and guard_reactions == agent_reactions
+    assert gs.cost_key(guard.guard.last_run.monitor.loop_cost) == gs.agent_loop_cost(scenario) is not None
+

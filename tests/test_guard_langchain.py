@@ -139,3 +139,15 @@ def test_token_usage_is_recorded_per_model_call(quiet):
     assert [(c.turn, c.usage.input_tokens, c.usage.output_tokens) for c in run.model_calls] == [
         (n, 10, 5) for n in range(1, 8)]
     assert run.usage.input_tokens == 70
+
+
+@pytest.mark.parametrize("scenario", [gs.FAILING_LOOP, gs.CYCLE], ids=lambda scenario: scenario.name)
+def test_the_guard_and_the_agent_react_alike_through_one_run_monitor(quiet, monkeypatch, scenario):
+    # Both loops go through the same RunMonitor: the same reactions at the same turns (nudges, stops, each anomaly
+    # with its streak, count and the cost of its loop so far), and the same loop cost for the run.
+    with gs.monitored(monkeypatch) as seen:
+        gs.agent_actions(scenario)
+        guard, _ = run_guarded(scenario, model=gs.MODEL, **quiet)
+    agent_reactions, guard_reactions = seen.runs()
+    assert agent_reactions and guard_reactions == agent_reactions
+    assert gs.cost_key(guard.guard.last_run.monitor.loop_cost) == gs.agent_loop_cost(scenario) is not None

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
-from claude_agent_sdk.types import AssistantMessage, HookContext, HookEvent, HookJSONOutput
+from claude_agent_sdk.types import AssistantMessage, HookContext, HookEvent, HookJSONOutput, TextBlock, ToolUseBlock
 
 from looptrace.instrumentation.interface import Usage
 
@@ -40,6 +40,7 @@ class ClaudeAgentGuard:
     def __init__(self, guard: LoopGuard | None = None, **options: Any) -> None:
         self.guard = guard or LoopGuard(**options)
         self._runs = RunRegistry()
+        self._counted: dict[str, str] = {}  # run id -> the id of the latest response counted
 
     @property
     def hooks(self) -> dict[HookEvent, list[HookMatcher]]:
@@ -53,18 +54,29 @@ class ClaudeAgentGuard:
         }
 
     def record(self, message: Any) -> None:
-        """A message from the ``query`` stream: an assistant message's tokens count towards its run's cost."""
+        """A message from the ``query`` stream: an assistant message is a model call's answer, whose tokens count
+        towards its run's cost in the turn it opens. Claude Code sends a response's blocks as messages of their own,
+        each with the response's usage: a response is counted once, by its message id."""
         if not isinstance(message, AssistantMessage) or not message.usage or message.session_id is None:
             return
         run = self._runs.get(message.session_id)
-        if run is not None:
-            run.add_model_call(Usage.from_response({"usage": message.usage}), message.model)
+        if run is None or (message.message_id is not None and message.message_id == self._counted.get(run.id)):
+            return
+        if message.message_id is not None:
+            self._counted[run.id] = message.message_id
+        usage = Usage.from_response({"usage": message.usage})
+        if run.in_turn:  # the turn's calls started before the stream said whose answer they were
+            run.add_model_call(usage, message.model)
+        else:
+            run.model_responded(usage=usage, model=message.model, text=_text_of(message) or None,
+                                tool_calls=_tool_uses_of(message), response_id=message.message_id)
 
     # ---- the hook callables (HookCallback: input, tool_use_id, context)
 
     async def prompt_submitted(self, data: Any, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
         previous = self._runs.pop(data["session_id"])
         if previous is not None:
+            self._counted.pop(previous.id, None)
             previous.end()
         self._run_of(data, task=data.get("prompt") or "")
         return _NOTHING
@@ -104,6 +116,7 @@ class ClaudeAgentGuard:
         if reaction.nudge_text and not data.get("stop_hook_active"):
             return {"decision": "block", "reason": reaction.nudge_text}
         self._runs.pop(data["session_id"])
+        self._counted.pop(run.id, None)
         run.end()
         return _NOTHING
 
@@ -113,6 +126,14 @@ class ClaudeAgentGuard:
         if run is None:  # a session whose prompt the hooks did not see: the run starts at its first call
             run = self._runs.add(session, self.guard.start_run(task, session_id=session))
         return run
+
+
+def _text_of(message: AssistantMessage) -> str:
+    return "".join(block.text for block in message.content if isinstance(block, TextBlock))
+
+
+def _tool_uses_of(message: AssistantMessage) -> list[tuple[str, str, Any]]:
+    return [(block.id, block.name, block.input) for block in message.content if isinstance(block, ToolUseBlock)]
 
 
 def _is_error(response: Any) -> bool:
