@@ -29,6 +29,8 @@ from looptrace import Agent, Limits, ScriptedModel, approve, reject, tool
 from looptrace.cli.demo import DEMO_MODEL, DEMO_SYSTEM, Inventory, equipment_script, runaway_script
 from looptrace.instrumentation.tracefile import TraceFileProcessor
 
+from . import scenario
+
 DAY_NS = 86_400 * 10**9
 
 
@@ -190,7 +192,20 @@ def _coder() -> Callable[[TracerProvider], Any]:
     return run
 
 
-def _payments(amount: int, approved: bool) -> Callable[[TracerProvider], Any]:
+def _research() -> Callable[[TracerProvider], Any]:
+    """A long run that makes progress every turn until its turn limit stops it."""
+    script = [{**scenario.tool_use(step, "research"), "usage": {"input_tokens": 900 + 250 * step, "output_tokens": 60}}
+              for step in range(1, 16)]
+
+    def run(provider: TracerProvider) -> Any:
+        agent = Agent(scenario.MODEL, tools=[scenario.lookup], system=scenario.SYSTEM, name="research",
+                      limits=Limits(max_turns=12), client=ScriptedModel(_paced(script, 0.3)),
+                      tracer_provider=provider)
+        return agent.run("Compare the widgets of the three suppliers.")
+    return run
+
+
+def _payments(amount: int, approved: bool | None) -> Callable[[TracerProvider], Any]:
     script = [_call("pay", {"to": "Ann", "amount": amount}, "toolu_p", (500, 40)),
               _answer(f"I paid Ann {amount} euros." if approved else "I did not pay Ann: the payment was refused.")]
 
@@ -198,8 +213,8 @@ def _payments(amount: int, approved: bool) -> Callable[[TracerProvider], Any]:
         time.sleep(0.4)  # a person reads the request
         return approve() if approved else reject("Ann was paid on Monday")
 
-    def run(provider: TracerProvider) -> Any:
-        agent = Agent("claude-sonnet-4-5", tools=[pay], name="payments", approver=decide,
+    def run(provider: TracerProvider) -> Any:  # (no approver: the run pauses, awaiting a person's decision)
+        agent = Agent("claude-sonnet-4-5", tools=[pay], name="payments", approver=None if approved is None else decide,
                       client=ScriptedModel(_paced(script, 0.2)), tracer_provider=provider)
         return agent.run(f"Pay Ann {amount} euros")
     return run
@@ -215,6 +230,8 @@ SCENARIOS = (
     Scenario("payments-small", 10, _payments(40, approved=True)),
     Scenario("payments-approved", 4, _payments(500, approved=True)),
     Scenario("payments-rejected", 3, _payments(900, approved=False)),
+    Scenario("payments-waiting", 2, _payments(2000, approved=None)),
+    Scenario("research", 5, _research()),
 )
 
 
@@ -222,14 +239,14 @@ def record(folder: str) -> dict[str, list[bytes]]:
     """Each scenario run once through the real Agent into a trace file of its own: its lines, by scenario."""
     logging.getLogger("looptrace").disabled = True  # the anomalies' log lines: the file is what is wanted here
     recorded = {}
-    for scenario in SCENARIOS:
-        path = os.path.join(folder, f"{scenario.name}.jsonl")
+    for each in SCENARIOS:
+        path = os.path.join(folder, f"{each.name}.jsonl")
         provider = TracerProvider()
         provider.add_span_processor(TraceFileProcessor(path))
-        scenario.run(provider)
+        each.run(provider)
         provider.shutdown()
         with open(path, "rb") as handle:
-            recorded[scenario.name] = handle.read().splitlines(keepends=True)
+            recorded[each.name] = handle.read().splitlines(keepends=True)
     return recorded
 
 

@@ -102,7 +102,8 @@ def test_errors_are_marked_where_they_happened(workdir, capsys):
     failed = [e for e in found if e["tag"] == "rect" and e["attrs"].get("class") == "tool error"]
     assert [(e["attrs"]["data-turn"], e["attrs"]["data-tool"]) for e in failed] == [("2", "reserve_equipment")]
     assert "RuntimeError" in failed[0]["text"]
-    assert "Tool errors left unresolved: reserve_equipment(2026-10-08, EQ-001) at turn 2" in html
+    assert "1 tool error left unresolved when the run ended" in html
+    assert "<li>reserve_equipment(2026-10-08, EQ-001) at turn 2: &#39;RuntimeError: EQ-001 has no stock" in html
 
 
 @pytest.mark.parametrize("variable, value", [("LOOPTRACE_CAPTURE_CONTENT", "false"),
