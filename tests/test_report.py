@@ -159,8 +159,15 @@ def test_since_leaves_the_older_runs_out_and_says_so(workdir, capsys):
     old = demos(workdir / "old.jsonl", "equipment").read_bytes()
     trace_file = workdir / "t.jsonl"
     trace_file.write_bytes(earlier(old, 3 * 86_400 * 10**9) + recent.read_bytes())
-    assert figures_of_page(page_of(capsys, trace_file))["runs"] == 2
+    whole = page_of(capsys, trace_file)
+    assert figures_of_page(whole)["runs"] == 2
+    # runs over days are drawn by the day, the empty days between them too (runs within two days: by the hour)
+    (chart,) = [e for e in elements(whole) if e["attrs"].get("aria-label") == "runs by status"]
+    days = [e["text"] for e in elements(whole) if e["attrs"].get("class") == "label"
+            and any(p["attrs"] == chart["attrs"] for p in e["parents"])]
+    assert "<small>per day</small>" in whole and len(days) == 4
     html = page_of(capsys, trace_file, "--since", "1d")
+    assert "<small>per hour</small>" in html
     assert figures_of_page(html)["runs"] == 1 and figures_of_page(html)["looped"] == 1
     assert "1 run that started before --since left out" in html
     assert "runs started since" in html

@@ -7,7 +7,7 @@ key). Its verdict is `looptrace detect`'s, so every figure the report shows of i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from looptrace.instrumentation.detector import LoopCost
@@ -99,7 +99,6 @@ class RunRecord:
     usd: float | None
     tools: frozenset[str]
     facts: list[SpanFact] | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def trace_id(self) -> str:
