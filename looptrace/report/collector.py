@@ -9,7 +9,7 @@ same rebuilder, fed the same spans, so the page's figures are those of `looptrac
 from __future__ import annotations
 
 import re
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,6 @@ class RunCollector:
         self._rebuilder = RunRebuilder(config)
         self._open: OrderedDict[str, OpenRun] = OrderedDict()
         self._since = since_ns
-        self._anchors: Counter[str] = Counter()
         self.overview = Overview()
         self.drawn = DrawnRuns(max_runs)
         self.before_since = 0
@@ -80,21 +79,23 @@ class RunCollector:
 
     def _judged(self, verdict: Any, key: str, read: Any, fact: SpanFact | None) -> None:
         closing = fact if fact is not None and fact.kind == AGENT else None
+        anchor = anchor_of(key)
         if closing is not None and read.parent_span_id is not None and key in self._rebuilder.open_runs():
             # a run inside another run's tool, judged on its own: the outer run goes on without its spans
             run = self._open[key].split_off(closing.span_id, closing.start_ns, closing.end_ns)
+            anchor = f"{anchor}-{anchor_of(closing.span_id)[4:]}"
         else:
             run = self._open.pop(key) if key in self._open else OpenRun()
-        record = record_of(verdict, run, self._anchor(key), closing)
+        record = record_of(verdict, run, anchor, closing)
         if self._since is not None and record.start_ns and record.start_ns < self._since:
             self.before_since += 1
             return
         self.overview.add(record)
         self.drawn.offer(record)
 
-    def _anchor(self, key: str) -> str:
-        """The page's id for a run: its trace id (or session key), numbered when a trace holds several runs."""
-        base = "run-" + re.sub(r"[^A-Za-z0-9_-]+", "-", key)[:80]
-        self._anchors[base] += 1
-        count = self._anchors[base]
-        return base if count == 1 else f"{base}-{count}"
+
+
+def anchor_of(key: str) -> str:
+    """The page's id for a run: ``run-`` and its trace id (or session or conversation key); a run nested in another's
+    tool adds its own span's id (``selection`` numbers any id two drawn runs would still share)."""
+    return "run-" + re.sub(r"[^A-Za-z0-9_-]+", "-", key)[:80]

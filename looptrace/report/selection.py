@@ -45,8 +45,18 @@ class DrawnRuns:
             run.facts = None
 
     def runs(self) -> list[RunRecord]:
-        """The runs drawn, latest first."""
-        return sorted((run for _, _, run in self._heap), key=lambda run: run.start_ns, reverse=True)
+        """The runs drawn, latest first, each with an id of its own on the page (a trace whose root came twice
+        holds two runs of one key: the later is numbered)."""
+        drawn = sorted((run for _, _, run in self._heap), key=lambda run: run.start_ns, reverse=True)
+        seen: set[str] = set()
+        for run in reversed(drawn):
+            anchor, number = run.anchor, 1
+            while anchor in seen:
+                number += 1
+                anchor = f"{run.anchor}-{number}"
+            run.anchor = anchor
+            seen.add(anchor)
+        return drawn
 
     @property
     def left_out(self) -> int:
