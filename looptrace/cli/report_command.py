@@ -24,14 +24,14 @@ DEFAULT_MAX_RUNS = 100  # report.DEFAULT_MAX_RUNS, said here so that `--help` lo
 def add_report_command(commands: Any) -> None:
     report = commands.add_parser(
         "report", help="write one HTML page of the runs in a trace file: where they looped and what it cost",
-        description="Reads a trace file (and the files it was rotated into) as `detect` does and writes one "
-                    "self-contained HTML page: runs over time by how they ended; the share of runs that looped and "
-                    "the tokens and USD spent in loops, per day, agent and tool; the costliest loops; and, for each "
-                    "run drawn, its timeline with its loops marked and the content its spans hold. The page fetches "
+        description="Reads a trace file (and the files it was rotated into) as `detect` does and writes one\n"
+                    "self-contained HTML page: runs over time by how they ended; the share of runs that looped and\n"
+                    "the tokens and USD spent in loops, per day, agent and tool; the costliest loops; and, for each\n"
+                    "run drawn, its timeline with its loops marked and the content its spans hold. The page fetches\n"
                     "nothing when opened (a file or a CI artifact). What each chart means: docs/report.md.",
         epilog="exit codes:\n  0   the page was written\n"
-               "  2   unreadable file, a file holding no OTLP/JSON span (empty, a log, a binary file), an output that "
-               "cannot be written, or a bad flag",
+               "  2   unreadable file, a file holding no OTLP/JSON span (empty, a log, a binary file),\n"
+               "      an output that cannot be written, or a bad flag",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("--trace-file", "--file", dest="file", type=Path, metavar="FILE",
                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
