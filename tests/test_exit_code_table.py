@@ -12,7 +12,7 @@ from looptrace.cli.app import build_parser
 from looptrace.cli.exit_codes import EXIT_CODE_HELP, EXIT_CODE_TABLE
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "exit-codes.md"
-COMMANDS = ("demo", "run", "watch", "detect", "traces show", "traces list", "traces push", "replay")
+COMMANDS = ("demo", "run", "watch", "detect", "report", "traces show", "traces list", "traces push", "replay")
 
 
 def expand(codes: str) -> list[int]:

@@ -156,10 +156,11 @@ class RunRebuilder:
         self._twins: OrderedDict[str, str] = OrderedDict()
         self.last_key = ""  # the run the span added last belongs to (a trace id, or a session or conversation key)
         self.last_dropped: str | None = None  # the held twin that span made redundant: that key has no run now
+        self.last_span: Any = None  # the span added last, as read (in looptrace's vocabulary, whoever produced it)
 
     def add(self, span: Any) -> Verdict | None:
         own_trace, was_root = span.trace_id, span.parent_span_id is None
-        span = self._reader.translate(span)
+        span = self.last_span = self._reader.translate(span)
         self.last_key = span.trace_id
         self.last_dropped = None
         if was_root and span.trace_id != own_trace:

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_resume_command(commands)
     add_mcp_command(commands)
     add_watch_command(commands)
-    add_trace_commands(commands)  # detect, traces show | list | push
+    add_trace_commands(commands)  # detect, traces show | list | push, report
     add_replay_command(commands)
     return parser
 

@@ -79,17 +79,18 @@ def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
         write(f"  not checked: {rule}: {why}\n")
 
 
-def detection_spans(path: Path, report: LineReporter) -> Iterator[Any]:
+def detection_spans(path: Path, report: LineReporter, keys: Any = None) -> Iterator[Any]:
     """Every span of the file as the run rebuilder reads it (``readers.NeutralSpan``), each line parsed once.
 
     The spans go straight from the parsed line to the rebuilder's shape, decoding only the attributes detection
-    reads (``trace_detect.DETECTION_KEYS``); the resource, the span kind and the other attributes are never decoded.
-    A line is checked as ``trace_reading.spans_of`` checks it, so the same lines are reported malformed.
+    reads (``trace_detect.DETECTION_KEYS``, or ``keys``: a ``KeySelection`` holding them and more, for `report`); the
+    resource, the span kind and the other attributes are never decoded. A line is checked as
+    ``trace_reading.spans_of`` checks it, so the same lines are reported malformed.
     """
     from looptrace.instrumentation.offline.readers import NeutralSpan
     from looptrace.instrumentation.offline.trace_detect import DETECTION_KEYS
 
-    verdicts = DETECTION_KEYS.verdicts
+    verdicts = (keys if keys is not None else DETECTION_KEYS).verdicts
 
     def attributes_of(items: Any) -> dict[str, Any]:
         if not items:

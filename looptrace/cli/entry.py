@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-TRACE_COMMANDS = ("detect", "traces")
+TRACE_COMMANDS = ("detect", "traces", "report")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,8 @@ EVERY = "every command"
 # (codes, commands, meaning): the one table of exit codes. `looptrace --help` is made from it, and
 # docs/exit-codes.md is held to it by a test, as is each command's own --help.
 EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] = (
-    ((0,), EVERY, "done: the model ended its turn, no anomaly, the run shown or listed, nothing left to push, "
-                  "watch stopped cleanly"),
+    ((0,), EVERY, "done: the model ended its turn, no anomaly, the run shown or listed, the report written, "
+                  "nothing left to push, watch stopped cleanly"),
     ((1,), RUNS, "error: the API call failed (replay: also a replay that went past the recording)"),
     ((1,), ("detect",), "anomalies found"),
     ((1,), ("traces push",), "spans still pending: their backend failed again, or lines were set aside"),

@@ -1,4 +1,5 @@
-"""`looptrace detect` and `looptrace traces show | list | push`: reading stored traces, fast and safely.
+"""`looptrace detect`, `looptrace traces show | list | push` and `looptrace report`: reading stored traces, fast and
+safely.
 
 These commands import only the standard library and looptrace's own readers (no OpenTelemetry SDK, no HTTP client,
 no anthropic), so that `detect` on a small file costs about what starting Python costs; `push` loads the exporters
@@ -17,6 +18,7 @@ from typing import Any
 from looptrace.cli.common import Parser, UsageError, positive_count, silence_stdout, since_time, tolerate_any_terminal
 from looptrace.cli.exit_codes import EXIT_CLOSED_PIPE, EXIT_USAGE
 from looptrace.cli.langfuse_detect import add_langfuse_arguments
+from looptrace.cli.report_command import add_report_command
 
 
 def _handler(module: str, name: str) -> Any:
@@ -37,7 +39,7 @@ push_command = _handler("push_command", "push_command")
 
 
 def add_trace_commands(commands: Any) -> None:
-    """Add `detect` and `traces` to a subparsers object (the full CLI's, or the light one of ``main``)."""
+    """Add `detect`, `traces` and `report` to a subparsers object (the full CLI's, or the light one of ``main``)."""
     detect = commands.add_parser(
         "detect", help="find loop anomalies in stored traces (exit 1 when there are any)",
         description="Rebuilds each run in an OTLP-JSON trace file (looptrace's, or any agent's whose spans follow "
@@ -111,6 +113,7 @@ def add_trace_commands(commands: Any) -> None:
                            "interrupted push) may have delivered already (a second copy may reach it); Langfuse "
                            "keeps one copy per span id, so they are always resent there")
     push.set_defaults(command_parser=push, handler=push_command)
+    add_report_command(commands)
 
 
 def quiet_garbage_collector() -> None:
