@@ -17,7 +17,6 @@ from looptrace.instrumentation.agent_telemetry import agent_telemetry
 from looptrace.instrumentation.detector import DetectorConfig, SessionDetectors
 from looptrace.instrumentation.interface import Alerts, AnsweringModel, Settings
 from looptrace.runtime import policy as policies
-from looptrace.runtime import resume
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import Approver
 from looptrace.runtime.effects import Effect, Raised
@@ -28,6 +27,7 @@ from looptrace.runtime.loop import AgentLoop, RunInterrupted, UnknownStopReason
 from looptrace.runtime.models import AnthropicModel, Model
 from looptrace.runtime.pricing import DEFAULT_PRICES, Price, Pricing
 from looptrace.runtime.result import RunResult
+from looptrace.runtime.resume import Resumption, accept
 from looptrace.runtime.run import Labels
 from looptrace.runtime.state import RunState
 
@@ -211,8 +211,8 @@ class Agent(AgentLoop):
                 await servers.aclose()
 
     def _accepted(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], approve: Iterable[str],
-                  reject: Mapping[str, str] | None, go_on: bool | None, message: str | None) -> resume.Resumption:
-        return resume.accept(state, self._identity, approve=approve, reject=reject, go_on=go_on, message=message,
+                  reject: Mapping[str, str] | None, go_on: bool | None, message: str | None) -> Resumption:
+        return accept(state, self._identity, approve=approve, reject=reject, go_on=go_on, message=message,
                              resumed_here=self._resumed_states)
 
     def _open_servers(self) -> MCPConnections | None:

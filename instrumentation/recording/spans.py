@@ -139,7 +139,7 @@ class Tracing:
         assert self._resolved is not None
         return self._resolved
 
-    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> ModelLike:
+    def instrument(self, model: ModelLike, *, cost_of: CostOf | None = None, judge: bool = False) -> InstrumentedModel:
         """``model`` with a chat span per call, opened under the turn current while it runs."""
         return InstrumentedModel(model, cost_of=cost_of, judge=judge)
 

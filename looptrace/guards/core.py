@@ -255,8 +255,9 @@ class GuardedRun:
         calls = list(self._calls.values())
         for call in calls:
             finished = call.finished if call.finished is not None else time.perf_counter()
-            came_back = call.result is not None
-            call.view.settle(call.result if came_back else "(no result)", is_error=call.is_error or not came_back,
+            result = call.result
+            came_back = result is not None
+            call.view.settle(result if result is not None else "(no result)", is_error=call.is_error or not came_back,
                              failed=call.is_error, duration_s=finished - call.started,
                              outcome="error" if call.is_error else ("ok" if came_back else "interrupted"))
             self.monitor.call_settled(call.view)
