@@ -114,7 +114,7 @@ def test_two_processes_resuming_two_copies_at_once_pay_once(workdir, api, tools_
 
 
 def test_its_json_resumed_by_the_library_in_another_process_is_refused_too(workdir, api, tools_file):
-    state = pause(api, workdir, tools_file)
+    pause(api, workdir, tools_file)
     api.add(DONE, DONE)
     assert looptrace("resume", "paused.json", "--approve", "t2", cwd=workdir).returncode == 0
     script = textwrap.dedent('''
