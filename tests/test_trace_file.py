@@ -537,6 +537,23 @@ def test_the_trace_file_rotates_by_size_and_keeps_the_backups_asked_for(tmp_path
     assert numbers == list(range(numbers[0], 100)) and 10 < numbers[0] < 95  # oldest first, the newest kept
 
 
+def test_a_rotation_costs_the_files_there_are_not_the_backups_allowed(tmp_path, monkeypatch):
+    from looptrace.instrumentation.tracefile import write as module
+
+    renames: list[str] = []
+    original = module.os.replace
+    monkeypatch.setattr(module.os, "replace", lambda a, b: (renames.append(str(a)), original(a, b))[1])
+    path = tmp_path / "traces.jsonl"
+    writer = TraceFileWriter(path, Rotation(max_bytes=100, backups=1_000_000))  # before: a million renames a rotation
+    for n in range(5):
+        writer.write(json.dumps({"n": n, "pad": "x" * 100}).encode() + b"\n")
+    writer.close()
+    # Four rotations, with 0, 1, 2 and 3 older files to shift: each file renamed once per rotation, nothing tried more
+    assert len(renames) == 1 + 2 + 3 + 4
+    assert [data["n"] for _, data in read_lines(path)] == [0, 1, 2, 3, 4]  # every line kept, oldest first
+    assert [Path(name).name for name in trace_files(path)][0] == "traces.jsonl.4"
+
+
 def test_writers_sharing_a_file_lose_and_tear_no_line_across_rotations(tmp_path):
     # Several writers, each with its own descriptors as separate processes have: the advisory locks are per open
     # file, so they contend here exactly as processes do.
