@@ -551,7 +551,7 @@ def test_a_rotation_costs_the_files_there_are_not_the_backups_allowed(tmp_path, 
     # Four rotations, with 0, 1, 2 and 3 older files to shift: each file renamed once per rotation, nothing tried more
     assert len(renames) == 1 + 2 + 3 + 4
     assert [data["n"] for _, data in read_lines(path)] == [0, 1, 2, 3, 4]  # every line kept, oldest first
-    assert [Path(name).name for name in trace_files(path)][0] == "traces.jsonl.4"
+    assert Path(trace_files(path)[0]).name == "traces.jsonl.4"
 
 
 def test_writers_sharing_a_file_lose_and_tear_no_line_across_rotations(tmp_path):
