@@ -50,7 +50,7 @@ from ..tracefile.read import (
     read_lines,
     trace_files,
 )
-from ..tracefile.undelivered import PushInProgress, UndeliveredList, span_key
+from ..tracefile.undelivered import Pending, PushInProgress, UndeliveredList, span_key
 from .failures import TIMEOUT
 
 __all__ = ["PushInProgress", "PushReport", "push"]
@@ -159,9 +159,11 @@ def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapp
         post_score = _score_poster(settings.langfuse)
     try:
         with listing.pushing():
-            _push_spans(listing, _Sender(listing, exporters, outcomes if own else None, report), targets,
+            pending = listing.pending()
+            report.list_lines_skipped = list(listing.bad_lines)
+            _push_spans(pending, listing, _Sender(listing, exporters, outcomes if own else None, report), targets,
                         resend_interrupted, settings.max_line_bytes, report)
-            _push_scores(listing, targets, post_score, report)
+            _push_scores(pending, listing, targets, post_score, report)
             listing.compact()
     finally:
         if own:
@@ -170,10 +172,10 @@ def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapp
     return report
 
 
-def _push_spans(listing: UndeliveredList, sender: _Sender, targets: set[str], resend: bool, max_line_bytes: int,
-                report: PushReport) -> None:
+def _push_spans(pending: Mapping[str, Pending], listing: UndeliveredList, sender: _Sender, targets: set[str],
+                resend: bool, max_line_bytes: int, report: PushReport) -> None:
     wanted: dict[str, dict[str, list[str]]] = defaultdict(dict)  # trace file -> span key -> backends
-    for backend, waiting in listing.pending().items():
+    for backend, waiting in pending.items():
         if backend not in targets:
             report.skipped[backend] += waiting.span_count
             continue
@@ -183,7 +185,6 @@ def _push_spans(listing: UndeliveredList, sender: _Sender, targets: set[str], re
                     report.held[backend] += 1
                 else:
                     wanted[trace_file].setdefault(key, []).append(backend)
-    report.list_lines_skipped = list(listing.bad_lines)
     for trace_file, backends_of in wanted.items():
         scan = _TraceFileScan(trace_file, backends_of, max_line_bytes)
         for key, span in scan.spans():
@@ -447,9 +448,9 @@ def _trace_state(item: Mapping[str, Any]) -> TraceState | None:
 
 # --- scores --------------------------------------------------------------------------------------------------------
 
-def _push_scores(listing: UndeliveredList, targets: set[str],
+def _push_scores(pending: Mapping[str, Pending], listing: UndeliveredList, targets: set[str],
                  post_score: Callable[[Mapping[str, Any]], bool] | None, report: PushReport) -> None:
-    for backend, waiting in listing.pending().items():
+    for backend, waiting in pending.items():  # as read before the spans were sent: their records touch no score
         if not waiting.scores:
             continue
         if backend not in targets or post_score is None:

@@ -233,34 +233,35 @@ def _texts(value: Any) -> list[str]:
 
 
 def _replay(entries: Iterable[dict[str, Any]]) -> dict[str, Pending]:
-    """The state the lines add up to: each span's last line decides it."""
-    state: dict[tuple[str, str], str] = {}  # (backend, key) -> undelivered | uncertain | delivered
-    where: dict[tuple[str, str], str] = {}  # (backend, key) -> trace file
+    """The state the lines add up to: each span's last line decides it. Linear in the keys the lines hold, with no
+    work per key beyond a dict update (a long outage lists millions)."""
+    state: dict[str, dict[str, str]] = {}  # backend -> key -> undelivered | uncertain | delivered
+    where: dict[str, dict[str, str]] = {}  # backend -> key -> trace file
     scores: dict[str, dict[str, dict[str, Any]]] = {}
     for entry in entries:
         backend = entry["backend"]
+        marks, files = state.setdefault(backend, {}), where.setdefault(backend, {})
         if isinstance(entry.get("undelivered"), list) and isinstance(entry.get("file"), str):
-            mark = "uncertain" if entry.get("uncertain") else "undelivered"
-            for key in _texts(entry["undelivered"]):
-                state[(backend, key)] = mark
-                where[(backend, key)] = entry["file"]
+            keys = _texts(entry["undelivered"])
+            marks.update(dict.fromkeys(keys, "uncertain" if entry.get("uncertain") else "undelivered"))
+            files.update(dict.fromkeys(keys, entry["file"]))
             continue
         for name, mark in (("sending", "uncertain"), ("delivered", "delivered"), ("not_sent", "undelivered")):
-            for key in _texts(entry.get(name)):
-                if (backend, key) in where:
-                    state[(backend, key)] = mark
+            marks.update((key, mark) for key in _texts(entry.get(name)) if key in files)
         if isinstance(entry.get("score"), dict) and isinstance(entry["score"].get("id"), str):
             scores.setdefault(backend, {})[entry["score"]["id"]] = entry["score"]
         for score_id in _texts(entry.get("score_posted")):
             scores.get(backend, {}).pop(score_id, None)
     pending: dict[str, Pending] = {}
-    for (backend, key), mark in state.items():  # insertion order: the order the spans failed in
-        if mark == "delivered":
-            continue
-        waiting = pending.setdefault(backend, Pending())
-        waiting.spans.setdefault(where[(backend, key)], []).append(key)
-        if mark == "uncertain":
-            waiting.uncertain.add(key)
+    for backend, marks in state.items():
+        files = where[backend]
+        for key, mark in marks.items():  # insertion order: the order the spans failed in
+            if mark == "delivered":
+                continue
+            waiting = pending.get(backend) or pending.setdefault(backend, Pending())
+            waiting.spans.setdefault(files[key], []).append(key)
+            if mark == "uncertain":
+                waiting.uncertain.add(key)
     for backend, bodies in scores.items():
         if bodies:
             pending.setdefault(backend, Pending()).scores.update(bodies)
