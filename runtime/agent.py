@@ -53,6 +53,7 @@ from looptrace.runtime.limits import Budget, Limits
 from looptrace.runtime.models import AnthropicModel, Model
 from looptrace.runtime.pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from looptrace.runtime.result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
+from looptrace.runtime.resume_claims import claims_directory
 from looptrace.runtime.state import PendingAnomaly, RunState, StateError, anomaly_from_dict
 
 if TYPE_CHECKING:
@@ -784,12 +785,13 @@ class Agent:
     def _accepted(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], approve: Iterable[str],
                   reject: Mapping[str, str] | None, go_on: bool | None, message: str | None) -> _Resumption:
         """The state and decisions of a resume, checked before anything runs; StateError says what does not fit."""
+        claims = claims_directory(self._tracing.settings.state_home)  # where "resumed once" is held, per run
         if isinstance(state, RunState):
             loaded = state
         elif isinstance(state, Mapping):
             loaded = RunState.from_dict(state)
         elif isinstance(state, (str, os.PathLike)):
-            loaded = RunState.load(state)
+            loaded = RunState.load(state, claims=claims)
         else:
             raise TypeError(f"resume takes a RunState, a state file's path or its JSON data, "
                             f"not {type(state).__name__}")
@@ -822,7 +824,7 @@ class Agent:
                              "go on (perhaps with a message for the model) or stop")
         if message is not None and not go_on:
             raise StateError("a message for the model goes with going on, not with stopping")
-        loaded.claim()
+        loaded.claim(claims)
         self._resumed_states.add(loaded.state_id)
         decisions = {call_id: Decision(True) for call_id in approved}
         decisions.update({call_id: Decision(False, reason) for call_id, reason in rejected.items()})

@@ -5,9 +5,10 @@ A state file can be reached by many names (a symlink, a hard link, a copy, its J
 nothing beside the file can say that the run it holds was resumed. What every copy shares is the state's id. The first
 resume creates ``<claims directory>/<state id>`` with ``O_CREAT | O_EXCL``: of any number of processes resuming one
 paused run, by whatever name, one creates it and the others find it there. The directory is
-``$XDG_STATE_HOME/looptrace/resumed`` (``~/.local/state/looptrace/resumed`` by default), created 0700 and refused when
-another user could write to it. A claim is fsynced before the resumed run does anything: a power cut cannot bring back
-a run whose approved call went out. A resume that fails before its run begins takes its claim back.
+``$XDG_STATE_HOME/looptrace/resumed`` (``~/.local/state/looptrace/resumed`` by default; the variable is read with the
+settings, ``Settings.state_home``), created 0700 and refused when another user could write to it. A claim is fsynced
+before the resumed run does anything: a power cut cannot bring back a run whose approved call went out. A resume that
+fails before its run begins takes its claim back.
 
 The claim holds when and by which process the run was resumed (and the path it was resumed from), nothing from the
 conversation. Its scope is the directory: the user's processes on this machine, or wherever that directory is shared.
@@ -37,11 +38,10 @@ class AlreadyClaimed(ClaimError):
     """The run was resumed already: the claim exists."""
 
 
-def claims_directory() -> Path:
-    """Where claims live: ``$XDG_STATE_HOME/looptrace/resumed``, or ``~/.local/state/looptrace/resumed``."""
-    base = os.environ.get("XDG_STATE_HOME", "").strip()
-    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "state"
-    return root / "looptrace" / "resumed"
+def claims_directory(state_home: Path | None) -> Path:
+    """Where claims live: ``looptrace/resumed`` under the state home (``Settings.state_home``: XDG_STATE_HOME), or
+    under ``~/.local/state`` without one."""
+    return (state_home or Path.home() / ".local" / "state") / "looptrace" / "resumed"
 
 
 def check_state_id(state_id: str) -> None:
@@ -50,10 +50,10 @@ def check_state_id(state_id: str) -> None:
         raise ValueError("state_id must be 8 to 128 letters, digits, '-' or '_'")
 
 
-def claimed(state_id: str, directory: Path | None = None) -> str | None:
+def claimed(state_id: str, directory: Path) -> str | None:
     """When and how the run was resumed, in words, if it was; None if it was not."""
     check_state_id(state_id)
-    claim = (directory or claims_directory()) / state_id
+    claim = directory / state_id
     try:
         with open(claim, "rb") as handle:
             return _describe(handle.read(4096), claim)
@@ -63,10 +63,11 @@ def claimed(state_id: str, directory: Path | None = None) -> str | None:
         raise ClaimError(f"cannot read {claim}: {exc.strerror or exc}") from None
 
 
-def claim(state_id: str, source: Path | None = None, directory: Path | None = None) -> Path:
-    """Claim the run ``state_id``: AlreadyClaimed if any process did before. Returns the claim file."""
+def claim(state_id: str, directory: Path, source: Path | None = None) -> Path:
+    """Claim the run ``state_id`` in ``directory``: AlreadyClaimed if any process did before. Returns the claim
+    file. ``source`` is the file it was resumed from, if any, for whoever reads the claim."""
     check_state_id(state_id)
-    folder = directory or claims_directory()
+    folder = directory
     _private_directory(folder)
     path = folder / state_id
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

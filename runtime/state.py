@@ -191,13 +191,15 @@ class RunState:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> RunState:
-        """The state in a file; StateError when it cannot be read, is no state, or was resumed already."""
+    def load(cls, path: str | os.PathLike[str], *, claims: Path | None = None) -> RunState:
+        """The state in a file; StateError when it cannot be read, is no state, or was resumed already (by a claim in
+        ``claims``, the folder ``claim`` writes to, when given: ``Agent.resume`` and `looptrace resume` give theirs,
+        so that a resumed state is refused before anything is set up)."""
         source = Path(path)
         state = cls.from_json(_read_state_file(source))
         state.path = source
         try:
-            earlier = resume_claims.claimed(state.state_id)
+            earlier = None if claims is None else resume_claims.claimed(state.state_id, claims)
         except resume_claims.ClaimError as exc:
             raise StateError(f"cannot tell whether run state {source} was resumed: {exc}") from None
         if earlier is None and _legacy_marker_applies(source):
@@ -206,14 +208,17 @@ class RunState:
             raise StateError(f"run state {source} was resumed already ({earlier}); a paused run resumes once")
         return state
 
-    def claim(self) -> None:
-        """Mark the paused run resumed, before the resumed run does anything: its id is claimed atomically, so that
-        of two processes resuming it (through one file, a link, a copy or its JSON), one fails."""
+    def claim(self, claims: Path | None = None) -> None:
+        """Mark the paused run resumed, before the resumed run does anything: its id is claimed atomically in
+        ``claims`` (``Agent.resume`` gives the folder its settings name: XDG_STATE_HOME's; without one,
+        ``~/.local/state/looptrace/resumed``), so that of two processes resuming it (through one file, a link, a copy or
+        its JSON), one fails."""
         where = self.path if self.path is not None else f"run state {self.state_id[:12]}"
         if self.resumed:
-            raise StateError(f"{where} was resumed already; a paused run resumes once")
+            raise StateError(f"{_named(where)} was resumed already; a paused run resumes once")
+        folder = claims if claims is not None else resume_claims.claims_directory(None)
         try:
-            self.claim_file = resume_claims.claim(self.state_id, self.path)
+            self.claim_file = resume_claims.claim(self.state_id, folder, self.path)
         except resume_claims.AlreadyClaimed as exc:
             raise StateError(f"{_named(where)} was resumed already ({exc}); a paused run resumes once") from None
         except resume_claims.ClaimError as exc:

@@ -43,11 +43,13 @@ def resume_command(args: argparse.Namespace) -> int:
     from looptrace.cli.run_command import build_agent, load_tools, report, resume_run, settle_asked, terminal_approver
     from looptrace.instrumentation.export import setup as telemetry_setup
     from looptrace.runtime.mcp_servers import MCPServerUnavailable
+    from looptrace.runtime.resume_claims import claims_directory
     from looptrace.runtime.state import RunState, StateError
 
     decisions = _decisions(args)
-    try:
-        state = RunState.load(args.state)
+    environment = read_settings(**export_overrides(args))
+    try:  # a paused run resumed already is refused here, before its tools are imported or its servers started
+        state = RunState.load(args.state, claims=claims_directory(environment.state_home))
     except StateError as exc:
         raise UsageError(str(exc)) from None
     options = state.app.get("cli")
@@ -59,7 +61,7 @@ def resume_command(args: argparse.Namespace) -> int:
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(options["tools"])) if options.get("tools") else []
-    settings = read_settings(**export_overrides(args), model=options.get("model") or state.model)
+    settings = environment.with_overrides(model=options.get("model") or state.model)
     telemetry = telemetry_setup.configure(settings)
     approver = terminal_approver(args, approve_tools=args.approve_tool)
     try:
