@@ -95,6 +95,7 @@ VARIABLES: dict[str, str] = {
     "LANGFUSE_TRACING_ENVIRONMENT": "Langfuse environment of traces and scores",
     "LANGFUSE_RELEASE": "Langfuse release of traces",
     "XDG_CACHE_HOME": "where the Langfuse project id of trace links is cached",
+    "XDG_STATE_HOME": "where each resumed run is claimed, so that a paused run resumes once",
     "OTEL_SDK_DISABLED": "true switches telemetry off",
     "OTEL_TRACES_EXPORTER": "otlp, console or none",
     "OTEL_METRICS_EXPORTER": "none keeps metrics off OTLP",
@@ -391,6 +392,11 @@ def parse_exporters(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _absolute_path(value: str | None) -> Path | None:
+    """A directory an XDG variable names; the base directory specification says to ignore a relative one."""
+    return Path(value) if value and os.path.isabs(value) else None
+
+
 @dataclass(frozen=True)
 class Settings:
     """looptrace's whole configuration. ``Settings.from_env()`` reads it; ``Settings()`` is the defaults alone.
@@ -412,6 +418,7 @@ class Settings:
     capture_setting: str | None = None  # the capture variable's value as set (None: unset, capture on spans)
     max_attribute_chars: int = DEFAULT_MAX_ATTRIBUTE_CHARS
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # reading the trace file and undelivered list: longer lines skipped
+    state_home: Path | None = None  # XDG_STATE_HOME: resumed runs are claimed under it (runtime/resume_claims.py)
     alert_webhook: str | None = field(default=None, repr=False)  # the URL is the credential
     telemetry_disabled: bool = False
     otlp_metrics_disabled: bool = False
@@ -460,6 +467,7 @@ class Settings:
             max_attribute_chars=_whole(env, "LOOPTRACE_MAX_ATTRIBUTE_CHARS", ignored,
                                        default=DEFAULT_MAX_ATTRIBUTE_CHARS) or DEFAULT_MAX_ATTRIBUTE_CHARS,
             max_line_bytes=_max_line_bytes(env.get(MAX_LINE_BYTES_VARIABLE), ignored),
+            state_home=_absolute_path(env.get("XDG_STATE_HOME")),
             alert_webhook=env.get("LOOPTRACE_ALERT_WEBHOOK"),
             telemetry_disabled=(env.get("OTEL_SDK_DISABLED") or "").lower() == "true",
             otlp_metrics_disabled=(env.get("OTEL_METRICS_EXPORTER") or "").lower() == "none",

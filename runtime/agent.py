@@ -28,6 +28,7 @@ from looptrace.runtime.models import AnthropicModel, Model
 from looptrace.runtime.pricing import DEFAULT_PRICES, Price, Pricing
 from looptrace.runtime.result import RunResult
 from looptrace.runtime.resume import Resumption, accept
+from looptrace.runtime.resume_claims import claims_directory
 from looptrace.runtime.run import Labels
 from looptrace.runtime.state import RunState
 
@@ -213,7 +214,7 @@ class Agent(AgentLoop):
     def _accepted(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], approve: Iterable[str],
                   reject: Mapping[str, str] | None, go_on: bool | None, message: str | None) -> Resumption:
         return accept(state, self._identity, approve=approve, reject=reject, go_on=go_on, message=message,
-                             resumed_here=self._resumed_states)
+                      resumed_here=self._resumed_states, claims=claims_directory(self._tracing.settings.state_home))
 
     def _open_servers(self) -> MCPConnections | None:
         """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""

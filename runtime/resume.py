@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from looptrace.runtime.approvals import Decision
@@ -72,10 +73,11 @@ def state_of(run: Run, identity: AgentIdentity, session_id: str, version: str) -
 
 def accept(source: StateSource, identity: AgentIdentity, *, approve: Iterable[str],
            reject: Mapping[str, str] | None, go_on: bool | None, message: str | None,
-           resumed_here: set[str]) -> Resumption:
+           resumed_here: set[str], claims: Path | None = None) -> Resumption:
     """The state and decisions of a resume, checked before anything runs, and the state claimed; StateError says what
-    does not fit. ``resumed_here`` is the agent's record of the states it resumed (each resumes once)."""
-    state = _loaded(source)
+    does not fit. ``resumed_here`` is the agent's record of the states it resumed (each resumes once); ``claims`` the
+    folder where a run's claim is held across processes and file names (``resume_claims``)."""
+    state = _loaded(source, claims)
     if state.resumed or state.state_id in resumed_here:
         raise StateError(f"run state {state.state_id[:12]} was resumed already; a paused run resumes once")
     theirs = AgentIdentity(state.agent, state.model, tuple(sorted(state.tools)))
@@ -83,20 +85,20 @@ def accept(source: StateSource, identity: AgentIdentity, *, approve: Iterable[st
         raise StateError(f"this run state belongs to {theirs.describe()}, not to {identity.describe()}")
     approved, rejected = list(approve), dict(reject or {})
     _check_decisions(state, approved, rejected, go_on, message)
-    state.claim()
+    state.claim(claims)
     resumed_here.add(state.state_id)
     decisions = {call_id: Decision(True) for call_id in approved}
     decisions.update({call_id: Decision(False, reason) for call_id, reason in rejected.items()})
     return Resumption(state, decisions, go_on, message, resumed_here=resumed_here)
 
 
-def _loaded(source: StateSource) -> RunState:
+def _loaded(source: StateSource, claims: Path | None) -> RunState:
     if isinstance(source, RunState):
         return source
     if isinstance(source, Mapping):
         return RunState.from_dict(source)
     if isinstance(source, (str, os.PathLike)):
-        return RunState.load(source)
+        return RunState.load(source, claims=claims)
     raise TypeError(f"resume takes a RunState, a state file's path or its JSON data, not {type(source).__name__}")
 
 

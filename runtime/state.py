@@ -5,16 +5,24 @@ returned, the calls (or the anomaly) waiting for a person, the budget spent so f
 the run was running, not waiting), the detector's feed (replayed on resume, so a streak that spans the pause is one
 streak), the run's labels and ids (the resumed trace joins its session and links to the paused one).
 
-A state resumes once: the state object remembers it was resumed, and a state file gets a ``.resumed`` marker beside it,
-created atomically, so two processes cannot both resume one file. Anything wrong with a state (unreadable, another
-format version, another agent's, resumed already, a decision for a call that is not pending) is a ``StateError``
-raised before anything runs.
+A state resumes once, per paused run rather than per file: the first resume claims the state's id
+(``resume_claims``: a file created atomically in a directory of the user's), so no second process resumes it,
+whether through the same file, a symlink, a hard link, a copy or its JSON. Anything wrong with a state (unreadable,
+another format version, another agent's, resumed already, a decision for a call that is not pending, a pending call
+that is not the call the paused turn would run) is a ``StateError`` raised before anything runs.
+
+A state file is trusted as a script is: resuming it imports the tools file and starts the MCP commands it names, and
+it holds the conversation and those command lines (URL credentials included). It is written readable by its owner
+only, in a directory created 0700. What it is checked for is consistency, not authorship: each pending call a person
+decides must be the call the paused turn holds (same tool, same arguments, by a digest written with the state).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -23,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from looptrace.instrumentation.detector import Anomaly, LoopCost
+from looptrace.instrumentation.interface import redact
 
+from . import resume_claims
 from .approvals import PendingCall
 
 FORMAT = "looptrace-run-state"
@@ -79,8 +89,9 @@ class RunState:
     state_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     app: dict[str, Any] = field(default_factory=dict)
     looptrace_version: str = ""
-    resumed: bool = False  # this object was resumed already (a file's marker says the same across processes)
-    path: Path | None = None  # the file it was loaded from, which gets the `.resumed` marker
+    resumed: bool = False  # this object was resumed already (its claim says the same across processes)
+    path: Path | None = None  # the file it was loaded from, named in messages and in the claim
+    claim_file: Path | None = field(default=None, repr=False, compare=False)  # this object's claim, while it holds
 
     # --- JSON -------------------------------------------------------------------------------------------------------
 
@@ -93,7 +104,7 @@ class RunState:
             "user_id": self.user_id, "tags": list(self.tags), "metadata": self.metadata,
             "turns": self.turns, "usage": dict(self.usage), "cost_usd": self.cost_usd, "running_s": self.running_s,
             "paused_at": self.paused_at, "final_text": self.final_text, "stop_reason": self.stop_reason,
-            "pending": [p.to_dict() for p in self.pending], "settled": self.settled,
+            "pending": self._pending_with_digests(), "settled": self.settled,
             "pending_anomaly": None if pending_anomaly is None else {
                 "anomaly": pending_anomaly.anomaly.to_dict(), "at_end": pending_anomaly.at_end,
                 "finish_status": pending_anomaly.finish_status},
@@ -103,6 +114,19 @@ class RunState:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, default=str)
+
+    def _pending_with_digests(self) -> list[dict[str, Any]]:
+        """The pending calls, each with a digest of the tool call the paused turn holds for it (its whole arguments,
+        redacted ones included): what a resume checks the call it runs against."""
+        blocks = paused_calls(self.messages)
+        entries = []
+        for pending in self.pending:
+            entry = pending.to_dict()
+            block = blocks.get(pending.call_id)
+            if block is not None:
+                entry[DIGEST_KEY] = call_digest(block)
+            entries.append(entry)
+        return entries
 
     @classmethod
     def from_dict(cls, data: Any) -> RunState:
@@ -114,7 +138,7 @@ class RunState:
                              f"{data.get('looptrace_version') or '?'}; this looptrace reads version {FORMAT_VERSION}")
         try:
             asked = data.get("pending_anomaly")
-            return cls(
+            state = cls(
                 agent=_text(data["agent"]), model=_text(data["model"]), tools=[_text(t) for t in data["tools"]],
                 messages=_list(data["messages"]), turns=int(data["turns"]),
                 usage={k: int(v) for k, v in dict(data["usage"]).items()},
@@ -130,11 +154,15 @@ class RunState:
                     finish_status=asked.get("finish_status")),
                 anomalies=_list(data.get("anomalies") or []), nudged=[str(s) for s in data.get("nudged") or []],
                 detector_feed=_list(data.get("detector_feed") or []), paused_at=float(data["paused_at"]),
-                state_id=_text(data["state_id"]), app=dict(data.get("app") or {}),
+                state_id=_state_id(data["state_id"]), app=dict(data.get("app") or {}),
                 looptrace_version=str(data.get("looptrace_version") or ""),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            digests = {str(p.get("call_id")): p.get(DIGEST_KEY) for p in data.get("pending") or ()}
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise StateError(f"this run state is damaged: {type(exc).__name__}: {exc}") from None
+        _check_detector_record(state)
+        check_pending(state, digests)
+        return state
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunState:
@@ -147,8 +175,10 @@ class RunState:
     # --- files ------------------------------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the state to ``path`` (readable by its owner only: it holds the conversation), atomically."""
+        """Write the state to ``path`` (readable by its owner only: it holds the conversation and the command lines of
+        its MCP servers), atomically; missing directories are created 0700."""
         target = Path(path)
+        _private_parents(target.parent)
         temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -161,66 +191,185 @@ class RunState:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> RunState:
-        """The state in a file; StateError when it cannot be read, is no state, or was resumed already."""
+    def load(cls, path: str | os.PathLike[str], *, claims: Path | None = None) -> RunState:
+        """The state in a file; StateError when it cannot be read, is no state, or was resumed already (by a claim in
+        ``claims``, the folder ``claim`` writes to, when given: ``Agent.resume`` and `looptrace resume` give theirs,
+        so that a resumed state is refused before anything is set up)."""
         source = Path(path)
-        try:
-            with open(source, "rb") as handle:
-                raw = handle.read(MAX_STATE_BYTES + 1)
-        except OSError as exc:
-            raise StateError(f"cannot read run state {source}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_STATE_BYTES:
-            raise StateError(f"{source} is larger than {MAX_STATE_BYTES >> 20} MiB; is it a run state?")
-        state = cls.from_json(raw)
+        state = cls.from_json(_read_state_file(source))
         state.path = source
-        marker = resumed_marker(source)
-        if marker.exists():
-            raise StateError(f"run state {source} was resumed already ({_marker_text(marker)}); "
-                             "a paused run resumes once")
+        try:
+            earlier = None if claims is None else resume_claims.claimed(state.state_id, claims)
+        except resume_claims.ClaimError as exc:
+            raise StateError(f"cannot tell whether run state {source} was resumed: {exc}") from None
+        if earlier is None and _legacy_marker_applies(source):
+            earlier = f"see {_legacy_marker(source)}"
+        if earlier is not None:
+            raise StateError(f"run state {source} was resumed already ({earlier}); a paused run resumes once")
         return state
 
-    def claim(self) -> None:
-        """Mark the state resumed, before the resumed run does anything: its file gets the marker, created
-        atomically, so that of two processes resuming one file, one fails."""
+    def claim(self, claims: Path | None = None) -> None:
+        """Mark the paused run resumed, before the resumed run does anything: its id is claimed atomically in
+        ``claims`` (``Agent.resume`` gives the folder its settings name: XDG_STATE_HOME's; without one,
+        ``~/.local/state/looptrace/resumed``), so that of two processes resuming it (through one file, a link, a copy or
+        its JSON), one fails."""
+        where = self.path if self.path is not None else f"run state {self.state_id[:12]}"
         if self.resumed:
-            raise StateError(f"run state {self.state_id[:12]} was resumed already; a paused run resumes once")
-        if self.path is not None:
-            marker = resumed_marker(self.path)
-            try:
-                descriptor = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                raise StateError(f"run state {self.path} was resumed already ({_marker_text(marker)}); "
-                                 "a paused run resumes once") from None
-            except OSError as exc:
-                raise StateError(f"cannot mark run state {self.path} as resumed: {exc.strerror or exc}") from None
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps({"resumed_at": time.time(), "pid": os.getpid()}) + "\n")
+            raise StateError(f"{_named(where)} was resumed already; a paused run resumes once")
+        folder = claims if claims is not None else resume_claims.claims_directory(None)
+        try:
+            self.claim_file = resume_claims.claim(self.state_id, folder, self.path)
+        except resume_claims.AlreadyClaimed as exc:
+            raise StateError(f"{_named(where)} was resumed already ({exc}); a paused run resumes once") from None
+        except resume_claims.ClaimError as exc:
+            raise StateError(f"cannot record that {_named(where)} is being resumed: {exc} (set XDG_STATE_HOME to a "
+                             "directory of your own); nothing was run") from None
         self.resumed = True
-
 
     def release(self) -> None:
         """Take back a ``claim`` whose resume never began: the state can be resumed again."""
         if not self.resumed:
             return
-        if self.path is not None:
-            try:
-                resumed_marker(self.path).unlink()
-            except OSError:
-                return  # the marker stays: the state reads as resumed, which loses nothing but a retry
+        if self.claim_file is not None and not resume_claims.release(self.claim_file):
+            return  # the claim stays: the state reads as resumed, which loses nothing but a retry
+        self.claim_file = None
         self.resumed = False
 
 
-def resumed_marker(path: Path) -> Path:
-    """The file whose existence says a state file was resumed."""
+# --- what a state file must be --------------------------------------------------------------------------------------
+
+DIGEST_KEY = "input_sha256"  # beside each pending call: the digest of the tool call it stands for
+
+
+def paused_calls(messages: list[Any]) -> dict[str, Mapping[str, Any]]:
+    """The tool_use blocks of the paused turn (the last message, the model's), by id."""
+    last = messages[-1] if messages else None
+    content = last.get("content") if isinstance(last, Mapping) and last.get("role") == "assistant" else None
+    if not isinstance(content, list):
+        return {}
+    return {block["id"]: block for block in content
+            if isinstance(block, Mapping) and block.get("type") == "tool_use" and isinstance(block.get("id"), str)}
+
+
+def call_digest(block: Mapping[str, Any]) -> str:
+    """SHA-256 of a tool call's name and whole arguments, in canonical JSON."""
+    text = json.dumps({"name": block.get("name"), "input": block.get("input")}, sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_pending(state: RunState, digests: Mapping[str, Any]) -> None:
+    """StateError unless every pending call is the call the paused turn holds: the same id, the same tool and the same
+    arguments (by the digest written with the state; a state without one, from an earlier looptrace, by the redacted
+    arguments it shows), and every other call of the turn has its result."""
+    blocks = paused_calls(state.messages)
+    for pending in state.pending:
+        block = blocks.get(pending.call_id)
+        if block is None:
+            raise StateError(f"this run state is inconsistent: pending call {pending.call_id!r} is not a tool call of "
+                             "the paused turn; nothing was run")
+        if block.get("name") != pending.tool:
+            raise StateError(f"this run state was changed after the pause: pending call {pending.call_id!r} is "
+                             f"{pending.tool!r}, but the paused turn would run {block.get('name')!r}; refusing to run "
+                             "a call nobody was asked about")
+        digest = digests.get(pending.call_id)
+        same = digest == call_digest(block) if isinstance(digest, str) else \
+            _canonical(redact(block.get("input"))) == _canonical(pending.arguments)
+        if not same:
+            raise StateError(f"this run state was changed after the pause: the arguments of pending call "
+                             f"{pending.call_id!r} ({pending.tool}) are not those it was paused with; refusing to run "
+                             "a call nobody was asked about")
+    waiting = {p.call_id for p in state.pending}
+    for call_id in blocks:
+        if call_id not in waiting and call_id not in state.settled and state.pending:
+            raise StateError(f"this run state is inconsistent: call {call_id!r} of the paused turn is neither pending "
+                             "nor settled; nothing was run")
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _read_state_file(source: Path) -> bytes:
+    """The bytes of a state file, at most MAX_STATE_BYTES; a FIFO, a device or a directory is refused without
+    waiting on it (opened non-blocking, then looked at)."""
+    try:
+        descriptor = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise StateError(f"cannot read run state {source}: {exc.strerror or exc}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+            raise StateError(f"run state {source} is {what}, not a file `looptrace run` or RunState.save wrote")
+        try:
+            raw = handle.read(MAX_STATE_BYTES + 1)
+        except OSError as exc:
+            raise StateError(f"cannot read run state {source}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_STATE_BYTES:
+        raise StateError(f"{source} is larger than {MAX_STATE_BYTES >> 20} MiB; is it a run state?")
+    return raw
+
+
+def _private_parents(directory: Path) -> None:
+    """Create ``directory`` and its missing parents 0700 (``Path.mkdir`` would make the parents 0755)."""
+    missing = []
+    for parent in [directory, *directory.parents]:
+        if os.path.isdir(parent):
+            break
+        missing.append(parent)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+
+
+def _legacy_marker(path: Path) -> Path:
     return path.with_name(path.name + ".resumed")
 
 
-def _marker_text(marker: Path) -> str:
+def _legacy_marker_applies(path: Path) -> bool:
+    """Whether a ``NAME.resumed`` marker, which looptrace 0.3 left beside a resumed state file, speaks for the state
+    the file holds now: only when it is no older than the file (a state saved to the path later is another run)."""
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
-        return time.strftime("at %Y-%m-%d %H:%M:%S UTC", time.gmtime(float(data["resumed_at"])))
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"see {marker}"
+        return os.stat(_legacy_marker(path)).st_mtime_ns >= os.stat(path).st_mtime_ns
+    except OSError:
+        return False
+
+
+def _named(where: Path | str) -> str:
+    return f"run state {where}" if isinstance(where, Path) else where
+
+
+def _state_id(value: Any) -> str:
+    text = _text(value)
+    resume_claims.check_state_id(text)
+    return text
+
+
+def _check_detector_record(state: RunState) -> None:
+    """StateError unless the detector's record is in the shapes a resumed run replays: each feed entry an object (a
+    call, a model call's usage or a turn's end, with their numbers), each anomaly one ``anomaly_from_dict`` reads."""
+    try:
+        for entry in state.detector_feed:
+            if not isinstance(entry, dict):
+                raise TypeError(f"a feed entry is {type(entry).__name__}, not an object")
+            call, usage = entry.get("call"), entry.get("usage")
+            if isinstance(usage, dict):
+                int(usage["turn"]), int(usage["input_tokens"]), int(usage["output_tokens"])
+            elif isinstance(call, dict):
+                int(call["turn"]), _text(call["tool"])
+            elif "end_turn" in entry:
+                int(entry["end_turn"])
+        for anomaly in state.anomalies:
+            if not isinstance(anomaly, dict):
+                raise TypeError(f"an anomaly is {type(anomaly).__name__}, not an object")
+            anomaly_from_dict(anomaly)
+            _text(anomaly["streak"])
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise StateError(f"run state {state.state_id[:12]} cannot be resumed: its detector record is damaged "
+                         f"({type(exc).__name__}: {exc}); nothing was run") from None
 
 
 def anomaly_from_dict(data: Mapping[str, Any]) -> Anomaly:

@@ -6,7 +6,10 @@ Tests never set the global tracer provider (it can be set once per process); the
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import detect_parity
@@ -24,6 +27,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 network_guard.install()
 _CHILD_GUARD = str(Path(__file__).parent / "child_network_guard")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_CHILD_GUARD, os.environ.get("PYTHONPATH")) if p)
+# A resumed run is recorded under XDG_STATE_HOME (runtime/resume_claims.py): the suite's resumes, and those of the
+# processes its tests start, go to a directory of this process's own, never to the user's.
+_STATE_HOME = tempfile.mkdtemp(prefix="looptrace-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -783,7 +783,10 @@ def test_a_torn_line_in_the_trace_file_or_the_list_costs_only_itself(undelivered
             handle.write('{"truncated": ')  # a writer killed mid-line
     undelivered.append("otlp", finished_run_spans())  # written on a line of its own, after the torn one
     report = push(undelivered.path, {"otlp": ScriptedExporter()})
-    assert report.sent == {"otlp": 8} and report.ok and not undelivered.path.exists()
+    assert report.sent == {"otlp": 8} and not undelivered.path.exists()
+    # The torn line of the list named spans no push can know: said once (exit 1), then left out of the list.
+    assert not report.ok and "1 line of" in report.summary() and "line 2: truncated" in report.summary()
+    assert push(undelivered.path, {"otlp": ScriptedExporter()}).summary().startswith("nothing to push")
 
 
 def test_spans_no_longer_in_any_trace_file_are_reported_lost_once(undelivered):

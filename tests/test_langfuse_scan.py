@@ -374,12 +374,40 @@ def test_a_bad_key_is_a_typed_error_in_one_line_that_never_shows_a_key(status, p
     assert "LANGFUSE_SECRET_KEY" in message and url in message
 
 
-def test_a_backend_that_is_down_is_a_typed_error_after_bounded_retries():
+def test_a_backend_that_is_down_is_a_typed_error_at_once():
     sleeps: list[float] = []
     client = LangfuseAPI(f"http://127.0.0.1:{unused_port()}", "pk-lf-down", "sk-lf-down", sleep=sleeps.append,
                          retry=RetryPolicy(max_attempts=3, backoff_s=0.25))
-    with pytest.raises(LangfuseUnavailable, match="connection failed") as caught:
+    with pytest.raises(LangfuseUnavailable, match="connection refused") as caught:
         list(scan(client))
+    assert sleeps == [] and "sk-lf-down" not in str(caught.value)  # nothing listens: a retry cannot help
+
+
+def test_a_backend_that_drops_connections_is_a_typed_error_after_bounded_retries():
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def drop_every_connection():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.close()  # accepted, then closed before any answer
+
+    threading.Thread(target=drop_every_connection, daemon=True).start()
+    sleeps: list[float] = []
+    client = LangfuseAPI(f"http://127.0.0.1:{listener.getsockname()[1]}", "pk-lf-down", "sk-lf-down",
+                         sleep=sleeps.append, retry=RetryPolicy(max_attempts=3, backoff_s=0.25))
+    try:
+        with pytest.raises(LangfuseUnavailable, match="connection failed") as caught:
+            list(scan(client))
+    finally:
+        listener.close()
     assert sleeps == [0.25, 0.5] and "sk-lf-down" not in str(caught.value)
 
 

@@ -17,7 +17,7 @@ from looptrace.instrumentation.export.setup import configure
 from looptrace.instrumentation.settings import VARIABLES, ConfigurationError, expand
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("LOOPTRACE_", "LANGFUSE_", "OTEL_", "TRACEPARENT", "TRACESTATE", "XDG_CACHE_HOME")
+OURS = ("LOOPTRACE_", "LANGFUSE_", "OTEL_", "TRACEPARENT", "TRACESTATE", "XDG_CACHE_HOME", "XDG_STATE_HOME")
 
 
 class RecordingEnvironment(dict):

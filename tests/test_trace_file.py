@@ -397,6 +397,132 @@ def test_kill_9_in_the_middle_of_a_push_never_sends_a_span_twice_to_a_collector(
     assert report.held == {"otlp": 6} and "--resend-interrupted" in report.summary()
 
 
+def push_process(listing: UndeliveredList, receiver: OTLPReceiver, *extra: str,
+                 timeout_ms: int = 300) -> subprocess.CompletedProcess:
+    """`looptrace traces push` in a process of its own, to ``receiver``, with an export timeout of ``timeout_ms``."""
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_EXPORTER_OTLP_TIMEOUT": str(timeout_ms)}
+    for name in ("LANGFUSE_PUBLIC_KEY", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                 "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "LOOPTRACE_MAX_LINE_BYTES"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "looptrace", "traces", "push", "--file", str(listing.path), *extra],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_push_whose_own_request_times_out_never_sends_those_spans_twice_to_a_collector(tmp_path):
+    listing = ran(tmp_path)
+    with OTLPReceiver() as receiver:
+        receiver.fail_next(Delay(2.0))  # stored, then answered after the push stopped waiting
+        first = push_process(listing, receiver)
+        assert first.returncode == 1, first.stderr
+        assert "no answer in time" in first.stdout and "--resend-interrupted" in first.stdout, first.stdout
+        receiver.wait_for_spans(6, timeout=30)  # the collector did store them
+        second = push_process(listing, receiver, timeout_ms=10_000)
+        ids = [span.span_id for span in receiver.spans]
+    assert len(ids) == 6 and sorted(ids) == sorted(set(ids)), ids  # each span exactly once
+    assert second.returncode == 1 and "held back" in second.stdout, second.stdout
+    assert listing.pending()["otlp"].uncertain  # still listed, as uncertain: the user decides
+
+
+def test_a_push_with_nothing_listed_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("LOOPTRACE_UNDELIVERED_FILE", "LOOPTRACE_TRACE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["traces", "push"]) == 0
+    assert capsys.readouterr().out.startswith("nothing to push")
+    assert list(tmp_path.iterdir()) == []  # no .looptrace/, no lock file
+
+
+def test_a_hostile_line_in_the_list_is_skipped_and_said_and_the_good_spans_still_go(tmp_path):
+    listing = ran(tmp_path)
+    with open(listing.path, "ab") as handle:
+        handle.write(b'{"backend":"otlp","undelivered":' + b"[" * 100_000 + b"\n")  # RecursionError before
+        handle.write(b'{"backend":"otlp","file":"x","undelivered":["' + b"a" * (5 << 20) + b'"]}\n')  # over 4 MiB
+        handle.write(b'{"backend":"otlp","sending":5}\n')  # a hand-edited entry of the wrong shape
+    exporter = Recorder()
+    report = push(None, {"otlp": exporter}, settings=Settings(undelivered_file=listing.path, max_line_bytes=1 << 20))
+    assert report.sent == {"otlp": 6} and sum(map(len, exporter.batches)) == 6
+    assert not report.ok and "2 lines of" in report.summary(), report.summary()
+    assert "nested too deeply" in report.summary()
+    assert push(listing.path, {"otlp": Recorder()}).summary().startswith("nothing to push")
+
+
+def test_the_list_is_read_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    listing = ran(tmp_path)
+    with open(listing.path, "ab") as handle:
+        handle.write(b'{"backend":"otlp","x":"' + b"y" * (48 << 20) + b'"}\n')
+    tracemalloc.start()
+    try:
+        report = push(None, {"otlp": Recorder()}, settings=Settings(undelivered_file=listing.path,
+                                                                     max_line_bytes=1 << 20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.sent == {"otlp": 6} and len(report.list_lines_skipped) == 1
+    assert peak < 24 << 20, peak  # the 48 MiB line was read past, never held
+
+
+def test_a_long_list_of_lost_spans_is_recorded_in_one_append(tmp_path, monkeypatch):
+    from looptrace.instrumentation.tracefile import undelivered as module
+
+    trace_file = tmp_path / "gone.jsonl"  # rotated away: every span it held is lost
+    listing = UndeliveredList(tmp_path / "undelivered.jsonl", trace_file=trace_file)
+    spans = [finished_spans() for _ in range(200)]
+    listing.append("otlp", [span for batch in spans for span in batch])
+    fsyncs = []
+    original = module.os.fsync
+    monkeypatch.setattr(module.os, "fsync", lambda fd: (fsyncs.append(fd), original(fd))[1])
+    report = push(listing.path, {"otlp": Recorder()})
+    assert report.missing == {"otlp": 600} and "rotated away" in report.summary()
+    assert len(fsyncs) <= 2  # the lost spans in one append, then the rewrite; before: one fsynced append per span
+    assert push(listing.path, {"otlp": Recorder()}).summary().startswith("nothing to push")
+
+
+@pytest.mark.slow
+def test_a_push_whose_list_names_a_fifo_does_not_wait_on_it(tmp_path):
+    listing = ran(tmp_path)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    named = UndeliveredList(listing.path, trace_file=fifo)
+    named.append("otlp", finished_spans())
+    with OTLPReceiver() as receiver:
+        done = push_process(listing, receiver, timeout_ms=10_000)  # before: blocked for ever opening the FIFO
+        receiver.wait_for_spans(6, timeout=30)
+    assert done.returncode == 1, done.stderr
+    assert "sent 6 spans to otlp" in done.stdout and "3 spans for otlp left pending" in done.stdout, done.stdout
+    assert "is a FIFO" in done.stdout
+    assert named.pending_spans("otlp") == 3
+
+
+def test_a_listed_span_on_a_line_that_cannot_be_rebuilt_is_said_to_be_so(tmp_path):
+    trace_file = tmp_path / "traces.jsonl"
+    listing = UndeliveredList(tmp_path / "undelivered.jsonl", trace_file=trace_file)
+    spans = finished_spans()
+    line = json.loads(encode.encode_line(spans[1]))
+    line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["parentSpanId"] = "not hex"  # damaged, ids intact
+    trace_file.write_text(json.dumps(line) + "\n")
+    listing.append("otlp", [spans[1]])
+    report = push(listing.path, {"otlp": Recorder()})
+    assert report.unbuilt == {"otlp": 1} and report.missing == {} and not report.ok
+    said = report.summary()
+    assert "on a line that cannot be rebuilt as spans" in said and "line 1: not OTLP/JSON trace data" in said, said
+    assert "rotated away" not in said
+    assert push(listing.path, {"otlp": Recorder()}).summary().startswith("nothing to push")  # said once
+
+
+def test_listed_spans_possibly_on_an_over_long_line_stay_listed_with_the_way_to_read_them(tmp_path):
+    listing = ran(tmp_path)
+    lines = (tmp_path / "traces.jsonl").read_bytes().splitlines()
+    too_long = sum(len(line) >= 1024 for line in lines)
+    assert 0 < too_long < len(lines)  # (the file holds both)
+    report = push(None, {"otlp": Recorder()}, settings=Settings(undelivered_file=listing.path, max_line_bytes=1024))
+    assert report.missing == {} and report.unread == {"otlp": too_long}, report.summary()
+    assert report.sent == {"otlp": 6 - too_long} and "raise LOOPTRACE_MAX_LINE_BYTES" in report.summary()
+    assert push(listing.path, {"otlp": Recorder()}).sent == {"otlp": too_long}  # with the default limit they go
+
+
 # --- rotation -----------------------------------------------------------------------------------------------------
 
 
@@ -409,6 +535,23 @@ def test_the_trace_file_rotates_by_size_and_keeps_the_backups_asked_for(tmp_path
     assert [Path(name).name for name in trace_files(path)] == ["traces.jsonl.2", "traces.jsonl.1", "traces.jsonl"]
     numbers = [data["n"] for _, data in read_lines(path)]
     assert numbers == list(range(numbers[0], 100)) and 10 < numbers[0] < 95  # oldest first, the newest kept
+
+
+def test_a_rotation_costs_the_files_there_are_not_the_backups_allowed(tmp_path, monkeypatch):
+    from looptrace.instrumentation.tracefile import write as module
+
+    renames: list[str] = []
+    original = module.os.replace
+    monkeypatch.setattr(module.os, "replace", lambda a, b: (renames.append(str(a)), original(a, b))[1])
+    path = tmp_path / "traces.jsonl"
+    writer = TraceFileWriter(path, Rotation(max_bytes=100, backups=1_000_000))  # before: a million renames a rotation
+    for n in range(5):
+        writer.write(json.dumps({"n": n, "pad": "x" * 100}).encode() + b"\n")
+    writer.close()
+    # Four rotations, with 0, 1, 2 and 3 older files to shift: each file renamed once per rotation, nothing tried more
+    assert len(renames) == 1 + 2 + 3 + 4
+    assert [data["n"] for _, data in read_lines(path)] == [0, 1, 2, 3, 4]  # every line kept, oldest first
+    assert Path(trace_files(path)[0]).name == "traces.jsonl.4"
 
 
 def test_writers_sharing_a_file_lose_and_tear_no_line_across_rotations(tmp_path):

@@ -73,3 +73,42 @@ def test_a_bad_line_among_good_ones_is_named_in_the_same_words_by_each(tmp_path,
         main([a.format(path) for a in argv])
         err = capsys.readouterr().err
         assert f"{path}:2: skipped: not OTLP/JSON trace data (an attribute key is not a string)" in err, (argv, err)
+
+
+def test_a_file_of_several_runs_none_of_which_could_be_read_is_exit_2_for_every_run_reader(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """Several runs with a session, rotated over three files, read with a line limit only their small turn spans
+    fit: detect and traces list once said "0 anomalies" / listed nothing, with exit 0, about runs they never read."""
+    from looptrace import Agent, ScriptedModel, tool
+    from looptrace.instrumentation.export.setup import configure
+
+    @tool
+    def search(query: str) -> str:
+        """Search the catalogue."""
+        return "no results " * 40
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LOOPTRACE_MAX_LINE_BYTES", raising=False)
+    path = tmp_path / "traces.jsonl"
+    telemetry = configure(exporters="file", trace_file=path, set_global=False)
+    for run in range(3):
+        calls = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": f"t{n}", "name": "search",
+                                                          "input": {"query": "red shoes"}}]} for n in range(4)]
+        Agent("claude-sonnet-4-5", tools=[search], client=ScriptedModel([*calls, {"content": "none"}]),
+              telemetry=telemetry, on_anomaly="warn").run("find red shoes", session_id=f"session-{run}")
+    telemetry.shutdown()
+    lines = path.read_bytes().splitlines(keepends=True)
+    limit = min(len(line) for line in lines if b'"name":"turn"' not in line) - 1  # every other span is over it
+    assert any(len(line) <= limit for line in lines)  # and some turn spans are read
+    third = len(lines) // 3  # as rotation leaves them: traces.jsonl.2, .1, then traces.jsonl
+    for name, part in (("traces.jsonl.2", lines[:third]), ("traces.jsonl.1", lines[third:2 * third]),
+                       ("traces.jsonl", lines[2 * third:])):
+        (tmp_path / name).write_bytes(b"".join(part))
+    assert main(["detect", str(path)]) == 1  # with the default limit: the loops are there
+    capsys.readouterr()
+    monkeypatch.setenv("LOOPTRACE_MAX_LINE_BYTES", str(limit))
+    for argv in (["detect", str(path)], ["detect", str(path), "--json"], ["traces", "list", "--file", str(path)]):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert (code, out) == (2, ""), (argv, code, out, err)
+        assert "no run could be read" in err.splitlines()[-1] and "LOOPTRACE_MAX_LINE_BYTES" in err, (argv, err)

@@ -102,37 +102,60 @@ def total_size(path: str | os.PathLike[str]) -> int:
     return size
 
 
-def _open_all(path: str | os.PathLike[str]) -> list[Any]:
-    """Every file of the trace file's rotation, opened, oldest first. ``path`` itself must open unless a rotated one
-    did (just rotated, nothing written since)."""
+def _open_all(path: str | os.PathLike[str], *, rotated: bool = True, regular_only: bool = False) -> list[Any]:
+    """Every file of the trace file's rotation (just ``path`` without ``rotated``), opened, oldest first. ``path``
+    itself must open unless a rotated one did (just rotated, nothing written since). ``regular_only`` refuses a FIFO,
+    a device or a directory (TraceFileError) without waiting on it: such files are opened non-blocking first."""
     handles = []
-    *rotated, _ = trace_files(path)
+    *older, _ = trace_files(path) if rotated else [os.fspath(path)]
     current = path
-    for name in rotated:
-        with contextlib.suppress(FileNotFoundError):  # rotated away between listing and opening: read in its new name
-            handles.append(open(name, "rb"))  # noqa: SIM115 - closed by the caller
     try:
-        handles.append(open(current, "rb"))  # noqa: SIM115 - closed by the caller
-    except OSError as exc:
-        if not (handles and isinstance(exc, FileNotFoundError)):
-            for handle in handles:
-                handle.close()
-            raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
+        for name in older:
+            try:
+                handles.append(_open(name, regular_only))
+            except FileNotFoundError:
+                continue  # rotated away between listing and opening: read in its new name
+            except OSError as exc:
+                raise TraceFileError(f"cannot read trace file {name}: {exc.strerror or exc}") from None
+        try:
+            handles.append(_open(current, regular_only))
+        except OSError as exc:
+            if not (handles and isinstance(exc, FileNotFoundError)):
+                raise TraceFileError(f"cannot read trace file {os.fspath(path)}: {exc.strerror or exc}") from None
+    except BaseException:
+        for handle in handles:
+            handle.close()
+        raise
     return handles
+
+
+def _open(name: str | os.PathLike[str], regular_only: bool) -> Any:
+    if not regular_only:
+        return open(name, "rb")
+    descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise TraceFileError(f"{os.fspath(name)} is {what}, not a trace file")
+    os.set_blocking(descriptor, True)  # a regular file never blocks; reads go on as usual
+    return os.fdopen(descriptor, "rb")
 
 
 def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], None] | None = None,
                on_progress: Callable[[int], None] | None = None,
                parse: Callable[[bytes], Any] | None = None, *,
-               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON) for every non-blank line that parses, across the rotated files (oldest first); the
-    others go to ``on_bad_line``.
+               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, rotated: bool = True,
+               regular_only: bool = False) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) for every non-blank line that parses, across the rotated files (oldest first; only
+    ``path`` itself without ``rotated``); the others go to ``on_bad_line``.
 
     Memory is bounded by the longest line kept: a line longer than ``max_line_bytes`` is read past in chunks and
     reported, never held. ``parse`` replaces ``json.loads``: it may return ``SKIP`` for a line its caller can tell it
     has no use for without parsing it, or anything else it makes of the bytes (raising ValueError for a bad line).
+    ``regular_only`` refuses (TraceFileError) a file that is not a regular file, without blocking on a FIFO.
     """
-    handles = _open_all(path)
+    handles = _open_all(path, rotated=rotated, regular_only=regular_only)
     try:
         yield from _lines_of(handles, on_bad_line, on_progress, parse, max_line_bytes)
     finally:

@@ -98,14 +98,28 @@ def lock_name(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
+def rotated_numbers(path: Path) -> list[int]:
+    """The numbers of the rotated files of ``path`` that exist (``path.1``, ``path.2``, ...), one listing of its
+    folder, in no particular order."""
+    try:
+        entries = os.listdir(path.parent)
+    except OSError:
+        return []
+    prefix = path.name + "."
+    return [int(entry[len(prefix):]) for entry in entries
+            if entry.startswith(prefix) and entry[len(prefix):].isdigit() and entry[len(prefix):].isascii()]
+
+
 def rotate(path: Path, backups: int) -> None:
-    """Shift ``path.1`` .. ``path.<backups-1>`` up by one (the oldest is replaced) and rename ``path`` to ``path.1``;
-    with no backups, the file is removed. The caller holds the exclusive lock."""
+    """Shift the rotated files ``path.1`` .. ``path.<backups-1>`` that exist up by one (``path.<backups>`` is
+    replaced) and rename ``path`` to ``path.1``; with no backups, the file is removed. The caller holds the exclusive
+    lock, so the work is bounded by the files there are (one folder listing), not by ``backups``: a setting of a
+    million costs no more than one of eight."""
     if backups <= 0:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         return
-    for number in range(backups - 1, 0, -1):
+    for number in sorted((n for n in rotated_numbers(path) if 0 < n < backups), reverse=True):
         with contextlib.suppress(FileNotFoundError):
             os.replace(rotated_name(path, number), rotated_name(path, number + 1))
     os.replace(path, rotated_name(path, 1))

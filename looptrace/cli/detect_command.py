@@ -36,9 +36,10 @@ def detect_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.offline.trace_detect import detect_spans
 
     path, max_line_bytes = trace_file_of(args)
-    found = unresolved = runs_unresolved = 0
+    found = unresolved = runs_unresolved = runs = 0
     with LineReporter(path, max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
+            runs += 1
             found += len(verdict.anomalies)
             if verdict.unresolved_errors:
                 unresolved += len(verdict.unresolved_errors)
@@ -48,7 +49,7 @@ def detect_command(args: argparse.Namespace) -> int:
                 continue
             report.clear_progress()
             print_verdict(verdict, args)
-        report.finish(spans_required=True)
+        report.finish(spans_required=True, runs=runs)
     if not args.json:
         left = (f"; {plural(unresolved, 'tool error')} left unresolved in {plural(runs_unresolved, 'run')}"
                 if unresolved else "")

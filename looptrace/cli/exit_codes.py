@@ -24,7 +24,7 @@ EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] 
                   "nothing left to push, watch stopped cleanly"),
     ((1,), RUNS, "error: the API call failed (replay: also a replay that went past the recording)"),
     ((1,), ("detect",), "anomalies found"),
-    ((1,), ("traces push",), "spans still pending: their backend failed again, or lines were set aside"),
+    ((1,), ("traces push",), "spans pending, uncertain or lost, or lines of the list it could not read"),
     ((2,), EVERY, "usage: a bad flag or setting, a tools file, a missing key, an unreadable or non-trace file, "
                   "a port taken, Langfuse refusing or unreachable"),
     ((3,), ("traces show", "replay"), "no such trace in the file"),

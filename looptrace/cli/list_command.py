@@ -29,6 +29,7 @@ def list_command(args: argparse.Namespace) -> int:
     since = getattr(args, "since", None)
     last: int | None = getattr(args, "last", None)
     held: deque[str] = deque(maxlen=last)  # with --last, the latest lines wait for the end of the file
+    runs = 0  # runs found, shown or not (--since, --last)
     with LineReporter(path, max_line_bytes) as report:
         for number, data in read_lines(path, report, report.progress, max_line_bytes=report.max_line_bytes):
             roots = []
@@ -49,6 +50,7 @@ def list_command(args: argparse.Namespace) -> int:
                 turns_drawn = turns_under.pop(root.span_id, 0)
                 if root.attributes.get(sc.GEN_AI_OPERATION_NAME) != sc.OPERATION_INVOKE_AGENT:
                     continue
+                runs += 1
                 if since is not None and root.start_ns < since:
                     continue
                 if last is not None:
@@ -56,7 +58,8 @@ def list_command(args: argparse.Namespace) -> int:
                     continue
                 report.clear_progress()
                 print(run_line(root, turns_drawn))
-        report.finish(spans_required=True)  # a file with no span at all (a log, a binary) is a usage error
+        # A file with no span at all (a log, a binary), or none of whose runs could be read, is a usage error.
+        report.finish(spans_required=True, runs=runs)
     for line in held:
         print(line)
     return EXIT_OK

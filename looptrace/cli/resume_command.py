@@ -42,33 +42,78 @@ def resume_command(args: argparse.Namespace) -> int:
     from looptrace.cli.environment import anthropic_credentials_set, read_settings
     from looptrace.cli.run_command import build_agent, load_tools, report, resume_run, settle_asked, terminal_approver
     from looptrace.instrumentation.export import setup as telemetry_setup
+    from looptrace.runtime.mcp_servers import MCPServerUnavailable
+    from looptrace.runtime.resume_claims import claims_directory
     from looptrace.runtime.state import RunState, StateError
 
     decisions = _decisions(args)
-    try:
-        state = RunState.load(args.state)
+    environment = read_settings(**export_overrides(args))
+    try:  # a paused run resumed already is refused here, before its tools are imported or its servers started
+        state = RunState.load(args.state, claims=claims_directory(environment.state_home))
     except StateError as exc:
         raise UsageError(str(exc)) from None
     options = state.app.get("cli")
     if not isinstance(options, dict):
         raise UsageError(f"{args.state} was not written by `looptrace run`: resume it from the application that "
                          "paused it (Agent.resume)")
+    _check_options(args.state, options)
     if not anthropic_credentials_set():
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "
                          "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
     tools = load_tools(Path(options["tools"])) if options.get("tools") else []
-    settings = read_settings(**export_overrides(args), model=options.get("model") or state.model)
+    settings = environment.with_overrides(model=options.get("model") or state.model)
     telemetry = telemetry_setup.configure(settings)
     approver = terminal_approver(args, approve_tools=args.approve_tool)
     try:
-        agent = build_agent(options, tools, settings, telemetry, approver, json_output=args.json)
+        try:
+            agent = build_agent(options, tools, settings, telemetry, approver, json_output=args.json)
+        except (TypeError, ValueError, KeyError) as exc:  # the options were edited or damaged: said, nothing run
+            raise UsageError(f"{args.state}: the `looptrace run` options it records cannot build the agent "
+                             f"({type(exc).__name__}: {str(exc).strip(chr(34))}); the state is kept") from None
         result = resume_run(agent, state, telemetry, **decisions)
     except (StateError, ValueError, KeyError) as exc:
         telemetry.shutdown()
         raise UsageError(str(exc).strip('"')) from None
+    except MCPServerUnavailable as exc:  # before the resumed run began: its claim was taken back
+        telemetry.shutdown()
+        raise UsageError(f"{exc}; the run state is kept: resume it again once the server starts") from None
+    except UsageError:
+        telemetry.shutdown()
+        raise
     result = settle_asked(agent, result, approver, telemetry)
     args.tools = options.get("tools")
     return report(args, telemetry, result, options)
+
+
+# What `looptrace run` records of its flags (run_command.agent_options), by the type each must have.
+_WHOLE, _NUMBER, _TEXT, _FLAG, _LINES = "a whole number", "a number", "text", "true or false", "a list of text"
+_OPTION_TYPES = {"tools": _TEXT, "model": _TEXT, "system": _TEXT, "name": _TEXT, "on_anomaly": _TEXT,
+                 "max_tokens": _WHOLE, "max_turns": _WHOLE, "max_total_tokens": _WHOLE, "max_cost_usd": _NUMBER,
+                 "max_loop_cost_usd": _NUMBER, "timeout": _NUMBER, "tool_timeout": _NUMBER, "stream": _FLAG,
+                 "mcp": _LINES, "mcp_url": _LINES}
+
+
+def _check_options(path: Path, options: dict[str, Any]) -> None:
+    """A usage error naming the first recorded flag whose value is not of its type (a state edited by hand, or
+    damaged): said in one line before anything is built, and the state is left as it was."""
+    for name, kind in _OPTION_TYPES.items():
+        value = options.get(name)
+        if value is None or _is(value, kind):
+            continue
+        raise UsageError(f"{path}: the recorded `looptrace run` option {name} is {value!r:.60}, not {kind}; the "
+                         "state is damaged or was edited (nothing was run, the state is kept)")
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if kind == _FLAG:
+        return isinstance(value, bool)
+    if kind == _LINES:
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (kind == _NUMBER and isinstance(value, float))
 
 
 def _decisions(args: argparse.Namespace) -> dict[str, Any]:

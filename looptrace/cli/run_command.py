@@ -213,8 +213,7 @@ def _write_state(args: argparse.Namespace, result: RunResult, options: dict[str,
     assert state is not None
     state.app["cli"] = options
     path = args.state_file or Path(".looptrace") / "paused" / f"{result.trace_id}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state.save(path)
+    state.save(path)  # missing folders made 0700: the state holds the conversation
     waiting = [f"  {p.call_id}  {p.tool}({short_arguments(p.arguments)})" for p in result.pending]
     decisions = " ".join(f"--approve {p.call_id}" for p in result.pending) or "--go-on"
     asked = result.pending_anomaly

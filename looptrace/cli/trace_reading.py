@@ -95,12 +95,17 @@ class LineReporter:
                 print(message, file=sys.stderr)
             self._waiting.clear()
 
-    def finish(self, *, spans_required: bool) -> None:
-        """After the read: the count of lines not named, or the usage error for a file without any span."""
+    def finish(self, *, spans_required: bool, runs: int | None = None) -> None:
+        """After the read: the count of lines not named, or the usage error for a file without any span, or (given
+        ``runs``, the runs the command found) for a file of which no run could be read because lines were skipped:
+        a few stray spans read around them are no verdict on the file (a CI gate must not pass what it never read)."""
         if not self.spans_seen and spans_required:
             what = f"{plural(self.bad, 'line')} read, none of them trace data; first: " \
                    f"{self.first_reason}" if self.bad else "it is empty"
             raise UsageError(f"{self.path} holds no OTLP/JSON spans ({what}); is it a trace file?")
+        if runs == 0 and self.bad:
+            raise UsageError(f"no run could be read from {self.path}: {plural(self.bad, 'line')} skipped, and the "
+                             f"spans read around them make no run (first: {self.first_reason})")
         self.saw_span()
         if self.bad > BAD_LINES_SHOWN:
             print(f"looptrace: {self.path}: {plural(self.bad - BAD_LINES_SHOWN, 'more malformed line')} skipped "
