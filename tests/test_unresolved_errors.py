@@ -55,7 +55,7 @@ def test_two_failed_reservations_then_a_claim_of_success_record_one_unresolved_e
         failures=2)]
     assert result.to_dict()["unresolved_errors"] == [
         {"tool": "reserve_equipment", "target": "2026-10-08, EQ-001", "error": NO_STOCK, "turn": 2,
-         "call_id": "toolu_2", "failures": 2}]
+         "call_id": "toolu_2", "failures": 2, "reported": None}]
     root = root_of(spans).attributes
     assert root[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     assert root["langfuse.trace.metadata.unresolved_tool_errors"] == "1"  # what Langfuse's traces table filters on
@@ -221,7 +221,7 @@ def test_traces_show_and_detect_print_it_for_a_stored_trace(workdir, api, capsys
     [verdict] = [json.loads(line) for line in out.splitlines()]
     assert verdict["unresolved_errors"] == [
         {"tool": "reserve_equipment", "target": "2026-10-08, EQ-001", "error": NO_STOCK, "turn": 2,
-         "call_id": "toolu_2", "failures": 2}]
+         "call_id": "toolu_2", "failures": 2, "reported": None}]
 
 
 def test_detect_of_a_clean_run_says_nothing_about_unresolved_errors(workdir, api, capsys):
