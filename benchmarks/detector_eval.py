@@ -81,7 +81,9 @@ def load_runs(directory: Path) -> Iterator[dict[str, Any]]:
         with path.open(encoding="utf-8") as lines:
             for line in lines:
                 if line.strip():
-                    yield json.loads(line)
+                    run = json.loads(line)
+                    run["source"] = path.stem  # the file it came from: the per-file figures are by file
+                    yield run
 
 
 def load_labels(path: Path = LABELS, scope: str | None = None) -> dict[str, set[str]]:

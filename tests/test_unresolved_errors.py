@@ -282,3 +282,33 @@ def test_the_embedded_default_writes_the_same_root_attributes(monkeypatch, tmp_p
     assert root.attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     assert root.attributes["langfuse.trace.metadata.unresolved_tool_errors"] == "1"
     assert list(root.attributes[sc.RUN_UNRESOLVED_TOOLS]) == ["reserve_equipment"]
+
+
+# --- a person's rejection is a decision, not an error ---------------------------------------------------------------
+
+
+def test_a_rejected_call_is_no_unresolved_error_live_nor_in_detect(workdir, capsys):
+    """docs/approvals.md: a rejection is a decision, not a tool failure. The live run does not count it, and
+    `looptrace detect` reading the run's trace file must not either."""
+    from looptrace import reject
+    from looptrace.instrumentation.tracefile.encode import encode_traces_data
+
+    @tool(needs_approval=True)
+    def pay(to: str, amount: int) -> str:
+        """Send money."""
+        return f"paid {amount} to {to}"
+
+    spans = CapturedSpans()
+    script = [tool_use("pay", {"to": "Ann", "amount": 500}), final_answer("I did not pay Ann: the payment was refused.")]
+    result = Agent("claude-sonnet-5-5", tools=[pay], client=ScriptedModel(script), tracer_provider=spans.provider,
+                   approver=lambda request: reject("over the weekly limit")).run("pay Ann 500")
+    assert result.unresolved_errors == []
+    assert root_of(spans).attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 0
+
+    path = Path("rejected.jsonl")
+    path.write_text("".join(encode_traces_data([span]) + "\n" for span in spans.all), encoding="utf-8")
+    code, out, err = cli(capsys, "detect", "--all", str(path))
+    assert code == 0 and "unresolved" not in out + err, out + err
+    _, out, _ = cli(capsys, "detect", "--json", "--all", str(path))
+    [verdict] = [json.loads(line) for line in out.splitlines()]
+    assert verdict["unresolved_errors"] == [] and verdict["anomalies"] == []
