@@ -94,7 +94,7 @@ def load_labels(path: Path = LABELS, scope: str | None = None) -> dict[str, set[
     with path.open(encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)
-            if "run" in record and scope in (None, record.get("scope", "run")):
+            if "run" in record and record.get("verdict", "true") == "true" and scope in (None, record.get("scope", "run")):
                 positives[record["type"]].add(record["run"])
     return positives
 
