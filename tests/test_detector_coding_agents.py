@@ -191,7 +191,7 @@ def test_looptrace_demo_ignored_error_shows_the_anomaly_without_a_judge(workdir,
     assert main(["demo", "ignored-error", "--trace-file", "t.jsonl"]) == 0
     out, err = capsys.readouterr()
     assert "flagged: ignored_error x1 (turn 4)" in out
-    assert f"ignored_error [warn]" in err and f"Why this fired: {CLAIMED_DONE}" in err
+    assert "ignored_error [warn]" in err and f"Why this fired: {CLAIMED_DONE}" in err
 
 
 # --------------------------------------------------------------------------- 3. failures that come back

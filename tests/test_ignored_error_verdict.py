@@ -193,3 +193,18 @@ def test_other_anomalies_carry_no_evidence():
     _feed(detector, [(*READ, "same", False)] * 3)
     (anomaly,) = detector.anomalies
     assert anomaly.type == "repeated_call" and anomaly.evidence is None and anomaly.to_dict()["evidence"] is None
+
+
+@pytest.mark.parametrize("answer, fires", [
+    ("All done: the refund is issued and the customer has been notified.", True),
+    ("Your refund went through.", True),
+    ("The refund of order A-1 is complete.", False),                 # names what failed: a report, or the judge's
+    ("Once processed, your refund will reach your card.", False),    # a condition and a future: no claim
+    ("The refund could not be issued.", False),                     # an admission
+    ("I have refunded the order.", True),                           # the family's own done-word
+])
+def test_a_familys_act_stated_complete_is_a_claim(answer, fires):
+    detector = LoopDetector()
+    _feed(detector, [("refund", {"order_id": "A-1"}, "503 payment gateway unavailable", True),
+                     ("notify_customer", {"message": "Your request has been handled."}, "sent", False)])
+    assert [a.evidence for a in detector.end_run("end_turn", answer, 3)] == ([CLAIMED_DONE] if fires else [])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .config import DetectorConfig
 from .commands import without_override_flags
+from .config import DetectorConfig
 from .identity import call_key, canonical_arguments, failure_signature, result_digest, safe_text, shorten
 from .types import ToolCall
 

@@ -43,6 +43,9 @@ _CONDITIONS = frozenset({"if", "unless", "until", "once", "when", "whenever", "b
 # Words right before a done-word that make it a purpose or a wish: "to make the tests pass", "help them pass".
 _NOT_ASSERTING_BEFORE = frozenset({"to", "make", "makes", "making", "help", "helps", "let", "get", "gets"})
 _MODAL_SUFFIXES = ("'ll", "'d")
+# Words that state any operation complete beside a word of it ("the refund is issued", "the deployment is complete").
+_COMPLETION = frozenset({"issued", "processed", "completed", "complete", "done", "confirmed", "finished", "placed",
+                         "submitted", "finalized", "finalised", "succeeded"})
 
 
 def claims_done(text: str, operation: OperationWords) -> bool:
@@ -91,14 +94,28 @@ def _words(sentence: str) -> list[str]:
 def _asserts(words: list[str], operation: OperationWords) -> bool:
     done = [index for index, word in enumerate(words) if word in operation.done]
     if not done:
-        return False
-    if operation.needs_word and not _names([w for w in words if w not in operation.done], operation, companion=True):
+        done = _completed(words, operation)
+        if not done:
+            return False
+    elif operation.needs_word and not _names([w for w in words if w not in operation.done], operation,
+                                             companion=True):
         return False
     for word in words:
         if (_is_negation(word) or _is_failure(word) or word in _MODALS or word in _CONDITIONS
                 or word.endswith(_MODAL_SUFFIXES)):
             return False
     return any(index == 0 or words[index - 1] not in _NOT_ASSERTING_BEFORE for index in done)
+
+
+def _completed(words: list[str], operation: OperationWords) -> list[int]:
+    """Where a word of completion stands beside a family's noun for one act of it: "the refund is issued", "the
+    deployment is complete", "your booking is confirmed", "the payment went through". Not for a verb of no family
+    ("the reservation is confirmed" after `update_reservation_passengers` failed may be about the booking), nor for
+    tests (a test run that completed may have failed)."""
+    if not any(word in operation.acts for word in words):
+        return []
+    return [index for index, word in enumerate(words)
+            if word in _COMPLETION or (word == "went" and words[index + 1:index + 2] == ["through"])]
 
 
 def _names(words: list[str], operation: OperationWords, companion: bool = False) -> bool:

@@ -235,8 +235,7 @@ def _operation(words: list[str], piped: bool, depth: int) -> Operation | tuple[O
         return None
     program = _program_name(words[index])
     rest = words[index + 1:]
-    if (words[index] in _BOOKKEEPING or (piped and program in _FILTERS) or not program
-            or not program[0].isalnum() and program[0] not in "._"):  # `-o` after a `$( ... )`, a stray `"`  # `bin/test` is no builtin
+    if _no_operation(words[index], program, piped):
         return None
     if program in _SHELLS:
         return _shell(rest, depth)
@@ -245,6 +244,13 @@ def _operation(words: list[str], piped: bool, depth: int) -> Operation | tuple[O
     if program in _WITH_SUBCOMMANDS:
         return Operation(program, _subcommand(rest))
     return Operation(program)
+
+
+def _no_operation(word: str, program: str, piped: bool) -> bool:
+    """Bookkeeping (`cd`, `echo`; the word as written, so `bin/test` is a program and `test` the builtin), a filter
+    after a pipe, or no program at all (`-o` left after a `$( ... )`, a stray quote)."""
+    return (word in _BOOKKEEPING or (piped and program in _FILTERS) or not program
+            or (not program[0].isalnum() and program[0] not in "._"))
 
 
 def _shell(rest: list[str], depth: int) -> Operation | tuple[Operation, ...] | None:

@@ -41,7 +41,8 @@ _LETTER = re.compile(r"[^\W\d_]")
 
 
 class _Break:
-    """Where structure (code, a table, a list) interrupted the prose: equal to nothing, so no run of repeats spans it."""
+    """Where structure (code, a table, a list) interrupted the prose: equal to nothing, so no run of repeats spans
+    it."""
 
     __slots__ = ()
 

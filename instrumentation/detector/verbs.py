@@ -28,25 +28,35 @@ class Family(NamedTuple):
     # Whether a statement must also hold one of `words` beside a done-word: "passed" alone may be anything, "the tests
     # passed" is the test run; "created" alone may be any object, "created the ticket" is the ticket.
     needs_word: bool = False
+    # Nouns naming one act of it, which a word of completion states done ("the refund is issued", "the deployment is
+    # complete"); none for tests, whose done-words say more than "complete" (a run that completed may have failed).
+    acts: frozenset[str] = frozenset()
 
 
 FAMILIES = (
-    Family("commit", frozenset({"commit", "commits"}), frozenset({"committed"})),
-    Family("push", frozenset({"push"}), frozenset({"pushed"})),
-    Family("merge", frozenset({"merge", "rebase"}), frozenset({"merged", "rebased"})),
+    Family("commit", frozenset({"commit", "commits"}), frozenset({"committed"}), acts=frozenset({"commit"})),
+    Family("push", frozenset({"push"}), frozenset({"pushed"}), acts=frozenset({"push"})),
+    Family("merge", frozenset({"merge", "rebase"}), frozenset({"merged", "rebased"}),
+           acts=frozenset({"merge", "rebase"})),
     Family("deploy", frozenset({"deploy", "deployment", "deploys", "release", "ship", "publish", "rollout", "apply"}),
-           frozenset({"deployed", "released", "shipped", "published", "live", "applied"})),
+           frozenset({"deployed", "released", "shipped", "published", "live", "applied"}),
+           acts=frozenset({"deploy", "deployment", "release", "rollout"})),
     Family("test", frozenset({"test", "tests", "testing", "suite", "pytest", "unittest", "spec", "specs", "runtests",
                               "jest", "vitest", "mocha", "rspec", "phpunit", "tox", "nox", "ctest", "check",
                               "checks"}),
            frozenset({"pass", "passes", "passed", "passing", "green", "succeed", "succeeds", "succeeded"}),
            needs_word=True),
-    Family("install", frozenset({"install", "installation"}), frozenset({"installed"})),
-    Family("migrate", frozenset({"migrate", "migration", "migrations"}), frozenset({"migrated", "applied"})),
-    Family("pay", frozenset({"pay", "payment", "charge", "refund"}), frozenset({"paid", "charged", "refunded"})),
-    Family("reserve", frozenset({"reserve", "reservation", "book", "booking"}), frozenset({"reserved", "booked"})),
+    Family("install", frozenset({"install", "installation"}), frozenset({"installed"}),
+           acts=frozenset({"install", "installation"})),
+    Family("migrate", frozenset({"migrate", "migration", "migrations"}), frozenset({"migrated", "applied"}),
+           acts=frozenset({"migration", "migrations"})),
+    Family("pay", frozenset({"pay", "payment", "charge", "refund"}), frozenset({"paid", "charged", "refunded"}),
+           acts=frozenset({"payment", "charge", "refund"})),
+    Family("reserve", frozenset({"reserve", "reservation", "book", "booking"}), frozenset({"reserved", "booked"}),
+           acts=frozenset({"reservation", "booking"})),
     Family("send", frozenset({"send", "email", "mail", "notify", "notification"}),
-           frozenset({"sent", "emailed", "mailed", "notified", "delivered"})),
+           frozenset({"sent", "emailed", "mailed", "notified", "delivered"}),
+           acts=frozenset({"email", "mail", "notification"})),
     Family("delete", frozenset({"delete", "remove", "erase", "purge"}),
            frozenset({"deleted", "removed", "erased", "purged"}), needs_word=True),
     Family("create", frozenset({"create", "add", "insert"}), frozenset({"created", "added", "inserted"}),
@@ -98,6 +108,7 @@ class OperationWords(NamedTuple):
     objects: frozenset[str]  # what it acted on, by name ("equipment", "passenger"): a generic verb needs one
     needs_word: bool  # a done-word counts only beside one of `words` (or, for a generic verb, of `objects`)
     generic: bool = False  # a verb of no family: its done-word needs one of `objects` beside it
+    acts: frozenset[str] = frozenset()  # its family's nouns for one act, stated done by a word of completion
 
 
 def operation_words(tool: str, arguments: Any) -> OperationWords | None:
@@ -154,7 +165,7 @@ def _command_words(command: str) -> OperationWords | None:
         return None
     family = families[-1]  # the last one named: `pip install -e . && pytest` reports how the tests went
     return OperationWords(frozenset({f"family:{family.name}"}), family.done, family.words, frozenset(),
-                          family.needs_word)
+                          family.needs_word, acts=family.acts)
 
 
 @functools.lru_cache(maxsize=256)
@@ -168,7 +179,7 @@ def _tool_words(tool: str) -> OperationWords | None:
     others = frozenset(word for word in words[1:] if len(word) >= 4 and word not in _FILLER)
     if family is not None:
         return OperationWords(frozenset({f"family:{family.name}"}), family.done, family.words | others, others,
-                              family.needs_word)
+                              family.needs_word, acts=family.acts)
     verb = words[0]
     if len(verb) < 3:
         return None
