@@ -31,7 +31,7 @@ _NEGATIONS = frozenset({"not", "no", "never", "none", "nothing", "nor", "neither
                         "isnt", "arent", "wasnt", "werent", "wont", "wouldnt", "shouldnt", "aint", "mustnt", "neednt",
                         "yet"})
 _FAILURE_STEMS = ("fail", "error", "broke", "reject", "denied", "deny", "refus", "abort", "crash", "unsuccessful",
-                  "timeout", "blocked", "unresolved", "exception", "traceback")
+                  "timeout", "timed", "blocked", "unresolved", "exception", "traceback")
 _MODALS = frozenset({"will", "would", "should", "could", "can", "may", "might", "must", "shall", "gonna", "going",
                      "need", "needs", "let", "lets", "try", "tries", "trying", "attempt", "attempting", "attempted",
                      "plan", "planning", "planned", "want", "wants", "intend", "ready", "hope", "expect", "expected",
@@ -68,15 +68,6 @@ def admits(text: str, operation: OperationWords) -> bool:
         if any(_is_negation(word) for word in words) and _names(words, operation):
             return True
     return False
-
-
-def statements(text: str) -> Iterable[list[str]]:
-    """The words (lower case, apostrophes kept) of each sentence of `text` without a question mark."""
-    for sentence in _SENTENCE.findall(text):
-        if not any(mark in sentence for mark in _QUESTION_MARKS):
-            words = _words(sentence)
-            if words:
-                yield words
 
 
 def sentences(text: str) -> Iterable[list[str]]:

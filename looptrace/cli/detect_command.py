@@ -40,10 +40,10 @@ def detect_command(args: argparse.Namespace) -> int:
     with LineReporter(path, max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
             found += len(verdict.anomalies)
-            left = left_unresolved(verdict.unresolved_errors)
-            reported += len(verdict.unresolved_errors) - left
-            if left:
-                unresolved += left
+            unaddressed = left_unresolved(verdict.unresolved_errors)
+            reported += len(verdict.unresolved_errors) - unaddressed
+            if unaddressed:
+                unresolved += unaddressed
                 runs_unresolved += 1
             # A run is shown for its anomalies, or for the tool errors it left unresolved (a fact, not a finding).
             if not verdict.anomalies and not verdict.unresolved_errors and not args.all:
