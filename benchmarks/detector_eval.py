@@ -6,15 +6,20 @@ the same LoopDetector the live loop uses, fed the way the loop feeds it:
 - a conversation is one session: one detector for the whole conversation, ``begin_run`` at every user text message
   (each user message starts a new run, as it does when an application calls ``Agent.run`` per user turn);
 - every assistant message is a turn: its tool calls are observed with their results, then ``end_turn`` with the text
-  the model wrote beside them (the user sees it, so it can report a failure as well as the final answer can);
+  the model wrote beside them (the user sees it, so it can report a failure as well as the final answer can); a
+  result is an error when its source flagged it or when its command exited non-zero (``exit_code``), as a shell tool
+  written for looptrace reports it;
 - a text-only assistant message ends the run with stop reason ``end_turn`` and that text as the final answer; an agent
   that answers through a terminal tool (OpenHands ``finish``, ToolBench ``Finish``) ends its last run with the tool's
   answer, ``end_turn`` when the source says it finished normally; a conversation cut off mid-work (max steps) ends
   with no stop reason, so ignored_error cannot fire there.
 
 A conversation counts as flagged for a type when any of its runs reported an anomaly of that type. The labels are
-``benchmarks/trajectory_labels.jsonl`` (how they were made is in its first record). Prints, per type: flags, true
-positives, precision, labelled positives, recall, and the time the replay took.
+``benchmarks/trajectory_labels.jsonl`` (how they were made is in its first record): a record names a run and a type,
+with ``"verdict": "false"`` for a flag read and found to be no such anomaly (without one, the run is a labelled
+positive). Prints, per type: flags, true positives, precision, labelled positives, recall; then per file and type: the
+flags, how many of them carry a label (all of them, or a random sample of ``SAMPLE`` where there are more: the same
+sample every time), how many of those are true, and the precision; and the time the replay took.
 
     python -m benchmarks --only detector-eval          # in the benchmark table
     python -m benchmarks.detector_eval [--list]         # the table, and (--list) every flag and miss with its reason
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections import defaultdict
@@ -57,6 +63,9 @@ CORPUS_ENV = "LOOPTRACE_TRAJECTORIES"
 LABELS = Path(__file__).with_name("trajectory_labels.jsonl")
 TYPES = (REPEATED_CALL, CYCLE, IGNORED_ERROR, FAILING_TOOL, REPEATED_TEXT)
 TERMINAL_TOOLS = frozenset({"finish", "Finish"})
+SAMPLE = 50  # flags labelled per file and type at most: a random sample, seeded by the file and type
+PRECISION_BAR = 0.9  # per file and type, where a rule fires at least BAR_MIN_FLAGS times
+BAR_MIN_FLAGS = 5
 FINISHED_NORMALLY = frozenset({"finish_tool", "give_answer"})
 
 
@@ -72,7 +81,9 @@ def load_runs(directory: Path) -> Iterator[dict[str, Any]]:
         with path.open(encoding="utf-8") as lines:
             for line in lines:
                 if line.strip():
-                    yield json.loads(line)
+                    run = json.loads(line)
+                    run["source"] = path.stem  # the file it came from: the per-file figures are by file
+                    yield run
 
 
 def load_labels(path: Path = LABELS, scope: str | None = None) -> dict[str, set[str]]:
@@ -83,15 +94,34 @@ def load_labels(path: Path = LABELS, scope: str | None = None) -> dict[str, set[
     with path.open(encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)
-            if "run" in record and scope in (None, record.get("scope", "run")):
+            if "run" in record and record.get("verdict", "true") == "true" and scope in (None, record.get("scope", "run")):
                 positives[record["type"]].add(record["run"])
     return positives
 
 
+def load_verdicts(path: Path = LABELS) -> dict[tuple[str, str], bool]:
+    """{(anomaly type, run id): whether it is one}, for every run a label record names: a record without a verdict
+    is a positive (the first labels listed positives only), ``"verdict": "false"`` a flag read and found wrong."""
+    verdicts: dict[tuple[str, str], bool] = {}
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if "run" in record:
+                key = (record["type"], record["run"])
+                verdicts[key] = verdicts.get(key, False) or record.get("verdict", "true") == "true"
+    return verdicts
+
+
+def sampled(flags: list[str], where: str) -> list[str]:
+    """The flags of one file and type that are labelled: all of them, or the same random `SAMPLE` of them."""
+    ordered = sorted(flags)
+    return ordered if len(ordered) <= SAMPLE else sorted(random.Random(where).sample(ordered, SAMPLE))
+
+
 def replay(run: dict[str, Any], config: DetectorConfig | None = None,
-           judged: list[JudgeSummary] | None = None) -> list[Anomaly]:
+           judged: list[JudgeSummary] | None = None, faults: list[str] | None = None) -> list[Anomaly]:
     """Every anomaly the detector reports for one conversation, run by run, one entry per streak. ``judged``, when
-    given, receives what the judge did in each run."""
+    given, receives what the judge did in each run; ``faults`` the detector's internal errors, if any."""
     detector = LoopDetector(config)
     results = {block["tool_use_id"]: block for message in run["messages"] if message["role"] == "user"
                for block in message["content"] if block.get("type") == "tool_result"}
@@ -113,8 +143,7 @@ def replay(run: dict[str, Any], config: DetectorConfig | None = None,
         for block in calls:
             result = results.get(block["id"], {})
             detector.observe(ToolCall(turn=turn, tool=block["name"], arguments=block.get("input"),
-                                      call_id=block["id"], is_error=bool(result.get("is_error")),
-                                      result=result.get("content")))
+                                      call_id=block["id"], is_error=_failed(result), result=result.get("content")))
         if calls:
             said = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
             detector.end_turn(turn, said or None)
@@ -129,7 +158,16 @@ def replay(run: dict[str, Any], config: DetectorConfig | None = None,
         in_run, turn = False, 0
     if in_run:  # the conversation stopped mid-work: max steps, an error, a log that ends
         found += _end(detector, None, None, turn, judged)
+    if faults is not None and detector.internal_errors:
+        faults.append(f"{run['id']}: {detector.internal_errors} internal error(s), the last: "
+                      f"{detector.last_internal_error}")
     return found
+
+
+def _failed(result: dict[str, Any]) -> bool:
+    """A result is an error when its source flagged it, or when it is a command's and the command exited non-zero: a
+    shell tool of looptrace's reports that as an error (OpenHands' SDK does not flag it; swe-vorflux's export does)."""
+    return bool(result.get("is_error")) or result.get("exit_code") not in (None, 0)
 
 
 def _end(detector: LoopDetector, reason: str | None, text: str | None, turn: int,
@@ -143,14 +181,23 @@ def _end(detector: LoopDetector, reason: str | None, text: str | None, turn: int
 def evaluate(directory: Path, config: DetectorConfig | None = None,
              judged: list[JudgeSummary] | None = None) -> dict[str, Any]:
     positives = load_labels()
+    verdicts = load_verdicts()
     flagged: dict[str, dict[str, list[Anomaly]]] = defaultdict(dict)
+    by_file: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    runs_in: dict[str, int] = defaultdict(int)
+    faults: list[str] = []
     started = time.perf_counter()
     runs = calls = 0
     for run in load_runs(directory):
         runs += 1
+        runs_in[run["source"]] += 1
         calls += sum(1 for m in run["messages"] for b in m["content"] if b.get("type") == "tool_use")
-        for anomaly in replay(run, config, judged):
+        kinds = set()
+        for anomaly in replay(run, config, judged, faults):
             flagged[anomaly.type].setdefault(run["id"], []).append(anomaly)
+            kinds.add(anomaly.type)
+        for kind in kinds:
+            by_file[run["source"]][kind].append(run["id"])
     elapsed = time.perf_counter() - started
     table = {}
     for kind in TYPES:
@@ -161,7 +208,33 @@ def evaluate(directory: Path, config: DetectorConfig | None = None,
         labelled = load_labels(scope=scope).get(IGNORED_ERROR, set())
         caught = set(flagged[IGNORED_ERROR]) & labelled
         table[IGNORED_ERROR][f"recall_{scope}"] = (len(caught), len(labelled))
-    return {"runs": runs, "calls": calls, "elapsed_s": elapsed, "table": table, "flagged": flagged}
+    return {"runs": runs, "calls": calls, "elapsed_s": elapsed, "table": table, "flagged": flagged,
+            "per_file": _per_file(runs_in, by_file, verdicts), "faults": faults}
+
+
+def _per_file(runs_in: dict[str, int], by_file: dict[str, dict[str, list[str]]],
+              verdicts: dict[tuple[str, str], bool]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per file and type: flags, the labelled sample, its true flags, and the flags of the sample without a label."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for source in sorted(runs_in):
+        table[source] = {}
+        for kind in TYPES:
+            flags = by_file[source][kind]
+            sample = sampled(flags, f"{source}:{kind}")
+            known = [run for run in sample if (kind, run) in verdicts]
+            table[source][kind] = {"runs": runs_in[source], "flags": len(flags), "sample": len(sample),
+                                   "labelled": len(known), "true": sum(verdicts[kind, run] for run in known),
+                                   "wrong": [run for run in known if not verdicts[kind, run]],
+                                   "unlabelled": [run for run in sample if (kind, run) not in verdicts]}
+    return table
+
+
+def meets_bar(line: dict[str, Any]) -> bool:
+    """Whether a file's figures for one type meet the bar: every flag of the sample labelled, and, where the type fired
+    `BAR_MIN_FLAGS` times or more, `PRECISION_BAR` of them true."""
+    if line["unlabelled"]:
+        return False
+    return line["flags"] < BAR_MIN_FLAGS or line["true"] >= PRECISION_BAR * line["labelled"]
 
 
 def _ratio(part: int, whole: int) -> str:
@@ -189,8 +262,16 @@ def run(quick: bool = False) -> list[Row]:
         caught, labelled = result["table"][IGNORED_ERROR][f"recall_{scope}"]
         rows.append(Row("7 detector-eval", f"context: ignored_error recall, {what}", _ratio(caught, labelled),
                         context=f"{caught} of {labelled} labelled"))
+    for source, kinds in result["per_file"].items():
+        for kind, line in kinds.items():
+            if line["flags"]:
+                rows.append(Row("7 detector-eval", f"{source}: {kind} precision", _ratio(line["true"], line["labelled"]),
+                                f">={PRECISION_BAR:.0%} at {BAR_MIN_FLAGS}+ flags", meets_bar(line),
+                                f"{line['flags']} flags in {line['runs']} runs, {line['labelled']} labelled "
+                                f"(of {line['sample']} sampled), {line['true']} true"))
     rows.append(Row("7 detector-eval", "replay time", f"{result['elapsed_s']:.2f} s",
-                    context=f"{result['runs']} runs, {result['calls']} tool calls"))
+                    context=f"{result['runs']} runs, {result['calls']} tool calls, "
+                            f"{len(result['faults'])} runs with a detector fault"))
     return rows
 
 
@@ -230,14 +311,35 @@ def _print_table(result: dict[str, Any], listing: bool) -> None:
     for scope in ("run", "later_run"):
         caught, labelled = result["table"][IGNORED_ERROR][f"recall_{scope}"]
         print(f"\nignored_error labelled with scope {scope!r}: {caught} of {labelled} caught", end="")
-    print()
+    print("\n")
+    _print_per_file(result)
+    for fault in result["faults"]:
+        print(f"detector fault: {fault}")
     if listing:
+        for kinds in result["per_file"].values():
+            for kind, line in kinds.items():
+                for label, runs in (("false alarm", line["wrong"]), ("unlabelled", line["unlabelled"])):
+                    for run_id in runs:
+                        first = result["flagged"][kind][run_id][0]
+                        print(f"{label} {kind} {run_id} turn {first.turn}: {first.message[:300]}")
         for kind, line in result["table"].items():
-            for run_id in line["false_alarms"]:
-                first = result["flagged"][kind][run_id][0]
-                print(f"false alarm {kind} {run_id} turn {first.turn}: {first.message[:300]}")
             for run_id in line["misses"]:
                 print(f"miss {kind} {run_id}")
+
+
+def _print_per_file(result: dict[str, Any]) -> None:
+    """Per file and type: how often it fired, and its precision on the labelled flags."""
+    print(f"Per file: precision from the labels of the flags (all, or a random sample of {SAMPLE}); the bar is "
+          f">= {PRECISION_BAR:.0%} wherever a type fired {BAR_MIN_FLAGS} times or more.\n")
+    print("| file | runs | type | flags | labelled | true | precision | bar |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |")
+    for source, kinds in result["per_file"].items():
+        for kind, line in kinds.items():
+            bar = "n/a" if not line["flags"] else ("met" if meets_bar(line) else "**not met**")
+            unlabelled = f" ({len(line['unlabelled'])} unlabelled)" if line["unlabelled"] else ""
+            print(f"| {source} | {line['runs']} | `{kind}` | {line['flags']} | {line['labelled']}{unlabelled} | "
+                  f"{line['true']} | {_ratio(line['true'], line['labelled'])} | {bar} |")
+    print()
 
 
 def _judged_evaluation(directory: Path, model: str, max_calls: int, listing: bool) -> int:

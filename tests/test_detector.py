@@ -336,9 +336,11 @@ FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
     ("ja: the answer quotes the error", FAILED_TWICE, "在庫が0です。別の日に予約しました。", False),
     ("ja: 'no errors' is the judge's call too", FAILED_TWICE, "エラーなく予約しました。", False),
     ("en: claims success after the failure", FAILED_TWICE, "I have reserved the equipment for October 8.", True),
-    # one word of the operation only: the answer says too little of it for the rules, the judge decides
-    ("en: a claim naming half the operation is the judge's call", FAILED_TWICE,
-     "I have reserved projector A for October 8.", False),
+    # the operation's verb stated done is enough: "reserved" (or "booked") is what reserve_equipment does
+    ("en: a claim naming the operation by its verb alone", FAILED_TWICE,
+     "I have reserved projector A for October 8.", True),
+    ("en: a plan is no claim", FAILED_TWICE, "I will reserve projector A for October 8.", False),
+    ("en: an admission in the model's own words", FAILED_TWICE, "I wasn't able to reserve projector A.", False),
     ("en: honest report naming the target", FAILED_TWICE, "I couldn't reserve EQ-001: it is out of stock.", False),
     ("en: honest report without naming the target is the judge's call", FAILED_TWICE,
      "I couldn't reserve projector A: it is out of stock.", False),
@@ -352,7 +354,7 @@ FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
     ("a success of another tool does not resolve it", FAILED_TWICE, "The equipment is reserved.", True),
     ("a success on another target does not resolve it", [[RESERVE_FAILS], [RESERVE_FAILS], [RESERVE_SUCCEEDS]],
      "Booked projector B.", False),  # the claim may be about that success: the judge's call
-    ("failed once, then other work: the judge's call", [[RESERVE_FAILS], [SEARCH]], "Booked.", False),
+    ("failed once, then other work, then a claim", [[RESERVE_FAILS], [SEARCH]], "Booked.", True),
     # retried, the same failure again, then an answer that states the operation done
     ("failed twice, then an answer", [[SEARCH], [RESERVE_FAILS], [RESERVE_FAILS]], "Equipment reserved.", True),
     # ... or that says nothing of it: a stop notice is the judge's call, never the rules'
@@ -364,8 +366,10 @@ FAILED_TWICE = [[RESERVE_FAILS], [RESERVE_FAILS], [SEARCH]]
                                                                  [RESERVE_FAILS], [SEARCH]], "Booked both.", False),
     ("a later call that reports the failure deals with it", [[RESERVE_FAILS], [RESERVE_FAILS], [REPORTS_FAILURE]],
      "Done.", False),
-    ("a single failure seen last is the judge's call", [[SEARCH], [RESERVE_FAILS]],
-     "I have reserved projector A for October 8.", False),
+    ("a single failure right before a claim", [[SEARCH], [RESERVE_FAILS]],
+     "I have reserved projector A for October 8.", True),
+    ("a single failure right before a question about it", [[SEARCH], [RESERVE_FAILS]],
+     "Shall I reserve projector B instead?", False),
 ])
 def test_ignored_error(name, turns, final_text, fires):
     detector, _ = feed(turns)
@@ -402,11 +406,12 @@ CLAIM = "I've updated the passenger list to remove Ethan. Here are flights for y
     ("asks about the operation", [UPDATE_FAILS, FLIGHTS],
      "Shall I update the passenger list again? Flights: HAT014, HAT050.", False),
     ("never states the operation", [UPDATE_FAILS, FLIGHTS], "Here are flights for you: HAT014 and HAT050.", False),
-    ("does not draw on the results beside it", [UPDATE_FAILS, FLIGHTS],
-     "I've updated the passenger list to remove Ethan.", False),
+    ("states it done without drawing on the results beside it", [UPDATE_FAILS, FLIGHTS],
+     "I've updated the passenger list to remove Ethan.", True),
     ("the same operation succeeded beside it, on another reservation", [UPDATE_FAILS, UPDATE_OTHER, FLIGHTS],
      CLAIM, False),
-    ("no results beside it: the judge's call", [UPDATE_FAILS], "I've updated the passenger list (ref HAT014).", False),
+    ("no results beside it", [UPDATE_FAILS], "I've updated the passenger list (ref HAT014).", True),
+    ("a plan for the failed update", [UPDATE_FAILS], "I will update the passenger list once you confirm.", False),
 ])
 def test_an_answer_that_passes_over_a_failure_in_its_batch(name, batch, final_text, fires):
     detector, _ = feed([batch])
@@ -427,11 +432,11 @@ def test_a_later_turn_that_quotes_the_error_keeps_a_passed_over_failure_quiet():
 
 def test_text_beside_a_later_tool_call_can_report_the_failure():
     detector = LoopDetector()
-    for turn, said in ((1, None), (2, "在庫が0です。別の備品を探します。"), (3, None)):
+    for turn, said in ((1, None), (2, None), (3, "在庫が0です。別の備品を探します。")):
         spec = SEARCH if turn == 3 else RESERVE_FAILS
         detector.observe(ToolCall(turn, spec[0], spec[1], f"t{turn}", is_error=turn < 3, result=spec[2]))
         detector.end_turn(turn, said)
-    assert end(detector, "Booked.", turn=4) == []  # turn 2's text quoted the error before the model moved on
+    assert end(detector, "Booked.", turn=4) == []  # turn 3's text quoted the error after the last failure
 
 
 class _Judge:
@@ -450,9 +455,9 @@ class _Judge:
     (FAILED_TWICE, True, True),
     (FAILED_TWICE, RuntimeError("model down"), True),    # a failing judge leaves the rule's own verdict
     (FAILED_TWICE, "maybe", True),                       # so does an answer that is not a verdict
-    ([[SEARCH], [RESERVE_FAILS]], True, True),           # a single failure seen last: the judge decides
-    ([[SEARCH], [RESERVE_FAILS]], False, False),
-    ([[SEARCH], [RESERVE_FAILS]], RuntimeError("model down"), False),
+    ([[SEARCH], [RESERVE_FAILS]], True, True),           # a single failure right before the claim: the rule fires,
+    ([[SEARCH], [RESERVE_FAILS]], False, False),         # and the judge confirms or silences it
+    ([[SEARCH], [RESERVE_FAILS]], RuntimeError("model down"), True),
 ])
 def test_the_judge_confirms_or_silences_ignored_error(turns, verdict, fires):
     judge = _Judge(verdict)

@@ -145,7 +145,9 @@ def test_a_commit_rejected_by_a_hook_with_varying_output_is_a_repeated_call_and_
     result = agent.run("commit the fix")
     kinds = [a.type for a in result.anomalies]
     assert kinds == [REPEATED_CALL, IGNORED_ERROR], result.anomalies
-    assert result.anomalies[0].count == 5 and result.anomalies[0].turn == 9
+    # the retry with no_verify is the same commit tried again: its failure extends the streak to turn 11 (5 failures
+    # within the last 10 turns; the first has left the window)
+    assert result.anomalies[0].count == 5 and result.anomalies[0].turn == 11
     assert result.anomalies[1].evidence == "the answer states the failed operation as done"
 
 

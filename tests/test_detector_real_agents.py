@@ -416,17 +416,17 @@ def test_a_judge_that_errors_against_the_fake_api_leaves_the_rule():
         {"type": "tool_use", "id": "toolu_f1", "name": "reserve", "input": {"item": "EQ-001"}}]}
     script = [fail, dict(fail, content=[dict(fail["content"][0], id="toolu_f2")]),
               {"stop_reason": "tool_use", "content": [
-                  {"type": "tool_use", "id": "toolu_n", "name": "reserve_other", "input": {}}]},
+                  {"type": "tool_use", "id": "toolu_n", "name": "look_around", "input": {}}]},
               {"content": "All reserved!"}, Error(500, "api_error", "judge down")]
 
     @tool
-    def reserve_other() -> str:
-        """Reserve something else."""
+    def look_around() -> str:
+        """Look at something else (another tool of the reserve family succeeding could be what "reserved" is about)."""
         return "ok"
 
     with FakeMessagesAPI(script) as api:
         client = anthropic.Anthropic(base_url=api.url, api_key="test-key", max_retries=0)
-        result = Agent(MODEL, tools=[reserve, reserve_other], client=client, on_anomaly="warn", telemetry=False,
+        result = Agent(MODEL, tools=[reserve, look_around], client=client, on_anomaly="warn", telemetry=False,
                        detector=DetectorConfig(judge="claude-haiku-4-5"), alerts=Alerts(log_warnings=False)
                        ).run("reserve EQ-001")
     assert result.status is RunStatus.DONE

@@ -115,11 +115,21 @@ def test_a_statement_that_echoes_the_error_is_a_report_not_a_claim():
     assert _run([TESTS, EDIT], "The tests still fail after my edit to cart.py.") == []
 
 
-def test_a_single_failure_right_before_the_answer_is_left_to_the_judge():
-    # On the recorded runs, an answer right after a single failure that names the operation was a plan or an
-    # admission in the model's own words: structure cannot tell, so without a judge nothing fires.
-    assert _run([TESTS], "All tests pass.") == []
-    assert _run([RESERVE], "I have reserved the equipment for you.") == []
+def test_a_single_failure_right_before_an_answer_that_states_it_done_fires():
+    # The answer asserts completion (past or perfect tense, or a state: "all tests pass"), with no negation, no modal
+    # or future, no question about it: a plan or an admission reads otherwise (below), so the rules fire alone.
+    assert [a.evidence for a in _run([TESTS], "All tests pass.")] == [CLAIMED_DONE]
+    assert [a.evidence for a in _run([RESERVE], "I have reserved the equipment for you.")] == [CLAIMED_DONE]
+
+
+@pytest.mark.parametrize("answer", [
+    "I will run the tests again once the fixture is fixed.",           # a plan
+    "I wasn't able to get the tests to pass.",                         # an admission, with a contraction
+    "Should I reserve the equipment for another day?",                 # a question about it
+    "I see the issue, stopping here.",                                 # a stop notice
+])
+def test_a_single_failure_right_before_a_plan_admission_question_or_stop_notice_stays_quiet(answer):
+    assert _run([TESTS], answer) == []
 
 
 def test_a_claim_about_a_tool_that_also_succeeded_is_not_taken_for_the_failed_call():
@@ -158,7 +168,7 @@ def test_a_failure_structure_leaves_open_fires_only_when_a_judge_says_so(verdict
     judge = _Judge(verdict)
     detector = LoopDetector(DetectorConfig(judge=judge))
     _feed(detector, [(*TESTS, TESTS_FAIL, True)])
-    found = detector.end_run("end_turn", "All tests pass.", 2)
+    found = detector.end_run("end_turn", "Done.", 2)  # names no operation: only a judge can read it
     assert [a.evidence for a in found] == ([evidence] if evidence else [])
     assert judge.asked == 1
 
@@ -183,3 +193,18 @@ def test_other_anomalies_carry_no_evidence():
     _feed(detector, [(*READ, "same", False)] * 3)
     (anomaly,) = detector.anomalies
     assert anomaly.type == "repeated_call" and anomaly.evidence is None and anomaly.to_dict()["evidence"] is None
+
+
+@pytest.mark.parametrize("answer, fires", [
+    ("All done: the refund is issued and the customer has been notified.", True),
+    ("Your refund went through.", True),
+    ("The refund of order A-1 is complete.", False),                 # names what failed: a report, or the judge's
+    ("Once processed, your refund will reach your card.", False),    # a condition and a future: no claim
+    ("The refund could not be issued.", False),                     # an admission
+    ("I have refunded the order.", True),                           # the family's own done-word
+])
+def test_a_familys_act_stated_complete_is_a_claim(answer, fires):
+    detector = LoopDetector()
+    _feed(detector, [("refund", {"order_id": "A-1"}, "503 payment gateway unavailable", True),
+                     ("notify_customer", {"message": "Your request has been handled."}, "sent", False)])
+    assert [a.evidence for a in detector.end_run("end_turn", answer, 3)] == ([CLAIMED_DONE] if fires else [])

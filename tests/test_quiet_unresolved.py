@@ -1,5 +1,6 @@
 """A tool error the run dealt with (the model said so and booked another unit: no ignored_error) is a fact said in
-one quiet line, not a warning: the happy demo ends without a ⚠."""
+one quiet line, not a warning, and not called unresolved: the happy demo ends "1 tool error, reported in the answer",
+without a ⚠. "Left unresolved" is for what nobody addressed."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ def test_the_happy_demo_and_its_trace_end_without_a_warning(workdir, capsys):
     assert main(["demo", "--trace-file", "t.jsonl"]) == 0
     out, err = capsys.readouterr()
     said = (out + err).splitlines()
-    assert "1 tool error left unresolved: reserve_equipment(2026-10-08, EQ-001)" in "\n".join(said)
-    assert not [line for line in said if "⚠" in line], said
+    assert "1 tool error, reported in the answer: reserve_equipment(2026-10-08, EQ-001)" in "\n".join(said)
+    assert not [line for line in said if "⚠" in line or "left unresolved" in line], said
 
-    assert main(["traces", "show", "--file", "t.jsonl"]) == 0
+    assert main(["traces", "show", "--file", "t.jsonl"]) == 0  # read back from the root span's record
     shown = capsys.readouterr().out.splitlines()
-    assert [line for line in shown if "left unresolved" in line]
-    assert not [line for line in shown if "⚠" in line]
+    assert [line for line in shown if line.startswith("1 tool error, reported in the answer: reserve_equipment")]
+    assert not [line for line in shown if "⚠" in line or "left unresolved" in line]
+
+    assert main(["detect", "t.jsonl"]) == 0  # rebuilt from the spans: the same reading of the answer
+    out, err = capsys.readouterr()
+    assert [line for line in out.splitlines()
+            if line.startswith("  1 tool error, reported in the answer: reserve_equipment(2026-10-08, EQ-001)")], out
+    assert err.rstrip().endswith("0 anomalies found in t.jsonl; 1 tool error reported by the model"), err
 
 
 def test_an_error_the_final_answer_ignored_is_still_a_warning():

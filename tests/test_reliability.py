@@ -405,15 +405,16 @@ def test_a_budget_reached_on_a_tool_use_turn_leaves_a_history_that_can_be_contin
 
 def test_a_nudge_is_not_sent_when_no_turn_is_left_to_read_it():
     @tool
-    def fails() -> str:
+    def reserve() -> str:
         """Always fails."""
         raise RuntimeError("nope")
 
-    # A failure retried, failed again and left behind for other work: what the ignored_error rule flags on its own.
-    model = ScriptedModel([tool_use("fails", call_id="t1"), tool_use("fails", call_id="t2"),
+    # A failure retried, failed again and left behind for other work, then claimed done: what the ignored_error rule
+    # flags on its own.
+    model = ScriptedModel([tool_use("reserve", call_id="t1"), tool_use("reserve", call_id="t2"),
                            tool_use("_typed", {"name": "a", "count": 1}, call_id="t3"),
-                           answer("All done, it fails no more.")])  # states the operation ("fails") done
-    result = Agent(MODEL, tools=[fails, _typed], client=model, limits=Limits(max_turns=4), telemetry=False,
+                           answer("All done, it is reserved.")])  # states the operation (reserve) done
+    result = Agent(MODEL, tools=[reserve, _typed], client=model, limits=Limits(max_turns=4), telemetry=False,
                    on_anomaly={"ignored_error": "nudge"}, alerts=Alerts(log_warnings=False)).run("go")
     assert result.status is RunStatus.DONE
     assert [a.type for a in result.anomalies] == ["ignored_error"]

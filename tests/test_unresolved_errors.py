@@ -55,7 +55,7 @@ def test_two_failed_reservations_then_a_claim_of_success_record_one_unresolved_e
         failures=2)]
     assert result.to_dict()["unresolved_errors"] == [
         {"tool": "reserve_equipment", "target": "2026-10-08, EQ-001", "error": NO_STOCK, "turn": 2,
-         "call_id": "toolu_2", "failures": 2}]
+         "call_id": "toolu_2", "failures": 2, "reported": None}]
     root = root_of(spans).attributes
     assert root[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     assert root["langfuse.trace.metadata.unresolved_tool_errors"] == "1"  # what Langfuse's traces table filters on
@@ -221,7 +221,7 @@ def test_traces_show_and_detect_print_it_for_a_stored_trace(workdir, api, capsys
     [verdict] = [json.loads(line) for line in out.splitlines()]
     assert verdict["unresolved_errors"] == [
         {"tool": "reserve_equipment", "target": "2026-10-08, EQ-001", "error": NO_STOCK, "turn": 2,
-         "call_id": "toolu_2", "failures": 2}]
+         "call_id": "toolu_2", "failures": 2, "reported": None}]
 
 
 def test_detect_of_a_clean_run_says_nothing_about_unresolved_errors(workdir, api, capsys):
@@ -282,3 +282,33 @@ def test_the_embedded_default_writes_the_same_root_attributes(monkeypatch, tmp_p
     assert root.attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 1
     assert root.attributes["langfuse.trace.metadata.unresolved_tool_errors"] == "1"
     assert list(root.attributes[sc.RUN_UNRESOLVED_TOOLS]) == ["reserve_equipment"]
+
+
+# --- a person's rejection is a decision, not an error ---------------------------------------------------------------
+
+
+def test_a_rejected_call_is_no_unresolved_error_live_nor_in_detect(workdir, capsys):
+    """docs/approvals.md: a rejection is a decision, not a tool failure. The live run does not count it, and
+    `looptrace detect` reading the run's trace file must not either."""
+    from looptrace import reject
+    from looptrace.instrumentation.tracefile.encode import encode_traces_data
+
+    @tool(needs_approval=True)
+    def pay(to: str, amount: int) -> str:
+        """Send money."""
+        return f"paid {amount} to {to}"
+
+    spans = CapturedSpans()
+    script = [tool_use("pay", {"to": "Ann", "amount": 500}), final_answer("I did not pay Ann: the payment was refused.")]
+    result = Agent("claude-sonnet-5-5", tools=[pay], client=ScriptedModel(script), tracer_provider=spans.provider,
+                   approver=lambda request: reject("over the weekly limit")).run("pay Ann 500")
+    assert result.unresolved_errors == []
+    assert root_of(spans).attributes[sc.RUN_UNRESOLVED_TOOL_ERRORS] == 0
+
+    path = Path("rejected.jsonl")
+    path.write_text("".join(encode_traces_data([span]) + "\n" for span in spans.all), encoding="utf-8")
+    code, out, err = cli(capsys, "detect", "--all", str(path))
+    assert code == 0 and "unresolved" not in out + err, out + err
+    _, out, _ = cli(capsys, "detect", "--json", "--all", str(path))
+    [verdict] = [json.loads(line) for line in out.splitlines()]
+    assert verdict["unresolved_errors"] == [] and verdict["anomalies"] == []

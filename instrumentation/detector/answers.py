@@ -7,6 +7,7 @@ error and the results beside it. DESIGN.md has the reasons and the known blind s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -82,7 +83,13 @@ def names_or_quotes(text: FoldedText, targets: frozenset[str], error_text: str) 
     """Whether the text names one of a failed call's targets or quotes its error."""
     if any(len(t) >= _MIN_MENTION_CHARS and fold(t) in text.folded for t in targets):
         return True
-    return bool(error_text) and not _echo_units(fold(error_text)).isdisjoint(text.units)
+    return bool(error_text) and not _error_units(error_text).isdisjoint(text.units)
+
+
+@functools.lru_cache(maxsize=256)
+def _error_units(error_text: str) -> frozenset[str]:
+    """An error's quotable units, worked out once: every later call and answer of the run is compared with them."""
+    return frozenset(_echo_units(fold(error_text)))
 
 
 def echoes_error(text: FoldedText, error_text: str, attempted: str = "") -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .commands import without_override_flags
 from .config import DetectorConfig
 from .identity import call_key, canonical_arguments, failure_signature, result_digest, safe_text, shorten
 from .types import ToolCall
@@ -43,16 +44,28 @@ class ObservedCall:
 class TurnCall:
     """One distinct call within a turn; duplicates in the turn merge here."""
 
-    __slots__ = ("arguments", "call_ids", "failures", "key", "outcome", "outcomes", "tool")
+    __slots__ = ("_failure_key", "arguments", "call_ids", "failures", "key", "outcome", "outcomes", "raw_arguments",
+                 "tool")
 
     def __init__(self, first: ObservedCall) -> None:
         self.tool = first.tool
         self.key = first.key
         self.arguments = first.arguments
+        self.raw_arguments = first.raw_arguments  # as given: a command's operation is read from them when needed
         self.outcomes = {first.outcome}
         self.outcome: tuple[str, ...] = (first.outcome,)  # the outcomes in a stable order: what a streak compares
         self.call_ids = [] if first.call_id is None else [first.call_id]
         self.failures = [first] if first.is_error else []  # its failed calls in the turn (the first few)
+        self._failure_key: str | None = None
+
+    @property
+    def failure_key(self) -> str:
+        """The call as a failure streak knows it: its key, without the flags that force a retry (`--no-verify`,
+        `--force`, `--yes`, `-f`). Worked out on first use: only calls with a failure streak need it."""
+        if self._failure_key is None:
+            plain = without_override_flags(self.tool, self.raw_arguments)
+            self._failure_key = self.key if plain is None else call_key(self.tool, canonical_arguments(plain))
+        return self._failure_key
 
     def merge(self, again: ObservedCall) -> None:
         """The same call again in the turn."""

@@ -1,9 +1,9 @@
 """The tool errors ignored_error weighs: which of a run's failures still stand, and what happened after each.
 
-An error stands until a later success of the same tool on the same target resolves it. Kept with it: how often the
-same call failed, whether the model went on to other calls, whether a later call of another tool reported it (a
-hand-off, a ticket), and the successes that came back beside it. The errors a run leaves standing are kept for the
-next runs of the session.
+An error stands until a later success of the same tool on the same target resolves it (for a command, later successes
+that ran its operations again: `git commit`, `pytest`). Kept with it: how often the same call failed, the operation an
+answer would claim done (`verbs.py`), and whether a later call of another tool reported it (a hand-off, a ticket). The
+errors a run leaves standing are kept for the next runs of the session.
 """
 
 from __future__ import annotations
@@ -15,41 +15,24 @@ from typing import Any
 
 from .answers import FoldedText, free_text_in, names_or_quotes
 from .calls import ObservedCall, observe_call
+from .commands import command_of, operations
 from .config import DetectorConfig, default_config
 from .facts import UnresolvedToolError
 from .identity import call_targets, normal_text
-from .rule import OpenTurn
-
-_MAX_BATCH_RESULTS = 8  # successful results kept per turn while an error of that turn stands
-
+from .verbs import OperationWords, operation_words
 
 # Plain classes with slots rather than dataclasses, for start-up time: calls.py says why.
-
-
-class Batch:
-    """The successful results of a turn that returned an error, kept while an error of that turn is unresolved. Made
-    at the turn's first error (a turn without errors makes none), from the successes the turn had returned so far."""
-
-    __slots__ = ("results", "turn")
-
-    def __init__(self, turn: int) -> None:
-        self.turn = turn
-        self.results: list[tuple[str, Any]] = []  # (tool, its result as given: a reference, no copy)
-
-    def add(self, observed: ObservedCall) -> None:
-        if len(self.results) < _MAX_BATCH_RESULTS and observed.raw_result is not None:
-            self.results.append((observed.tool, observed.raw_result))
 
 
 class UnresolvedError:
     """A failed call no later success has resolved."""
 
-    __slots__ = ("arguments", "batch", "call_id", "error_text", "failures", "first_turn", "key", "moved_on",
-                 "reported", "targets", "turn")
+    __slots__ = ("arguments", "call_id", "error_text", "failures", "first_turn", "how_reported", "key", "operation",
+                 "programs", "reported", "targets", "turn")
 
     def __init__(self, turn: int, call_id: str | None, arguments: str, error_text: str, key: str,
-                 targets: frozenset[str], failures: int = 1, *, moved_on: bool = False, first_turn: int = 0,
-                 batch: Batch | None = None) -> None:
+                 targets: frozenset[str], failures: int = 1, *, first_turn: int = 0,
+                 operation: OperationWords | None = None, programs: frozenset[str] | None = None) -> None:
         self.turn = turn
         self.call_id = call_id
         self.arguments = arguments
@@ -57,16 +40,25 @@ class UnresolvedError:
         self.key = key  # tool + canonical arguments
         self.targets = targets  # identifier-like argument values: what the call acted on
         self.failures = failures  # times this same call failed in the run without a success between
-        self.moved_on = moved_on  # another call in a later turn: the model saw the failure and went on with other work
         self.reported = False  # a later successful call named its target or quoted its error (a ticket, a hand-off)
+        self.how_reported: str | None = None  # set as the run ends: "answer", "model", "handed on" (the facts' word)
         self.first_turn = first_turn  # where this call first failed: anything the model said after that may report it
-        self.batch = batch  # the calls that came back with this failure (a parallel batch)
+        self.operation = operation  # how an answer would state its operation done, if it names one (`verbs.py`)
+        # For a command: the operations it ran (`git commit`, `pytest`) that no later success has run since; None
+        # for a call that runs no command, or one whose code is inline (`python -c`): only the same call resolves it.
+        self.programs = programs
 
-    def resolved_by(self, success_key: str, success_targets: frozenset[str]) -> bool:
+    def resolved_by(self, success_key: str, success_targets: frozenset[str],
+                    success_programs: frozenset[str] = frozenset()) -> bool:
         """A later success resolves the error when it is the same call, or the same operation retried on the same
-        target with a minority of its arguments corrected: more than half of the failed call's targets unchanged."""
+        target with a minority of its arguments corrected: more than half of the failed call's targets unchanged.
+        For a command, the target is its operation: later successes that between them ran every operation of the
+        failed command (`git commit -m "fix"` failed, `git commit -m "fix: parser"` went through) resolve it."""
         if self.key == success_key:
             return True
+        if self.programs is not None:
+            self.programs -= success_programs
+            return not self.programs
         return bool(self.targets) and 2 * len(self.targets & success_targets) > len(self.targets)
 
 
@@ -86,7 +78,6 @@ class ErrorLedger:
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
         self._unresolved: dict[str, _ToolErrors] = {}
-        self._batch: Batch | None = None  # the current turn's successful results, once the turn returned an error
         # Failures of earlier runs of the session still unresolved, the most recent; only the judge reads them.
         self.earlier: deque[tuple[str, UnresolvedError]] = deque(maxlen=config.max_errors_per_tool)
         self.calls_this_run = 0
@@ -100,7 +91,6 @@ class ErrorLedger:
                                  maxlen=self.config.max_errors_per_tool)
         self.calls_this_run = 0
         self._unresolved = {}
-        self._batch = None
 
     def __bool__(self) -> bool:
         """Whether any error of this run stands."""
@@ -116,7 +106,7 @@ class ErrorLedger:
         """The errors of this run that stand, as plain records (the error text only when content may be captured)."""
         content = self.config.capture_content
         return [UnresolvedToolError(tool, _target_of(error), (error.error_text or None) if content else None,
-                                    error.turn, error.call_id, error.failures)
+                                    error.turn, error.call_id, error.failures, error.how_reported)
                 for tool, error in self.standing()]
 
     def uncounted(self) -> int:
@@ -130,17 +120,11 @@ class ErrorLedger:
             "earlier_run_errors": len(self.earlier),
         }
 
-    def observe(self, observed: ObservedCall, open_turn: OpenTurn) -> None:
-        """A call came back: it may move on from, report or resolve standing errors, or be a new one."""
+    def observe(self, observed: ObservedCall) -> None:
+        """A call came back: it may report or resolve standing errors, or be a new one."""
         turn = observed.turn
-        if self._unresolved:
-            self._note_later_call(observed, turn)
         self.calls_this_run += 1
-        if self._batch is not None and self._batch.turn != turn:
-            self._batch = None
         if not observed.is_error:
-            if self._batch is not None:  # this turn already returned an error: its batch keeps this result too
-                self._batch.add(observed)
             if self.earlier:
                 self._resolve_earlier(observed)
             if self._unresolved:
@@ -158,24 +142,22 @@ class ErrorLedger:
             errors.recent.remove(same)
             errors.recent.append(UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
                                                  observed.key, same.targets, same.failures + 1,
-                                                 moved_on=same.moved_on, first_turn=same.first_turn))
+                                                 first_turn=same.first_turn, operation=same.operation,
+                                                 programs=same.programs))
             return
         errors.total += 1
-        if self._batch is None:  # the turn's first error: its batch starts with the successes already returned
-            self._batch = Batch(turn)
-            for earlier in open_turn.calls:
-                if not earlier.is_error:
-                    self._batch.add(earlier)
         errors.recent.append(UnresolvedError(turn, observed.call_id, observed.arguments, observed.error_text,
                                              observed.key, call_targets(observed.raw_arguments), first_turn=turn,
-                                             batch=self._batch))
+                                             operation=operation_words(observed.tool, observed.raw_arguments),
+                                             programs=programs_of(observed.tool, observed.raw_arguments)))
 
     def _resolve(self, observed: ObservedCall) -> None:
         """A success resolves the errors of its tool that it repeats, or retries on the same target."""
         errors = self._unresolved.get(observed.tool)
         if errors is not None:
             targets = call_targets(observed.raw_arguments)
-            kept = [e for e in errors.recent if not e.resolved_by(observed.key, targets)]
+            programs = programs_of(observed.tool, observed.raw_arguments) or frozenset()
+            kept = [e for e in errors.recent if not e.resolved_by(observed.key, targets, programs)]
             errors.total -= len(errors.recent) - len(kept)
             errors.recent = deque(kept, maxlen=self.config.max_errors_per_tool)
             if not kept:
@@ -183,16 +165,11 @@ class ErrorLedger:
 
     def _resolve_earlier(self, observed: ObservedCall) -> None:
         targets = call_targets(observed.raw_arguments)
+        programs = programs_of(observed.tool, observed.raw_arguments) or frozenset()
         kept = [(tool, e) for tool, e in self.earlier
-                if tool != observed.tool or not e.resolved_by(observed.key, targets)]
+                if tool != observed.tool or not e.resolved_by(observed.key, targets, programs)]
         if len(kept) != len(self.earlier):
             self.earlier = deque(kept, maxlen=self.config.max_errors_per_tool)
-
-    def _note_later_call(self, observed: ObservedCall, turn: int) -> None:
-        for errors in self._unresolved.values():
-            for error in errors.recent:
-                if turn > error.turn and observed.key != error.key:
-                    error.moved_on = True
 
     def _note_later_success(self, observed: ObservedCall) -> None:
         """A success of another tool after an error may report the failure: a hand-off or a ticket whose free text
@@ -205,6 +182,19 @@ class ErrorLedger:
                     if text is None:
                         text = FoldedText(free_text_in(observed.raw_arguments))
                     error.reported = names_or_quotes(text, error.targets, error.error_text)
+
+
+def programs_of(tool: str, arguments: object) -> frozenset[str] | None:
+    """The operations a command call runs (`git commit`, `pytest`), what a later success must run again to resolve
+    its failure; None for a call that runs no command, runs none we can name, or runs inline code (`python -c`,
+    `node -e`), which only the same call again resolves."""
+    command = command_of(tool, arguments)
+    if command is None:
+        return None
+    ran = operations(command)
+    if not ran or any(operation.subcommand == "-c" for operation in ran):
+        return None
+    return frozenset(operation.name for operation in ran)
 
 
 def _target_of(error: UnresolvedError) -> str | None:
@@ -232,14 +222,13 @@ class ToolErrorFacts:
     def __init__(self, config: DetectorConfig | None = None) -> None:
         self.config = config if isinstance(config, DetectorConfig) else default_config()
         self._ledger = ErrorLedger(self.config)
-        self._turn = OpenTurn()  # never filled: the batch an error came in is the rules' business
 
     def observe(self, call: Any) -> None:
         """A tool call came back (a `ToolCall`, or anything with its fields)."""
         if not self._ledger and not getattr(call, "is_error", False):
             return  # a success with no error standing changes nothing here: not even reduced
         turn = getattr(call, "turn", 0)
-        self._ledger.observe(observe_call(call, turn if isinstance(turn, int) else 0, self.config, 0), self._turn)
+        self._ledger.observe(observe_call(call, turn if isinstance(turn, int) else 0, self.config, 0))
 
     def unresolved_errors(self) -> list[UnresolvedToolError]:
         return self._ledger.unresolved()

@@ -2,6 +2,11 @@
 
 The model rephrasing calls to a tool that is itself broken, or guessing ids that do not exist. It stays quiet where
 repeated_call already covers all of that tool's calls in the turn, or while a cycle is active.
+
+A tool that runs commands (`bash`, `execute_bash`) is no one operation: its commands are. For such a tool the rule
+follows each operation (`pip install`, `git push`, `pytest`; `commands.py`) on its own, so that a grep finding
+nothing, a reproduction script failing on purpose and a test run with a failing test are three things, not one tool
+failing three times.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from .calls import ERROR_ONLY, TurnCall
+from .commands import command_of, operations
 from .config import DetectorConfig
 from .cycle import CycleRule
 from .repeated_call import RepeatedCallRule
@@ -19,10 +25,11 @@ from .types import FAILING_TOOL, Anomaly, StreakStart
 class _FailingToolStreak:
     """A tool whose every call failed in consecutive turns (a plain class, for start-up time: calls.py says why)."""
 
-    __slots__ = ("call_ids", "count", "first_key", "start_turn", "tool", "varied")
+    __slots__ = ("call_ids", "count", "first_key", "operation", "start_turn", "tool", "varied")
 
-    def __init__(self, tool: str, start_turn: int, first_key: str, call_ids: deque[str]) -> None:
+    def __init__(self, tool: str, start_turn: int, first_key: str, call_ids: deque[str], operation: str = "") -> None:
         self.tool = tool
+        self.operation = operation  # for a tool that runs commands, the operation followed ("pip install")
         self.start_turn = start_turn
         self.count = 0
         self.first_key = first_key
@@ -38,7 +45,8 @@ class FailingToolRule(Rule):
         self.config = config
         self._repeated = repeated
         self._cycle = cycle
-        self._streaks: dict[str, _FailingToolStreak] = {}  # tools that failed in the last closed turn only
+        # tools (and a command tool's operations) that failed in the last closed turn only
+        self._streaks: dict[tuple[str, str], _FailingToolStreak] = {}
 
     def begin_run(self) -> None:
         self._streaks = {}
@@ -49,21 +57,21 @@ class FailingToolRule(Rule):
         if not turn.failed:
             self._streaks = {}  # no call failed in this turn: every tool's streak ends here
             return []
-        by_tool: dict[str, list[TurnCall]] = {}
+        by_tool: dict[tuple[str, str], list[TurnCall]] = {}
         for call in calls.values():
-            by_tool.setdefault(call.tool, []).append(call)
-        streaks: dict[str, _FailingToolStreak] = {}
+            by_tool.setdefault((call.tool, _operation_of(call)), []).append(call)
+        streaks: dict[tuple[str, str], _FailingToolStreak] = {}
         fired: list[Anomaly] = []
         repeating_keys = self._repeated.repeating_keys
-        for tool, tool_calls in by_tool.items():
+        for (tool, operation), tool_calls in by_tool.items():
             if any(c.outcomes != ERROR_ONLY for c in tool_calls):
                 continue  # a success (or no failure) in this turn ends the tool's streak
-            streak = self._streaks.get(tool) or _FailingToolStreak(
-                tool, turn.number, tool_calls[0].key, deque(maxlen=self.config.max_call_ids))
+            streak = self._streaks.get((tool, operation)) or _FailingToolStreak(
+                tool, turn.number, tool_calls[0].key, deque(maxlen=self.config.max_call_ids), operation)
             streak.count += 1
             streak.varied = streak.varied or any(c.key != streak.first_key for c in tool_calls)
             streak.call_ids.extend(i for c in tool_calls for i in c.call_ids)
-            streaks[tool] = streak
+            streaks[tool, operation] = streak
             covered = all(c.key in repeating_keys for c in tool_calls) or self._cycle.active
             if threshold and streak.count >= threshold and streak.varied and not covered:
                 fired.append(self._anomaly(turn.number, streak))
@@ -77,6 +85,11 @@ class FailingToolRule(Rule):
         }
 
     def _anomaly(self, turn: int, streak: _FailingToolStreak) -> Anomaly:
+        if streak.operation:
+            what = f"{streak.tool} running `{streak.operation}`" if self.config.capture_content else streak.tool
+            name = f"{streak.tool}:{streak.operation}"
+        else:
+            what = name = streak.tool
         return Anomaly(
             type=FAILING_TOOL,
             turn=turn,
@@ -84,9 +97,17 @@ class FailingToolRule(Rule):
             arguments=None,
             call_ids=tuple(streak.call_ids),
             count=streak.count,
-            message=(f"{streak.tool} failed on every call for {streak.count} turns running, with "
+            message=(f"{what} failed on every call for {streak.count} turns running, with "
                      "varying arguments; the tool itself may be broken (credentials, a service "
                      "down, wrong usage): stop retrying it, use another tool, or report the error."),
-            streak=f"failing_tool:{streak.tool}@t{streak.start_turn}",
+            streak=f"failing_tool:{name}@t{streak.start_turn}",
             streak_start=StreakStart(streak.start_turn),
         )
+
+
+def _operation_of(call: TurnCall) -> str:
+    """For a call that runs a command, the operations it runs (`pip install`, `git push+pytest`); "" otherwise."""
+    command = command_of(call.tool, call.raw_arguments)
+    if command is None:
+        return ""
+    return "+".join(operation.name for operation in operations(command)) or "?"

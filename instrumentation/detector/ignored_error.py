@@ -20,19 +20,19 @@ from .answers import (
     FoldedText,
     answer_addresses,
     asks_about,
-    draws_on,
     echoes_error,
     fold,
     names_or_quotes,
-    states_operation,
 )
 from .calls import ObservedCall
+from .claims import admits, claiming_sentences
 from .config import DetectorConfig
 from .errors import ErrorLedger, UnresolvedError
 from .identity import shorten
 from .judge import JudgeRequest, Judging
 from .rule import OpenTurn, Rule, RunEnd
 from .types import IGNORED_ERROR, Anomaly, StreakStart
+from .verbs import success_keys
 
 _MAX_SAID_TURNS = 32  # texts beside tool calls kept per run, the most recent
 _MAX_SUCCEEDED_TOOLS = 256  # tools with a success this run, kept to tell whose operation a statement may be about
@@ -48,6 +48,11 @@ EARLIER_RUN = ("a judge said so: an earlier run of this conversation left it sta
 
 Ignored = list[tuple[str, UnresolvedError]]  # (tool, error), oldest first
 
+# How a standing error was reported (`UnresolvedToolError.reported`).
+IN_THE_ANSWER = "answer"
+BY_THE_MODEL = "model"
+HANDED_ON = "handed on"
+
 
 class IgnoredErrorRule(Rule):
     """Keeps the run's errors (`ErrorLedger`), what the model said beside its calls and which tools succeeded; gives
@@ -60,6 +65,7 @@ class IgnoredErrorRule(Rule):
         self._said: deque[tuple[int, str]] = deque(maxlen=_MAX_SAID_TURNS)  # what the model told the user, by turn
         self._succeeded: set[str] = set()  # tools that succeeded this run (on any target)
         self._ending_reasons = config.ending_reasons
+        self._passed_over: list[UnresolvedError] = []  # the errors the run's ignored_error found passed over
 
     def begin_run(self) -> None:
         self._errors.begin_run()
@@ -67,9 +73,11 @@ class IgnoredErrorRule(Rule):
         self._succeeded.clear()
 
     def observe(self, call: ObservedCall, turn: OpenTurn) -> None:
-        self._errors.observe(call, turn)
+        self._errors.observe(call)
         if not call.is_error and len(self._succeeded) < _MAX_SUCCEEDED_TOOLS:
-            self._succeeded.add(call.tool)
+            # By tool, and by what it did: a command's operation ("family:test" for any test runner), so that a
+            # statement that may be about that success is not taken for a failed call of the same operation.
+            self._succeeded.update(success_keys(call.tool, call.raw_arguments))
 
     def model_said(self, turn: int, text: str) -> None:
         self._said.append((turn, text if len(text) <= _MAX_SAID_CHARS else shorten(text, _MAX_SAID_CHARS)))
@@ -78,6 +86,13 @@ class IgnoredErrorRule(Rule):
         return {**self._errors.container_sizes(), "succeeded_tools": len(self._succeeded)}
 
     def end_run(self, end: RunEnd) -> list[Anomaly]:
+        self._passed_over = []
+        fired = self._verdict(end)
+        if self._errors:
+            self._note_reports(end.final_text, {id(e) for e in self._passed_over})
+        return fired
+
+    def _verdict(self, end: RunEnd) -> list[Anomaly]:
         if end.stop_reason not in self._ending_reasons:
             return []  # max_tokens, refusal, limits: already failures with their own status
         if self._errors:
@@ -85,6 +100,28 @@ class IgnoredErrorRule(Rule):
         if self._errors.earlier and not self._errors.calls_this_run:
             return self._judge_earlier_errors(end)
         return []
+
+    def _note_reports(self, text: str | None, passed_over: set[int]) -> None:
+        """How each standing error was reported, for the run's facts (`UnresolvedToolError.reported`): in the final
+        answer, by the model beside a later call, or handed on by a later call of another tool; None for one that
+        nothing addressed, and for every error of a run whose answer the rule found passing over them."""
+        answer = FoldedText(fold(_scanned(text))) if text else None
+        said = [(turn, words, FoldedText(fold(words))) for turn, words in self._said]
+        for tool, error in self._errors.standing():
+            if id(error) in passed_over:
+                error.how_reported = None
+            elif error.reported:
+                error.how_reported = HANDED_ON
+            elif answer is not None and self._states_failure(tool, error, text or "", answer):
+                error.how_reported = IN_THE_ANSWER
+            elif any(turn > error.first_turn and self._states_failure(tool, error, words, folded)
+                     for turn, words, folded in said):
+                error.how_reported = BY_THE_MODEL
+
+    def _states_failure(self, tool: str, error: UnresolvedError, text: str, folded: FoldedText) -> bool:
+        """Whether a text tells of the failure: names its target, quotes or echoes its error, or admits it."""
+        return (self._names_or_echoes(tool, error, folded)
+                or (error.operation is not None and admits(_scanned(text), error.operation)))
 
     def _judge_run(self, end: RunEnd) -> list[Anomaly]:
         """Sorts every standing error by the evidence against it, then fires on the strongest (a judge, if any, may
@@ -107,12 +144,16 @@ class IgnoredErrorRule(Rule):
             claimed.sort(key=lambda item: item[1].turn)
             ignored = unexplained + claimed  # the evidenced ones last: the judge is shown the most recent of them
             anomaly = self._anomaly(end, ignored, CLAIMED_DONE)
-            return [anomaly] if self._judge_says(anomaly, ignored, text) is not False else []
+            return self._fired(anomaly, ignored) if self._judge_says(anomaly, ignored, text) is not False else []
         if unexplained:
             evidence = RETRIED_AND_MOVED_ON if any(_retried(e) for _, e in unexplained) else JUDGE_SAID_SO
             anomaly = self._anomaly(end, unexplained, evidence)
-            return [anomaly] if self._judge_says(anomaly, unexplained, text) is True else []
+            return self._fired(anomaly, unexplained) if self._judge_says(anomaly, unexplained, text) is True else []
         return []
+
+    def _fired(self, anomaly: Anomaly, ignored: Ignored) -> list[Anomaly]:
+        self._passed_over = [error for _, error in ignored]
+        return [anomaly]
 
     def _judge_earlier_errors(self, end: RunEnd) -> list[Anomaly]:
         """A run that called no tool and answered while a failure of an earlier run of the session stands: the user
@@ -132,42 +173,41 @@ class IgnoredErrorRule(Rule):
 
     def _claims_done(self, tool: str, error: UnresolvedError, text: str | None, answer: FoldedText | None,
                      said: list[tuple[int, FoldedText]]) -> bool:
-        """Whether the answer states the failed operation as done, after the model had seen the failure.
+        """Whether the answer states the failed operation as done (`claims.py`): one of its statements says the
+        operation was done, in the past or perfect tense or as a state ("committed", "booked", "deployed", "all tests
+        pass", "the suite is green"), with no negation, no modal or future, no condition; and nothing the model said
+        after the failure admits it (a word of failure, a negation beside the operation), names its target, quotes
+        its error or echoes its words beyond the operation's own, and no question of the answer asks about it.
 
-        One of its statements (a sentence without a question mark) names the operation by the words of the tool's
-        name without echoing the error, and nothing the model said after the call last failed names its target or
-        quotes its error; and the model had seen the failure before it answered, in one of two ways:
-        - the failure came back beside other results and the answer draws on them (`draws_on`): here a question
-          elsewhere in the answer does not count, since asking about the next step does not undo a statement that
-          the failed step was done;
-        - it retried the call, or went on to other calls, and the answer asks the user nothing.
-        A failure right before an answer that asks nothing and is not built on results beside it is left to the
-        judge: on the recorded runs such answers were plans or admissions in the model's own words.
-
-        A tool that also succeeded in the run (on another target: one of several candidate ids, another file) is
-        left out: the statement may be about that success. Text written before the last failure does not count: a
-        report of an earlier attempt is not a report of how the retries ended."""
-        if text is None or answer is None or tool in self._succeeded:
+        After a single failure as after a retry: a plan ("I will commit"), an admission ("I wasn't able to commit"),
+        a question or a stop notice never claims. A call whose operation also succeeded in the run (on another
+        target, another command of the same family) is left out: the statement may be about that success."""
+        operation = error.operation
+        if text is None or answer is None or operation is None:
             return False
-        if asks_about(text, tool, error.targets):
-            return False  # asking about the operation hands the decision back: it presents nothing as done
-        # A sentence that repeats a word the error used, beyond the operation's own words (the tool's name and its
-        # arguments' names), says how the operation went ("the tests still fail"), even when that word is also one
-        # of the values the call sent (`run_tests(only="failed")`).
-        if not states_operation(text, tool, error.error_text, f"{tool} {_argument_names(error.arguments)}"):
+        if not operation.keys.isdisjoint(self._succeeded):
+            return False
+        scanned = _scanned(text)
+        claims = claiming_sentences(scanned, operation)
+        if not claims or asks_about(text, tool, error.targets):
+            return False
+        later = [(turn, words) for turn, words in self._said if turn > error.turn]
+        if admits(scanned, operation) or any(admits(words, operation) for _, words in later):
             return False
         after = [answer, *(folded for turn, folded in said if turn > error.turn)]
         if any(names_or_quotes(folded, error.targets, error.error_text) for folded in after):
             return False
-        if error.batch is not None and draws_on(text, [result for _, result in error.batch.results]):
-            return True  # a question about the next step does not undo a statement that this one was done
-        return (_retried(error) or error.moved_on) and not _asks(answer)
+        # A statement that repeats a word only the error used says how the operation went ("the tests still fail"
+        # after "FAILED ..."); the operation's own words ("tests" after a failed `pytest tests/`) do not count.
+        attempted = " ".join((tool, error.arguments, *operation.words, *operation.done))
+        return any(not echoes_error(FoldedText(fold(claim)), error.error_text, attempted) for claim in claims)
 
     def _reports(self, tool: str, error: UnresolvedError, text: str | None, answer: FoldedText | None,
                  said: list[tuple[int, FoldedText]]) -> bool:
         """Whether anything the model said after it first saw the failure (the final answer, or text beside later
         tool calls) deals with it: asks the user, names the target, quotes the error or echoes its words."""
-        if answer is not None and (answer_addresses(text, error.targets) or self._names_or_echoes(tool, error, answer)):
+        if answer is not None and (answer_addresses(text, error.targets)
+                                   or self._states_failure(tool, error, text or "", answer)):
             return True
         return any(turn > error.first_turn and (_asks(folded) or self._names_or_echoes(tool, error, folded))
                    for turn, folded in said)

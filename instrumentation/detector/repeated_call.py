@@ -42,25 +42,80 @@ class _CallStreak:
         self.streak: str | None = None  # set at first firing so a growing streak keeps its key
 
 
-class _FailureRun:
-    """One canonical call's recent failures (turn sequence numbers), for repeats with other calls between."""
+class _Failure:
+    """One turn in which a call failed: where, and which failure it was (its group in the call's failure run)."""
 
-    __slots__ = ("arguments", "call_ids", "last_failures", "reported_in", "runs", "seqs", "streak", "tool", "turns")
+    __slots__ = ("calls", "group", "run", "seq", "signatures", "turn")
+
+    def __init__(self, seq: int, turn: int, run: int, calls: list[ObservedCall], group: int) -> None:
+        self.seq = seq
+        self.turn = turn
+        self.run = run  # which run of the session it was in
+        self.calls = calls  # its failed calls, until their errors are compared
+        self.signatures: set[str] | None = None
+        self.group = group
+
+    def digests(self) -> set[str]:
+        """What its errors were (`error_digests`), worked out on first use: a failure is compared with the others
+        only when the same call fails again after other calls."""
+        if self.signatures is None:
+            self.signatures = error_digests(self.calls)
+            self.calls = []
+        return self.signatures
+
+
+class _Group:
+    """The failures of one call that were the same failure: one streak."""
+
+    __slots__ = ("reported_in", "streak")
+
+    def __init__(self) -> None:
+        self.streak: str | None = None
+        self.reported_in: int | None = None  # the run of the session that first reported this streak (either way)
+
+
+class _FailureRun:
+    """One call's recent failures (within `repeat_window` turns, no success of it between), each in the group of the
+    same failure seen before in the run: a failure that comes back after a different one counts with its kind."""
+
+    __slots__ = ("arguments", "call_ids", "failures", "groups", "next_group", "tool")
 
     def __init__(self, tool: str, arguments: str, max_call_ids: int) -> None:
         self.tool = tool
         self.arguments = arguments
-        self.seqs: deque[int] = deque()
-        self.turns: deque[int] = deque()
-        self.runs: deque[int] = deque()  # which run of the session each failure was in
+        self.failures: deque[_Failure] = deque()
+        self.groups: dict[int, _Group] = {}
+        self.next_group = 0
         self.call_ids: deque[str] = deque(maxlen=max_call_ids)
-        self.last_failures: list[ObservedCall] = []  # its latest failed calls: compared with the next ones' errors
-        self.streak: str | None = None
-        self.reported_in: int | None = None  # the run of the session that first reported this streak (either way)
+
+    def add(self, seq: int, turn: int, run: int, calls: list[ObservedCall], oldest: int) -> _Failure:
+        """A new failure: the same failure as the one before it when it came in the very next turn (the text does not
+        matter there: nothing changed between), else as the most recent earlier one with an error in common (after
+        the same `failure_signature`), else a new one."""
+        while self.failures and self.failures[0].seq < oldest:
+            self.failures.popleft()
+        failure = _Failure(seq, turn, run, calls, -1)
+        previous = self.failures[-1] if self.failures else None
+        if previous is not None and seq - previous.seq == 1:
+            failure.group = previous.group
+        else:
+            mine = failure.digests()
+            failure.group = next((f.group for f in reversed(self.failures) if not mine.isdisjoint(f.digests())), -1)
+        if failure.group < 0:
+            failure.group = self.next_group
+            self.next_group += 1
+        self.failures.append(failure)
+        live = {f.group for f in self.failures}
+        self.groups = {g: state for g, state in self.groups.items() if g in live}
+        return failure
+
+    def members(self, group: int) -> list[_Failure]:
+        return [f for f in self.failures if f.group == group]
 
     def continued_in(self, run: int) -> bool:
-        """Whether this streak was already reported in a run of the session before `run`."""
-        return self.reported_in is not None and self.reported_in < run
+        """Whether the streak of its latest failure was already reported in a run of the session before `run`."""
+        state = self.groups.get(self.failures[-1].group) if self.failures else None
+        return state is not None and state.reported_in is not None and state.reported_in < run
 
 
 class RepeatedCallRule(Rule):
@@ -142,7 +197,8 @@ class RepeatedCallRule(Rule):
         # A call failing here whose failures an earlier run of the session reported is that streak going on: its
         # failure run reports it (one key, the count across runs), not a new consecutive streak.
         self._carried_keys = {s.key for s in firing if s.outcome == (ERROR_OUTCOME,)
-                              and (run := self._failures.get(s.key)) is not None and run.continued_in(turn.run)}
+                              and (run := self._failures.get(turn.calls[s.key].failure_key)) is not None
+                              and run.continued_in(turn.run)}
         if self._carried_keys:
             firing = [s for s in firing if s.key not in self._carried_keys]
         if reported_before:  # reported before they ran, in this turn, with this count: not again
@@ -189,71 +245,61 @@ class RepeatedCallRule(Rule):
         cfg = self.config
         oldest = turn.seq - cfg.repeat_window + 1
         fired: list[Anomaly] = []
+        counted: set[str] = set()  # `git commit` and `git commit --no-verify` in one turn: one failure of one call
         for key, call in turn.calls.items():
-            if call.outcomes != ERROR_ONLY:
-                self._failures.pop(key, None)  # it worked (or did something else): no longer failing
+            if call.outcomes != ERROR_ONLY:  # it worked (or did something else): no longer failing
+                if self._failures:
+                    self._failures.pop(key, None)
+                    if call.failure_key != key:
+                        self._failures.pop(call.failure_key, None)
                 continue
-            run = self._failures.pop(key, None)
-            if run is not None and _made_progress(run, turn.seq, call.failures):
-                run = None  # a new error after other calls (an edit between test runs): a new streak starts here
-            if run is None:
-                run = _FailureRun(call.tool, call.arguments, cfg.max_call_ids)
-            self._failures[key] = run  # most recently failing last
-            run.last_failures = call.failures
-            run.seqs.append(turn.seq)
-            run.turns.append(turn.number)
-            run.runs.append(turn.run)
+            failure_key = call.failure_key
+            if failure_key in counted:
+                continue
+            counted.add(failure_key)
+            run = self._failures.pop(failure_key, None) or _FailureRun(call.tool, call.arguments, cfg.max_call_ids)
+            self._failures[failure_key] = run  # most recently failing last
             run.call_ids.extend(call.call_ids)
-            while run.seqs and run.seqs[0] < oldest:
-                run.seqs.popleft()
-                run.turns.popleft()
-                run.runs.popleft()
-            if len(run.seqs) < max(cfg.repeat_threshold, 2):  # a first failure is no repeat, whatever the threshold
-                if len(run.seqs) == 1:
-                    run.streak = run.reported_in = None  # the earlier failures left the window: a new streak
+            failure = run.add(turn.seq, turn.number, turn.run, call.failures, oldest)
+            members = run.members(failure.group)
+            state = run.groups.setdefault(failure.group, _Group())
+            if len(members) < max(cfg.repeat_threshold, 2):  # a first failure is no repeat, whatever the threshold
+                if len(members) == 1:
+                    state.streak = state.reported_in = None  # the earlier failures left the window: a new streak
                 continue
             if key in self.repeating_keys and key not in self._carried_keys:
                 # consecutive turns: the streak reports it; remember its key, and that it was reported
                 streak = self._streaks.get(key)
-                run.streak = streak.streak if streak is not None else run.streak
-                run.reported_in = turn.run if run.reported_in is None else run.reported_in
+                state.streak = streak.streak if streak is not None else state.streak
+                state.reported_in = turn.run if state.reported_in is None else state.reported_in
                 continue
-            if run.streak is None:
-                run.streak = f"repeated_call:{call.tool}:{key_id(key)}@t{run.turns[0]}"
-            continued = run.continued_in(turn.run)
-            if run.reported_in is None:
-                run.reported_in = turn.run
-            fired.append(self._failure_run_anomaly(turn.number, run, continued))
-        for stale in [k for k, r in self._failures.items() if r.seqs[-1] < oldest]:
+            if state.streak is None:
+                state.streak = f"repeated_call:{call.tool}:{key_id(failure_key)}@t{members[0].turn}"
+            continued = state.reported_in is not None and state.reported_in < turn.run
+            if state.reported_in is None:
+                state.reported_in = turn.run
+            fired.append(self._failure_run_anomaly(turn.number, run, members, state, continued))
+        for stale in [k for k, r in self._failures.items() if r.failures[-1].seq < oldest]:
             del self._failures[stale]
         while len(self._failures) > cfg.max_tools_with_errors * cfg.max_errors_per_tool:
             del self._failures[next(iter(self._failures))]
         return fired
 
-    def _failure_run_anomaly(self, turn: int, run: _FailureRun, continued: bool) -> Anomaly:
-        count = len(run.seqs)
+    def _failure_run_anomaly(self, turn: int, run: _FailureRun, members: list[_Failure], state: _Group,
+                             continued: bool) -> Anomaly:
+        count = len(members)
         what = describe_call(run.tool, run.arguments, self.config.capture_content)
         return Anomaly(
             type=REPEATED_CALL, turn=turn, tool=run.tool,
             arguments=run.arguments if self.config.capture_content else None,
             call_ids=tuple(run.call_ids)[-self.config.max_call_ids:], count=count,
-            message=(f"{what} failed {count} times in the last {self.config.repeat_window} turns ({_where(run)}), with "
-                     "other calls between; retrying unchanged will not help: fix the arguments, use another tool, "
-                     "or tell the user what is failing."),
-            streak=run.streak or f"repeated_call:{run.tool}@t{run.turns[0]}",
+            message=(f"{what} failed the same way {count} times in the last {self.config.repeat_window} turns "
+                     f"({_where(members)}), with other calls between; retrying unchanged will not help: fix the "
+                     "arguments, use another tool, or tell the user what is failing."),
+            streak=state.streak or f"repeated_call:{run.tool}@t{members[0].turn}",
             continued=continued,
-            streak_start=StreakStart(run.turns[0], run.runs[0]),
+            streak_start=StreakStart(members[0].turn, members[0].run),
         )
-
-
-def _made_progress(run: _FailureRun, seq: int, failures: list[ObservedCall]) -> bool:
-    """Whether a failure after other calls came back with a new error (no digest in common with the last failure's):
-    what came between changed something.
-
-    Consecutive failures keep the rule of consecutive turns (the error text does not matter); an unknown error text
-    ("" digest, a trace without results) is no evidence of progress.
-    """
-    return seq - run.seqs[-1] > 1 and not (error_digests(failures) & error_digests(run.last_failures))
 
 
 def _group_streaks(firing: list[_CallStreak]) -> list[list[_CallStreak]]:
@@ -272,8 +318,9 @@ def _streak_key(group: list[_CallStreak]) -> str:
     return f"repeated_call:batch:{members}@t{group[0].start_turn}"
 
 
-def _where(run: _FailureRun) -> str:
-    """The turns of a failure run, or how many runs of the session it spans."""
-    if len(set(run.runs)) == 1:
-        return "turns " + ", ".join(str(t) for t in run.turns)
-    return f"across {len(set(run.runs))} runs of this session"
+def _where(members: list[_Failure]) -> str:
+    """The turns of a failure streak, or how many runs of the session it spans."""
+    runs = {f.run for f in members}
+    if len(runs) == 1:
+        return "turns " + ", ".join(str(f.turn) for f in members)
+    return f"across {len(runs)} runs of this session"

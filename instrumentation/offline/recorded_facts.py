@@ -38,7 +38,8 @@ def recorded_unresolved_errors(root: StoredSpan) -> tuple[int, list[UnresolvedTo
                 tool=str(a.get(sc.GEN_AI_TOOL_NAME) or "?"), target=_optional_text(a.get(sc.UNRESOLVED_TARGET)),
                 error=_optional_text(a.get(sc.UNRESOLVED_ERROR)), turn=as_count(a.get(sc.UNRESOLVED_TURN)),
                 call_id=_optional_text(a.get(sc.GEN_AI_TOOL_CALL_ID)),
-                failures=max(as_count(a.get(sc.UNRESOLVED_FAILURES)), 1)))
+                failures=max(as_count(a.get(sc.UNRESOLVED_FAILURES)), 1),
+                reported=_optional_text(a.get(sc.UNRESOLVED_REPORTED))))
     return max(as_count(count), len(found)), found
 
 

@@ -57,12 +57,14 @@ MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _OWN_KEYS = frozenset({
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_CALL_ARGUMENTS,
     sc.GEN_AI_TOOL_CALL_RESULT, sc.TOOL_ARGUMENTS_DIGEST, sc.TOOL_RESULT_DIGEST, sc.TOOL_IS_ERROR, sc.ERROR_TYPE,
+    sc.TOOL_OUTCOME,
     sc.STOP_REASON, sc.GEN_AI_RESPONSE_FINISH_REASONS, sc.GEN_AI_OUTPUT_MESSAGES, sc.RUN_STATUS,
     sc.GEN_AI_CONVERSATION_ID, sc.GEN_AI_RESPONSE_ID,
 })
 # ... and what the readers of other producers' spans need (readers.py), indexed attributes by prefix.
 DETECTION_KEYS = KeySelection(_OWN_KEYS | USAGE_KEYS | FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES)
 _STOP_LIKE = frozenset({"stop", "end_turn"})
+REJECTED = "rejected"  # the `looptrace.tool.outcome` of a call a person or an approver rejected
 
 
 # Plain classes with slots rather than dataclasses: defining a dataclass costs about a millisecond at import, which
@@ -416,7 +418,10 @@ def _call_of(span: Any) -> _Call:
     digest = a.get(sc.TOOL_RESULT_DIGEST)
     if digest is None and sc.GEN_AI_TOOL_CALL_RESULT in a:
         digest = result_digest(str(a[sc.GEN_AI_TOOL_CALL_RESULT]))
-    is_error = bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a
+    # A person's (or an approver's) rejection is a decision, not a failure the model could leave unresolved: the live
+    # loop feeds it to its detector as an answer (docs/approvals.md), and so does this reading of its span.
+    is_error = (bool(a.get(sc.TOOL_IS_ERROR)) or span.status_code == 2 or sc.ERROR_TYPE in a) \
+        and a.get(sc.TOOL_OUTCOME) != REJECTED
     return _Call(start_ns=span.start_ns, tool=str(a.get(sc.GEN_AI_TOOL_NAME) or span.name), arguments=raw_arguments,
                  call_id=a.get(sc.GEN_AI_TOOL_CALL_ID), is_error=is_error, result_digest=digest,
                  result=a.get(sc.GEN_AI_TOOL_CALL_RESULT), span_id=str(getattr(span, "span_id", "") or ""))

@@ -113,6 +113,8 @@ UNRESOLVED_TURN = "looptrace.unresolved_tool_error.turn"
 UNRESOLVED_FAILURES = "looptrace.unresolved_tool_error.failures"
 UNRESOLVED_TARGET = "looptrace.unresolved_tool_error.target"  # content: only when content is captured
 UNRESOLVED_ERROR = "looptrace.unresolved_tool_error.error"  # content, secrets redacted: only when captured
+# How the model dealt with it, when it did: "answer", "model" (beside a later call), "handed on" (a later call)
+UNRESOLVED_REPORTED = "looptrace.unresolved_tool_error.reported"
 RUN_USAGE_INPUT_TOKENS = "looptrace.usage.input_tokens"  # Anthropic's input_tokens, cache excluded
 RUN_USAGE_OUTPUT_TOKENS = "looptrace.usage.output_tokens"
 RUN_USAGE_CACHE_READ_TOKENS = "looptrace.usage.cache_read_input_tokens"

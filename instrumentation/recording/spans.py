@@ -408,6 +408,8 @@ class RunSpan:
                                      sc.UNRESOLVED_FAILURES: e.failures}
             if e.call_id:
                 event[sc.GEN_AI_TOOL_CALL_ID] = e.call_id
+            if e.reported:
+                event[sc.UNRESOLVED_REPORTED] = e.reported
             if content and e.target:
                 event[sc.UNRESOLVED_TARGET] = cap(e.target, 1024)
             if content and e.error:

@@ -57,16 +57,35 @@ def plural_of(noun: str) -> str:
     return noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"
 
 
-def unresolved_line(errors: Sequence[Any], *, total: int | None = None, most: int = 5) -> str | None:
-    """``1 tool error left unresolved: reserve_equipment(EQ-001) at turn 2: 'EQ-001 is out of stock'``: the tool
-    errors a run left standing (``UnresolvedToolError`` records), the most recent ``most`` of them; ``total`` when
-    more stood than are given. None for none."""
-    total = max(total or 0, len(errors))
-    if not total:
-        return None
-    shown = [e.describe() for e in errors[-most:]]
-    more = f"({total - len(shown)} earlier not shown) " if total > len(shown) else ""
-    return f"{plural(total, 'tool error')} left unresolved: {more}{'; '.join(shown)}".rstrip(": ")
+# How the model dealt with a tool error it left standing (`UnresolvedToolError.reported`), as the CLI says it.
+REPORTED_HOW = {"answer": "reported in the answer", "model": "reported by the model before it answered",
+                "handed on": "handed on by a later call"}
+
+
+def unresolved_lines(errors: Sequence[Any], *, total: int | None = None, most: int = 5) -> list[str]:
+    """What became of the tool errors a run left standing, one line per fate: those the model reported (``1 tool
+    error, reported in the answer: reserve_equipment(EQ-001) at turn 2: ...``), then those nothing addressed (``...
+    left unresolved: ...``), each with the most recent ``most``. ``total`` when more stood than are given: the ones
+    not given are counted as left unresolved (their fate was not recorded)."""
+    lines = []
+    for how, said in REPORTED_HOW.items():
+        reported = [e for e in errors if getattr(e, "reported", None) == how]
+        if reported:
+            shown = [e.describe() for e in reported[-most:]]
+            more = f"({len(reported) - len(shown)} earlier not shown) " if len(reported) > len(shown) else ""
+            lines.append(f"{plural(len(reported), 'tool error')}, {said}: {more}{'; '.join(shown)}")
+    left = [e for e in errors if getattr(e, "reported", None) not in REPORTED_HOW]
+    count = len(left) + max((total or 0) - len(errors), 0)
+    if count:
+        shown = [e.describe() for e in left[-most:]]
+        more = f"({count - len(shown)} earlier not shown) " if count > len(shown) else ""
+        lines.append(f"{plural(count, 'tool error')} left unresolved: {more}{'; '.join(shown)}".rstrip(": "))
+    return lines
+
+
+def left_unresolved(errors: Sequence[Any]) -> int:
+    """How many of a run's standing tool errors nothing addressed (the others the model reported)."""
+    return sum(1 for e in errors if getattr(e, "reported", None) not in REPORTED_HOW)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from looptrace.cli.common import plural, unresolved_line
+from looptrace.cli.common import left_unresolved, plural, unresolved_lines
 from looptrace.cli.exit_codes import EXIT_OK
 from looptrace.cli.trace_reading import LineReporter, spans_by_line, trace_file_of
 from looptrace.instrumentation.tracefile.read import (
@@ -36,13 +36,15 @@ def detect_command(args: argparse.Namespace) -> int:
     from looptrace.instrumentation.offline.trace_detect import detect_spans
 
     path, max_line_bytes = trace_file_of(args)
-    found = unresolved = runs_unresolved = runs = 0
+    found = unresolved = runs_unresolved = reported = runs = 0
     with LineReporter(path, max_line_bytes) as report:
         for verdict in detect_spans(detection_spans(path, report)):
             runs += 1
             found += len(verdict.anomalies)
-            if verdict.unresolved_errors:
-                unresolved += len(verdict.unresolved_errors)
+            unaddressed = left_unresolved(verdict.unresolved_errors)
+            reported += len(verdict.unresolved_errors) - unaddressed
+            if unaddressed:
+                unresolved += unaddressed
                 runs_unresolved += 1
             # A run is shown for its anomalies, or for the tool errors it left unresolved (a fact, not a finding).
             if not verdict.anomalies and not verdict.unresolved_errors and not args.all:
@@ -53,7 +55,8 @@ def detect_command(args: argparse.Namespace) -> int:
     if not args.json:
         left = (f"; {plural(unresolved, 'tool error')} left unresolved in {plural(runs_unresolved, 'run')}"
                 if unresolved else "")
-        print(f"{plural(found, 'anomaly')} found in {path}{left}", file=sys.stderr)
+        told = f"; {plural(reported, 'tool error')} reported by the model" if reported else ""
+        print(f"{plural(found, 'anomaly')} found in {path}{left}{told}", file=sys.stderr)
     return 1 if found else EXIT_OK
 
 
@@ -64,7 +67,10 @@ def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
         write(json.dumps(verdict.to_dict(), ensure_ascii=False) + "\n")
         return
     errors = getattr(verdict, "unresolved_errors", None) or []
-    left = f", {plural(len(errors), 'unresolved tool error')}" if errors else ""
+    unaddressed = left_unresolved(errors)
+    left = f", {plural(unaddressed, 'unresolved tool error')}" if unaddressed else ""
+    if len(errors) > unaddressed:
+        left += f", {plural(len(errors) - unaddressed, 'reported tool error')}"
     loop_cost = getattr(verdict, "loop_cost", None)
     spent = f" (loops cost {loop_cost.summary()})" if loop_cost is not None else ""
     write(f"{verdict.trace_id}  {verdict.name}  [{verdict.status or '?'}]  {plural(verdict.turns, 'turn')}, "
@@ -73,8 +79,7 @@ def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
         tool = f" {anomaly.tool}" if anomaly.tool else ""
         cost = f" ({anomaly.cost.summary()})" if anomaly.cost is not None else ""
         write(f"  turn {anomaly.turn:>3}  {anomaly.type}{tool} x{anomaly.count}{cost}: {anomaly.message}\n")
-    line = unresolved_line(errors)
-    if line is not None:
+    for line in unresolved_lines(errors):
         write(f"  {line}\n")
     for rule, why in verdict.rules_not_run.items():  # what the producer did not record is not guessed
         write(f"  not checked: {rule}: {why}\n")

@@ -64,7 +64,7 @@ def show_command(args: argparse.Namespace) -> int:
 def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     """The tool errors each run of the trace left unresolved: as its root recorded them (looptrace's runs), else
     rebuilt from its tool spans as `detect` rebuilds them (another producer's trace); nothing for a run without."""
-    from looptrace.cli.common import unresolved_line
+    from looptrace.cli.common import unresolved_lines
     from looptrace.cli.views import IGNORED_ERROR, WARN_MARK
     from looptrace.instrumentation.offline.recorded_facts import recorded_unresolved_errors
     from looptrace.instrumentation.recording import semconv as sc
@@ -81,9 +81,9 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     mark = f"{WARN_MARK} " if ignored else ""
     lines = []
     for name, total, errors in runs:
-        line = unresolved_line(errors, total=total)
-        if line is not None:
-            lines.append(f"{mark}{name + ': ' if len(runs) > 1 else ''}{line}")
+        for line in unresolved_lines(errors, total=total):
+            warn = mark if "left unresolved" in line else ""
+            lines.append(f"{warn}{name + ': ' if len(runs) > 1 else ''}{line}")
     return lines
 
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from looptrace.cli.common import plural, plural_of, unresolved_line
+from looptrace.cli.common import plural, plural_of, unresolved_lines
 from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile.read import SpanRecord
 
@@ -108,12 +108,12 @@ class LiveView:
             # content capture, named by tool and turn only, as the tool lines above are.
             errors = r.unresolved_errors if self.capture_content else [
                 dataclasses.replace(e, target=None, error=None) for e in r.unresolved_errors]
-            line = unresolved_line(errors)
-            if line is not None:
-                # A warning only when the detector found the final answer ignoring an error; an error the run dealt
-                # with (the model said so, or worked around it) is a fact, said quietly.
-                ignored = any(a.type == IGNORED_ERROR for a in r.anomalies)
-                self._write(f"{WARN_MARK + ' ' if ignored else ''}{line}\n")
+            # A warning only when the detector found the final answer ignoring an error; an error the model reported
+            # (and worked around, perhaps) is a fact, said quietly, and not called unresolved.
+            ignored = any(a.type == IGNORED_ERROR for a in r.anomalies)
+            for line in unresolved_lines(errors):
+                mark = WARN_MARK + " " if ignored and "left unresolved" in line else ""
+                self._write(f"{mark}{line}\n")
             self._stop.set()
 
     def _tool_call(self, event: ToolFinished) -> str:
