@@ -41,6 +41,7 @@ from typing import Any
 
 from looptrace import Agent, configure
 from looptrace.instrumentation.alerts import Alerts
+from looptrace.instrumentation.settings import Settings
 from looptrace.runtime import Limits, ScriptedModel
 from looptrace.runtime.tools import Tool
 
@@ -146,7 +147,8 @@ def _conversation(record: dict[str, Any]) -> tuple[_Recorded, list[Tool]]:
 
 def replay_corpus(path: Path, limit: int | None, trace_file: Path) -> dict[str, int]:
     """Replays up to ``limit`` conversations of one corpus into ``trace_file``; what was replayed, in numbers."""
-    telemetry = configure(exporters="file", trace_file=trace_file, set_global=False)
+    # Never rotated here: the whole corpus is measured in one file.
+    telemetry = configure(Settings(trace_file_max_bytes=0), exporters="file", trace_file=trace_file, set_global=False)
     counts = collections.Counter()
     try:
         with path.open(encoding="utf-8") as lines:
