@@ -15,11 +15,13 @@ one-line description, so the definitions here are smaller than real ones (tau2's
 
 Figures, per corpus:
 
-* **file / content**: the trace file's bytes over the bytes of the GenAI content the spans record, each counted as the
-  GenAI conventions put it on a span, once: per run, its input messages, system instructions, tool definitions and
-  final answer (the agent span); per model call, its input and output messages (the chat span); per tool call, its
-  arguments and result (the execute_tool span). Goal: at most 1.5x. What the file holds beyond that is JSON framing,
-  ids, times, the other attributes, the resource, and any second copy of the content.
+* **file / content**: the trace file's bytes over the bytes of the GenAI content of the runs, each piece once, in the
+  conventions' JSON shape (``{"role", "parts"}`` messages, function tool definitions): per run, every message of its
+  conversation (the history it continued, each model response, each tool-result message), its system instructions
+  and its tool definitions; per tool call, its arguments and its result (the conventions put them on the call's span
+  as well as in the history). Goal: at most 1.5x. What the file holds beyond that is JSON framing, ids, times, the
+  other attributes, the resource, and any second copy of the content (a model call's history repeating the calls
+  before it, Phoenix's and Langfuse's copies of the same text).
 * **bytes per turn**: the trace file's bytes over the model calls made.
 * for context, the file over the recordings' own bytes (the conversations as JSON lines).
 
@@ -52,8 +54,6 @@ GOAL = 1.5
 SYSTEM = "You are a helpful agent. Use the tools to do what the user asks; say plainly when something fails."
 # The corpora whose size the issue quotes: customer service and coding agents. (name, conversations in --quick)
 CORPORA = (("tau2-sierra", 40), ("openhands-sdk", 4), ("swe-vorflux", 12))
-CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
-                "gen_ai.tool.definitions", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
 
 
 class _Recorded:
@@ -160,11 +160,13 @@ def replay_corpus(path: Path, limit: int | None, trace_file: Path) -> dict[str, 
                 recorded, tools = _conversation(record)
                 for history, responses in _runs(record["messages"]):
                     script = _scripted(responses)
-                    agent = Agent("claude-sonnet-4-5", tools=tools, system=SYSTEM, client=ScriptedModel(script),
+                    model = ScriptedModel(script)
+                    agent = Agent("claude-sonnet-4-5", tools=tools, system=SYSTEM, client=model,
                                   tracer_provider=telemetry.tracer_provider, on_anomaly="warn",
                                   alerts=Alerts(log_warnings=False),
                                   limits=Limits(max_turns=10_000, tool_timeout_s=None))
                     result = agent.run(history, session_id=record["id"][:200])
+                    counts["content_bytes"] += content_bytes(model.requests, script[result.turns - 1])
                     counts["runs"] += 1
                     counts["turns"] += result.turns
                 counts["conversations"] += 1
@@ -173,26 +175,42 @@ def replay_corpus(path: Path, limit: int | None, trace_file: Path) -> dict[str, 
     return dict(counts)
 
 
-def measure(trace_file: Path) -> dict[str, Any]:
-    """The file's bytes, the GenAI content its spans record (each content attribute once where the conventions put
-    it), and the bytes per attribute key (its encoded value) for the breakdown."""
-    from looptrace.instrumentation.tracefile.read import read_lines
+def content_bytes(requests: list[dict[str, Any]], last_response: dict[str, Any]) -> int:
+    """The GenAI content of one run, each piece once (see the module's note): every message of its conversation,
+    system instructions, tool definitions, and each tool call's arguments and result."""
+    from looptrace.instrumentation.recording.content import genai_message, genai_tool_definition, to_json
 
-    content = 0
+    last = requests[-1]
+    messages = [*last["messages"], {"role": "assistant", "content": last_response["content"]}]
+    size = sum(len(to_json(genai_message(m)).encode()) + 1 for m in messages) + 1
+    if last.get("system"):
+        size += len(to_json([{"type": "text", "content": last["system"]}]).encode())
+    if last.get("tools"):
+        size += len(to_json([genai_tool_definition(d) for d in last["tools"]]).encode())
+    for message in messages:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            if block.get("type") == "tool_use":
+                size += len(to_json(block.get("input")).encode())
+            elif block.get("type") == "tool_result":
+                size += len(to_json(block.get("content")).encode())
+    return size
+
+
+def measure(trace_file: Path) -> dict[str, Any]:
+    """The file's bytes (rotated files included) and the bytes per attribute key (its encoded value), resource
+    blocks apart, for the breakdown."""
+    from looptrace.instrumentation.tracefile.read import read_lines, total_size
+
     by_key: collections.Counter[str] = collections.Counter()
-    resources = 0
     for _, data in read_lines(trace_file):
         for resource_spans in data.get("resourceSpans") or ():
-            resources += len(json.dumps(resource_spans.get("resource") or {}, separators=(",", ":")))
+            by_key["(resource blocks)"] += len(json.dumps(resource_spans.get("resource") or {},
+                                                          separators=(",", ":")))
             for scope_spans in resource_spans.get("scopeSpans") or ():
                 for span in scope_spans.get("spans") or ():
                     for item in span.get("attributes") or ():
-                        size = len(json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode())
-                        by_key[item["key"]] += size
-                        if item["key"] in CONTENT_KEYS:
-                            content += len(str(item["value"].get("stringValue", "")).encode())
-    by_key["(resource blocks)"] = resources
-    return {"file_bytes": trace_file.stat().st_size, "content_bytes": content, "by_key": by_key}
+                        by_key[item["key"]] += len(json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode())
+    return {"file_bytes": total_size(trace_file), "by_key": by_key}
 
 
 def corpora(quick: bool) -> Iterator[tuple[str, Path, int | None]]:
@@ -214,10 +232,10 @@ def run(quick: bool = False, breakdown: bool = False) -> list[Row]:
             say(f"  replaying {name}{'' if limit is None else f' (first {limit} conversations)'}")
             counts = replay_corpus(path, limit, trace_file)
             sizes = measure(trace_file)
-            ratio = sizes["file_bytes"] / max(sizes["content_bytes"], 1)
+            ratio = sizes["file_bytes"] / max(counts["content_bytes"], 1)
             per_turn = sizes["file_bytes"] / max(counts["turns"], 1)
             context = (f"{counts['conversations']} conversations, {counts['runs']} runs, {counts['turns']} turns; "
-                       f"file {sizes['file_bytes'] / 1e6:.1f} MB, content {sizes['content_bytes'] / 1e6:.1f} MB, "
+                       f"file {sizes['file_bytes'] / 1e6:.1f} MB, content {counts['content_bytes'] / 1e6:.1f} MB, "
                        f"recordings {counts['recorded_bytes'] / 1e6:.1f} MB "
                        f"(file {sizes['file_bytes'] / max(counts['recorded_bytes'], 1):.1f}x the recordings)")
             rows.append(Row(f"13 trace size: {name}", "file bytes / GenAI content bytes", f"{ratio:.2f}x",
