@@ -35,10 +35,18 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from ..settings import ConfigurationError, LangfuseSettings, Settings
-from ..tracefile.read import TraceFileError, decode_attributes, decode_span_kind, decode_status_code, read_lines
+from ..tracefile.read import (
+    ResourceTable,
+    TraceFileError,
+    decode_attributes,
+    decode_span_kind,
+    decode_status_code,
+    read_lines,
+)
 from ..tracefile.undelivered import PushInProgress, UndeliveredList
+from .mapped import MappedSpanExporter, StoredRuns, backend_mappings, mappings_for
 
-__all__ = ["PushInProgress", "PushReport", "push"]
+__all__ = ["PushInProgress", "PushReport", "push", "spans_as_sent"]
 
 BATCH_SPANS = 512  # spans per request, the BatchSpanProcessor's default batch
 # Backends that keep one record per span id, so that a second copy of an uncertain batch is harmless.
@@ -117,9 +125,13 @@ def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapp
     if post_score is None and settings.langfuse is not None:
         post_score = _score_poster(settings.langfuse)
     report = PushReport(listing.path)
+    # Each span leaves as it first would have: its input whole again, and its backend's attributes (mapped.py).
+    runs = StoredRuns()
+    sending = {name: MappedSpanExporter(exporter, mappings_for(backend_mappings(name, settings)), runs)
+               for name, exporter in exporters.items()}
     try:
         with listing.pushing():
-            _push_spans(listing, exporters, targets, resend_interrupted, settings.max_line_bytes, report)
+            _push_spans(listing, sending, targets, resend_interrupted, settings.max_line_bytes, report, runs)
             _push_scores(listing, targets, post_score, report)
             listing.compact()
     finally:
@@ -130,7 +142,7 @@ def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapp
 
 
 def _push_spans(listing: UndeliveredList, exporters: Mapping[str, SpanExporter], targets: set[str],
-                resend: bool, max_line_bytes: int, report: PushReport) -> None:
+                resend: bool, max_line_bytes: int, report: PushReport, runs: StoredRuns) -> None:
     wanted: dict[str, dict[str, list[str]]] = defaultdict(dict)  # trace file -> span key -> backends
     for backend, waiting in listing.pending().items():
         if backend not in targets:
@@ -144,6 +156,7 @@ def _push_spans(listing: UndeliveredList, exporters: Mapping[str, SpanExporter],
                     wanted[trace_file].setdefault(key, []).append(backend)
     sender = _Sender(listing, exporters, report)
     for trace_file, backends_of in wanted.items():
+        runs.read(trace_file, {key[:32] for key in backends_of}, max_line_bytes)
         for key, span in _listed_spans(trace_file, backends_of, max_line_bytes):
             for backend in backends_of.pop(key, []):  # popped: a span written twice is sent once
                 sender.add(backend, key, span)
@@ -196,12 +209,13 @@ class _Sender:
 
 def _listed_spans(trace_file: str, keys: Mapping[str, list[str]], max_line_bytes: int):
     """(key, ReadableSpan) of every span of the trace file (and its rotated files) whose key is in ``keys``."""
+    resources = ResourceTable()  # a line may name its resource by id: the line that holds it came before
     try:
         for _, data in read_lines(trace_file, max_line_bytes=max_line_bytes):
             if not isinstance(data, dict):
                 continue
             try:
-                found = list(_spans_in(data, keys))
+                found = list(_spans_in(data, keys, resources))
             except Exception:  # noqa: BLE001 - a line push cannot rebuild costs its spans, reported as missing
                 continue
             yield from found
@@ -211,15 +225,15 @@ def _listed_spans(trace_file: str, keys: Mapping[str, list[str]], max_line_bytes
         return  # gone, rotated files and all: every listed span of it is reported missing
 
 
-def _spans_in(data: Mapping[str, Any], keys: Mapping[str, list[str]]):
+def _spans_in(data: Mapping[str, Any], keys: Mapping[str, list[str]] | None, resources: ResourceTable):
     for resource_spans in data.get("resourceSpans") or ():
+        attributes = resources.resolved(decode_attributes((resource_spans.get("resource") or {}).get("attributes")))
         scopes = resource_spans.get("scopeSpans") or ()
         chosen = [(scope_spans, span) for scope_spans in scopes for span in scope_spans.get("spans") or ()
-                  if f"{span.get('traceId', '')}{span.get('spanId', '')}".lower() in keys]
+                  if keys is None or f"{span.get('traceId', '')}{span.get('spanId', '')}".lower() in keys]
         if not chosen:
             continue
-        resource = Resource(decode_attributes((resource_spans.get("resource") or {}).get("attributes")),
-                            schema_url=resource_spans.get("schemaUrl") or None)
+        resource = Resource(attributes, schema_url=resource_spans.get("schemaUrl") or None)
         for scope_spans, span in chosen:
             scope = scope_spans.get("scope") or {}
             instrumentation = InstrumentationScope(scope.get("name", ""), scope.get("version") or None,
@@ -227,6 +241,23 @@ def _spans_in(data: Mapping[str, Any], keys: Mapping[str, list[str]]):
                                                    decode_attributes(scope.get("attributes")) or None)
             key = f"{span['traceId']}{span['spanId']}".lower()
             yield key, readable_span(span, resource, instrumentation)
+
+
+def spans_as_sent(trace_file: str | os.PathLike[str], backend: str, settings: Settings | None = None
+                  ) -> list[ReadableSpan]:
+    """Every span of a trace file (its rotated files included) as ``backend``'s exporter sends it, which is what a
+    push sends: each model call's input whole, and the backend's attributes added (``mapped``)."""
+    settings = settings or Settings()
+    path = os.fspath(trace_file)
+    runs = StoredRuns()
+    runs.read(path, None, settings.max_line_bytes)
+    mappings = mappings_for(backend_mappings(backend, settings))
+    resources = ResourceTable()
+    found = []
+    for _, data in read_lines(path, max_line_bytes=settings.max_line_bytes):
+        if isinstance(data, dict):
+            found += [runs.prepared(span, mappings) for _, span in _spans_in(data, None, resources)]
+    return found
 
 
 # --- OTLP/JSON back to an SDK span ---------------------------------------------------------------------------------

@@ -292,28 +292,43 @@ def _response(chat: StoredSpan, turn: int) -> dict[str, Any] | RecordedModelErro
 
 
 def _usage(a: Mapping[str, Any]) -> dict[str, Any]:
-    """Anthropic's usage object again: Langfuse's usage details hold it in Anthropic's terms (the 1-hour cache writes
-    apart); else the conventions' input tokens, which count the cache reads and writes too, are taken apart."""
-    details = a.get(sc.LANGFUSE_OBSERVATION_USAGE_DETAILS)
+    """Anthropic's usage object again: the conventions' input tokens count the cache reads and writes too, so they are
+    taken apart, and the 1-hour cache writes (priced apart) are the chat span's own count. Files written before that
+    count was recorded hold it in Langfuse's usage object, read for them."""
+    cache_read = as_count(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
+    cache_creation = as_count(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
+    legacy = _legacy_usage(a)
+    if legacy is not None and sc.CHAT_CACHE_WRITES_1H not in a:
+        return legacy
+    usage: dict[str, Any] = {
+        "input_tokens": max(as_count(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
+        "output_tokens": as_count(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
+        "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_creation}
+    one_hour = min(as_count(a.get(sc.CHAT_CACHE_WRITES_1H)), cache_creation)
+    if one_hour:
+        usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
+                                   "ephemeral_5m_input_tokens": cache_creation - one_hour}
+    return usage
+
+
+def _legacy_usage(a: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The usage an older file's generation holds in Langfuse's terms (the 1-hour cache writes apart), or None."""
+    details = a.get(sc.LEGACY_LANGFUSE_USAGE_DETAILS)
     try:
         parsed = json.loads(details) if isinstance(details, str) else None
     except ValueError:
         parsed = None
-    cache_read = as_count(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
-    cache_creation = as_count(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
-    if isinstance(parsed, dict):
-        one_hour = as_count(parsed.get("input_cache_creation_1h"))
-        usage: dict[str, Any] = {
-            "input_tokens": as_count(parsed.get("input")), "output_tokens": as_count(parsed.get("output")),
-            "cache_read_input_tokens": as_count(parsed.get("input_cache_read")),
-            "cache_creation_input_tokens": as_count(parsed.get("input_cache_creation_5m")) + one_hour}
-        if one_hour:
-            usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
-                                       "ephemeral_5m_input_tokens": usage["cache_creation_input_tokens"] - one_hour}
-        return usage
-    return {"input_tokens": max(as_count(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
-            "output_tokens": as_count(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
-            "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_creation}
+    if not isinstance(parsed, dict):
+        return None
+    one_hour = as_count(parsed.get("input_cache_creation_1h"))
+    usage: dict[str, Any] = {
+        "input_tokens": as_count(parsed.get("input")), "output_tokens": as_count(parsed.get("output")),
+        "cache_read_input_tokens": as_count(parsed.get("input_cache_read")),
+        "cache_creation_input_tokens": as_count(parsed.get("input_cache_creation_5m")) + one_hour}
+    if one_hour:
+        usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
+                                   "ephemeral_5m_input_tokens": usage["cache_creation_input_tokens"] - one_hour}
+    return usage
 
 
 def _results_in_inputs(chats: list[StoredSpan]) -> dict[str, tuple[Any, bool]]:
@@ -371,6 +386,9 @@ def _task(root: StoredSpan | None, root_attributes: Mapping[str, Any],
     """The run's task: the root's input messages, else the first model call's (the history it was sent is the task,
     unless older messages were left out to fit the size cap). One user text is the task as a string, as it was."""
     raw, span = root_attributes.get(sc.GEN_AI_INPUT_MESSAGES), root
+    if raw is not None and span is not None and as_count(root_attributes.get(sc.INPUT_MESSAGES_OMITTED)):
+        raise IncompleteRecording(span.span_id, span.name, "the task's older messages were left out of "
+                                                           "gen_ai.input.messages to fit the size cap")
     if raw is None or span is None:
         raw, span = _content(first_chat, sc.GEN_AI_INPUT_MESSAGES), first_chat
         if as_count(first_chat.attributes.get(sc.INPUT_MESSAGES_OMITTED)):
