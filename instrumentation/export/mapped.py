@@ -206,7 +206,7 @@ class StoredRuns:
         attributes = span.attributes or {}
         if sc.INPUT_CONTINUES in attributes:
             whole = self.histories.restored(span_id)
-            restored = {k: v for k, v in attributes.items() if k != sc.INPUT_CONTINUES}
+            restored = {k: v for k, v in attributes.items() if k not in (sc.INPUT_CONTINUES, sc.INPUT_CONTINUES_FROM)}
             if whole is not None:
                 restored[sc.GEN_AI_INPUT_MESSAGES] = whole
             span = with_attributes(span, restored)

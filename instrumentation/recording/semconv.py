@@ -136,6 +136,7 @@ CHAT_CACHE_WRITES_1H = "looptrace.chat.cache_creation_1h_input_tokens"  # the ca
 # In the trace file only: a model call whose input messages continue what an earlier span of its run recorded holds
 # the new messages alone, and names that span (tracefile/history.py writes and restores it).
 INPUT_CONTINUES = "looptrace.chat.input_continues"
+INPUT_CONTINUES_FROM = "looptrace.chat.input_continues_from"  # characters of it left out, once the window moved on
 # In the trace file only: the resource a line's spans belong to, written whole on a writer's first line of a file.
 RESOURCE_ID = "looptrace.resource.id"
 TOOL_RESULT_DIGEST = "looptrace.tool.result_digest"  # recorded even without content capture: the detector needs it

@@ -10,9 +10,12 @@ input does not begin so (a history cut to the size cap, another producer's spans
 
 The rule is textual, so nothing is parsed and nothing is lost: the continued text is the earlier span's recorded text
 without its closing bracket (``[m1,m2`` of ``[m1,m2]``; with the previous answer ``[a]`` after it: ``[m1,m2,a``), and
-the written input is the rest as a JSON array (``[m3,m4]``, or ``[]``). ``restored_input`` puts it back together,
-byte for byte. Readers that want a call's whole input (``traces push``) restore it; the others read the new messages,
-which is what they were after anyway (the results a call was sent, the newest user message).
+the written input is the rest as a JSON array (``[m3,m4]``, or ``[]``). Once a run's history outgrows the size cap, a
+call's input is the newest messages that fit, so it may begin further into the continued text (``[m2,a,m3]``):
+``looptrace.chat.input_continues_from`` then says how many characters of it (``m1,``) it leaves out. A window that
+moves on keeps each message once too. ``restored_input`` puts it back together, byte for byte. Readers that want a
+call's whole input (``traces push``) restore it; the others read the new messages, which is what they were after
+anyway (the results a call was sent, the newest user message).
 
 ``HistoryCompactor`` does it as spans are written: the trace file's processor tells it each span as it starts (a
 run's root and its turns, so that a call is known to its run) and asks it for the attributes to write as each ends.
@@ -46,21 +49,45 @@ def continued_prefix(input_messages: str, output_messages: str | None = None) ->
     return prefix + ("," if len(prefix) > 1 else "") + output_messages[1:-1]
 
 
-def compacted_input(input_messages: str, prefix: str) -> str | None:
-    """``input_messages`` without what ``prefix`` holds, as a JSON array; None when it does not begin with it."""
-    if len(prefix) <= 1 or not input_messages.startswith(prefix) or len(input_messages) <= len(prefix):
+def compacted_input(input_messages: str, prefix: str) -> tuple[str, int] | None:
+    """``input_messages`` without what it takes from ``prefix``, as a JSON array, and how many characters of the
+    prefix after its ``[`` it leaves out (its window moved on); None when it continues no message of the prefix."""
+    if len(prefix) <= 1 or len(input_messages) < 3 or not input_messages.startswith("["):
         return None
-    following = input_messages[len(prefix)]
-    if following == "]" and len(input_messages) == len(prefix) + 1:
-        return "[]"
+    start = _continued_at(input_messages, prefix)
+    if start is None:
+        return None
+    end = 1 + len(prefix) - start  # where the continued part ends in input_messages
+    following = input_messages[end] if end < len(input_messages) else ""
+    if following == "]" and end == len(input_messages) - 1:
+        return "[]", start - 1
     if following == ",":
-        return "[" + input_messages[len(prefix) + 1:]
+        return "[" + input_messages[end + 1:], start - 1
     return None
 
 
-def restored_input(written: str, prefix: str) -> str:
-    """A call's whole input again, from what the file holds (``written``) and the continued span's prefix."""
-    return prefix + "]" if written == "[]" else prefix + "," + written[1:]
+_PROBE = 64  # characters of a call's first message looked for in the text it may continue
+
+
+def _continued_at(input_messages: str, prefix: str) -> int | None:
+    """Where in ``prefix`` the messages ``input_messages`` begins with start (1: the whole prefix; further on: its
+    window moved on), at a message boundary, with the whole rest of the prefix matching; None when nowhere."""
+    if input_messages.startswith(prefix):
+        return 1
+    probe = input_messages[1:1 + _PROBE]
+    at = prefix.find(probe, 1)
+    while at != -1:
+        if prefix[at - 1] == "," and input_messages.startswith(prefix[at:], 1):
+            return at
+        at = prefix.find(probe, at + 1)
+    return None
+
+
+def restored_input(written: str, prefix: str, left_out: int = 0) -> str:
+    """A call's whole input again, from what the file holds (``written``), the continued span's prefix and how many
+    of its characters the input leaves out (``left_out``)."""
+    continued = "[" + prefix[1 + left_out:]
+    return continued + "]" if written == "[]" else continued + "," + written[1:]
 
 
 class _Run:
@@ -115,10 +142,14 @@ class HistoryCompactor:
                 self._runs.pop(key, None)
             else:
                 self._remember(self._runs, key, _Run(span_id, following))
-        written = compacted_input(raw, run.prefix) if run is not None else None
-        if written is None or run is None:
+        compacted = compacted_input(raw, run.prefix) if run is not None else None
+        if compacted is None or run is None:
             return None
-        return {**attributes, sc.GEN_AI_INPUT_MESSAGES: written, sc.INPUT_CONTINUES: format(run.span_id, "016x")}
+        written, left_out = compacted
+        kept = {**attributes, sc.GEN_AI_INPUT_MESSAGES: written, sc.INPUT_CONTINUES: format(run.span_id, "016x")}
+        if left_out:
+            kept[sc.INPUT_CONTINUES_FROM] = left_out
+        return kept
 
     def _run_key(self, span: Any) -> int:
         """The run of a model call: its turn's run when the turn was seen starting, else its trace."""
@@ -141,8 +172,8 @@ class StoredHistories:
     in hex), in any order; ``restored`` follows a call's chain of continued spans back to a whole input."""
 
     def __init__(self) -> None:
-        # span id -> (input messages as written, output messages, the span it continues)
-        self._spans: dict[str, tuple[str | None, str | None, str | None]] = {}
+        # span id -> (input messages as written, output messages, the span it continues, characters left out of it)
+        self._spans: dict[str, tuple[str | None, str | None, str | None, int]] = {}
         self._whole: dict[str, str | None] = {}  # span id -> its whole input, once restored
 
     def add(self, span_id: str, attributes: Mapping[str, Any]) -> None:
@@ -150,9 +181,10 @@ class StoredHistories:
         operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
         if operation not in (sc.OPERATION_CHAT, sc.OPERATION_INVOKE_AGENT) or not isinstance(written, str):
             return
-        continues = attributes.get(sc.INPUT_CONTINUES)
+        continues, left_out = attributes.get(sc.INPUT_CONTINUES), attributes.get(sc.INPUT_CONTINUES_FROM)
         self._spans[span_id] = (written, answer if operation == sc.OPERATION_CHAT and isinstance(answer, str)
-                                else None, continues if isinstance(continues, str) else None)
+                                else None, continues if isinstance(continues, str) else None,
+                                left_out if type(left_out) is int and left_out > 0 else 0)
 
     def restored(self, span_id: str) -> str | None:
         """The whole input of a span (``span_id``), or None when a span of its chain is missing or does not match."""
@@ -166,14 +198,14 @@ class StoredHistories:
             current = entry[2]
         whole = self._whole.get(current) if current is not None else None
         for link in reversed(chain):
-            written, _, continues = self._spans[link]
+            written, _, continues, left_out = self._spans[link]
             if continues is None:
                 whole = written
-            elif whole is None:
+            elif whole is None or written is None:
                 break
             else:
                 earlier_answer = self._spans[continues][1]
                 prefix = continued_prefix(whole, earlier_answer)
-                whole = restored_input(written, prefix) if prefix is not None else None
+                whole = restored_input(written, prefix, left_out) if prefix is not None else None
             self._whole[link] = whole
         return self._whole.get(span_id)
