@@ -30,7 +30,7 @@ PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "ru
 PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
 
 # The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
-# the embedded default (setup), an Agent built without telemetry (agent_telemetry), and the CLI's one reader, which
+# an Agent's own pipeline (setup), an Agent built without telemetry (agent_telemetry), and the CLI's one reader, which
 # `looptrace watch` goes through too.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",

@@ -261,3 +261,28 @@ def test_push_sends_the_spans_of_a_file_of_before_as_langfuse_got_them_then(tmp_
         mine = {k: v for k, v in stored[span_id].attributes.items() if k.startswith(VENDOR_PREFIXES)}
         assert {k: span.attributes[k] for k in mine} == {k: list(v) if isinstance(v, tuple) else v
                                                          for k, v in mine.items()}
+
+
+# --- rotation: what it keeps, and saying what it deleted -------------------------------------------------------------
+
+
+def test_traces_list_says_when_older_runs_rotated_away(capsys, tmp_path):
+    path = tmp_path / "traces.jsonl"
+
+    def runs(rotation: Rotation, count: int) -> None:
+        provider = TracerProvider()
+        provider.add_span_processor(TraceFileProcessor(path, rotation))
+        for _ in range(count):
+            Agent("claude-sonnet-5-5", tools=Inventory().tools(), client=ScriptedModel(equipment_script()),
+                  tracer_provider=provider, alerts=QUIET).run(DEMO_TASK)
+        provider.shutdown()
+
+    runs(Rotation(max_bytes=15_000, backups=50), 3)  # rotated, nothing deleted yet
+    code, out, err = cli(capsys, "traces", "list", "--file", str(path))
+    assert code == 0 and len(out.splitlines()) == 3 and "rotated away" not in err
+    runs(Rotation(max_bytes=15_000, backups=1), 3)  # now the oldest files go
+    code, out, err = cli(capsys, "traces", "list", "--file", str(path))
+    assert code == 0 and len(out.splitlines()) < 6
+    [said] = [line for line in err.splitlines() if "rotated away" in line]
+    assert said.startswith("looptrace: runs written before ") and "keeps 1 older file of 15 KiB" in said
+    assert "LOOPTRACE_TRACE_FILE_BACKUPS" in said

@@ -98,6 +98,27 @@ def trace_files(path: str | os.PathLike[str]) -> list[str]:
     return [f"{path}.{number}" for number in sorted(numbers, reverse=True)] + [path]
 
 
+@dataclass(frozen=True, slots=True)
+class RotatedAway:
+    """Runs a trace file's rotation deleted: those written before ``before`` (seconds since the epoch), when it kept
+    ``backups`` older files of ``max_bytes`` each."""
+
+    before: float
+    backups: int
+    max_bytes: int
+
+
+def rotated_away(path: str | os.PathLike[str]) -> RotatedAway | None:
+    """What rotation has deleted of the trace file at ``path`` (its note beside it, ``write.note_rotated_away``), or
+    None when it never deleted anything (or the note cannot be read)."""
+    try:
+        with open(os.fspath(path) + ".rotated", encoding="utf-8") as handle:
+            note = json.load(handle)
+        return RotatedAway(float(note["before"]), int(note.get("backups", 0)), int(note.get("max_bytes", 0)))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 def total_size(path: str | os.PathLike[str]) -> int:
     """The bytes ``read_lines(path)`` reads: the file and its rotated predecessors."""
     size = 0

@@ -23,6 +23,7 @@ created 0700. A trace file is a convenience that must never take an agent down: 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -100,17 +101,45 @@ def lock_name(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
-def rotate(path: Path, backups: int) -> None:
+def rotate(path: Path, backups: int, max_bytes: int = 0) -> None:
     """Shift ``path.1`` .. ``path.<backups-1>`` up by one (the oldest is replaced) and rename ``path`` to ``path.1``;
-    with no backups, the file is removed. The caller holds the exclusive lock."""
+    with no backups, the file is removed. What goes is noted (``note_rotated_away``). The caller holds the exclusive
+    lock."""
     if backups <= 0:
+        note_rotated_away(path, path, backups, max_bytes)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         return
+    note_rotated_away(path, rotated_name(path, backups), backups, max_bytes)
     for number in range(backups - 1, 0, -1):
         with contextlib.suppress(FileNotFoundError):
             os.replace(rotated_name(path, number), rotated_name(path, number + 1))
     os.replace(path, rotated_name(path, 1))
+
+
+def rotated_note_name(path: Path) -> Path:
+    return path.with_name(path.name + ".rotated")
+
+
+def note_rotated_away(path: Path, going: Path, backups: int, max_bytes: int) -> None:
+    """Before rotation deletes ``going`` (the oldest file): note, beside the trace file, that the runs written up to
+    its last write are gone (``read.rotated_away`` reads it; `looptrace traces list` says so), with the limits that
+    made it go. Best effort: a note that cannot be written costs the note, never a span."""
+    try:
+        written = os.stat(going).st_mtime
+    except OSError:
+        return  # nothing is deleted
+    note = rotated_note_name(path)
+    try:
+        with contextlib.suppress(OSError, ValueError):
+            written = max(written, float(json.loads(note.read_text(encoding="utf-8"))["before"]))
+        temporary = note.with_name(note.name + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"before": written, "backups": backups, "max_bytes": max_bytes}, handle)
+        os.replace(temporary, note)
+    except OSError:
+        pass
 
 
 class TraceFileWriter:
@@ -240,7 +269,7 @@ class TraceFileWriter:
                 return
         except FileNotFoundError:
             return
-        rotate(self.path, self.rotation.backups)
+        rotate(self.path, self.rotation.backups, self.rotation.max_bytes)
 
     def write_span(self, span: ReadableSpan) -> bool:
         """Append one finished span as its own line, its resource whole on this writer's first line in the file
