@@ -390,9 +390,9 @@ def test_the_detector_never_raises_on_arbitrary_json(calls):
 
 def _as_records(finished_spans):
     """SDK spans as the trace reader's records, the way they look after a round trip through the file."""
-    from looptrace.instrumentation.offline.readers import NeutralSpan
+    from looptrace.instrumentation.tracefile.read import SpanRecord
 
-    return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
+    return [SpanRecord(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                       parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,
                       start_ns=s.start_time, attributes=dict(s.attributes), status_code=s.status.status_code.value)
             for s in finished_spans]

@@ -40,16 +40,18 @@ STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
 
 @dataclass(slots=True)
 class SpanRecord:
-    """One span as read back from OTLP/JSON, attributes decoded to plain Python values."""
+    """One span as read back from OTLP/JSON (a trace file, a request `watch` received) or from Langfuse's API, or
+    made by a reader for a span it took apart (another producer's): attributes decoded to plain Python values. The
+    one record every offline reader reads (`detect`, `traces`, `replay`, `watch`)."""
 
     trace_id: str
     span_id: str
     parent_span_id: str | None
     name: str
-    kind: int
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
+    kind: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     status_code: int = STATUS_UNSET
     status_message: str = ""
