@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..detector import LoopCost, format_usd
-from ..export.failures import Failure, failure_from_exception, failure_from_status
 from ..logs import log
 from ..settings import LangfuseSettings, safe_url
 from .api import SCORES_PATH, LangfuseAPI, LangfuseAPIError, RetryPolicy
+from .failures import Failure, failure_from_exception, failure_from_status
 from .mapping import (
     ANOMALY_SCORE,
     DEFAULT_ENVIRONMENT,
