@@ -124,6 +124,8 @@ def test_each_message_is_written_once_and_push_sends_every_input_whole_again(tmp
     made_inputs = sum(len(original[i].attributes[sc.GEN_AI_INPUT_MESSAGES]) for i in chats)
     assert written * 3 < made_inputs
 
+    tools = [s for s in stored.values() if s.name.startswith("execute_tool ")]
+    assert tools and not any(sc.GEN_AI_TOOL_DESCRIPTION in s.attributes for s in tools)  # the root's definitions have it
     sent = {format(s.context.span_id, "016x"): s for s in spans_as_sent(path, "otlp")}
     for span_id, span in original.items():  # what a backend gets from the file: the spans as they were made
         assert dict(sent[span_id].attributes) == dict(span.attributes), span.name

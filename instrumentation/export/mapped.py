@@ -32,7 +32,7 @@ from ..offline.run_facts import RunFacts
 from ..recording import semconv as sc
 from ..settings import Settings
 from ..tracefile.encodable import with_attributes
-from ..tracefile.history import StoredHistories
+from ..tracefile.history import StoredHistories, tool_descriptions
 from . import openinference
 
 __all__ = ["MAPPINGS", "MappedSpanExporter", "MappedSpanProcessor", "SpanMapping", "StoredRuns", "backend_mappings",
@@ -158,6 +158,7 @@ class StoredRuns:
         self.histories = StoredHistories()
         self._parents: dict[str, str | None] = {}  # span id -> parent span id, for looptrace's spans
         self._roots: dict[str, RunFacts] = {}  # a run's root span id -> the run's facts
+        self._tools: dict[str, dict[str, str]] = {}  # a run's tool definitions -> each tool's description
 
     def read(self, trace_file: str, trace_ids: Iterable[str] | None, max_line_bytes: int) -> None:
         """Learn the traces ``trace_ids`` (hex; None: all) of ``trace_file`` and its rotated files, forgetting any
@@ -200,17 +201,27 @@ class StoredRuns:
         return None
 
     def prepared(self, span: ReadableSpan, mappings: Sequence[SpanMapping]) -> ReadableSpan:
-        """``span`` as its backend gets it: its whole input again (a model call the file holds continued), then the
-        backend's attributes."""
+        """``span`` as its backend gets it: what the file holds once put back (a model call's whole input, a tool
+        call's description), then the backend's attributes."""
         span_id = format(span.context.span_id, "016x")
         attributes = span.attributes or {}
+        run = self.run_of(span_id)
         if sc.INPUT_CONTINUES in attributes:
             whole = self.histories.restored(span_id)
             restored = {k: v for k, v in attributes.items() if k not in (sc.INPUT_CONTINUES, sc.INPUT_CONTINUES_FROM)}
             if whole is not None:
                 restored[sc.GEN_AI_INPUT_MESSAGES] = whole
             span = with_attributes(span, restored)
-        return mapped(span, mappings, self.run_of(span_id))
+        elif (attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_EXECUTE_TOOL and run is not None
+              and sc.GEN_AI_TOOL_DESCRIPTION not in attributes):
+            definitions = run.tool_definitions or ""
+            known = self._tools.get(definitions)
+            if known is None:
+                known = self._tools[definitions] = tool_descriptions(definitions)
+            description = known.get(str(attributes.get(sc.GEN_AI_TOOL_NAME)))
+            if description is not None:
+                span = with_attributes(span, {**attributes, sc.GEN_AI_TOOL_DESCRIPTION: description})
+        return mapped(span, mappings, run)
 
 
 def _with_joins(facts: RunFacts, parent: str | None, parents: Mapping[str, str | None]) -> RunFacts:

@@ -17,12 +17,16 @@ moves on keeps each message once too. ``restored_input`` puts it back together, 
 call's whole input (``traces push``) restore it; the others read the new messages, which is what they were after
 anyway (the results a call was sent, the newest user message).
 
-``HistoryCompactor`` does it as spans are written: the trace file's processor tells it each span as it starts (a
+A tool call's description (``gen_ai.tool.description``) is the one its run's tool definitions hold on the root: a
+call whose description is exactly that is written without it, and ``traces push`` puts it back from the root.
+
+``HistoryCompactor`` does both as spans are written: the trace file's processor tells it each span as it starts (a
 run's root and its turns, so that a call is known to its run) and asks it for the attributes to write as each ends.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -30,9 +34,21 @@ from typing import Any
 
 from ..recording import semconv as sc
 
-__all__ = ["HistoryCompactor", "continued_prefix", "restored_input"]
+__all__ = ["HistoryCompactor", "continued_prefix", "restored_input", "tool_descriptions"]
 
 _MAX_OPEN = 10_000  # runs (and turns) remembered at once: spans that never end must not grow it without bound
+
+
+def tool_descriptions(tool_definitions: Any) -> dict[str, str]:
+    """Each tool's description, by name, in a run's recorded ``gen_ai.tool.definitions`` (none when it is cut)."""
+    if not isinstance(tool_definitions, str) or not tool_definitions.endswith("]"):
+        return {}
+    try:
+        definitions = json.loads(tool_definitions)
+    except ValueError:
+        return {}
+    return {str(d["name"]): d["description"] for d in definitions if isinstance(definitions, list)
+            and isinstance(d, dict) and d.get("name") is not None and isinstance(d.get("description"), str)}
 
 
 def continued_prefix(input_messages: str, output_messages: str | None = None) -> str | None:
@@ -105,17 +121,22 @@ class HistoryCompactor:
     def __init__(self) -> None:
         self._runs: OrderedDict[int, _Run] = OrderedDict()  # by the run's key: its root span id (or its trace id)
         self._turns: OrderedDict[int, int] = OrderedDict()  # turn span id -> its run's key
+        self._descriptions: OrderedDict[int, dict[str, str]] = OrderedDict()  # run's key -> its tools' descriptions
         self._lock = threading.Lock()
 
     def started(self, span: Any) -> None:
-        """A span started: a run's root registers its input (the first call continues it), a turn its run."""
+        """A span started: a run's root registers its input (the first call continues it) and its tools, a turn
+        its run."""
         attributes = span.attributes or {}
         if attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
             raw = attributes.get(sc.GEN_AI_INPUT_MESSAGES)
             prefix = continued_prefix(raw) if isinstance(raw, str) else None
-            if prefix is not None:
-                with self._lock:
+            descriptions = tool_descriptions(attributes.get(sc.GEN_AI_TOOL_DEFINITIONS))
+            with self._lock:
+                if prefix is not None:
                     self._remember(self._runs, span.context.span_id, _Run(span.context.span_id, prefix))
+                if descriptions:
+                    self._remember(self._descriptions, span.context.span_id, descriptions)
         elif sc.TURN_INDEX in attributes and span.parent is not None:
             with self._lock:
                 self._remember(self._turns, span.context.span_id, span.parent.span_id)
@@ -125,11 +146,15 @@ class HistoryCompactor:
         earlier span of its run); None to write the span as it is."""
         attributes = span.attributes or {}
         span_id = span.context.span_id
-        if attributes.get(sc.GEN_AI_OPERATION_NAME) != sc.OPERATION_CHAT or attributes.get(sc.JUDGE):
-            if sc.TURN_INDEX in attributes or attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
+        operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
+        if operation == sc.OPERATION_EXECUTE_TOOL:
+            return self._without_description(span, attributes)
+        if operation != sc.OPERATION_CHAT or attributes.get(sc.JUDGE):
+            if sc.TURN_INDEX in attributes or operation == sc.OPERATION_INVOKE_AGENT:
                 with self._lock:  # a turn or a run ended: nothing of it is needed any more
                     self._turns.pop(span_id, None)
                     self._runs.pop(span_id, None)
+                    self._descriptions.pop(span_id, None)
             return None
         raw, answer = attributes.get(sc.GEN_AI_INPUT_MESSAGES), attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
         if not isinstance(raw, str):
@@ -150,6 +175,17 @@ class HistoryCompactor:
         if left_out:
             kept[sc.INPUT_CONTINUES_FROM] = left_out
         return kept
+
+    def _without_description(self, span: Any, attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """A tool call's attributes without its description when its run's root holds that very description."""
+        description = attributes.get(sc.GEN_AI_TOOL_DESCRIPTION)
+        if not isinstance(description, str):
+            return None
+        with self._lock:
+            known = self._descriptions.get(self._turns.get(span.parent.span_id, -1) if span.parent else -1)
+        if known is None or known.get(str(attributes.get(sc.GEN_AI_TOOL_NAME))) != description:
+            return None
+        return {key: value for key, value in attributes.items() if key != sc.GEN_AI_TOOL_DESCRIPTION}
 
     def _run_key(self, span: Any) -> int:
         """The run of a model call: its turn's run when the turn was seen starting, else its trace."""
