@@ -119,7 +119,7 @@ class LangfuseScores:
 
     ``send`` never blocks and never raises; failures end as one warning per cause. ``flush(timeout_s)`` waits, at most
     that long, for the queue to drain; ``close(timeout_s)`` flushes and stops the worker (a later score starts it
-    again: one instance serves every run on the same settings, see ``alerts.anomaly_sinks``).
+    again). One instance serves every run of the telemetry that built it (``alerts.anomaly_sinks``).
     """
 
     def __init__(self, base_url: str, public_key: str, secret_key: str, *, timeout_s: float = 5.0,
