@@ -21,6 +21,10 @@ Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPOR
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
 when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
 
+Each network exporter adds its backend's attributes to the spans it sends (``mapped``): Langfuse's exporter
+Langfuse's and OpenInference's, the OTLP exporter those ``LOOPTRACE_OTLP_MAPPINGS`` names (none by default); the
+spans themselves, and the trace file, carry the GenAI conventions and looptrace.* once.
+
 The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
 open). The network ones (``langfuse``, ``otlp``) are wrapped in ``delivery.GuardedExporter``: bounded, never raising,
