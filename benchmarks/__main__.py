@@ -25,8 +25,9 @@ BENCHMARKS = {
     10: ("b10_peers", "side by side with the peers' anthropic instrumentations; goals 1-2 of issue 14"),
     12: ("b12_guards", "loop guards in LangChain, the OpenAI Agents SDK, Claude Agent SDK: cost per tool call"),
     13: ("b13_report", "`looptrace report` vs `looptrace detect` over a 200 MB trace file"),
+    14: ("b14_trace_size", "trace file size: recorded runs replayed through Agent, file bytes over the GenAI content"),
 }
-NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "guards": 12, "report": 13}
+NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "guards": 12, "report": 13, "trace-size": 14}
 
 
 def _benchmark_number(text: str) -> int:

@@ -8,7 +8,7 @@ all threads, each sample ending with the variant's flush), over the same bare lo
 
 Variants:
 
-* ``looptrace-file``: an ``Agent`` given no provider (the embedded default: the SDK's provider, the trace file).
+* ``looptrace-file``: an ``Agent`` given no provider (a pipeline of its own: the SDK's provider, the trace file).
 * ``raw-file``: the file's floor *with content*: the spans of a real looptrace run of the conversation (input and
   output messages, system instructions, tool definitions, every attribute) made again through the SDK's tracer, each
   span encoded by the SDK's own OTLP/JSON encoder (``opentelemetry-exporter-otlp-json-common``) and appended to a file
@@ -114,7 +114,7 @@ def _raw_file(pw: Any, path: str, *, burst: bool = False) -> Any:
 
 def _looptrace_otlp(pw: Any) -> Any:
     """looptrace's configure(exporters="otlp"); the endpoint variables are removed again once it has read them, so
-    the file variant's embedded default (which reads the environment on each run) stays the file alone."""
+    the file variant's own pipeline (which reads the environment on each run) stays the file alone."""
     saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL")}
     try:
         return pw.Looptrace("otlp")

@@ -149,7 +149,7 @@ def run(quick: bool = False) -> list[Row]:
 
 
 INPROCESS_LABELS = {
-    "looptrace-file": "looptrace, an Agent given no provider (the embedded default: the trace file)",
+    "looptrace-file": "looptrace, an Agent given no provider (its own pipeline: the trace file)",
     "raw-file": "raw SDK floor for the file, with content: the SDK's OTLP/JSON encoder, a line per span appended",
     "looptrace-otlp": 'looptrace, configure(exporters="otlp")',
     "raw-otlp": "raw SDK floor for OTLP, with content: BatchSpanProcessor + the SDK's OTLP/HTTP exporter",

@@ -4,7 +4,7 @@ Goal 1, writing. One scripted run (``TURNS`` turns, a no-op tool per turn), inte
 
 * off: ``Agent(..., telemetry=False, detector=False)``: the loop alone.
 * on: looptrace's default telemetry as a user gets it: an ``Agent`` given no provider, in an environment that sets
-  nothing but ``LOOPTRACE_TRACE_FILE`` (a temporary file), so the embedded default writes the trace file (an SDK
+  nothing but ``LOOPTRACE_TRACE_FILE`` (a temporary file), so the Agent's own pipeline writes the trace file (an SDK
   provider and ``TraceFileProcessor``); content capture on, detector off (it is not telemetry).
 * on+detector: the same with the detector on, the Agent as it comes: its difference to "on" is the detector's share.
 * sdk: the same file written through the SDK's spans (``TracerProvider`` + ``TraceFileProcessor``), as it is when an
@@ -131,7 +131,7 @@ def writing(quick: bool, tmp: str) -> list[Row]:
             f"({recording.span_count} spans per run)")
         variants = {name: scenario.scripted_runs(agent, TURNS, runs_per_sample) for name, agent in agents.items()}
         samples = interleave({**variants, "raw": raw_sample}, reps=reps)
-        path = default_path_taken()
+        path = default_path_taken(agents["on"])
     sdk_provider.shutdown()
     raw_provider.shutdown()
     written = 0
@@ -171,11 +171,9 @@ def writing(quick: bool, tmp: str) -> list[Row]:
     ]
 
 
-def default_path_taken() -> str:
-    """Which provider the default telemetry of this environment uses (the SDK's, since issue 29)."""
-    from looptrace.instrumentation.export.setup import default_telemetry
-
-    provider = default_telemetry().tracer_provider
+def default_path_taken(agent: Agent) -> str:
+    """Which provider an Agent given none records on here: its own pipeline's (the SDK's, since issue 29)."""
+    provider = agent._tracing.providers[0]  # type: ignore[attr-defined]
     return f"{type(provider).__module__}.{type(provider).__name__}"
 
 

@@ -245,7 +245,7 @@ class Looptrace(ProviderVariant):
         self.telemetry = configure(exporters=exporter, trace_file=self.trace_file, set_global=False,
                                    undelivered_file=os.path.join(self._tmp.name, "undelivered.jsonl"))
         self.provider = self.telemetry.tracer_provider
-        # Traces only, like the file row (whose embedded default records no metrics) and the floors: the no-op meter
+        # Traces only, like the file row (whose own pipeline records no metrics) and the floors: the no-op meter
         # provider is how an Agent is told to record no metrics. Given none, it would record them through the global
         # API's (a no-op proxy here), some 15 µs a turn of metric attributes that no floor makes.
         from opentelemetry.metrics import NoOpMeterProvider

@@ -3,9 +3,9 @@
 * ``interface``: the protocols the loop records through, and the plain types both sides speak;
   ``agent_telemetry``: the one factory the runtime calls; ``settings``: every environment variable, read once;
   ``logs``: the ``looptrace`` logger; ``alerts``: where an anomaly goes (log line, webhook, callback, score).
-* ``recording/``: spans with the GenAI conventions, the instrumented model, content capture, metrics, and the one
-  place backends' attribute mappings are applied.
-* ``export/``: ``configure()``, the SDK's exporters built from settings, the delivery guard, ``push``.
+* ``recording/``: spans with the GenAI conventions and looptrace.*, the instrumented model, content capture, metrics.
+* ``export/``: ``configure()``, the SDK's exporters built from settings, each backend's attribute mapping applied as
+  its spans leave (``mapped``; OpenInference's in ``openinference``), the delivery guard, ``push``.
 * ``tracefile/``: the local OTLP/JSON file: encode, read, write, rotate; no network code.
 * ``offline/``: runs rebuilt from stored or received spans, ours and other producers'.
 * ``langfuse/``: Langfuse's attribute mapping, scores and public-API client; ``detector/``: pure standard library;

@@ -1,21 +1,19 @@
 """Where an anomaly goes besides the spans and the metric: a log line, a webhook, your own callback, a Langfuse score.
 
-``AnomalySinks`` is the whole fan-out. ``anomaly_sinks(settings)`` builds it from the settings, once per distinct
-set of sink settings in a process: ``configure()``, an ``Agent`` built without telemetry and the embedded default all
-ask it, so the same settings give the same sinks (one score queue per Langfuse project, one webhook dedupe) and an
-anomaly reaches the same places whoever set things up. The run is handed its sinks by the telemetry it records
-through; nothing looks them up by provider. Every sink is on by default where it costs nothing (the structlog
-WARNING); the webhook is on when a URL is given (``LOOPTRACE_ALERT_WEBHOOK``); the score when the settings send spans
-to Langfuse. A webhook posts at most once per run and anomaly type, from a background thread, with a timeout: an
-alert channel that is slow or down never holds up the agent. A streak that an earlier run of the same session already
-alerted (``Anomaly.continued``) is not announced again by any sink, unless it now stops the run: ``AnomalySinks.send``
-checks that once (``announces``) for all of them. Webhook URLs are credentials (a Slack incoming-webhook URL is
-enough to post to the channel), so only their host is ever logged.
+``AnomalySinks`` is the whole fan-out (``recording.sinks.AnomalySink`` is what the spans call).
+``anomaly_sinks(settings)`` builds it from the settings where telemetry is built (``configure()``, an ``Agent`` built
+without telemetry), so an anomaly reaches the same places whoever set things up. The run is handed its sinks by
+the telemetry it records through; nothing looks them up. Every sink is on by default where it costs nothing (the
+structlog WARNING); the webhook is on when a URL is given (``LOOPTRACE_ALERT_WEBHOOK``); the score when the settings
+send spans to Langfuse. A webhook posts at most once per run and anomaly type, from a background thread, with a
+timeout: an alert channel that is slow or down never holds up the agent. A streak that an earlier run of the same
+session already alerted (``Anomaly.continued``) is not announced again by any sink, unless it now stops the run:
+``AnomalySinks.send`` checks that once (``announces``) for all of them. Webhook URLs are credentials (a Slack
+incoming-webhook URL is enough to post to the channel), so only their host is ever logged.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import threading
 import time
@@ -27,7 +25,7 @@ from urllib.parse import urlsplit
 
 from .detector import Anomaly, LoopCost, format_usd
 from .logs import log
-from .recording.seam_types import Action
+from .recording.sinks import AlertContext
 from .settings import ConfigurationError
 
 if TYPE_CHECKING:
@@ -35,20 +33,6 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 _MAX_REMEMBERED_POSTS = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class AlertContext:
-    """Where an anomaly happened, for the receivers that were not there."""
-
-    agent: str
-    trace_id: str
-    span_id: str
-    action: Action
-    # A run `watch` assembled from several traces (a session's, or a conversation rebuilt from the history of a
-    # producer with no agent span): its key, and its traces' real ids, oldest first; ``trace_id`` is the latest.
-    conversation: str | None = None
-    trace_ids: tuple[str, ...] = ()
 
 
 AlertCallback = Callable[[Anomaly, AlertContext], None]
@@ -275,40 +259,19 @@ def cost_fields(cost: LoopCost | None) -> dict[str, Any]:
     return fields
 
 
-_shared_lock = threading.Lock()
-_shared: dict[tuple[Any, ...], AnomalySinks] = {}
-
-
 def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] | None = None) -> AnomalySinks:
     """The anomaly sinks ``settings`` describe: the log line, the webhook when one is named, and the Langfuse score
     when the settings send spans to Langfuse (filed in the environment ``resource_attributes`` name, by default the
-    settings' own). One instance per distinct set of these facts in a process, so whoever asks with the same settings
-    (``configure()``, an Agent, the embedded default) gets the very sinks the others use, and flushing one flushes
-    them all."""
+    settings' own). Built once where telemetry is (``configure()``, an Agent's telemetry) and handed to every run
+    recorded through it; whoever built them closes them (``AnomalySinks.close``: the scores still queued)."""
     langfuse = settings.langfuse if "langfuse" in settings.chosen_exporters() else None
     resource = settings.resource_attributes if resource_attributes is None else resource_attributes
-    # Keyed by what decides the score's destination and environment, so configure()'s provider resource and an
-    # Agent's resource attributes meet on the same sinks.
-    scored = None
+    scores = None
     if langfuse is not None:
-        from .langfuse.mapping import environment_inputs
+        from .langfuse.scores import LangfuseScores
+        from .tracefile.undelivered import UndeliveredList
 
-        scored = (langfuse.base_url, langfuse.public_key, langfuse.secret_key, langfuse.timeout_s,
-                  *environment_inputs(langfuse, resource))
-    key = (settings.alert_webhook, scored, settings.undelivered_file)
-    with _shared_lock:
-        sinks = _shared.get(key)
-        if sinks is None:
-            scores = None
-            if langfuse is not None:
-                from .langfuse.scores import LangfuseScores
-                from .tracefile.undelivered import UndeliveredList
-
-                scores = LangfuseScores.from_settings(langfuse, resource=resource)
-                # A score Langfuse cannot take now is kept for `looptrace traces push`.
-                scores.keep_undelivered = UndeliveredList(settings.undelivered_file).keep_score
-                # Whoever else shuts down (configure()'s Telemetry does, within its exit deadline), the scores of an
-                # Agent on the application's own provider still leave before the interpreter does, boundedly.
-                atexit.register(scores.close, scores.timeout_s)
-            sinks = _shared[key] = AnomalySinks.from_settings(settings, scores=scores)
-        return sinks
+        scores = LangfuseScores.from_settings(langfuse, resource=resource)
+        # A score Langfuse cannot take now is kept for `looptrace traces push`.
+        scores.keep_undelivered = UndeliveredList(settings.undelivered_file).keep_score
+    return AnomalySinks.from_settings(settings, scores=scores)

@@ -24,10 +24,11 @@ from .alerts import Alerts
 from .detector import Anomaly, LoopCost, UnresolvedToolError
 from .logs import log
 from .recording.content import redact
-from .recording.instrumented_model import Answer
+from .recording.instrumented_model import Answer, ModelLike, report_first_chunk
 from .recording.prices import DEFAULT_PRICES, Price, price_for, usd_for_tokens
-from .recording.seam_types import ACTIONS, Action, CostOf, ModelLike, Usage, report_first_chunk
+from .recording.sinks import ACTIONS, Action, TraceLinks
 from .recording.tool_call import ToolCallView
+from .recording.usage import CostOf, Usage
 from .settings import Settings
 
 __all__ = [
@@ -129,14 +130,6 @@ class RunTrace(Protocol):
         continues in that session). ``loop_cost``, ``session_loop_cost``: what the turns that belonged to a loop
         cost in this run and in its session so far; ``loop_cost_by_type`` splits the run's by anomaly type (the
         loop cost metric)."""
-        ...
-
-
-class TraceLinks(Protocol):
-    """Links to traces in a backend's UI (Langfuse's: ``langfuse.api.TraceLinks``)."""
-
-    def url(self, trace_id: str) -> str | None:
-        """The trace's URL, or None when it cannot be known (never an error, never a long wait)."""
         ...
 
 

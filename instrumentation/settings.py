@@ -53,24 +53,20 @@ LANGFUSE_TRACES_PATH = "/api/public/otel/v1/traces"
 HTTP_PROTOBUF, GRPC = "http/protobuf", "grpc"
 KNOWN_EXPORTERS = ("file", "console", "otlp", "langfuse", "none")
 NETWORK_EXPORTERS = ("langfuse", "otlp")
+# The backends' attribute mappings an OTLP exporter can be asked to add (LOOPTRACE_OTLP_MAPPINGS): for a collector
+# that forwards to Langfuse (its mapping, with OpenInference's, which Langfuse reads too) or to Phoenix.
+OTLP_MAPPINGS = ("langfuse", "openinference")
 _SIGNAL_PATHS = {"traces": "v1/traces", "metrics": "v1/metrics"}
 _DEFAULT_ENDPOINTS = {HTTP_PROTOBUF: "http://localhost:4318", GRPC: "http://localhost:4317"}
 # Content capture: the OpenTelemetry GenAI utilities' modes, and the true/false of older GenAI instrumentations.
 CAPTURE_MODES = ("NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT")
 _CAPTURE_TRUE, _CAPTURE_FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", "none"}
 
-# The SDK's span limits (attribute, event and link counts, value lengths): only the SDK applies them.
-SPAN_LIMIT_VARIABLES = (
-    "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
-    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
-    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
-)
-_DEFAULT_SAMPLER = "parentbased_always_on"
-
 # What each variable does; the README's configuration table names the same set. "[TRACES_|METRICS_]" stands for the
 # three spellings the specification defines (generic, per traces, per metrics).
 VARIABLES: dict[str, str] = {
     "LOOPTRACE_EXPORTER": "exporters: file, console, otlp, langfuse, none",
+    "LOOPTRACE_OTLP_MAPPINGS": "backends' attributes the OTLP exporter adds: langfuse, openinference, none",
     "LOOPTRACE_TRACE_FILE": "the file exporter's path",
     "LOOPTRACE_TRACE_FILE_MAX_BYTES": "the trace file rotates past this size (default 64 MiB; 0: never)",
     "LOOPTRACE_TRACE_FILE_BACKUPS": "rotated trace files kept beside it (default 8)",
@@ -115,9 +111,6 @@ VARIABLES: dict[str, str] = {
     "OTEL_BSP_MAX_QUEUE_SIZE": "batch span processor queue",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "batch span processor batch size",
     "OTEL_BSP_EXPORT_TIMEOUT": "batch span processor export timeout, ms",
-    "OTEL_TRACES_SAMPLER": "the SDK's sampler (default parentbased_always_on)",
-    "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED": "true: the SDK's own metrics",
-    **{name: "a span limit, applied by the SDK" for name in SPAN_LIMIT_VARIABLES},
     "TRACEPARENT": "W3C trace context to join",
     "TRACESTATE": "W3C trace state to join",
 }
@@ -397,6 +390,21 @@ def _absolute_path(value: str | None) -> Path | None:
     return Path(value) if value and os.path.isabs(value) else None
 
 
+def parse_mappings(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """A comma list (or a list) of backend mappings (``OTLP_MAPPINGS``; ``none`` for none), validated, order kept."""
+    items = (value.split(",") if isinstance(value, str) else list(value)) if value is not None else []
+    names: list[str] = []
+    for item in (i.strip().lower() for i in items):
+        if not item or item == "none":
+            continue
+        if item not in OTLP_MAPPINGS:
+            raise ConfigurationError(f"LOOPTRACE_OTLP_MAPPINGS: unknown mapping {item!r}; choose from "
+                                     f"{', '.join(OTLP_MAPPINGS)} (or none)")
+        if item not in names:
+            names.append(item)
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class Settings:
     """looptrace's whole configuration. ``Settings.from_env()`` reads it; ``Settings()`` is the defaults alone.
@@ -426,6 +434,9 @@ class Settings:
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
     langfuse: LangfuseSettings | None = None
     otlp: OtlpSettings = field(default_factory=OtlpSettings)
+    # The backends' mappings the OTLP exporter adds to each span (LOOPTRACE_OTLP_MAPPINGS): none by default, the
+    # conventions alone; langfuse and/or openinference when the collector forwards to Langfuse or Phoenix.
+    otlp_mappings: tuple[str, ...] = ()
     otlp_metrics: OtlpSettings = field(default_factory=lambda: OtlpSettings(signal="metrics",
                                                                             endpoint="http://localhost:4318/v1/metrics"))
     batch: BatchSettings = field(default_factory=BatchSettings)
@@ -433,9 +444,6 @@ class Settings:
     tracestate: str | None = None
     watch_token: str | None = field(default=None, repr=False)  # what `looptrace watch` requires of senders
     watch_basic_auth: tuple[str, str] | None = field(default=None, repr=False)
-    # What the environment asks of the SDK's spans (a sampler, span limits, its own metrics), which the SDK applies:
-    # names, with the sampler's value; the embedded default makes one provider per distinct set.
-    sdk_span_settings: tuple[str, ...] = ()
     exporters_variable: str | None = None  # the variable ``exporters`` came from (LOOPTRACE_EXPORTER, ...), if any
     # Values that were set but cannot be used and are ignored, each a sentence naming its variable; configure() says
     # each once, as a warning (a variable may be meant for another program, so these are no errors).
@@ -475,6 +483,7 @@ class Settings:
             resource_attributes=_resource_attributes(env.get("OTEL_RESOURCE_ATTRIBUTES")),
             langfuse=LangfuseSettings.from_env(source),
             otlp=OtlpSettings.from_env("traces", source),
+            otlp_mappings=parse_mappings(env.get("LOOPTRACE_OTLP_MAPPINGS")),
             otlp_metrics=OtlpSettings.from_env("metrics", source),
             batch=BatchSettings(
                 # A value the SDK could not read is replaced by its default here, so that the SDK never reads the
@@ -488,7 +497,6 @@ class Settings:
             tracestate=env.get("TRACESTATE"),
             watch_token=env.get("LOOPTRACE_WATCH_TOKEN"),
             watch_basic_auth=_watch_basic_auth(env),
-            sdk_span_settings=_sdk_span_settings(env),
             ignored=tuple(ignored),
         )
 
@@ -497,6 +505,8 @@ class Settings:
         given = {name: value for name, value in changes.items() if value is not None}
         if "exporters" in given:
             given["exporters"] = parse_exporters(given["exporters"]) or None
+        if "otlp_mappings" in given:
+            given["otlp_mappings"] = parse_mappings(given["otlp_mappings"])
         for name in ("trace_file", "undelivered_file"):
             if name in given:
                 given[name] = Path(given[name])
@@ -521,17 +531,6 @@ class Settings:
         if self.exporters:
             return [name for name in self.exporters if name != "none"]
         return ["file", *self.configured_backends()]
-
-
-def _sdk_span_settings(env: _Env) -> tuple[str, ...]:
-    found = []
-    sampler = env.get("OTEL_TRACES_SAMPLER")
-    if sampler and sampler.strip().lower() != _DEFAULT_SAMPLER:
-        found.append(f"OTEL_TRACES_SAMPLER={sampler}")
-    found += [name for name in SPAN_LIMIT_VARIABLES if env.get(name)]
-    if (env.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED") or "").strip().lower() == "true":
-        found.append("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED")
-    return tuple(found)
 
 
 def _explicit_exporters(env: _Env, ignored: list[str]) -> tuple[tuple[str, ...] | None, str | None]:

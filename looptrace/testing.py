@@ -111,16 +111,36 @@ def assert_no_anomalies(result: RunResult) -> None:
 
 
 class CapturedSpans:
-    """A tracer provider whose finished spans stay in memory. Pass ``provider`` to ``Agent(tracer_provider=...)``."""
+    """A tracer provider whose finished spans stay in memory. Pass ``provider`` to ``Agent(tracer_provider=...)``.
+
+    The spans carry the GenAI conventions and looptrace.* only; ``sent_to_langfuse`` holds the same spans as
+    Langfuse's exporter sends them (its attributes, and OpenInference's, added at export)."""
 
     def __init__(self) -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+        from looptrace.instrumentation.export.mapped import MappedSpanProcessor, mappings_for
+
         self.exporter = InMemorySpanExporter()
         self.provider: TracerProvider = TracerProvider()
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self._langfuse = InMemorySpanExporter()
+        self.provider.add_span_processor(MappedSpanProcessor(SimpleSpanProcessor(self._langfuse),
+                                                             mappings_for(["langfuse"])))
+
+    @property
+    def sent_to_langfuse(self) -> list[ReadableSpan]:
+        """Every finished span as Langfuse's exporter sends it, in the order they ended."""
+        return list(self._langfuse.get_finished_spans())
+
+    def sent(self, prefix: str) -> ReadableSpan:
+        """The single span named ``prefix...`` as Langfuse's exporter sends it."""
+        found = [span for span in self.sent_to_langfuse if span.name.startswith(prefix)]
+        if len(found) != 1:
+            raise AssertionError(f"expected one span named {prefix}*, found {[s.name for s in found]}")
+        return found[0]
 
     @property
     def all(self) -> list[ReadableSpan]:
@@ -146,6 +166,7 @@ class CapturedSpans:
     def clear(self) -> None:
         """Forget the spans captured so far."""
         self.exporter.clear()
+        self._langfuse.clear()
 
 
 class _Collect(logging.Handler):

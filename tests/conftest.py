@@ -49,17 +49,33 @@ settings.load_profile("looptrace")
 
 
 class Spans:
-    """The finished spans of a test, with the look-ups the assertions need."""
+    """The finished spans of a test, with the look-ups the assertions need; ``sent_to_langfuse`` has the same spans
+    as Langfuse's exporter sends them (its mapping, with OpenInference's, added at export)."""
 
     def __init__(self) -> None:
+        from looptrace.instrumentation.export.mapped import MappedSpanProcessor, mappings_for
+
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.langfuse_exporter = InMemorySpanExporter()
+        self.provider.add_span_processor(MappedSpanProcessor(SimpleSpanProcessor(self.langfuse_exporter),
+                                                             mappings_for(["langfuse"])))
         detect_parity.PROVIDERS[id(self.provider)] = self.exporter  # its runs are read back by detect after the test
 
     @property
     def all(self):
         return list(self.exporter.get_finished_spans())
+
+    @property
+    def sent_to_langfuse(self):
+        return list(self.langfuse_exporter.get_finished_spans())
+
+    def sent(self, prefix: str):
+        """The one span named ``prefix``*, as Langfuse's exporter sends it."""
+        found = [s for s in self.sent_to_langfuse if s.name.startswith(prefix)]
+        assert len(found) == 1, f"expected one span named {prefix}*, found {[s.name for s in found]}"
+        return found[0]
 
     def named(self, prefix: str):
         return [s for s in self.all if s.name.startswith(prefix)]

@@ -203,9 +203,9 @@ class Sinks:
 
 def as_records(finished_spans: list[Any]) -> list[Any]:
     """SDK spans as the trace reader's records, the way `looptrace detect` reads them back from the file."""
-    from looptrace.instrumentation.offline.readers import NeutralSpan
+    from looptrace.instrumentation.tracefile.read import SpanRecord
 
-    return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
+    return [SpanRecord(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                         parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,
                         start_ns=s.start_time, attributes=dict(s.attributes), status_code=s.status.status_code.value)
             for s in finished_spans]

@@ -282,11 +282,14 @@ def test_anomalies_on_spans_warning_level_and_event_on_the_offending_call(spans)
     assert event.attributes[sc.ANOMALY_TYPE] == "repeated_call"
     assert event.attributes[sc.ANOMALY_COUNT] == 3
     assert event.attributes[sc.ANOMALY_ACTION] == "warn"
-    assert turn3.attributes[sc.LANGFUSE_OBSERVATION_LEVEL] == "WARNING"
     third_call = max(spans.named("execute_tool"), key=lambda s: s.start_time)
-    assert third_call.attributes[sc.LANGFUSE_OBSERVATION_LEVEL] == "WARNING"
-    assert "repeated_call" in third_call.attributes[sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE]
     assert [e.name for e in third_call.events] == [sc.ANOMALY_EVENT]
+    # Langfuse shows both at level WARNING, the anomaly as the status message: its exporter adds that.
+    sent = {format(s.context.span_id, "016x"): s.attributes for s in spans.sent_to_langfuse}
+    turn3_sent, call_sent = sent[format(turn3.context.span_id, "016x")], sent[format(third_call.context.span_id, "016x")]
+    assert turn3_sent["langfuse.observation.level"] == "WARNING"
+    assert call_sent["langfuse.observation.level"] == "WARNING"
+    assert "repeated_call" in call_sent["langfuse.observation.status_message"]
     assert spans.one("invoke_agent").attributes[sc.RUN_ANOMALY_COUNT] == 1
 
 
@@ -390,9 +393,9 @@ def test_the_detector_never_raises_on_arbitrary_json(calls):
 
 def _as_records(finished_spans):
     """SDK spans as the trace reader's records, the way they look after a round trip through the file."""
-    from looptrace.instrumentation.offline.readers import NeutralSpan
+    from looptrace.instrumentation.tracefile.read import SpanRecord
 
-    return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
+    return [SpanRecord(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                       parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,
                       start_ns=s.start_time, attributes=dict(s.attributes), status_code=s.status.status_code.value)
             for s in finished_spans]

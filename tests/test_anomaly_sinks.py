@@ -1,4 +1,4 @@
-"""An anomaly reaches the same sinks whoever set telemetry up: configure() in an application, the embedded default an
+"""An anomaly reaches the same sinks whoever set telemetry up: configure() in an application, the pipeline of its own an
 Agent falls back on, or the CLI. Each sink gets it once: the Langfuse score, the webhook, the metric, the log line.
 
 The Langfuse stand-in is a local HTTP server that speaks the OTLP ingestion and score endpoints with Basic auth; the
@@ -7,6 +7,7 @@ webhook is a local HTTP server too; the metric is scraped from the Prometheus en
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import urllib.request
@@ -19,9 +20,7 @@ from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
 
 from looptrace import Agent, ScriptedModel, configure, tool
-from looptrace.instrumentation.export.setup import default_telemetry
 from looptrace.instrumentation.langfuse.scores import stable_score_id
-from looptrace.instrumentation.settings import Settings
 
 PUBLIC, SECRET = "pk-lf-sinks", "sk-lf-sinks"
 
@@ -130,14 +129,15 @@ def test_configure_langfuse_posts_one_score_one_webhook_and_one_metric_per_anoma
     assert (post["anomaly"]["type"], post["trace_id"]) == ("repeated_call", result.trace_id)
 
 
-def test_the_embedded_default_with_only_langfuse_keys_posts_the_score_and_the_webhook(environment):
+def test_an_agents_own_pipeline_with_only_langfuse_keys_posts_the_score_and_the_webhook(environment):
     langfuse, webhook = environment
     agent = Agent("claude-sonnet-5-5", tools=[reserve_equipment], client=ScriptedModel(_failing_three_times()),
                   on_anomaly="warn")
     result = agent.run("Reserve EQ-001")
-    default = default_telemetry(Settings.from_env())  # the one the run used: same settings, same instance
-    default.shutdown()  # delivers everything now, rather than at exit into a stand-in that is gone
+    del agent  # the Agent goes: what its telemetry opened delivers what it holds and closes, without an exit
+    gc.collect()
     _wait_for(lambda: _anomaly_scores(langfuse) and webhook.received, "the score and the webhook post")
+    assert {s.trace_id for s in langfuse.wait_for_spans(1)} == {result.trace_id}  # its spans too
     [score] = _anomaly_scores(langfuse)
     expected = _expected_score(result)
     assert {k: score[k] for k in expected} == expected
@@ -186,7 +186,6 @@ def test_an_agent_handed_the_telemetry_configure_returned_reports_to_its_sinks_a
 def test_an_agent_on_the_applications_own_provider_gets_the_log_webhook_and_score_its_settings_describe(environment):
     from opentelemetry.sdk.trace import TracerProvider
 
-    from looptrace.instrumentation.alerts import anomaly_sinks
     from looptrace.testing import capture_logs
 
     langfuse, webhook = environment
@@ -195,9 +194,9 @@ def test_an_agent_on_the_applications_own_provider_gets_the_log_webhook_and_scor
                   on_anomaly="warn")
     with capture_logs() as logs:
         result = agent.run("Reserve EQ-001")
-    sinks = anomaly_sinks(Settings.from_env())  # the same settings give the very sinks the run was handed
-    sinks.close(10.0)
-    sinks.wait(10.0)
+    del agent  # what the Agent's telemetry opened (the score queue) delivers and closes as the Agent goes
+    gc.collect()
+    _wait_for(lambda: _anomaly_scores(langfuse) and webhook.received, "the score and the webhook post")
     assert [entry["anomaly_type"] for entry in logs if entry["event"] == "loop_anomaly"] == ["repeated_call"]
     assert [post["trace_id"] for post in webhook.received] == [result.trace_id]
     assert [(score["traceId"], score["value"]) for score in _anomaly_scores(langfuse)] == [(result.trace_id, "repeated_call")]

@@ -25,8 +25,8 @@ from looptrace.instrumentation.detector import (
     canonical_arguments,
     result_digest,
 )
-from looptrace.instrumentation.offline.readers import NeutralSpan
 from looptrace.instrumentation.offline.trace_detect import detect_spans
+from looptrace.instrumentation.tracefile.read import SpanRecord
 from looptrace.runtime import Agent, RunStatus, ScriptedModel, tool
 from looptrace.runtime.judge import ModelJudge
 
@@ -35,7 +35,7 @@ MODEL = "claude-sonnet-5-5"
 
 def _as_records(finished_spans):
     """SDK spans as the trace reader's records."""
-    return [NeutralSpan(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
+    return [SpanRecord(trace_id=format(s.context.trace_id, "032x"), span_id=format(s.context.span_id, "016x"),
                       parent_span_id=format(s.parent.span_id, "016x") if s.parent else None, name=s.name,
                       start_ns=s.start_time, attributes=dict(s.attributes), status_code=s.status.status_code.value)
             for s in finished_spans]

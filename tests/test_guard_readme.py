@@ -28,12 +28,12 @@ LANGCHAIN, OPENAI_AGENTS, CLAUDE = re.findall(r"```python\n(.*?)```", SECTION, r
 
 @pytest.fixture
 def trace_file(workdir, monkeypatch) -> Path:
-    """A trace file of this test's own (the embedded default is one per trace file). The Agents SDK's own tracing,
-    which would post to OpenAI, is off."""
+    """A trace file of this test's own (an Agent given no provider has a pipeline of its own). The Agents SDK's own
+    tracing, which would post to OpenAI, is off."""
     from opentelemetry import trace
     from opentelemetry.util._once import Once
 
-    # No global tracer provider left by an earlier test: the example writes through the embedded default.
+    # No global tracer provider left by an earlier test: the example writes through its Agent's own pipeline.
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
     path = workdir / "traces.jsonl"

@@ -33,7 +33,7 @@ HUGE = 10 ** 5000  # more digits than Python writes out (sys.get_int_max_str_dig
 
 @pytest.fixture
 def trace_file(tmp_path, monkeypatch):
-    """The embedded default, as in a new process with no telemetry variables, writing to a file of this test's own."""
+    """An Agent's own pipeline, as in a new process with no telemetry variables, writing to a file of this test's own."""
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     for name in [n for n in os.environ if n.startswith(("OTEL_", "LANGFUSE_", "LOOPTRACE_", "TRACEPARENT"))]:
         monkeypatch.delenv(name)

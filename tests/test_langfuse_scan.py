@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from looptrace.cli.trace_commands import main as trace_commands
 from looptrace.instrumentation.export.setup import configure
+from looptrace.instrumentation.langfuse import mapping as langfuse_mapping
 from looptrace.instrumentation.langfuse.api import (
     LangfuseAPI,
     LangfuseAuthError,
@@ -290,8 +291,8 @@ def test_scoring_makes_each_finding_one_score_across_two_scans_with_the_live_pat
     with langfuse_with(project) as fake:
         first = list(scan(client_for(fake), score=True))
         stored = dict(fake.scores)
-        anomaly_scores = {i: s for i, s in stored.items() if s["name"] == sc.LANGFUSE_ANOMALY_SCORE}
-        cost_scores = {i: s for i, s in stored.items() if s["name"] == sc.LANGFUSE_LOOP_COST_SCORE}
+        anomaly_scores = {i: s for i, s in stored.items() if s["name"] == langfuse_mapping.ANOMALY_SCORE}
+        cost_scores = {i: s for i, s in stored.items() if s["name"] == langfuse_mapping.LOOP_COST_SCORE}
         assert len(anomaly_scores) + len(cost_scores) == len(stored)
         findings = {(v.trace_id, a.type) for v in first for a in v.anomalies}
         assert {(s["traceId"], s["value"]) for s in anomaly_scores.values()} == findings
@@ -455,7 +456,7 @@ def test_an_interrupted_scan_resumes_from_its_cursor(project, tmp_path):
     assert by_trace(first + rest) == project.expected
     assert not any("isRootObservation" in r for r in resumed)  # the listing was not read again
     assert {v.trace_id for v in first} & {r["traceId"][0] for r in resumed} == set()  # nor the judged traces
-    anomaly_scores = [s for s in fake.scores.values() if s["name"] == sc.LANGFUSE_ANOMALY_SCORE]
+    anomaly_scores = [s for s in fake.scores.values() if s["name"] == langfuse_mapping.ANOMALY_SCORE]
     assert len(anomaly_scores) == sum(len({a["type"] for a in v["anomalies"]}) for v in project.expected.values())
 
 
@@ -642,11 +643,11 @@ def test_detect_langfuse_scores_each_finding_once_across_two_scans(project, monk
         posts = [entry for entry in fake.log if entry[0] == "POST" and entry[1].endswith("/scores")]
         stored = dict(fake.scores)
     findings = {(t, a["type"]) for t, v in project.expected.items() if len(t) == 32 for a in v["anomalies"]}
-    anomaly_scores = [s for s in stored.values() if s["name"] == sc.LANGFUSE_ANOMALY_SCORE]
+    anomaly_scores = [s for s in stored.values() if s["name"] == langfuse_mapping.ANOMALY_SCORE]
     assert {(s["traceId"], s["value"]) for s in anomaly_scores} == findings  # one score per finding ...
     assert len(posts) == 2 * len(stored)  # ... posted by each scan with the same id: the second updates it
     # and one loop_cost_usd per run and anomaly type, what its loops cost
-    assert {s["name"] for s in stored.values()} == {sc.LANGFUSE_ANOMALY_SCORE, sc.LANGFUSE_LOOP_COST_SCORE}
+    assert {s["name"] for s in stored.values()} == {langfuse_mapping.ANOMALY_SCORE, langfuse_mapping.LOOP_COST_SCORE}
 
 
 def test_detect_langfuse_with_a_bad_key_is_one_line_and_exit_2(project, monkeypatch):

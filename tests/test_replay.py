@@ -1,7 +1,7 @@
 """`looptrace replay`: a stored run, rebuilt from the trace file an Agent wrote, runs again through the current loop.
 
 Every recording here is made the way a user makes one: an Agent given nothing writes the trace file through the
-embedded default (LOOPTRACE_TRACE_FILE in tmp_path), its model a ScriptedModel.
+Agent's own pipeline (LOOPTRACE_TRACE_FILE in tmp_path), its model a ScriptedModel.
 """
 
 from __future__ import annotations

@@ -311,6 +311,8 @@ def test_a_whole_runs_content_has_the_conventions_message_and_tool_definition_st
     for chat in chats:
         InputMessages.model_validate(content_of(chat, sc.GEN_AI_INPUT_MESSAGES))
         OutputMessages.model_validate(content_of(chat, sc.GEN_AI_OUTPUT_MESSAGES))
+    # The run's instructions and tools are on its root once; Langfuse gets them on every generation (its mapping).
+    for chat in [s for s in spans.sent_to_langfuse if s.name.startswith("chat ")]:
         validate_system_instructions(content_of(chat, sc.GEN_AI_SYSTEM_INSTRUCTIONS))
         validate_tool_definitions(content_of(chat, sc.GEN_AI_TOOL_DEFINITIONS))
 
@@ -333,7 +335,7 @@ def test_the_same_content_reads_as_the_opentelemetry_genai_utilities_types(spans
     inputs = TypeAdapter(list[genai_types.InputMessage])
     outputs = TypeAdapter(list[genai_types.OutputMessage])
     definitions = TypeAdapter(list[genai_types.FunctionToolDefinition])
-    for span in [spans.one("invoke_agent"), *spans.named("chat ")]:
+    for span in [spans.sent("invoke_agent"), *[s for s in spans.sent_to_langfuse if s.name.startswith("chat ")]]:
         for message in [*inputs.validate_python(content_of(span, sc.GEN_AI_INPUT_MESSAGES)),
                         *outputs.validate_python(content_of(span, sc.GEN_AI_OUTPUT_MESSAGES))]:
             # Every part is one of the specific types, none fell back to the deprecated generic one.
@@ -360,13 +362,18 @@ def test_continuing_a_history_records_all_of_it_as_the_runs_input(spans):
     root = spans.one("invoke_agent")
     assert [m["role"] for m in content_of(root, sc.GEN_AI_INPUT_MESSAGES)] == ["user", "assistant", "user",
                                                                               "assistant", "user"]
-    assert root.attributes[sc.INPUT_VALUE] == "Yes, a projector for 2026-10-08."  # the readable one-line input
+    # The readable one-line input Phoenix and Langfuse show, added by their mapping at export.
+    assert spans.sent("invoke_agent").attributes[sc.INPUT_VALUE] == "Yes, a projector for 2026-10-08."
 
 
-def test_generations_carry_the_system_prompt_and_the_tool_definitions_the_model_got(spans):
+def test_the_system_prompt_and_tool_definitions_are_on_the_root_once_and_on_every_generation_langfuse_gets(spans):
     run_story(spans)
     root = spans.one("invoke_agent").attributes
-    for chat in spans.named("chat "):
+    for chat in spans.named("chat "):  # the conventions allow them on the agent span: there, once per run
+        assert sc.GEN_AI_SYSTEM_INSTRUCTIONS not in chat.attributes and sc.GEN_AI_TOOL_DEFINITIONS not in chat.attributes
+    sent = [s for s in spans.sent_to_langfuse if s.name.startswith("chat ")]
+    assert len(sent) == 4
+    for chat in sent:  # Langfuse shows a generation's tools from the generation: its mapping puts them there
         assert chat.attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] == root[sc.GEN_AI_SYSTEM_INSTRUCTIONS]
         assert chat.attributes[sc.GEN_AI_TOOL_DEFINITIONS] == root[sc.GEN_AI_TOOL_DEFINITIONS]
 
@@ -396,21 +403,37 @@ def test_a_streaming_call_records_its_time_to_first_chunk(spans, monkeypatch):
     assert 0 < chat[sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] <= total
 
 
-def test_every_span_has_its_openinference_kind_and_the_root_its_input_and_output(spans):
+def test_every_span_sent_has_its_openinference_kind_and_the_root_its_input_and_output(spans):
     result = run_story(spans)
-    kinds = {s.name.split(" ")[0]: s.attributes[sc.OPENINFERENCE_SPAN_KIND] for s in spans.all}
+    sent = spans.sent_to_langfuse
+    kinds = {s.name.split(" ")[0]: s.attributes[sc.OPENINFERENCE_SPAN_KIND] for s in sent}
     assert kinds == {"invoke_agent": "AGENT", "turn": "CHAIN", "chat": "LLM", "execute_tool": "TOOL"}
-    root = spans.one("invoke_agent").attributes
+    root = spans.sent("invoke_agent").attributes
     assert root[sc.INPUT_VALUE] == DEMO_TASK and root[sc.OUTPUT_VALUE] == result.final_text
     # Langfuse takes input.value/output.value over the GenAI content: on a tool or a generation they say the same
     # (tests/test_shipping.py compares the two views); a turn has neither.
-    for span in spans.named("execute_tool"):
+    for span in [s for s in sent if s.name.startswith("execute_tool")]:
         assert span.attributes[sc.INPUT_VALUE] == span.attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS]
         assert span.attributes[sc.OUTPUT_VALUE] == span.attributes[sc.GEN_AI_TOOL_CALL_RESULT]
-    for span in spans.named("chat "):
+    for span in [s for s in sent if s.name.startswith("chat ")]:
         assert json.loads(span.attributes[sc.INPUT_VALUE])[1:] == json.loads(span.attributes[sc.GEN_AI_INPUT_MESSAGES])
         assert span.attributes[sc.OUTPUT_VALUE] == span.attributes[sc.GEN_AI_OUTPUT_MESSAGES]
-    assert not any(sc.INPUT_VALUE in s.attributes or sc.OUTPUT_VALUE in s.attributes for s in spans.named("turn"))
+    assert not any(sc.INPUT_VALUE in s.attributes or sc.OUTPUT_VALUE in s.attributes
+                   for s in sent if s.name.startswith("turn"))
+
+
+def test_the_spans_themselves_carry_no_backends_attributes(spans):
+    """An application's processors (and the trace file) get the conventions and looptrace.* once: Langfuse's and
+    OpenInference's attributes are added by the exporters that send to them."""
+    Agent(MODEL, tools=Inventory().tools(), client=ScriptedModel(equipment_script()), system="Book things.",
+          tracer_provider=spans.provider).run(DEMO_TASK, user_id="ana", tags=["demo"], metadata={"ticket": "T-9"})
+    vendor = [(s.name, k) for s in spans.all for k in s.attributes
+              if k.startswith(("langfuse.", "openinference.", "input.", "output.", "llm.", "session.id"))]
+    assert spans.all and vendor == []
+    root = spans.one("invoke_agent").attributes  # the labels, in neutral form, on the root alone
+    assert (root[sc.USER_ID], list(root[sc.RUN_TAGS]), root[sc.RUN_METADATA_PREFIX + "ticket"]) == ("ana", ["demo"],
+                                                                                                  "T-9")
+    assert not any(sc.USER_ID in s.attributes for s in spans.all if s.parent is not None)
 
 
 def test_an_anomaly_is_an_evaluation_result_event_with_ours_beside_it(spans):
@@ -432,7 +455,7 @@ def test_a_run_under_an_outer_span_is_marked_as_its_traces_root_in_langfuse(span
     with outer.start_as_current_span("handle request"):
         Agent(MODEL, client=ScriptedModel([{"content": [{"type": "text", "text": "done"}]}]),
               tracer_provider=spans.provider).run("do it")
-    root = spans.one("invoke_agent").attributes
+    root = spans.sent("invoke_agent").attributes
     assert root["langfuse.internal.as_root"] is True
     assert (root["langfuse.trace.input"], root["langfuse.trace.output"]) == ("do it", "done")
 
@@ -441,7 +464,7 @@ def test_a_run_of_its_own_needs_no_root_marker(spans):
     Agent(MODEL, client=ScriptedModel([{"content": [{"type": "text", "text": "done"}]}]),
           tracer_provider=spans.provider).run("do it")
     assert not any(k.startswith(("langfuse.internal", "langfuse.trace.input", "langfuse.trace.output"))
-                   for k in spans.one("invoke_agent").attributes)
+                   for k in spans.sent("invoke_agent").attributes)
 
 
 def test_an_agent_run_as_another_agents_tool_is_not_a_root(spans):
@@ -456,7 +479,7 @@ def test_an_agent_run_as_another_agents_tool_is_not_a_root(spans):
     script = [{"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "t1", "name": "delegate",
                                                        "input": {"task": "sub"}}]}, {"content": []}]
     Agent(MODEL, tools=[delegate], client=ScriptedModel(script), name="outer", tracer_provider=spans.provider).run("x")
-    assert "langfuse.internal.as_root" not in spans.one("invoke_agent inner").attributes
+    assert "langfuse.internal.as_root" not in spans.sent("invoke_agent inner").attributes
 
 
 # --- content capture modes (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT) ----------------------------------

@@ -30,7 +30,7 @@ PACKAGE_DIRS = {"looptrace": ROOT / "looptrace", "looptrace.runtime": ROOT / "ru
 PRODUCT = [path for folder in PACKAGE_DIRS.values() for path in folder.rglob("*.py")]
 
 # The entry points, which alone read the environment (ARCHITECTURE.md): the settings reader itself, configure() and
-# the embedded default (setup), an Agent built without telemetry (agent_telemetry), and the CLI's one reader, which
+# an Agent's own pipeline (setup), an Agent built without telemetry (agent_telemetry), and the CLI's one reader, which
 # `looptrace watch` goes through too.
 ENTRY_POINTS = {
     "looptrace.instrumentation.settings",
@@ -205,6 +205,92 @@ def test_a_cycle_through_a_type_checking_import_is_caught():
     assert any(both <= set(group) for group in cycles(import_graph(typing_only)))
 
 
+# --- packages: the layers point down ------------------------------------------------------------------------------
+
+# Each subpackage of instrumentation and each of its top-level modules is one node; so are the runtime, the CLI and
+# the guards; any other module of the looptrace package is a node of its own.
+_PACKAGE_NODES = ("looptrace.instrumentation.", "looptrace.runtime", "looptrace.cli", "looptrace.guards")
+
+
+def package_of(module: str) -> str:
+    """The node of the package graph ``module`` belongs to."""
+    if module.startswith("looptrace.instrumentation."):
+        return ".".join(module.split(".")[:3])
+    for package in _PACKAGE_NODES[1:]:
+        if module == package or module.startswith(package + "."):
+            return package
+    return module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into packages: an edge from a package to each other package one of its modules
+    imports (lazy and type-checking imports included, as in the module graph)."""
+    folded: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        node = package_of(module)
+        folded.setdefault(node, set()).update(package_of(other) for other in imported)
+    for node, imported in folded.items():
+        imported.discard(node)
+    for imported in list(folded.values()):
+        for other in imported:
+            folded.setdefault(other, set())
+    return folded
+
+
+def test_no_cycle_between_packages():
+    assert cycles(package_graph(import_graph())) == []
+
+
+def test_a_cycle_between_packages_added_on_purpose_is_caught():
+    # The trace file's writer reading offline's run rebuilder, lazily: offline reads the trace file, so this closes
+    # a cycle between the two packages although no module imports itself back.
+    name = "looptrace.instrumentation.tracefile.write"
+    source = module_sources()[name].read_text(encoding="utf-8")
+    sneaky = {name: source + "\n\ndef _later():\n    from ..offline.run_rebuilder import RunRebuilder\n"}
+    both = {"looptrace.instrumentation.tracefile", "looptrace.instrumentation.offline"}
+    assert not any(both <= set(group) for group in cycles(package_graph(import_graph())))
+    assert any(both <= set(group) for group in cycles(package_graph(import_graph(sneaky))))
+    assert cycles(import_graph(sneaky)) == []  # no module-level cycle: only the package graph shows it
+
+
+def test_a_type_checking_import_between_packages_closes_a_cycle_too():
+    name = "looptrace.instrumentation.detector.types"
+    source = module_sources()[name].read_text(encoding="utf-8")
+    typing_only = {name: source + "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                               "    from ..recording.spans import Tracing\n"}
+    both = {"looptrace.instrumentation.detector", "looptrace.instrumentation.recording"}
+    assert any(both <= set(group) for group in cycles(package_graph(import_graph(typing_only))))
+
+
+# What the spans may not know of: the layers above them (ARCHITECTURE.md: detector <- recording <- tracefile <-
+# offline <- alerts, langfuse, export <- watch).
+ABOVE_RECORDING = ("looptrace.instrumentation.alerts", "looptrace.instrumentation.langfuse",
+                   "looptrace.instrumentation.export")
+
+
+def recording_reaches_up(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module of recording/ and what it imports of alerts, langfuse or export (lazily or for types too)."""
+    return {module: sorted(other for other in imported if package_of(other) in ABOVE_RECORDING)
+            for module, imported in graph.items()
+            if package_of(module) == "looptrace.instrumentation.recording"
+            and any(package_of(other) in ABOVE_RECORDING for other in imported)}
+
+
+def test_recording_imports_none_of_alerts_langfuse_or_export():
+    assert recording_reaches_up(import_graph()) == {}
+
+
+@pytest.mark.parametrize("sneaky", [
+    "\n\ndef _later():\n    from ..alerts import AnomalySinks\n",
+    "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ..langfuse.mapping import RunFacts\n",
+    "\n\ndef _later():\n    from looptrace.instrumentation.export.setup import own_telemetry\n",
+])
+def test_recording_reaching_up_on_purpose_is_caught(sneaky):
+    name = "looptrace.instrumentation.recording.providers"
+    source = module_sources()[name].read_text(encoding="utf-8")
+    assert name in recording_reaches_up(import_graph({name: source + sneaky}))
+
+
 def test_the_interface_builds_no_implementation():
     # The protocols and the plain types both sides speak; what implements them is the factory's to import.
     imported = import_graph()["looptrace.instrumentation.interface"]
@@ -241,11 +327,18 @@ def test_an_environment_read_below_the_entry_points_is_caught():
     assert "looptrace.instrumentation.recording.content" in environment_readers(reading)
 
 
-def test_every_emitted_name_is_defined_in_semconv():
-    name = re.compile(r"""["']((?:looptrace|langfuse|gen_ai)\.[a-z_]+(?:\.[a-z_]+)*\.?)["']""")
+def test_every_emitted_name_is_defined_in_semconv_or_in_its_vendors_mapping():
+    ours = re.compile(r"""["']((?:looptrace|gen_ai)\.[a-z_]+(?:\.[a-z_]+)*\.?)["']""")
+    vendors = re.compile(r"""["'](langfuse\.[a-z_]+(?:\.[a-z_]+)*\.?)["']""")
     # readers.py reads other producers' names (legacy gen_ai.prompt.*, langfuse.session.id): not ours to emit.
-    found = {path.name: name.findall(path.read_text(encoding="utf-8"))
+    found = {path.name: ours.findall(path.read_text(encoding="utf-8"))
              for path in PRODUCT if path.name not in ("semconv.py", "readers.py")}
+    assert {file: names for file, names in found.items() if names} == {}
+    # Langfuse's own attributes are named by its mapping, the one module that adds them (semconv names the one
+    # older files carry, which replay reads).
+    vendor_home = ROOT / "instrumentation" / "langfuse" / "mapping.py"
+    found = {path.name: vendors.findall(path.read_text(encoding="utf-8")) for path in PRODUCT
+             if path != vendor_home and path.name not in ("semconv.py", "readers.py")}
     assert {file: names for file, names in found.items() if names} == {}
 
 

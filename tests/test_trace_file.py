@@ -131,12 +131,22 @@ def root_span(trace_id: str = "ab" * 16, span_id: str = "cd" * 8, **attributes: 
 
 
 def test_each_span_is_written_exactly_as_the_official_otlp_json_encoder_writes_it():
+    # With its resource's id beside the resource; a line whose file already holds the resource keeps its service
+    # name and the id (encode.py's note): the reader gives every span its whole resource back.
     spans = finished_spans()
     assert json.loads(encode.encode_traces_data(spans)) == encode_spans(spans).to_dict()
     for span in spans:
+        official = encode_spans([span]).to_dict()
+        identity = {"key": "looptrace.resource.id", "value": {"stringValue": encode.resource_key(span.resource)}}
         line = encode.encode_line(span)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
-        assert json.loads(line) == encode_spans([span]).to_dict()
+        resource = official["resourceSpans"][0]["resource"]
+        assert json.loads(line) == {"resourceSpans": [{**official["resourceSpans"][0], "resource": {
+            **resource, "attributes": [*resource["attributes"], identity]}}]}
+        later = json.loads(encode.encode_line(span, resource_known=True))
+        named = [item for item in resource["attributes"] if item["key"] == "service.name"]
+        assert later == {"resourceSpans": [{**official["resourceSpans"][0], "resource": {
+            "attributes": [*named, identity]}}]}
 
 
 def test_a_real_run_round_trips_through_the_official_protobuf_decoder_and_our_reader(tmp_path):
@@ -187,7 +197,7 @@ def test_values_otlp_cannot_carry_are_replaced_and_marked(bad, expected, repaire
 def _line_of(name: str, attributes: dict, event_attributes: dict | None = None) -> bytes:
     processor = TraceFileProcessor(os.devnull, Rotation(max_bytes=0))
     lines: list[bytes] = []
-    processor.writer.write = lambda line, spans=1: lines.append(line) or True  # type: ignore[method-assign]
+    processor.writer.write = lambda line, spans=1, **_: lines.append(line) or True  # type: ignore[method-assign]
     provider = TracerProvider()
     provider.add_span_processor(processor)
     with provider.get_tracer("t").start_as_current_span(name) as span:

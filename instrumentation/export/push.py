@@ -42,6 +42,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from ..settings import MAX_LINE_BYTES_VARIABLE, ConfigurationError, LangfuseSettings, Settings
 from ..tracefile.read import (
     BadLine,
+    ResourceTable,
     TraceFileError,
     decode_attributes,
     decode_span_kind,
@@ -52,8 +53,9 @@ from ..tracefile.read import (
 )
 from ..tracefile.undelivered import Pending, PushInProgress, UndeliveredList, span_key
 from .failures import TIMEOUT
+from .mapped import MappedSpanExporter, StoredRuns, backend_mappings, mappings_for
 
-__all__ = ["PushInProgress", "PushReport", "push"]
+__all__ = ["PushInProgress", "PushReport", "push", "spans_as_sent"]
 
 BATCH_SPANS = 512  # spans per request, the BatchSpanProcessor's default batch
 # Backends that keep one record per span id, so that a second copy of an uncertain batch is harmless.
@@ -157,12 +159,16 @@ def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapp
         exporters = {name: network_exporter(name, settings, undelivered=outcomes) for name in available}
     if post_score is None and settings.langfuse is not None:
         post_score = _score_poster(settings.langfuse)
+    # Each span leaves as it first would have: its input whole again, and its backend's attributes (mapped.py).
+    runs = StoredRuns()
+    sending = {name: MappedSpanExporter(exporter, mappings_for(backend_mappings(name, settings)), runs)
+               for name, exporter in exporters.items()}
     try:
         with listing.pushing():
             pending = listing.pending()
             report.list_lines_skipped = list(listing.bad_lines)
-            _push_spans(pending, listing, _Sender(listing, exporters, outcomes if own else None, report), targets,
-                        resend_interrupted, settings.max_line_bytes, report)
+            _push_spans(pending, listing, _Sender(listing, sending, outcomes if own else None, report), targets,
+                        resend_interrupted, settings.max_line_bytes, report, runs)
             _push_scores(pending, listing, targets, post_score, report)
             listing.compact()
     finally:
@@ -173,7 +179,7 @@ def push(undelivered_path: str | os.PathLike[str] | None = None, exporters: Mapp
 
 
 def _push_spans(pending: Mapping[str, Pending], listing: UndeliveredList, sender: _Sender, targets: set[str],
-                resend: bool, max_line_bytes: int, report: PushReport) -> None:
+                resend: bool, max_line_bytes: int, report: PushReport, runs: StoredRuns) -> None:
     wanted: dict[str, dict[str, list[str]]] = defaultdict(dict)  # trace file -> span key -> backends
     for backend, waiting in pending.items():
         if backend not in targets:
@@ -186,6 +192,7 @@ def _push_spans(pending: Mapping[str, Pending], listing: UndeliveredList, sender
                 else:
                     wanted[trace_file].setdefault(key, []).append(backend)
     for trace_file, backends_of in wanted.items():
+        runs.read(trace_file, {key[:32] for key in backends_of}, max_line_bytes)
         scan = _TraceFileScan(trace_file, backends_of, max_line_bytes)
         for key, span in scan.spans():
             for backend in backends_of.pop(key, []):  # popped: a span written twice is sent once
@@ -227,11 +234,12 @@ class _TraceFileScan:
 
     def spans(self) -> Iterator[tuple[str, ReadableSpan]]:
         """(key, ReadableSpan) of every span of the file whose key is listed."""
+        resources = ResourceTable()  # a line may name its resource by id: the line that holds it came before
         try:
             for number, data in read_lines(self.trace_file, self._bad_line, max_line_bytes=self.max_line_bytes,
                                            regular_only=True):
                 try:
-                    found = list(_spans_in(data, self.keys))
+                    found = list(_spans_in(data, self.keys, resources))
                 except Exception as exc:  # noqa: BLE001 - a line push cannot rebuild costs its spans, said as such
                     named = _keys_on(data, self.keys)
                     if named:
@@ -380,15 +388,15 @@ class _Sender:
         return _UNCERTAIN if getattr(failure, "cause", None) == TIMEOUT else _NOT_SENT
 
 
-def _spans_in(data: Mapping[str, Any], keys: Mapping[str, list[str]]):
+def _spans_in(data: Mapping[str, Any], keys: Mapping[str, list[str]] | None, resources: ResourceTable):
     for resource_spans in data.get("resourceSpans") or ():
+        attributes = resources.resolved(decode_attributes((resource_spans.get("resource") or {}).get("attributes")))
         scopes = resource_spans.get("scopeSpans") or ()
         chosen = [(scope_spans, span) for scope_spans in scopes for span in scope_spans.get("spans") or ()
-                  if f"{span.get('traceId', '')}{span.get('spanId', '')}".lower() in keys]
+                  if keys is None or f"{span.get('traceId', '')}{span.get('spanId', '')}".lower() in keys]
         if not chosen:
             continue
-        resource = Resource(decode_attributes((resource_spans.get("resource") or {}).get("attributes")),
-                            schema_url=resource_spans.get("schemaUrl") or None)
+        resource = Resource(attributes, schema_url=resource_spans.get("schemaUrl") or None)
         for scope_spans, span in chosen:
             scope = scope_spans.get("scope") or {}
             instrumentation = InstrumentationScope(scope.get("name", ""), scope.get("version") or None,
@@ -473,3 +481,28 @@ def _score_poster(settings: LangfuseSettings) -> Callable[[Mapping[str, Any]], b
 
     api = LangfuseAPI(settings.base_url, settings.public_key, settings.secret_key, timeout_s=settings.timeout_s)
     return lambda body: post_score(api, body) is None
+
+
+def spans_as_sent(trace_file: str | os.PathLike[str], backend: str, settings: Settings | None = None
+                  ) -> list[ReadableSpan]:
+    """Every span of a trace file (its rotated files included) as ``backend``'s exporter sends it, which is what a
+    push sends: each model call's input whole, and the backend's attributes added (``mapped``)."""
+    settings = settings or Settings()
+    path = os.fspath(trace_file)
+    runs = StoredRuns()
+    runs.read(path, None, settings.max_line_bytes)
+    mappings = mappings_for(backend_mappings(backend, settings))
+    resources = ResourceTable()
+    found = []
+    for _, data in read_lines(path, max_line_bytes=settings.max_line_bytes):
+        if isinstance(data, dict):
+            found += [runs.prepared(span, mappings) for _, span in _spans_in(data, None, resources)]
+    return found
+
+
+# --- OTLP/JSON back to an SDK span ---------------------------------------------------------------------------------
+
+_KIND_BY_OTLP = {1: SpanKind.INTERNAL, 2: SpanKind.SERVER, 3: SpanKind.CLIENT, 4: SpanKind.PRODUCER,
+                 5: SpanKind.CONSUMER}
+_STATUS_BY_OTLP = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
+_PARENT_IS_REMOTE = 0x200  # OTLP span flags: bit 8 says "is_remote is known", bit 9 is its value

@@ -8,10 +8,10 @@ Libraries use the OpenTelemetry API only, and looptrace never replaces what an a
 * ``configure()`` when the application already set a global SDK provider: that provider stays, and a warning (once)
   says how to add looptrace's exporters to it; the returned provider is looptrace's own, used only where passed.
 * No ``configure()`` at all: an ``Agent`` joins the application's global provider when there is one, and otherwise
-  writes through ``default_telemetry()``, a provider of looptrace's own built from the same settings as the CLI and
-  never installed globally.
+  writes through a pipeline of its own (``own_telemetry()``), built from the same settings as the CLI on its first
+  run, never installed globally, and shut down when the Agent goes or the process exits.
 
-A provider of looptrace's own (``configure()`` without ``tracer_provider``, and the embedded default) is always the
+A provider of looptrace's own (``configure()`` without ``tracer_provider``, and an Agent's own) is always the
 OpenTelemetry SDK's ``TracerProvider``, built in one place (``_build``): its spans are SDK spans, so an application's
 own processor (``telemetry.tracer_provider.add_span_processor``) sees every span a run makes, and the SDK applies the
 sampler and span limits the environment sets.
@@ -20,6 +20,10 @@ Exporters, in order of precedence: the ``exporters`` argument, ``LOOPTRACE_EXPOR
 (``otlp``, ``console``, ``none``), then what the environment sets up: ``langfuse`` when ``LANGFUSE_PUBLIC_KEY`` and
 ``LANGFUSE_SECRET_KEY`` are set, ``otlp`` when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its ``_TRACES_`` variant) is, both
 when both are, always beside the local trace file (``file``). Names combine: ``file,langfuse,otlp``.
+
+Each network exporter adds its backend's attributes to the spans it sends (``mapped``): Langfuse's exporter
+Langfuse's and OpenInference's, the OTLP exporter those ``LOOPTRACE_OTLP_MAPPINGS`` names (none by default); the
+spans themselves, and the trace file, carry the GenAI conventions and looptrace.* once.
 
 The network exporters sit behind a BatchSpanProcessor, so export happens off the agent's thread (tune it with the
 standard ``OTEL_BSP_*``); the trace file gets each span as it ends (no queue, and a crash loses only the spans still
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -69,6 +74,7 @@ from ..tracefile.write import Rotation, TraceFileProcessor
 from .deadline import Deadline
 from .delivery import WAIT_SLICE_S, GuardedExporter, GuardedMetricExporter
 from .exporters import network_exporter, network_metric_exporter
+from .mapped import MappedSpanProcessor, backend_mappings, mappings_for
 
 if TYPE_CHECKING:
     from ..langfuse.api import TraceLinks
@@ -81,7 +87,7 @@ __all__ = [
     "choose_exporters",
     "configure",
     "context_from_traceparent",
-    "default_telemetry",
+    "own_telemetry",
     "parse_exporters",
 ]
 
@@ -97,8 +103,8 @@ class Telemetry:
     ``owns_provider`` is False when looptrace's processors were added to the application's provider: flush and shutdown
     then touch looptrace's processors only, never the application's. ``sinks`` is the anomaly fan-out (log line,
     webhook, score) and ``trace_links`` the links to Langfuse's UI (when the langfuse exporter is on) of the runs of
-    an Agent handed this telemetry (``Agent(telemetry=telemetry)``); an Agent built on the same settings without it
-    gets the same sinks (``alerts.anomaly_sinks``). ``scores`` is the sinks' Langfuse score queue, or None.
+    an Agent handed this telemetry (``Agent(telemetry=telemetry)``), built once here and handed to every run.
+    ``scores`` is the sinks' Langfuse score queue, or None.
     """
 
     tracer_provider: TracerProvider
@@ -208,7 +214,8 @@ class Telemetry:
     @property
     def dropped_spans(self) -> int:
         """Spans a network exporter's full queue turned away: lost, and said so in undelivered_notice()."""
-        return sum(p.dropped_spans for p in self.processors if isinstance(p, _BoundedBatchSpanProcessor))
+        inner = [getattr(p, "processor", p) for p in self.processors]  # a MappedSpanProcessor wraps the batch one
+        return sum(p.dropped_spans for p in inner if isinstance(p, _BoundedBatchSpanProcessor))
 
     @property
     def metrics_missed(self) -> bool:
@@ -414,38 +421,22 @@ def configure(
     return telemetry
 
 
-_default_lock = threading.Lock()
-_defaults: dict[tuple[Any, ...], Telemetry] = {}
+def own_telemetry(settings: Settings, *, sinks: AnomalySinks | None = None) -> Telemetry:
+    """A pipeline of its own for an Agent given no provider, in a process where nothing set a global one: the
+    exporters ``settings`` choose on a provider of looptrace's own, never installed globally, built by the Agent's
+    telemetry on its first run (``agent_telemetry``), which shuts it down when the Agent goes (or at exit).
+    ``sinks`` are the Agent's, so that scores and the spans they mark share one shutdown. Serves no Prometheus port
+    (only configure() opens one: two Agents could not share it), and records no metrics when no reader would see
+    them (an SDK MeterProvider takes its readers at creation; runs then record into the API's no-op instead)."""
+    telemetry = _build(dataclasses.replace(settings, prometheus_port=None), None, None, sinks=sinks)
+    if telemetry.meter_provider is not None and not telemetry._metric_readers:
+        _quietly(telemetry.meter_provider.shutdown)
+        telemetry.meter_provider = None
+    return telemetry
 
 
-def default_telemetry(settings: Settings | None = None) -> Telemetry:
-    """looptrace's embedded default: what an Agent writes through when neither it nor the application configured
-    anything. One per distinct configuration, made on first use, never installed globally, shut down at exit.
-    Serves no Prometheus port (only configure() opens one: two defaults could not share it)."""
-    settings = settings or Settings.from_env()
-    names = settings.chosen_exporters()
-    key = (tuple(names), settings.sdk_span_settings, settings.trace_file, settings.undelivered_file,
-           settings.service_name,
-           repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
-           settings.otlp.endpoint, settings.otlp.protocol)
-    with _default_lock:
-        telemetry = _defaults.get(key)
-        if telemetry is None:
-            import dataclasses
-
-            embedded = dataclasses.replace(settings, prometheus_port=None)
-            telemetry = _build(embedded, None, None)
-            if telemetry.meter_provider is not None and not telemetry._metric_readers:
-                # Metrics no reader can ever collect (an SDK MeterProvider takes its readers at creation) cost the
-                # loop SDK calls every turn for nothing: runs on this default record into the API's no-op instead.
-                _quietly(telemetry.meter_provider.shutdown)
-                telemetry.meter_provider = None
-            atexit.register(telemetry.shutdown)
-            _defaults[key] = telemetry
-        return telemetry
-
-
-def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None) -> Telemetry:
+def _build(settings: Settings, console_stream: IO[str] | None, app_provider: TracerProvider | None, *,
+           sinks: AnomalySinks | None = None) -> Telemetry:
     settings_ignored(settings.ignored)
     names = settings.chosen_exporters()
     if app_provider is None:
@@ -458,7 +449,7 @@ def _build(settings: Settings, console_stream: IO[str] | None, app_provider: Tra
                           owns_provider=app_provider is None)
     processors = _processors(settings, names, console_stream, telemetry)
     try:
-        finished = _finish(telemetry, settings, processors, provider, resource)
+        finished = _finish(telemetry, settings, processors, provider, resource, sinks)
     except BaseException:  # e.g. the Prometheus port is taken: nothing of this set-up stays open or attached
         for processor in processors:
             _quietly(processor.shutdown)
@@ -490,12 +481,12 @@ def _processors(settings: Settings, names: list[str], console_stream: IO[str] | 
 
 
 def _finish(telemetry: Telemetry, settings: Settings, processors: list[SpanProcessor], provider: TracerProvider,
-            resource: Resource) -> Telemetry:
-    """What both paths add once their processors are on the provider: metrics, the anomaly sinks (the Langfuse score
-    filed in the environment of the provider's resource), the trace links."""
+            resource: Resource, sinks: AnomalySinks | None) -> Telemetry:
+    """What both paths add once their processors are on the provider: metrics, the anomaly sinks (unless given: the
+    Langfuse score filed in the environment of the provider's resource), the trace links."""
     telemetry.processors = processors
     telemetry.meter_provider = _meter_provider(telemetry, resource, settings)
-    telemetry.sinks = anomaly_sinks(settings, resource_attributes=resource.attributes)
+    telemetry.sinks = sinks or anomaly_sinks(settings, resource_attributes=resource.attributes)
     telemetry.scores = telemetry.sinks.scores
     if "langfuse" in telemetry.exporters and settings.langfuse is not None:
         from ..langfuse.api import TraceLinks
@@ -511,7 +502,11 @@ def _processor(name: str, settings: Settings, undelivered: UndeliveredList, cons
         guard = network_exporter(name, settings, undelivered=kept_for_push)
         telemetry.guards.append(guard)
         telemetry.undelivered_file = undelivered.path
-        return _BoundedBatchSpanProcessor(guard, settings)
+        processor: SpanProcessor = _BoundedBatchSpanProcessor(guard, settings)
+        # The backend's attributes are added to the spans this exporter sends, not to the spans (the trace file
+        # holds the conventions once): Langfuse's always, the collector's when it forwards to Langfuse or Phoenix.
+        mappings = mappings_for(backend_mappings(name, settings))
+        return MappedSpanProcessor(processor, mappings) if mappings else processor
     if name == "file":
         telemetry.trace_file = settings.trace_file
         # Each span is written as it ends: no queue to overflow, and a crash loses only the spans still open.

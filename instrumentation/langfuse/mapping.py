@@ -1,10 +1,12 @@
 """Langfuse's mapping: what Langfuse needs to see on looptrace's spans beyond the GenAI conventions and looptrace.*.
 
 Spans reach Langfuse through its OTLP endpoint, and Langfuse's ingestion turns span attributes into its data model.
-The functions here return plain attribute dicts; ``backend_attributes`` composes them (with OpenInference's kinds)
-for each run, the one place spans take vendor attributes from. They know nothing about OpenTelemetry, so they cost
-nothing when Langfuse is not in use and are trivially testable. The scores are ``scores``', the public API
-client (the scan, the scores, the project behind a trace link) ``api``'s.
+looptrace's spans carry the conventions once (the trace file keeps them so); ``span_attributes`` is what Langfuse's
+exporter adds to each span it sends (``export.mapped``, beside OpenInference's kinds and input and output, which
+Langfuse reads too), and what ``traces push`` adds when it sends from the trace file. It is read from the span and
+from its run's root (``offline.run_facts.RunFacts``). The functions here return plain attribute dicts and know
+nothing about OpenTelemetry's SDK, so they cost nothing when Langfuse is not in use and are trivially testable. The
+scores are ``scores``', the public API client (the scan, the scores, the project behind a trace link) ``api``'s.
 
 How Langfuse reads them (server: packages/shared/src/server/otel/OtelIngestionProcessor.ts and ObservationTypeMapper.ts
 in langfuse/langfuse; SDK: langfuse 5.x, langfuse/_client/attributes.py and propagation.py):
@@ -18,6 +20,11 @@ in langfuse/langfuse; SDK: langfuse 5.x, langfuse/_client/attributes.py and prop
   ``langfuse.trace.name``, ``user.id``, ``langfuse.trace.tags`` (string array), ``langfuse.trace.metadata.<key>``;
   the session is read from ``session.id`` *or* ``gen_ai.conversation.id`` (``extractSessionId``), so only the
   conventions' attribute is sent. The SDK drops a propagated value over 200 characters; here it is cut and marked.
+  looptrace's spans carry the user, tags and metadata on the run's root only (``user.id``, ``looptrace.run.tags``,
+  ``looptrace.run.metadata.<key>``): this mapping puts Langfuse's form of them on every span.
+* Tools a generation was offered (``normalizeToolsForObservation`` in ingestion/extractToolsBackend.ts): read from
+  the observation's own ``gen_ai.tool.definitions``, moved into its input beside the messages. looptrace records the
+  definitions (and the system instructions) once, on the run's root; this mapping puts both on every generation.
 * Environment and release (``extractEnvironment``): ``langfuse.environment``, then ``deployment.environment.name``,
   then ``deployment.environment``, each from the span or else the resource; ``langfuse.release`` likewise. They go on
   the resource, once per export batch, from ``LANGFUSE_TRACING_ENVIRONMENT`` and ``LANGFUSE_RELEASE`` as the SDK
@@ -36,11 +43,13 @@ in langfuse/langfuse; SDK: langfuse 5.x, langfuse/_client/attributes.py and prop
 * Cost: ``langfuse.observation.cost_details`` (JSON, ``{"total": usd}``) is taken as given instead of inferred.
 * Input and output (``extractInputAndOutput``): ``input.value``/``output.value`` (OpenInference) come before
   ``gen_ai.input.messages``/``gen_ai.output.messages`` and, for tools, ``gen_ai.tool.call.arguments``/``result``,
-  and one present without the other leaves the other empty. So only the agent span has ``input.value`` and
-  ``output.value``; a generation's input gets ``gen_ai.system_instructions`` put in front of its messages.
+  and one present without the other leaves the other empty. OpenInference's mapping (``export.openinference``) sets
+  both on every span with content, each exactly what Langfuse would make of the gen_ai.* attributes (a generation's
+  input gets ``gen_ai.system_instructions`` put in front of its messages).
   Structured (kvlist) attribute values are not decoded (``convertValueToPlainJavascript``): content stays JSON text.
 * Level: ``langfuse.observation.level`` (DEBUG, DEFAULT, WARNING, ERROR) and ``langfuse.observation.status_message``
-  override what Langfuse derives from the span status (ERROR for an error status).
+  override what Langfuse derives from the span status (ERROR for an error status). A turn or a call that is part of
+  an anomaly (its ``gen_ai.evaluation.result`` event) and did not fail shows as WARNING, the anomaly its message.
 """
 
 from __future__ import annotations
@@ -52,29 +61,40 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..logs import log
+from ..offline.run_facts import RunFacts, answer_text, span_kind, task_text
 from ..recording import semconv as sc
+from ..recording.content import cap
 from ..recording.labels import MAX_LABEL_CHARS, RunLabels, checked, run_labels
 
 if TYPE_CHECKING:
     from ..settings import LangfuseSettings
 
-TRACE_NAME = sc.LANGFUSE_TRACE_NAME
-USER_ID = sc.LANGFUSE_USER_ID
-SESSION_ID = sc.LANGFUSE_SESSION_ID  # not sent: Langfuse reads gen_ai.conversation.id as the session
-TRACE_INPUT = sc.LANGFUSE_TRACE_INPUT
-TRACE_OUTPUT = sc.LANGFUSE_TRACE_OUTPUT
-AS_ROOT = sc.LANGFUSE_AS_ROOT
-IS_APP_ROOT = sc.LANGFUSE_IS_APP_ROOT
+# Langfuse's OpenTelemetry attributes: what its OTLP ingestion maps onto traces and observations.
+TRACE_NAME = "langfuse.trace.name"
+USER_ID = sc.USER_ID  # the conventions' user.id, which Langfuse reads as the trace's user
+SESSION_ID = "session.id"  # not sent: Langfuse reads gen_ai.conversation.id as the session
+TRACE_INPUT = "langfuse.trace.input"
+TRACE_OUTPUT = "langfuse.trace.output"
+AS_ROOT = "langfuse.internal.as_root"  # read by the trace-create path
+IS_APP_ROOT = "langfuse.internal.is_app_root"  # read by the v4 events path (parent_span_id = '' OR this)
 DEFAULT_ENVIRONMENT = "default"  # what Langfuse files observations and scores under when none is set
-ENVIRONMENT = sc.LANGFUSE_ENVIRONMENT
-RELEASE = sc.LANGFUSE_RELEASE
-TRACE_TAGS = sc.LANGFUSE_TRACE_TAGS
-TRACE_METADATA_PREFIX = sc.LANGFUSE_TRACE_METADATA_PREFIX
-OBSERVATION_TYPE = sc.LANGFUSE_OBSERVATION_TYPE
-OBSERVATION_LEVEL = sc.LANGFUSE_OBSERVATION_LEVEL
-OBSERVATION_STATUS_MESSAGE = sc.LANGFUSE_OBSERVATION_STATUS_MESSAGE
-OBSERVATION_USAGE_DETAILS = sc.LANGFUSE_OBSERVATION_USAGE_DETAILS
-OBSERVATION_COST_DETAILS = sc.LANGFUSE_OBSERVATION_COST_DETAILS
+ENVIRONMENT = "langfuse.environment"
+RELEASE = "langfuse.release"
+TRACE_TAGS = "langfuse.trace.tags"
+TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
+# The count of tool errors a run left unresolved, as trace metadata: what Langfuse's traces table can filter on.
+UNRESOLVED_TOOL_ERRORS = TRACE_METADATA_PREFIX + "unresolved_tool_errors"
+OBSERVATION_TYPE = "langfuse.observation.type"
+OBSERVATION_LEVEL = "langfuse.observation.level"
+OBSERVATION_STATUS_MESSAGE = "langfuse.observation.status_message"
+OBSERVATION_USAGE_DETAILS = "langfuse.observation.usage_details"
+OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
+# The scores looptrace adds to a trace: a loop anomaly's categorical score (named as the anomaly's evaluation event),
+# what a run's loops cost per anomaly type (numeric, for alerts to sum), and whether a run looped at all (boolean,
+# on every run: its average over a window is the share of runs that looped).
+ANOMALY_SCORE = sc.ANOMALY_EVALUATION_NAME
+LOOP_COST_SCORE = "loop_cost_usd"
+LOOPED_SCORE = "looped"
 
 # looptrace's span kinds -> Langfuse observation types. A turn only groups its calls: a plain span.
 OBSERVATION_TYPES = {"agent": "agent", "turn": "span", "chat": "generation", "tool": "tool"}
@@ -83,7 +103,6 @@ MAX_PROPAGATED_CHARS = MAX_LABEL_CHARS  # the Langfuse SDK drops longer trace-le
 MAX_STATUS_MESSAGE_CHARS = 1024
 _ENVIRONMENT = re.compile(r"^(?!langfuse)[a-z0-9_-]{1,40}$")  # what the scores API and the SDK accept
 
-ANOMALY_SCORE = sc.LANGFUSE_ANOMALY_SCORE
 
 
 def trace_attributes(trace_name: str, *, session_id: str | None = None, user_id: str | None = None,
@@ -114,7 +133,7 @@ def run_end_attributes(*, joins_outer_trace: bool, output: str | None, unresolve
     """What the agent span adds for Langfuse as the run ends: the count of tool errors left unresolved as trace
     metadata (its traces table filters on it, 0 included) and, for a run that joined an outer trace, the trace's
     output set explicitly (its input was, see ``root_attributes``)."""
-    attributes: dict[str, Any] = {sc.LANGFUSE_UNRESOLVED_TOOL_ERRORS: str(unresolved_tool_errors)}
+    attributes: dict[str, Any] = {UNRESOLVED_TOOL_ERRORS: str(unresolved_tool_errors)}
     if joins_outer_trace and output is not None:
         attributes[TRACE_OUTPUT] = output
     return attributes
@@ -236,3 +255,80 @@ def warning_attributes(status_message: str) -> dict[str, str]:
     """Level WARNING with ``status_message`` as it is (the caller has cut it, marking the cut): a turn or a call that
     is part of an anomaly and did not fail (a failed one keeps the ERROR its status gives it)."""
     return {OBSERVATION_LEVEL: "WARNING", OBSERVATION_STATUS_MESSAGE: status_message}
+
+
+# --- a span as Langfuse's exporter sends it ------------------------------------------------------------------------
+
+
+def span_attributes(span: Any, run: RunFacts | None) -> dict[str, Any]:
+    """What Langfuse's exporter adds to one of looptrace's finished spans (``span``: name, attributes, events,
+    status, as an SDK ``ReadableSpan`` has them), given its run's facts (None when its root was not seen)."""
+    a = span.attributes
+    kind = span_kind(a)
+    if kind is None:
+        return {}
+    agent = run.agent if run is not None and run.agent else str(a.get(sc.GEN_AI_AGENT_NAME) or "")
+    attributes = run_attributes(agent, _labels(run)) if agent else {}
+    if kind == "agent":
+        joins = run is not None and run.joins_outer_trace
+        attributes.update(root_attributes(joins_outer_trace=joins, trace_input=task_text(a)))
+        if sc.RUN_UNRESOLVED_TOOL_ERRORS in a:  # the run ended (a root at its start has none of the end's facts)
+            attributes.update(run_end_attributes(joins_outer_trace=joins, output=answer_text(a),
+                                                 unresolved_tool_errors=int(a[sc.RUN_UNRESOLVED_TOOL_ERRORS])))
+    elif kind == "chat":
+        attributes.update(_generation(a, run))
+    elif kind in ("turn", "tool"):
+        attributes.update(_flagged(span))
+    return attributes
+
+
+def _labels(run: RunFacts | None) -> RunLabels:
+    if run is None:
+        return RunLabels()
+    return RunLabels(user_id=run.user_id, tags=run.tags, metadata=run.metadata)
+
+
+def _generation(a: Any, run: RunFacts | None) -> dict[str, Any]:
+    """A model call's usage and cost in Langfuse's terms, and the prompt and tools it was sent (its run's)."""
+    attributes: dict[str, Any] = {}
+    if run is not None and sc.GEN_AI_INPUT_MESSAGES in a:  # content on spans: what the model got, as Langfuse shows it
+        if run.system_instructions is not None:
+            attributes[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = run.system_instructions
+        if run.tool_definitions is not None:
+            attributes[sc.GEN_AI_TOOL_DEFINITIONS] = run.tool_definitions
+    if sc.GEN_AI_USAGE_INPUT_TOKENS in a:  # the call answered (a failed one has no usage)
+        cache_read = _count(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
+        cache_creation = _count(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
+        cost = a.get(sc.CHAT_COST_USD)
+        attributes.update(generation_attributes(
+            # The conventions' input tokens count the cache too (the Anthropic rule); Langfuse's "input" does not.
+            input_tokens=max(_count(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
+            output_tokens=_count(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)), cache_read_input_tokens=cache_read,
+            cache_creation_input_tokens=cache_creation,
+            cache_creation_1h_input_tokens=_count(a.get(sc.CHAT_CACHE_WRITES_1H)),
+            cost_usd=float(cost) if isinstance(cost, (int, float)) else None))
+    return attributes
+
+
+def _flagged(span: Any) -> dict[str, str]:
+    """Level WARNING, with the newest anomaly as the status message, for a turn or a call that is part of an anomaly
+    and did not fail (a failed one keeps the ERROR its status gives it)."""
+    if _is_error(span):
+        return {}
+    newest = None
+    for event in span.events or ():
+        if event.name in (sc.ANOMALY_EVENT, sc.LEGACY_ANOMALY_EVENT) and event.attributes.get(sc.ANOMALY_TYPE):
+            newest = event.attributes
+    if newest is None:
+        return {}
+    message = f"{newest.get(sc.ANOMALY_TYPE)}: {newest.get(sc.ANOMALY_MESSAGE, '')}"
+    return warning_attributes(cap(message, MAX_STATUS_MESSAGE_CHARS))
+
+
+def _is_error(span: Any) -> bool:
+    status = getattr(span, "status", None)
+    return getattr(getattr(status, "status_code", None), "name", "") == "ERROR"
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0

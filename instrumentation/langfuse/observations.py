@@ -1,6 +1,6 @@
 """Langfuse observations turned back into the spans they were ingested from, for the run rebuilder.
 
-`looptrace detect` rebuilds runs from spans (``readers.NeutralSpan``); Langfuse keeps what it ingested as
+`looptrace detect` rebuilds runs from spans (``tracefile.read.SpanRecord``); Langfuse keeps what it ingested as
 observations. This module undoes, as far as what is stored allows, what Langfuse's OpenTelemetry ingestion did to
 each span (langfuse/langfuse, packages/shared/src/server/otel/OtelIngestionProcessor.ts, ``processToEvent``):
 
@@ -51,9 +51,9 @@ from ..offline.readers import (
     OI_SPAN_KIND,
     OLL_COMPLETION,
     OLL_PROMPT,
-    NeutralSpan,
 )
 from ..recording import semconv as sc
+from ..tracefile.read import SpanRecord
 
 NS_PER_MS = 1_000_000
 ERROR_STATUS = 2
@@ -143,7 +143,7 @@ def attribute_value(key: str, value: Any) -> Any:
 # --- one observation ------------------------------------------------------------------------------------------------
 
 
-def observation_span(observation: Mapping[str, Any], *, session_id: str | None = None) -> NeutralSpan:
+def observation_span(observation: Mapping[str, Any], *, session_id: str | None = None) -> SpanRecord:
     """One observation as a span in the rebuilder's vocabulary, start and end at millisecond precision (``ordered``
     spreads ties). ``session_id`` is the trace's Langfuse session, for observations that carry no attributes."""
     stored = stored_attributes(observation.get("metadata"))
@@ -155,7 +155,7 @@ def observation_span(observation: Mapping[str, Any], *, session_id: str | None =
     start = epoch_ms(observation.get("startTime")) or 0
     end = epoch_ms(observation.get("endTime"))
     parent = observation.get("parentObservationId")
-    return NeutralSpan(
+    return SpanRecord(
         trace_id=str(observation.get("traceId") or "").lower(),
         span_id=str(observation.get("id") or "").lower(),
         parent_span_id=str(parent).lower() if parent else None,
@@ -297,7 +297,7 @@ def _span_name(name: str, a: Mapping[str, Any]) -> str:
 # --- one trace ------------------------------------------------------------------------------------------------------
 
 
-def ordered(spans: Iterable[NeutralSpan], types: Mapping[str, str] | None = None) -> list[NeutralSpan]:
+def ordered(spans: Iterable[SpanRecord], types: Mapping[str, str] | None = None) -> list[SpanRecord]:
     """A trace's spans in the order a trace file holds them (each span after its children, so a root comes last),
     with start times spread within each millisecond so that they keep the order they ran in.
 
@@ -305,28 +305,28 @@ def ordered(spans: Iterable[NeutralSpan], types: Mapping[str, str] | None = None
     """
     spans = list(spans)
     by_id = {span.span_id: span for span in spans}
-    children: dict[str, list[NeutralSpan]] = {}
-    roots: list[NeutralSpan] = []
+    children: dict[str, list[SpanRecord]] = {}
+    roots: list[SpanRecord] = []
     for span in spans:
         if span.parent_span_id in by_id and span.parent_span_id != span.span_id:
             children.setdefault(span.parent_span_id, []).append(span)
         else:
             roots.append(span)
 
-    def sort_key(span: NeutralSpan) -> tuple[Any, ...]:
+    def sort_key(span: SpanRecord) -> tuple[Any, ...]:
         turn = span.attributes.get(sc.TURN_INDEX)
         return (span.start_ns, turn if isinstance(turn, int) else 0, span.end_ns,
                 _TYPE_RANK.get((types or {}).get(span.span_id, ""), 1), span.span_id)
 
-    preorder: list[NeutralSpan] = []
-    postorder: list[NeutralSpan] = []
+    preorder: list[SpanRecord] = []
+    postorder: list[SpanRecord] = []
     visited: set[str] = set()
     # Roots first; then whatever a cycle of parent links left unreached, so that no span is ever dropped.
     for root in [*sorted(roots, key=sort_key), *sorted(spans, key=sort_key)]:
         if root.span_id in visited:
             continue
         visited.add(root.span_id)
-        stack: list[tuple[NeutralSpan, bool]] = [(root, False)]
+        stack: list[tuple[SpanRecord, bool]] = [(root, False)]
         while stack:
             span, expanded = stack.pop()
             if expanded:
@@ -346,9 +346,9 @@ def ordered(spans: Iterable[NeutralSpan], types: Mapping[str, str] | None = None
     return postorder
 
 
-def trace_spans(observations: Iterable[Mapping[str, Any]], *, session_id: str | None = None) -> list[NeutralSpan]:
+def trace_spans(observations: Iterable[Mapping[str, Any]], *, session_id: str | None = None) -> list[SpanRecord]:
     """The spans of one trace's observations, ready to feed to ``RunRebuilder.add`` in this order."""
-    spans: list[NeutralSpan] = []
+    spans: list[SpanRecord] = []
     types: dict[str, str] = {}
     for observation in observations:
         span = observation_span(observation, session_id=session_id)

@@ -42,10 +42,11 @@ from typing import Any
 
 from ..detector import DetectorConfig
 from ..offline.conversations import CONVERSATION_PREFIX
-from ..offline.readers import SESSION_PREFIX, NeutralSpan
+from ..offline.readers import SESSION_PREFIX
 from ..offline.trace_detect import DETECTION_KEYS, RunRebuilder, Verdict
 from ..recording import semconv as sc
 from ..settings import safe_url
+from ..tracefile.read import SpanRecord
 from .api import (
     OBSERVATIONS_PATH,
     TRACES_PATH,
@@ -281,7 +282,7 @@ def _in_context(error: MalformedPage, doing: str, state: ScanState) -> Malformed
     return MalformedPage(f"{error} ({doing}{kept})", error.endpoint, error.page)
 
 
-def _root_of(spans: list[NeutralSpan]) -> str | None:
+def _root_of(spans: list[SpanRecord]) -> str | None:
     """The span that stands for the run, as the live path names it in a score: the agent span (the last, as the
     spans come children first), else the trace's root; None when neither reached Langfuse."""
     agents = [span for span in spans if span.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]

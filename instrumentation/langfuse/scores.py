@@ -17,14 +17,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..detector import LoopCost, format_usd
-from ..export.failures import Failure, failure_from_exception, failure_from_status
 from ..logs import log
-from ..recording.semconv import LANGFUSE_ANOMALY_SCORE as ANOMALY_SCORE
-from ..recording.semconv import LANGFUSE_LOOP_COST_SCORE as LOOP_COST_SCORE
-from ..recording.semconv import LANGFUSE_LOOPED_SCORE as LOOPED_SCORE
 from ..settings import LangfuseSettings, safe_url
 from .api import SCORES_PATH, LangfuseAPI, LangfuseAPIError, RetryPolicy
-from .mapping import DEFAULT_ENVIRONMENT, MAX_STATUS_MESSAGE_CHARS, run_environment
+from .failures import Failure, failure_from_exception, failure_from_status
+from .mapping import (
+    ANOMALY_SCORE,
+    DEFAULT_ENVIRONMENT,
+    LOOP_COST_SCORE,
+    LOOPED_SCORE,
+    MAX_STATUS_MESSAGE_CHARS,
+    run_environment,
+)
 
 __all__ = ["ANOMALY_SCORE", "LOOPED_SCORE", "LOOP_COST_SCORE", "LangfuseScores", "anomaly_score_body",
            "loop_cost_score_body", "looped_score_body", "post_score", "stable_score_id"]
@@ -115,7 +119,7 @@ class LangfuseScores:
 
     ``send`` never blocks and never raises; failures end as one warning per cause. ``flush(timeout_s)`` waits, at most
     that long, for the queue to drain; ``close(timeout_s)`` flushes and stops the worker (a later score starts it
-    again: one instance serves every run on the same settings, see ``alerts.anomaly_sinks``).
+    again). One instance serves every run of the telemetry that built it (``alerts.anomaly_sinks``).
     """
 
     def __init__(self, base_url: str, public_key: str, secret_key: str, *, timeout_s: float = 5.0,

@@ -2,8 +2,8 @@
 live run: what `looptrace detect`, `watch`, `replay` and `report` read.
 
 * ``RunRebuilder`` takes spans one at a time, in any order, and gives a ``Verdict`` per run as soon as it can be
-  judged (``detect_spans`` drives it over an iterable); ``NeutralSpan`` is the span shape it reads, and
-  ``DETECTION_KEYS`` (a ``KeySelection``) the only attributes it reads, so a file reader can skip the rest.
+  judged (``detect_spans`` drives it over an iterable); it reads ``tracefile.SpanRecord``s, and ``DETECTION_KEYS``
+  (a ``KeySelection``) are the only attributes it reads, so a file reader can skip the rest.
 * ``MODEL_OPERATIONS``: the ``gen_ai.operation.name`` values of a model call; ``model_call_usage``: what one model
   call's span says it used and cost, as the detector's cost ledger takes it.
 * ``SESSION_PREFIX`` and ``CONVERSATION_PREFIX`` begin the keys of runs that have no trace of their own (model calls
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .conversations import CONVERSATION_PREFIX
-    from .readers import SESSION_PREFIX, KeySelection, NeutralSpan
+    from .readers import SESSION_PREFIX, KeySelection
     from .run_rebuilder import DETECTION_KEYS, MODEL_OPERATIONS, RunRebuilder, Verdict
     from .span_usage import model_call_usage
     from .trace_detect import detect_spans
@@ -30,7 +30,6 @@ _EXPORTS: dict[str, str] = {
     "DETECTION_KEYS": "run_rebuilder",
     "KeySelection": "readers",
     "MODEL_OPERATIONS": "run_rebuilder",
-    "NeutralSpan": "readers",
     "RunRebuilder": "run_rebuilder",
     "SESSION_PREFIX": "readers",
     "Verdict": "run_rebuilder",
@@ -44,7 +43,6 @@ __all__ = [
     "MODEL_OPERATIONS",
     "SESSION_PREFIX",
     "KeySelection",
-    "NeutralSpan",
     "RunRebuilder",
     "Verdict",
     "detect_spans",

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from ..detector import CYCLE, FAILING_TOOL, IGNORED_ERROR, REPEATED_CALL
@@ -129,24 +128,6 @@ class _Verdicts(dict):
 _MAX_VERDICTS = 100_000
 
 
-@dataclass(slots=True)
-class NeutralSpan:
-    """A span in looptrace's vocabulary, as `RunRebuilder` reads it."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    start_ns: int
-    attributes: dict[str, Any]
-    status_code: int = 0
-    end_ns: int = 0
-
-
-# What `ProducerReader.translate` gives: a NeutralSpan, or a decoded child span read as it is.
-ReadSpan = NeutralSpan | SpanRecord
-
-
 # Plain classes with slots rather than dataclasses, for start-up time (run_rebuilder.py says why).
 
 
@@ -177,7 +158,8 @@ class _TraceState:
 
 
 class ProducerReader:
-    """Turns any producer's spans into `NeutralSpan`s; remembers per trace what the messages said."""
+    """Turns any producer's spans into `SpanRecord`s in looptrace's vocabulary; remembers per trace what the messages
+    said."""
 
     def __init__(self, max_open_traces: int = _MAX_OPEN_TRACES) -> None:
         self.max_open_traces = max_open_traces
@@ -187,19 +169,17 @@ class ProducerReader:
 
     # -- span by span -------------------------------------------------------------------------------------------
 
-    def translate(self, span: Any) -> ReadSpan:
+    def translate(self, span: Any) -> SpanRecord:
         attributes = span.attributes
         kind = attributes.get(OI_SPAN_KIND)
         # A span that follows the GenAI conventions is read as such even when it also names an OpenInference kind:
         # looptrace's own spans do (for Phoenix), and their gen_ai.* attributes are the complete record.
-        neutral: ReadSpan
+        neutral: SpanRecord
         if kind is not None and not attributes.get(sc.GEN_AI_OPERATION_NAME) and sc.TURN_INDEX not in attributes:
             neutral = _from_openinference(span, str(kind).upper())
         elif sc.GEN_AI_OPERATION_NAME not in attributes and any(
                 key.startswith((OLL_PROMPT, OLL_COMPLETION)) for key in attributes):  # OpenLLMetry named no operation
             neutral = _from_openllmetry(span)
-        elif type(span) is NeutralSpan:
-            neutral = span  # already in our vocabulary and made for this reader (a file reader's, a processor's)
         elif type(span) is SpanRecord and span.parent_span_id is not None:
             # A decoded record (watch's, a file's) has every field the rebuilder reads, and only a root is ever moved
             # to a session or conversation: a child is read as it is, not copied.
@@ -218,7 +198,7 @@ class ProducerReader:
         self._remember(neutral, span, raw, form)
         return neutral
 
-    def _join_conversation(self, neutral: ReadSpan, raw: Any, form: str) -> None:
+    def _join_conversation(self, neutral: SpanRecord, raw: Any, form: str) -> None:
         """A lone model call with a history joins the conversation that history continues."""
         history = _canonical_history(raw, form)
         if not history:
@@ -226,7 +206,7 @@ class ProducerReader:
         neutral.trace_id = self._conversations.place(neutral.trace_id, history)
         neutral.parent_span_id = "conversation"  # not a root: the run stays open for the conversation's next call
 
-    def _remember(self, neutral: ReadSpan, original: Any, raw: Any, form: str) -> None:
+    def _remember(self, neutral: SpanRecord, original: Any, raw: Any, form: str) -> None:
         state = self._traces.get(neutral.trace_id)
         if state is None:
             state = self._traces[neutral.trace_id] = _TraceState()
@@ -257,7 +237,7 @@ class ProducerReader:
 
     # -- per trace, when judged or checked ----------------------------------------------------------------------
 
-    def message_calls(self, trace_id: str) -> list[NeutralSpan]:
+    def message_calls(self, trace_id: str) -> list[SpanRecord]:
         """The tool calls read from messages, as execute_tool spans (none when the trace has real tool spans)."""
         state = self._traces.get(trace_id)
         if state is None or state.has_tool_spans or not state.requested:
@@ -278,7 +258,7 @@ class ProducerReader:
                 attributes[sc.GEN_AI_TOOL_CALL_RESULT] = text
                 if is_error:
                     attributes[sc.TOOL_IS_ERROR] = True
-            spans.append(NeutralSpan(trace_id=trace_id, span_id=f"message:{requested.call_id}",
+            spans.append(SpanRecord(trace_id=trace_id, span_id=f"message:{requested.call_id}",
                                      parent_span_id="message", name=f"execute_tool {requested.tool}",
                                      start_ns=requested.after_ns + 1, attributes=attributes))
         return spans
@@ -307,13 +287,13 @@ class ProducerReader:
 
 # --- one producer at a time -----------------------------------------------------------------------------------------
 
-def _copy(span: Any, attributes: dict[str, Any]) -> NeutralSpan:
-    return NeutralSpan(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
+def _copy(span: Any, attributes: dict[str, Any]) -> SpanRecord:
+    return SpanRecord(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
                        name=span.name, start_ns=span.start_ns, attributes=attributes,
                        status_code=getattr(span, "status_code", 0), end_ns=getattr(span, "end_ns", 0))
 
 
-def _from_gen_ai(span: Any) -> NeutralSpan:
+def _from_gen_ai(span: Any) -> SpanRecord:
     # Already our vocabulary; the dict is shared, not copied: nothing downstream writes to it.
     return _copy(span, span.attributes)
 
@@ -322,7 +302,7 @@ def _answer(text: str) -> str:
     return json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}], ensure_ascii=False)
 
 
-def _from_openinference(span: Any, kind: str) -> NeutralSpan:
+def _from_openinference(span: Any, kind: str) -> SpanRecord:
     a = span.attributes
     out: dict[str, Any] = {}
     if kind == "LLM":
@@ -355,7 +335,7 @@ def _from_openinference(span: Any, kind: str) -> NeutralSpan:
     return _copy(span, out)
 
 
-def _from_openllmetry(span: Any) -> NeutralSpan:
+def _from_openllmetry(span: Any) -> SpanRecord:
     a = span.attributes
     out = {key: value for key, value in a.items() if not key.startswith((OLL_PROMPT, OLL_COMPLETION))}
     out.setdefault(sc.GEN_AI_OPERATION_NAME, sc.OPERATION_CHAT)
@@ -385,7 +365,7 @@ def run_key(span: Any) -> str:
     return f"{SESSION_PREFIX}{session}" if session is not None else span.trace_id
 
 
-def _join_session(neutral: ReadSpan, original: Any) -> bool:
+def _join_session(neutral: SpanRecord, original: Any) -> bool:
     """A lone model call with a session id belongs to its session's run, not to a one-span trace of its own."""
     key = run_key(original)
     if key != original.trace_id:
@@ -395,7 +375,7 @@ def _join_session(neutral: ReadSpan, original: Any) -> bool:
     return False
 
 
-def _records_no_messages(neutral: ReadSpan) -> bool:
+def _records_no_messages(neutral: SpanRecord) -> bool:
     """A model call that says which response it got but nothing of the conversation: the SDK's own span, say."""
     a = neutral.attributes
     return bool(a.get(sc.GEN_AI_RESPONSE_ID)) and sc.GEN_AI_OUTPUT_MESSAGES not in a

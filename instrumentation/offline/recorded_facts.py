@@ -7,25 +7,14 @@ machinery.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from ..detector.facts import UnresolvedToolError
 from ..recording import semconv as sc
+from ..tracefile.read import SpanRecord
 
 
-class StoredSpan(Protocol):
-    """What rebuilding reads of a span: ``tracefile.read.SpanRecord`` has it all; ``events`` (name, time, attributes),
-    ``status_code``, ``status_message`` and ``end_ns`` are read when present."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    start_ns: int
-    attributes: dict[str, Any]
-
-
-def recorded_unresolved_errors(root: StoredSpan) -> tuple[int, list[UnresolvedToolError]] | None:
+def recorded_unresolved_errors(root: SpanRecord) -> tuple[int, list[UnresolvedToolError]] | None:
     """The tool errors a live run of looptrace's left unresolved, as its root span recorded them: their count and the
     most recent (its events); None for a root without the record (another producer's, or an older looptrace's)."""
     count = root.attributes.get(sc.RUN_UNRESOLVED_TOOL_ERRORS)

@@ -27,8 +27,9 @@ from typing import Any
 
 from ..detector import result_digest
 from ..recording import semconv as sc
+from ..tracefile.read import SpanRecord
 from .anthropic_messages import anthropic_message, text_of_parts, tool_definition
-from .recorded_facts import StoredSpan, as_count
+from .recorded_facts import as_count
 
 ERROR_STATUS = 2
 CUT_MARK = "…[truncated "  # content.cap's marker: a value cut at the attribute size cap
@@ -137,12 +138,12 @@ class RecordedRun:
         return call.turn == self.turns and self.status in ("interrupted", "timeout", "error")
 
 
-def rebuild_run(spans: Iterable[StoredSpan], *, root_span_id: str | None = None) -> RecordedRun:
+def rebuild_run(spans: Iterable[SpanRecord], *, root_span_id: str | None = None) -> RecordedRun:
     """The run among ``spans`` (one trace's) rebuilt for replay; ``root_span_id`` picks one of several runs in a trace
     (default: the one that ended last). Raises ``ContentNotRecorded`` or ``IncompleteRecording``, or
     ``NotReplayable`` when the spans hold no looptrace run."""
     spans = list(spans)
-    children: dict[str | None, list[StoredSpan]] = {}
+    children: dict[str | None, list[SpanRecord]] = {}
     for span in spans:
         children.setdefault(span.parent_span_id, []).append(span)
     root = _root(spans, root_span_id)
@@ -207,9 +208,9 @@ def rebuild_run(spans: Iterable[StoredSpan], *, root_span_id: str | None = None)
     )
 
 
-def runs_in(spans: Iterable[StoredSpan]) -> dict[str, list[StoredSpan]]:
+def runs_in(spans: Iterable[SpanRecord]) -> dict[str, list[SpanRecord]]:
     """The spans of each trace, by trace id, in the order the traces first appear."""
-    by_trace: dict[str, list[StoredSpan]] = {}
+    by_trace: dict[str, list[SpanRecord]] = {}
     for span in spans:
         by_trace.setdefault(span.trace_id, []).append(span)
     return by_trace
@@ -218,7 +219,7 @@ def runs_in(spans: Iterable[StoredSpan]) -> dict[str, list[StoredSpan]]:
 # --- the pieces ---------------------------------------------------------------------------------------------------
 
 
-def _root(spans: list[StoredSpan], wanted: str | None) -> StoredSpan | None:
+def _root(spans: list[SpanRecord], wanted: str | None) -> SpanRecord | None:
     roots = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
     if wanted is not None:
         roots = [s for s in roots if s.span_id == wanted]
@@ -227,7 +228,7 @@ def _root(spans: list[StoredSpan], wanted: str | None) -> StoredSpan | None:
     return max(roots, key=lambda s: getattr(s, "end_ns", 0) or s.start_ns) if roots else None
 
 
-def _chat_of(turn: StoredSpan, children: Iterable[StoredSpan]) -> StoredSpan:
+def _chat_of(turn: SpanRecord, children: Iterable[SpanRecord]) -> SpanRecord:
     chats = [s for s in children if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_CHAT
              and not s.attributes.get(sc.JUDGE)]
     if not chats:
@@ -237,11 +238,11 @@ def _chat_of(turn: StoredSpan, children: Iterable[StoredSpan]) -> StoredSpan:
     return min(chats, key=lambda s: s.start_ns)
 
 
-def _failed(span: StoredSpan) -> bool:
+def _failed(span: SpanRecord) -> bool:
     return getattr(span, "status_code", 0) == ERROR_STATUS and _output_of(span) is None
 
 
-def _content(span: StoredSpan, key: str) -> Any:
+def _content(span: SpanRecord, key: str) -> Any:
     """A content attribute of a chat span: on the span, or on its content event (capture mode EVENT_ONLY)."""
     if key in span.attributes:
         return span.attributes[key]
@@ -251,11 +252,11 @@ def _content(span: StoredSpan, key: str) -> Any:
     return None
 
 
-def _output_of(span: StoredSpan) -> Any:
+def _output_of(span: SpanRecord) -> Any:
     return _content(span, sc.GEN_AI_OUTPUT_MESSAGES)
 
 
-def _parsed(raw: Any, span: StoredSpan, key: str) -> Any:
+def _parsed(raw: Any, span: SpanRecord, key: str) -> Any:
     """A JSON content attribute's value; a value cut at the size cap (or not JSON) names the span."""
     if raw is None or not isinstance(raw, str):
         return raw
@@ -267,7 +268,7 @@ def _parsed(raw: Any, span: StoredSpan, key: str) -> Any:
         raise IncompleteRecording(span.span_id, span.name, f"{key} {why}") from None
 
 
-def _response(chat: StoredSpan, turn: int) -> dict[str, Any] | RecordedModelError:
+def _response(chat: SpanRecord, turn: int) -> dict[str, Any] | RecordedModelError:
     """The Messages API response a chat span recorded (or the failure it recorded)."""
     if _failed(chat):
         return RecordedModelError(turn, getattr(chat, "status_message", "") or "the model call failed")
@@ -292,31 +293,46 @@ def _response(chat: StoredSpan, turn: int) -> dict[str, Any] | RecordedModelErro
 
 
 def _usage(a: Mapping[str, Any]) -> dict[str, Any]:
-    """Anthropic's usage object again: Langfuse's usage details hold it in Anthropic's terms (the 1-hour cache writes
-    apart); else the conventions' input tokens, which count the cache reads and writes too, are taken apart."""
-    details = a.get(sc.LANGFUSE_OBSERVATION_USAGE_DETAILS)
+    """Anthropic's usage object again: the conventions' input tokens count the cache reads and writes too, so they are
+    taken apart, and the 1-hour cache writes (priced apart) are the chat span's own count. Files written before that
+    count was recorded hold it in Langfuse's usage object, read for them."""
+    cache_read = as_count(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
+    cache_creation = as_count(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
+    legacy = _legacy_usage(a)
+    if legacy is not None and sc.CHAT_CACHE_WRITES_1H not in a:
+        return legacy
+    usage: dict[str, Any] = {
+        "input_tokens": max(as_count(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
+        "output_tokens": as_count(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
+        "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_creation}
+    one_hour = min(as_count(a.get(sc.CHAT_CACHE_WRITES_1H)), cache_creation)
+    if one_hour:
+        usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
+                                   "ephemeral_5m_input_tokens": cache_creation - one_hour}
+    return usage
+
+
+def _legacy_usage(a: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The usage an older file's generation holds in Langfuse's terms (the 1-hour cache writes apart), or None."""
+    details = a.get(sc.LEGACY_LANGFUSE_USAGE_DETAILS)
     try:
         parsed = json.loads(details) if isinstance(details, str) else None
     except ValueError:
         parsed = None
-    cache_read = as_count(a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS))
-    cache_creation = as_count(a.get(sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS))
-    if isinstance(parsed, dict):
-        one_hour = as_count(parsed.get("input_cache_creation_1h"))
-        usage: dict[str, Any] = {
-            "input_tokens": as_count(parsed.get("input")), "output_tokens": as_count(parsed.get("output")),
-            "cache_read_input_tokens": as_count(parsed.get("input_cache_read")),
-            "cache_creation_input_tokens": as_count(parsed.get("input_cache_creation_5m")) + one_hour}
-        if one_hour:
-            usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
-                                       "ephemeral_5m_input_tokens": usage["cache_creation_input_tokens"] - one_hour}
-        return usage
-    return {"input_tokens": max(as_count(a.get(sc.GEN_AI_USAGE_INPUT_TOKENS)) - cache_read - cache_creation, 0),
-            "output_tokens": as_count(a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
-            "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_creation}
+    if not isinstance(parsed, dict):
+        return None
+    one_hour = as_count(parsed.get("input_cache_creation_1h"))
+    usage: dict[str, Any] = {
+        "input_tokens": as_count(parsed.get("input")), "output_tokens": as_count(parsed.get("output")),
+        "cache_read_input_tokens": as_count(parsed.get("input_cache_read")),
+        "cache_creation_input_tokens": as_count(parsed.get("input_cache_creation_5m")) + one_hour}
+    if one_hour:
+        usage["cache_creation"] = {"ephemeral_1h_input_tokens": one_hour,
+                                   "ephemeral_5m_input_tokens": usage["cache_creation_input_tokens"] - one_hour}
+    return usage
 
 
-def _results_in_inputs(chats: list[StoredSpan]) -> dict[str, tuple[Any, bool]]:
+def _results_in_inputs(chats: list[SpanRecord]) -> dict[str, tuple[Any, bool]]:
     """Tool results as later model calls were sent them (tool_call_response parts), by tool_use id: where a tool span
     holds no result (content on events only), the next call's input messages still do."""
     found: dict[str, tuple[Any, bool]] = {}
@@ -333,7 +349,7 @@ def _results_in_inputs(chats: list[StoredSpan]) -> dict[str, tuple[Any, bool]]:
     return found
 
 
-def _calls(turn: int, response: dict[str, Any] | RecordedModelError, children: Iterable[StoredSpan],
+def _calls(turn: int, response: dict[str, Any] | RecordedModelError, children: Iterable[SpanRecord],
            later_results: Mapping[str, tuple[Any, bool]]) -> list[RecordedCall]:
     if isinstance(response, RecordedModelError):
         return []
@@ -360,17 +376,20 @@ def _calls(turn: int, response: dict[str, Any] | RecordedModelError, children: I
     return calls
 
 
-def _run_content(root_attributes: Mapping[str, Any], first_chat: StoredSpan) -> dict[str, Any]:
+def _run_content(root_attributes: Mapping[str, Any], first_chat: SpanRecord) -> dict[str, Any]:
     """System instructions and tool definitions: on the root with content on spans, on every chat (span or event)."""
     return {key: root_attributes.get(key) if key in root_attributes else _content(first_chat, key)
             for key in (sc.GEN_AI_SYSTEM_INSTRUCTIONS, sc.GEN_AI_TOOL_DEFINITIONS)}
 
 
-def _task(root: StoredSpan | None, root_attributes: Mapping[str, Any],
-          first_chat: StoredSpan) -> str | list[dict[str, Any]]:
+def _task(root: SpanRecord | None, root_attributes: Mapping[str, Any],
+          first_chat: SpanRecord) -> str | list[dict[str, Any]]:
     """The run's task: the root's input messages, else the first model call's (the history it was sent is the task,
     unless older messages were left out to fit the size cap). One user text is the task as a string, as it was."""
     raw, span = root_attributes.get(sc.GEN_AI_INPUT_MESSAGES), root
+    if raw is not None and span is not None and as_count(root_attributes.get(sc.INPUT_MESSAGES_OMITTED)):
+        raise IncompleteRecording(span.span_id, span.name, "the task's older messages were left out of "
+                                                           "gen_ai.input.messages to fit the size cap")
     if raw is None or span is None:
         raw, span = _content(first_chat, sc.GEN_AI_INPUT_MESSAGES), first_chat
         if as_count(first_chat.attributes.get(sc.INPUT_MESSAGES_OMITTED)):
@@ -392,7 +411,7 @@ def _task(root: StoredSpan | None, root_attributes: Mapping[str, Any],
     return messages
 
 
-def reported_anomalies(spans: Iterable[StoredSpan]) -> list[RecordedAnomaly]:
+def reported_anomalies(spans: Iterable[SpanRecord]) -> list[RecordedAnomaly]:
     """The anomalies a live run reported, from its turn spans' evaluation events, in turn order. Readable with
     content capture off too: what the live detector said needs no content."""
     turns = sorted((s for s in spans if sc.TURN_INDEX in s.attributes),

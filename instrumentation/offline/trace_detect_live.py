@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from ..detector import DetectorConfig
 from ..logs import log
-from .readers import NeutralSpan
+from ..tracefile.read import SpanRecord
 from .run_rebuilder import RunRebuilder, Verdict
 
 
@@ -36,7 +36,7 @@ class DetectorSpanProcessor(SpanProcessor):
         context = span.get_span_context()
         if context is None:  # only a span the SDK never started has none
             return
-        live = NeutralSpan(
+        live = SpanRecord(
             trace_id=format(context.trace_id, "032x"),
             span_id=format(context.span_id, "016x"),
             parent_span_id=format(span.parent.span_id, "016x") if span.parent is not None else None,

@@ -1,5 +1,7 @@
-"""Recording a run: OpenTelemetry spans with the GenAI conventions, the instrumented model, content capture and
-redaction, metrics, and the one place backends' attribute mappings are applied.
+"""Recording a run: OpenTelemetry spans with the GenAI conventions and looptrace.* (no backend's attributes: their
+exporters add them, ``export.mapped``), the instrumented model, content capture and redaction, metrics, and the
+protocols of what the spans hand on (``sinks``: anomaly sinks, trace links), which the layers above implement.
+Imports none of alerts, langfuse or export.
 
 ``semconv``, every span, attribute, event and metric name looptrace writes, is the name readers of stored spans use
 (`looptrace detect`, `traces`, `report`); it loads on first use.

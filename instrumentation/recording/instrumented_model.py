@@ -14,14 +14,41 @@ never the run's, so they are not counted as one of its generations.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
 from ..logs import telemetry_failed
-from .seam_types import CostOf, ModelLike, Usage, first_chunk_receiver
+from .usage import CostOf, Usage
 
-__all__ = ["Answer", "ChatCall", "CurrentTurn", "InstrumentedModel", "PricedModel", "current_turn_var"]
+__all__ = ["Answer", "ChatCall", "CurrentTurn", "InstrumentedModel", "ModelLike", "PricedModel", "current_turn_var",
+           "first_chunk_receiver", "report_first_chunk"]
+
+
+class ModelLike(Protocol):
+    """The model seam as telemetry sees it (``runtime.models.Model`` is the loop's own, identical, description)."""
+
+    stream: bool
+
+    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+
+    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
+
+    def server(self) -> tuple[str | None, int | None]: ...
+
+
+# A streaming model reports its first chunk through this: the instrumented wrapper sets a receiver while the call
+# runs, so a model implementation needs no telemetry of its own (and one called outside a run costs a lookup).
+first_chunk_receiver: contextvars.ContextVar[Callable[[float], None] | None] = contextvars.ContextVar(
+    "looptrace_first_chunk", default=None)
+
+
+def report_first_chunk(seconds: float) -> None:
+    """A streaming model call got its first chunk ``seconds`` after it was sent (the chat span's time to first
+    chunk). Free when nothing listens."""
+    receiver = first_chunk_receiver.get()
+    if receiver is not None:
+        receiver(seconds)
 
 
 class Answer(NamedTuple):

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..alerts import AlertContext
 from ..detector import Anomaly, LoopCost, UnresolvedToolError
 from ..logs import telemetry_failed
 from ..settings import Settings
-from .instrumented_model import PricedModel
+from .instrumented_model import ModelLike, PricedModel
 from .labels import checked, run_labels
-from .seam_types import Action, CostOf, ModelLike, Usage
+from .sinks import Action, AlertContext, AnomalySink
 from .tool_call import ToolCallView
-
-if TYPE_CHECKING:
-    from ..alerts import AnomalySinks
-    from ..interface import RunTrace, ToolTrace, TurnTrace
+from .usage import CostOf, Usage
 
 __all__ = ["NoTracing"]
 
@@ -55,10 +51,10 @@ class _NoTurn:
     def activate(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
-    def start_tool(self, view: ToolCallView, *, description: str | None) -> ToolTrace:
+    def start_tool(self, view: ToolCallView, *, description: str | None) -> _NoTool:
         return _NoTool(view)
 
-    def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[ToolTrace]) -> None:
+    def report(self, anomaly: Anomaly, action: Action, tool_calls: Sequence[object]) -> None:
         sinks = self.run.sinks
         if sinks is None:
             return
@@ -82,12 +78,12 @@ class _NoRun:
     span_id = _ZERO_SPAN_ID
     trace_url = None
 
-    def __init__(self, agent: str, sinks: AnomalySinks | None) -> None:
+    def __init__(self, agent: str, sinks: AnomalySink | None) -> None:
         self.agent = agent
         self.sinks = sinks
         self.turn = _NoTurn(self)
 
-    def start_turn(self, index: int) -> TurnTrace:
+    def start_turn(self, index: int) -> _NoTurn:
         return self.turn
 
     def end(self, *, status: str, turns: int, usage: Usage, cost_usd: float | None, anomalies: int,
@@ -104,7 +100,7 @@ class NoTracing:
 
     trace_links = None
 
-    def __init__(self, sinks: AnomalySinks | None = None, *, captures_content: bool = True,
+    def __init__(self, sinks: AnomalySink | None = None, *, captures_content: bool = True,
                  settings: Settings | None = None) -> None:
         self.sinks = sinks
         self.captures_content = captures_content
@@ -116,7 +112,7 @@ class NoTracing:
     def start_run(self, *, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
                   tool_definitions: list[dict[str, Any]], session_id: str | None = None, user_id: str | None = None,
                   tags: Iterable[str] = (), metadata: Mapping[str, Any] | None = None,
-                  resumes: tuple[str, str] | None = None) -> RunTrace:
+                  resumes: tuple[str, str] | None = None) -> _NoRun:
         # Checked even here: a label a backend would drop should fail in tests, not once telemetry is switched on.
         checked("trace name", agent)
         run_labels(session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)

@@ -1,12 +1,17 @@
-"""Every attribute, event, span and metric name looptrace emits, in one place.
+"""Every attribute, event, span and metric name looptrace's spans carry, in one place.
 
 GenAI names come from opentelemetry-semantic-conventions (its incubating module is where the gen_ai.* constants live
 until they are declared stable); the looptrace.* names are ours. Run totals use looptrace.usage.* rather than
 gen_ai.usage.*, because backends such as Langfuse read gen_ai.usage.* as "this span consumed tokens" and would count
 the run's totals a second time on top of its generations.
+
+A vendor's own attributes are not here: each vendor's mapping names them (``langfuse.mapping`` Langfuse's), and its
+exporter adds them to the spans it sends. OpenInference's few names are, since it is a convention other producers
+write too and the readers read (``export.openinference`` maps looptrace's spans to it).
 """
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
+from opentelemetry.semconv._incubating.attributes import user_attributes as _user
 from opentelemetry.semconv.attributes import error_attributes as _error
 from opentelemetry.semconv.attributes import server_attributes as _server
 
@@ -76,6 +81,7 @@ EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
 GEN_AI_EVALUATION_NAME = _gen_ai.GEN_AI_EVALUATION_NAME
 GEN_AI_EVALUATION_SCORE_LABEL = _gen_ai.GEN_AI_EVALUATION_SCORE_LABEL
 GEN_AI_EVALUATION_EXPLANATION = _gen_ai.GEN_AI_EVALUATION_EXPLANATION
+USER_ID = _user.USER_ID  # a run's user, on its root span (Langfuse reads it as the trace's user)
 ERROR_TYPE = _error.ERROR_TYPE
 SERVER_ADDRESS = _server.SERVER_ADDRESS
 SERVER_PORT = _server.SERVER_PORT
@@ -89,8 +95,8 @@ TOOL_TYPE_FUNCTION = "function"  # the conventions' value for a client-side func
 # --- OpenInference (Phoenix, Arize) -------------------------------------------------------------------------------
 # Phoenix shows a span's kind from openinference.span.kind and its Input and Output from input.value and output.value
 # alone (rendered as JSON when their mime type says so), whatever gen_ai.* the span has. Langfuse reads the same pair
-# before gen_ai.*, so each value is exactly what Langfuse would otherwise make of the gen_ai.* attributes (spans.py).
-# Names as in openinference-semantic-conventions.
+# before gen_ai.*. Never written by the spans: the exporters that ask for OpenInference's view add them
+# (export/openinference.py). Names as in openinference-semantic-conventions.
 OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
 INPUT_VALUE = "input.value"
 OUTPUT_VALUE = "output.value"
@@ -120,10 +126,21 @@ RUN_USAGE_OUTPUT_TOKENS = "looptrace.usage.output_tokens"
 RUN_USAGE_CACHE_READ_TOKENS = "looptrace.usage.cache_read_input_tokens"
 RUN_USAGE_CACHE_CREATION_TOKENS = "looptrace.usage.cache_creation_input_tokens"
 RUN_USAGE_TOTAL_TOKENS = "looptrace.usage.total_tokens"  # what the token budget counts
+# A run's labels beside the session (gen_ai.conversation.id) and the user (user.id), on its root span only: a
+# backend that wants them on every span (Langfuse) gets them there from its mapping at export.
+RUN_TAGS = "looptrace.run.tags"
+RUN_METADATA_PREFIX = "looptrace.run.metadata."  # + the key; the value as text
 TURN_INDEX = "looptrace.turn.index"
 STOP_REASON = "looptrace.anthropic.stop_reason"  # the raw value, beside the normalised finish reason
 CHAT_COST_USD = "looptrace.chat.cost_usd"
 INPUT_MESSAGES_OMITTED = "looptrace.chat.input_messages_omitted"  # older messages left out of gen_ai.input.messages
+CHAT_CACHE_WRITES_1H = "looptrace.chat.cache_creation_1h_input_tokens"  # the cache writes kept an hour (if any)
+# In the trace file only: a model call whose input messages continue what an earlier span of its run recorded holds
+# the new messages alone, and names that span (tracefile/history.py writes and restores it).
+INPUT_CONTINUES = "looptrace.chat.input_continues"
+INPUT_CONTINUES_FROM = "looptrace.chat.input_continues_from"  # characters of it left out, once the window moved on
+# In the trace file only: the resource a line's spans belong to, written whole on a writer's first line of a file.
+RESOURCE_ID = "looptrace.resource.id"
 TOOL_RESULT_DIGEST = "looptrace.tool.result_digest"  # recorded even without content capture: the detector needs it
 TOOL_ARGUMENTS_DIGEST = "looptrace.tool.arguments_digest"  # of the canonical, redacted arguments; likewise always
 TOOL_IS_ERROR = "looptrace.tool.is_error"
@@ -185,31 +202,9 @@ OPENLLMETRY_COMPLETION_PREFIX = "gen_ai.completion."
 GEN_AI_EVALUATION_RESULT_EVENT = EVALUATION_RESULT_EVENT
 EVENT_MESSAGE = "message"
 
-# --- Langfuse's OpenTelemetry attributes (what its OTLP ingestion maps onto traces and observations) ------------------
-# Langfuse shows an observation's level and status message; WARNING makes an anomaly visible where it happened.
-LANGFUSE_OBSERVATION_LEVEL = "langfuse.observation.level"
-LANGFUSE_OBSERVATION_STATUS_MESSAGE = "langfuse.observation.status_message"
-LANGFUSE_OBSERVATION_TYPE = "langfuse.observation.type"
-LANGFUSE_OBSERVATION_USAGE_DETAILS = "langfuse.observation.usage_details"
-LANGFUSE_OBSERVATION_COST_DETAILS = "langfuse.observation.cost_details"
-LANGFUSE_TRACE_NAME = "langfuse.trace.name"
-LANGFUSE_TRACE_TAGS = "langfuse.trace.tags"
-LANGFUSE_TRACE_METADATA_PREFIX = "langfuse.trace.metadata."
-# The count again, as trace metadata: what Langfuse's traces table can filter on (every run carries it, 0 included).
-LANGFUSE_UNRESOLVED_TOOL_ERRORS = LANGFUSE_TRACE_METADATA_PREFIX + "unresolved_tool_errors"
-LANGFUSE_ENVIRONMENT = "langfuse.environment"
-LANGFUSE_RELEASE = "langfuse.release"
-LANGFUSE_USER_ID = "user.id"
-LANGFUSE_SESSION_ID = "session.id"  # not sent: Langfuse reads gen_ai.conversation.id as the session too
-# A run that joins someone else's trace is still its trace's root in Langfuse, with the trace's input and output.
-LANGFUSE_AS_ROOT = "langfuse.internal.as_root"  # read by the trace-create path
-LANGFUSE_IS_APP_ROOT = "langfuse.internal.is_app_root"  # read by the v4 events path (parent_span_id = '' OR this)
-LANGFUSE_TRACE_INPUT = "langfuse.trace.input"
-LANGFUSE_TRACE_OUTPUT = "langfuse.trace.output"
 ANOMALY_EVALUATION_NAME = "loop_anomaly"  # gen_ai.evaluation.name of an anomaly's evaluation event
-LANGFUSE_ANOMALY_SCORE = ANOMALY_EVALUATION_NAME  # the categorical score a loop anomaly adds to its trace
-LANGFUSE_LOOP_COST_SCORE = "loop_cost_usd"  # numeric, per anomaly type and run: what its loops cost, for alerts to sum
-LANGFUSE_LOOPED_SCORE = "looped"  # boolean, on every run: its average over a window is the share of runs that looped
+# Older trace files carried Langfuse's usage object on each generation; replay reads its 1-hour cache writes there.
+LEGACY_LANGFUSE_USAGE_DETAILS = "langfuse.observation.usage_details"
 
 # --- metric names (instruments in metrics.py) ----------------------------------------------------------------------
 # METRIC_TOKEN_USAGE and METRIC_OPERATION_DURATION: the GenAI conventions' names, looked up on first use (their module

@@ -13,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import Token
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as metrics_api
@@ -21,34 +21,27 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from ..alerts import AlertContext, AnomalySinks
 from ..detector import Anomaly, LoopCost, UnresolvedToolError
 from ..logs import telemetry_failed
 from ..settings import Settings
-from . import backend_attributes
 from . import semconv as sc
 from .content import (
-    CallSecrets,
     CaptureMode,
     MessageLog,
     cap,
     genai_message,
     genai_tool_definition,
-    last_user_text,
     resolve_capture,
     to_json,
 )
-from .instrumented_model import CurrentTurn, InstrumentedModel, current_turn_var
+from .instrumented_model import CurrentTurn, InstrumentedModel, ModelLike, current_turn_var
 from .labels import RunLabels, checked, run_labels
 from .loop_cost import anomaly_cost_attributes, loop_total_attributes
 from .metrics import LoopMetrics
-from .providers import RunProviders, providers_for_run
-from .seam_types import Action, CostOf, ModelLike, Usage
+from .providers import DefaultProviders, RunProviders, providers_for_run
+from .sinks import Action, AlertContext, AnomalySink, TraceLinks
 from .tool_call import ToolCallView
-
-if TYPE_CHECKING:
-    from ..interface import ToolTrace, TraceLinks
-    from .backend_attributes import RunBackendAttributes
+from .usage import CostOf, Usage
 
 CONTENT_EVENT = sc.CONTENT_EVENT
 
@@ -92,7 +85,8 @@ class _HasSpan(Protocol):
 
 class Tracing:
     """Span factory for an agent (``interface.AgentTelemetry`` with OpenTelemetry). Cheap to create; holds no per-run
-    state. Which providers a run records on is decided per run (``providers.providers_for_run``); where its anomaly
+    state. Which providers a run records on is decided per run (``providers.providers_for_run``: the Agent's, the
+    global one, else ``default_providers``, a pipeline of the Agent's own built on first use); where its anomaly
     reports go (``sinks``) and its link in a backend's UI (``trace_links``) are what it was built with.
     """
 
@@ -104,26 +98,26 @@ class Tracing:
         capture_content: bool | str | CaptureMode | None = None,
         max_attribute_chars: int | None = None,
         meter_provider: metrics_api.MeterProvider | None = None,
-        enabled: bool = True,
-        sinks: AnomalySinks | None = None,
+        sinks: AnomalySink | None = None,
         trace_links: TraceLinks | None = None,
+        default_providers: DefaultProviders | None = None,
     ) -> None:
-        self.enabled = enabled
         self.settings = settings
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
+        self._default_providers = default_providers
         self._resolved: RunProviders | None = None  # the providers of the latest run ...
         self._tracer: trace.Tracer = trace.NoOpTracer()  # ... and their tracer and instruments, kept for the next
         self.metrics: LoopMetrics | None = None
-        self.sinks = sinks if sinks is not None else AnomalySinks.from_settings(settings)
+        self.sinks = sinks
         self.trace_links = trace_links
         self.captures_content = settings.capture_content if capture_content is None else bool(capture_content)
         self.capture = resolve_capture(settings.capture_setting if capture_content is None else capture_content)
         self.capture_content = self.capture.on_spans  # content attributes on spans
         self.capture_events = self.capture.in_events  # content on each chat span's content event
         self.max_chars = max_attribute_chars or settings.max_attribute_chars
-        # (system prompt, tool definitions list, their span attributes, the system message): see _run_content.
-        self._kept_run_content: tuple[str | None, list[dict[str, Any]], dict[str, str], str | None] | None = None
+        # (system prompt, tool definitions list, their attributes): see _run_content.
+        self._kept_run_content: tuple[str | None, list[dict[str, Any]], dict[str, str]] | None = None
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -144,13 +138,13 @@ class Tracing:
         return InstrumentedModel(model, cost_of=cost_of, judge=judge)
 
     def _select_providers(self) -> None:
-        providers = providers_for_run(self._tracer_provider, self._meter_provider, self.settings)
+        providers = providers_for_run(self._tracer_provider, self._meter_provider, self._default_providers)
         if providers != self._resolved:
             self._resolved = providers
             self._tracer = trace.get_tracer(sc.SCOPE_NAME, sc.SCOPE_VERSION, tracer_provider=providers[0])
-            # An explicit no-op meter provider (the embedded default's when no reader would see its metrics) gets no
+            # An explicit no-op meter provider (the own pipeline's when no reader would see its metrics) gets no
             # instruments at all: the loop then skips building the metrics' attributes too.
-            wanted = self.enabled and not isinstance(providers[1], metrics_api.NoOpMeterProvider)
+            wanted = not isinstance(providers[1], metrics_api.NoOpMeterProvider)
             self.metrics = LoopMetrics(providers[1]) if wanted else None
 
     def flush(self, timeout_ms: int = 5_000) -> None:
@@ -189,12 +183,10 @@ class Tracing:
         # Checked even when nothing records: an empty session id should fail in tests, not in production.
         checked("trace name", agent)
         labels = run_labels(session_id=session_id, user_id=user_id, tags=tags, metadata=metadata)
-        if not self.enabled:
-            return RunSpan(self, trace.INVALID_SPAN, agent, {})
         return self._open_run(agent, model, task, system, tool_definitions, labels, resumes)
 
     def _untraced_run(self, agent: str, *args: object) -> RunSpan:
-        return RunSpan(self, trace.INVALID_SPAN, agent, {})
+        return RunSpan(self, trace.INVALID_SPAN, agent, {}, MessageLog())
 
     @_never_raises("invoke_agent span", _untraced_run)
     def _open_run(self, agent: str, model: str, task: str | list[dict[str, Any]], system: str | None,
@@ -202,59 +194,65 @@ class Tracing:
                   resumes: tuple[str, str] | None = None) -> RunSpan:
         self._select_providers()
         # On every span of the run: the agent and the session (gen_ai.conversation.id, which Langfuse and Phoenix
-        # both read as the session); what backends read beside them comes from backend_attributes, below.
+        # both read as the session). The other labels go on the root alone (run_label_attributes): a backend that
+        # wants them on every span gets them there from its mapping, at export.
         common = {sc.GEN_AI_AGENT_NAME: agent}
         if labels.session_id is not None:
             common[sc.GEN_AI_CONVERSATION_ID] = labels.session_id
         attributes: dict[str, Any] = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_INVOKE_AGENT,
                                       sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC, sc.GEN_AI_REQUEST_MODEL: model,
-                                      **common}
-        task_text = task if isinstance(task, str) else last_user_text(task)
-        joins = _joins_outer_trace()
+                                      **common, **run_label_attributes(labels)}
+        messages = MessageLog()
+        if self.capture_content:
+            # The same encoding, and the same size cap (the newest messages that fit), as each model call's input:
+            # the first call's input is then this very text, and the trace file records it once (tracefile.history).
+            history = [{"role": "user", "content": task}] if isinstance(task, str) else task
+            encoded, omitted = messages.input_messages_json(history, self.max_chars)
+            attributes[sc.GEN_AI_INPUT_MESSAGES] = encoded
+            if omitted:
+                attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
         run_content: dict[str, str] = {}
-        shown_task = None
-        if self.capture_content:
-            messages = [{"role": "user", "content": task}] if isinstance(task, str) else task
-            secrets: CallSecrets = {}  # a continued conversation's earlier calls: their results are scrubbed too
-            attributes[sc.GEN_AI_INPUT_MESSAGES] = cap(to_json([genai_message(m, secrets) for m in messages]),
-                                                       self.max_chars)
-            shown_task = cap(task_text, self.max_chars)  # what Phoenix and Langfuse list as the run's input
-            attributes.update(backend_attributes.shown_input(shown_task))
-        system_message = None
         if self.capture_content or self.capture_events:
-            run_content, system_message = self._run_content(system, tool_definitions)
+            run_content = self._run_content(system, tool_definitions)
         if self.capture_content:
-            attributes.update(run_content)
-        backends = backend_attributes.for_run(agent, labels, joins_outer_trace=joins,
-                                              trace_input=shown_task)
-        attributes.update(backends.agent)
+            attributes.update(run_content)  # once per run: the conventions allow them on the agent span
         links = _resumed_run_link(resumes)
         if links and resumes is not None:
             attributes[sc.RUN_RESUMES_TRACE_ID] = resumes[0]
         span = self._tracer.start_span(sc.agent_span_name(agent), kind=SpanKind.INTERNAL, attributes=attributes,
                                        links=links)
-        return RunSpan(self, span, agent, common, run_content,
-                       system_message if self.capture_content else None, backends)
+        return RunSpan(self, span, agent, common, messages, run_content)
 
-    def _run_content(self, system: str | None, tool_definitions: list[dict[str, Any]]
-                     ) -> tuple[dict[str, str], str | None]:
-        """The system instructions and tool definitions every chat span of a run repeats (so a generation shows the
-        prompt the model got), and the system prompt as the message Langfuse puts first in a generation's input.
+    def _run_content(self, system: str | None, tool_definitions: list[dict[str, Any]]) -> dict[str, str]:
+        """The system instructions and tool definitions of a run: on its root span, and on each model call's content
+        event when content goes to events. The system prompt is capped inside its JSON, so the attribute always
+        parses (a mapping at export rebuilds the prompt from it).
 
         Encoded once for all the runs that send the same ones: an Agent passes the same system prompt and the same
         list of definitions run after run (a run with MCP servers makes a list of its own, encoded afresh)."""
         kept = self._kept_run_content
         if kept is not None and kept[0] == system and kept[1] is tool_definitions:
-            return kept[2], kept[3]
+            return kept[2]
         content: dict[str, str] = {}
         if system:
-            content[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = cap(to_json([{"type": "text", "content": system}]), self.max_chars)
+            content[sc.GEN_AI_SYSTEM_INSTRUCTIONS] = to_json([{"type": "text", "content": cap(system, self.max_chars)}])
         if tool_definitions:
             content[sc.GEN_AI_TOOL_DEFINITIONS] = cap(to_json([genai_tool_definition(d) for d in tool_definitions]),
                                                       self.max_chars)
-        system_message = to_json({"role": "system", "content": cap(system, self.max_chars)}) if system else None
-        self._kept_run_content = (system, tool_definitions, content, system_message)
-        return content, system_message
+        self._kept_run_content = (system, tool_definitions, content)
+        return content
+
+
+def run_label_attributes(labels: RunLabels) -> dict[str, Any]:
+    """A run's user, tags and metadata as its root span carries them (the session is on every span)."""
+    attributes: dict[str, Any] = {}
+    if labels.user_id is not None:
+        attributes[sc.USER_ID] = labels.user_id
+    if labels.tags:
+        attributes[sc.RUN_TAGS] = labels.tags
+    for key, text in labels.metadata:
+        attributes[sc.RUN_METADATA_PREFIX + key] = text
+    return attributes
 
 
 def _resumed_run_link(resumes: tuple[str, str] | None) -> list[trace.Link]:
@@ -269,52 +267,24 @@ def _resumed_run_link(resumes: tuple[str, str] | None) -> list[trace.Link]:
     return [trace.Link(context, {sc.RUN_RESUMES_TRACE_ID: resumes[0]})] if context.is_valid else []
 
 
-def _joins_outer_trace() -> bool:
-    """Whether the run starts under a span that is not looptrace's: one from another process (a traceparent) or one
-    the application made, which may never reach Langfuse. Such a run must still be its trace's root there."""
-    parent = trace.get_current_span()
-    context = parent.get_span_context()
-    if not context.is_valid:
-        return False
-    if context.is_remote:
-        return True
-    scope = getattr(parent, "instrumentation_scope", None)
-    return getattr(scope, "name", None) != sc.SCOPE_NAME
-
-
 class RunSpan:
     """The root span of a run and the factory of its turns."""
 
-    __slots__ = ("agent", "backends", "content", "context", "finish_reason", "messages", "recording", "span",
-                 "span_attributes", "system_message", "tracing")
+    __slots__ = ("agent", "content", "context", "finish_reason", "messages", "recording", "span",
+                 "span_attributes", "tracing")
 
-    def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any],
-                 content: dict[str, str] | None = None, system_message: str | None = None,
-                 backends: RunBackendAttributes | None = None) -> None:
+    def __init__(self, tracing: Tracing, span: Span, agent: str, common: dict[str, Any], messages: MessageLog,
+                 content: dict[str, str] | None = None) -> None:
         self.tracing = tracing
         self.span = span
         self.agent = agent
         self.recording = span.is_recording()
         # The context its turns start in, made once for all of them (a Context is immutable).
         self.context = trace.set_span_in_context(span) if self.recording else None
-        self.messages = MessageLog()
-        self.content = content or {}  # the system instructions and tool definitions, encoded once for every call
+        self.messages = messages
+        self.content = content or {}  # the system instructions and tool definitions, for the content events
         self.finish_reason: str | None = None  # of the newest model response (or "error"), for the root span
-        self.system_message = system_message  # {"role": "system", "content": ...} as JSON, when content is captured
-        self.backends = backends  # what backends read beyond the conventions (None: the run records nothing)
-        # What each kind of span starts with, merged once per run: the shared attributes (agent, session) and the
-        # backends' (Langfuse's trace-level attributes, the OpenInference kind).
-        self.span_attributes = {kind: {**common, **getattr(backends, kind)} if backends else common
-                                for kind in ("turn", "chat", "tool", "judge")}
-
-    def input_view(self, history: str) -> str:
-        """A model call's input as Langfuse shows it from gen_ai.*: the system prompt as a first system message,
-        then the messages. Sent as input.value, which Phoenix shows and Langfuse reads first, so both show this one
-        view and Langfuse users keep the system prompt. A history cut mid-message (no longer a JSON list) is left as
-        it is, as Langfuse leaves it."""
-        if self.system_message is None or not (history.startswith("[") and history.endswith("]")):
-            return history
-        return f"[{self.system_message}]" if history == "[]" else f"[{self.system_message},{history[1:]}"
+        self.span_attributes = common  # what every span of the run starts with: the agent and the session
 
     @property
     def trace_url(self) -> str | None:
@@ -337,7 +307,7 @@ class RunSpan:
                 sc.TURN_SPAN_NAME,
                 context=self.context,
                 kind=SpanKind.INTERNAL,
-                attributes={sc.TURN_INDEX: index, **self.span_attributes["turn"]},
+                attributes={sc.TURN_INDEX: index, **self.span_attributes},
             )
             return TurnSpan(self, span)
         except Exception as exc:  # never into the run (see _never_raises)
@@ -371,21 +341,17 @@ class RunSpan:
             **unresolved_attributes(unresolved_errors),
             **loop_total_attributes(loop_cost, session_loop_cost),
         }
-        output: str | None = None
         if cost_usd is not None:
             attributes[sc.RUN_COST_USD] = cost_usd
-        if session_id is not None and sc.GEN_AI_CONVERSATION_ID not in self.span_attributes["turn"]:
+        if session_id is not None and sc.GEN_AI_CONVERSATION_ID not in self.span_attributes:
             # A paused run joins the session its resumption continues in (Langfuse shows both traces together).
             attributes[sc.GEN_AI_CONVERSATION_ID] = checked("session_id", session_id)
         if self.finish_reason is not None:
             attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (self.finish_reason,)  # of the response the run ended on
         if final_text and self.tracing.capture_content:
-            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = cap(to_json([{"role": "assistant", "parts": [
-                {"type": "text", "content": final_text}]}]), self.tracing.max_chars)
-            output = cap(final_text, self.tracing.max_chars)
-            attributes.update(backend_attributes.shown_output(output))
-        if self.backends is not None:
-            attributes.update(self.backends.run_end(output=output, unresolved_tool_errors=len(unresolved_errors)))
+            # Capped inside its JSON, so that the attribute always parses: a mapping at export reads the answer back.
+            attributes[sc.GEN_AI_OUTPUT_MESSAGES] = to_json([{"role": "assistant", "parts": [
+                {"type": "text", "content": cap(final_text, self.tracing.max_chars)}]}])
         self._record_unresolved(unresolved_errors)
         if error is not None:
             attributes[sc.RUN_ERROR] = cap(error, self.tracing.max_chars)
@@ -396,7 +362,8 @@ class RunSpan:
 
     @_never_raises("run scores", _nothing)
     def _scored(self, loop_cost_by_type: Mapping[str, LoopCost]) -> None:
-        self.tracing.sinks.run_ended(self.trace_id, self.span_id, loop_cost_by_type)
+        if self.tracing.sinks is not None:
+            self.tracing.sinks.run_ended(self.trace_id, self.span_id, loop_cost_by_type)
 
     def _record_unresolved(self, errors: Sequence[UnresolvedToolError]) -> None:
         """An event per tool error left unresolved (the most recent), for a reader of the stored run (`traces show`):
@@ -430,7 +397,7 @@ def unresolved_attributes(errors: Sequence[UnresolvedToolError]) -> dict[str, An
 
 
 class TurnSpan:
-    __slots__ = ("context", "flagged", "recording", "run", "span")
+    __slots__ = ("context", "recording", "run", "span")
 
     def __init__(self, run: RunSpan, span: Span) -> None:
         self.run = run
@@ -438,7 +405,6 @@ class TurnSpan:
         self.recording = span.is_recording()
         # The context its chat, tool and judge spans start in, made once for all of them.
         self.context = trace.set_span_in_context(span) if self.recording else None
-        self.flagged: str | None = None
 
     def activate(self) -> contextlib.AbstractContextManager:
         """This turn current while its model call (or a judge's check) runs: the instrumented model opens the chat
@@ -446,7 +412,7 @@ class TurnSpan:
         explicitly, so the OpenTelemetry context is attached once per call (by the chat span), as before the seam."""
         return _TurnCurrent(self)
 
-    def report(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
+    def report(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[object]) -> None:
         """The one report of an anomaly: an event on this turn and on each offending call, the metric, and the run's
         sinks (log line, webhook, Langfuse score). A sink that fails is the sink's business, never the run's."""
         if not anomaly.is_update:  # a streak nudged, then stopped, is one anomaly
@@ -463,11 +429,14 @@ class TurnSpan:
 
     @_never_raises("anomaly alert", _nothing)
     def _send(self, anomaly: Anomaly, action: Action) -> None:
-        self.run.tracing.sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=self.run.trace_id,
-                                                  span_id=self.run.span_id, action=action))
+        sinks = self.run.tracing.sinks
+        if sinks is None:
+            return
+        sinks.send(anomaly, AlertContext(agent=self.run.agent, trace_id=self.run.trace_id, span_id=self.run.span_id,
+                                         action=action))
 
     @_never_raises("anomaly event", _nothing)
-    def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[ToolTrace]) -> None:
+    def _record_anomaly(self, anomaly: Anomaly, action: Action, tool_spans: Sequence[object]) -> None:
         event: dict[str, Any] = {
             # The conventions' evaluation verdict, with looptrace's own attributes beside it.
             sc.GEN_AI_EVALUATION_NAME: sc.ANOMALY_EVALUATION_NAME,
@@ -484,11 +453,12 @@ class TurnSpan:
         if anomaly.arguments is not None and self.run.tracing.capture_content:
             event[sc.ANOMALY_ARGUMENTS] = cap(anomaly.arguments, 1024)
         event.update(anomaly_cost_attributes(anomaly.cost))
+        # The event is the record of the anomaly on the turn and on each call in it; a backend that marks such spans
+        # (Langfuse's level WARNING) reads it from there, at export.
         self.span.add_event(sc.ANOMALY_EVENT, event)
-        self.flagged = f"{anomaly.type}: {anomaly.message}"
         for tool_span in tool_spans:
             if isinstance(tool_span, ToolSpan):
-                tool_span.flag(event, self.flagged)
+                tool_span.flag(event)
 
     @_never_raises("nudge attribute", _nothing)
     def nudged(self, text: str) -> None:
@@ -508,7 +478,7 @@ class TurnSpan:
             sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
             sc.GEN_AI_REQUEST_MODEL: model,
             sc.GEN_AI_REQUEST_MAX_TOKENS: params.get("max_tokens", 0),
-            **self.run.span_attributes["chat"],
+            **self.run.span_attributes,
         }
         if stream:
             attributes[sc.GEN_AI_REQUEST_STREAM] = True
@@ -528,9 +498,8 @@ class TurnSpan:
             if omitted:
                 attributes[sc.INPUT_MESSAGES_OMITTED] = omitted
         if tracing.capture_content and history is not None:
+            # The system instructions and tool definitions the call was sent are the run's, on its root span.
             attributes[sc.GEN_AI_INPUT_MESSAGES] = history
-            attributes.update(self.run.content)
-            attributes.update(backend_attributes.shown_input(self.run.input_view(history), json=True))
         span = tracing.tracer.start_span(
             sc.chat_span_name(model), context=self.context, kind=SpanKind.CLIENT,
             attributes=attributes,
@@ -548,15 +517,13 @@ class TurnSpan:
                 sc.GEN_AI_TOOL_NAME: view.name,
                 sc.GEN_AI_TOOL_CALL_ID: view.call_id,
                 sc.GEN_AI_TOOL_TYPE: sc.TOOL_TYPE_FUNCTION,
-                **self.run.span_attributes["tool"],
+                **self.run.span_attributes,
             }
             if description:
                 attributes[sc.GEN_AI_TOOL_DESCRIPTION] = description
             tracing = self.run.tracing
             if tracing.capture_content:
-                encoded = cap(to_json(view.arguments), tracing.max_chars)
-                attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = encoded
-                attributes.update(backend_attributes.shown_input(encoded, json=True))
+                attributes[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = cap(to_json(view.arguments), tracing.max_chars)
             else:
                 attributes[sc.TOOL_ARGUMENTS_DIGEST] = view.arguments_digest
             span = tracing.tracer.start_span(
@@ -575,8 +542,6 @@ class TurnSpan:
             attributes: dict[str, Any] = {}
             if stop_reason is not None:
                 attributes[sc.STOP_REASON] = stop_reason
-            if self.flagged is not None and self.run.backends is not None:
-                attributes.update(self.run.backends.flagged(cap(self.flagged, 1024)))
             if attributes:
                 self.span.set_attributes(attributes)
             self.span.end()
@@ -646,13 +611,9 @@ class ChatSpan:
             }
             if cost_usd is not None:
                 attributes[sc.CHAT_COST_USD] = cost_usd
-            backends = self.run.backends
-            if backends is not None:
-                attributes.update(backends.generation(
-                    input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                    cache_read_input_tokens=usage.cache_read_input_tokens,
-                    cache_creation_input_tokens=usage.cache_creation_input_tokens,
-                    cache_creation_1h_input_tokens=Usage.one_hour_cache_writes(response), cost_usd=cost_usd))
+            one_hour = Usage.one_hour_cache_writes(response)
+            if one_hour:  # priced higher than the 5-minute writes: Langfuse's usage (its mapping) and replay read it
+                attributes[sc.CHAT_CACHE_WRITES_1H] = one_hour
             tracing = self.run.tracing
             if tracing.capture_content or tracing.capture_events:
                 # Encoded once: the same message opens the next call's input history, as the loop appends it unchanged.
@@ -664,7 +625,6 @@ class ChatSpan:
                 output = cap(f"[{encoded}]", tracing.max_chars)
                 if tracing.capture_content:
                     attributes[sc.GEN_AI_OUTPUT_MESSAGES] = output
-                    attributes.update(backend_attributes.shown_output(output, json=True))
                 if tracing.capture_events:
                     event = {sc.GEN_AI_INPUT_MESSAGES: self.history} if self.history else {}
                     self.span.add_event(CONTENT_EVENT, {**event, sc.GEN_AI_OUTPUT_MESSAGES: output, **self.run.content})
@@ -711,7 +671,7 @@ class JudgeSpan:
         if not turn.recording:
             return cls(_NON_RECORDING)
         attributes = {sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT, sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_ANTHROPIC,
-                      sc.GEN_AI_REQUEST_MODEL: model, sc.JUDGE: True, **turn.run.span_attributes["judge"]}
+                      sc.GEN_AI_REQUEST_MODEL: model, sc.JUDGE: True, **turn.run.span_attributes}
         return cls(turn.run.tracing.tracer.start_span(sc.chat_span_name(model), context=turn.context,
                                                       kind=SpanKind.CLIENT, attributes=attributes))
 
@@ -744,13 +704,12 @@ class JudgeSpan:
 
 
 class ToolSpan:
-    __slots__ = ("flagged", "run", "span", "view")
+    __slots__ = ("run", "span", "view")
 
     def __init__(self, run: RunSpan, span: Span, view: ToolCallView) -> None:
         self.run = run
         self.span = span
         self.view = view  # the loop's one view of the call: redacted arguments, then the settled result
-        self.flagged: str | None = None  # the status message of an anomaly this call is part of
 
     def activate(self) -> contextlib.AbstractContextManager:
         return _activate(self.span)
@@ -776,11 +735,10 @@ class ToolSpan:
         except Exception as exc:  # never into the run (see _never_raises)
             telemetry_failed("execute_tool span", exc)
 
-    def flag(self, anomaly_event: Mapping[str, Any], message: str) -> None:
-        """Mark this call as part of an anomaly: an event now, WARNING level when the span ends."""
+    def flag(self, anomaly_event: Mapping[str, Any]) -> None:
+        """Mark this call as part of an anomaly: the anomaly's event on its span too."""
         if self.span.is_recording():
             self.span.add_event(sc.ANOMALY_EVENT, anomaly_event)
-            self.flagged = message
 
     def end(self) -> None:
         try:
@@ -800,8 +758,7 @@ class ToolSpan:
             }
             tracing = self.run.tracing
             if tracing.capture_content:
-                shown = attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
-                attributes.update(backend_attributes.shown_output(shown))
+                attributes[sc.GEN_AI_TOOL_CALL_RESULT] = cap(result, tracing.max_chars)
             if view.is_error:
                 # Without content capture the error's text stays off the span too: it can quote the arguments. The
                 # error is the status message (Langfuse shows it, with level ERROR, from the span status alone); an
@@ -809,8 +766,6 @@ class ToolSpan:
                 said = cap(result, 1024) if tracing.capture_content else view.error_type or view.outcome
                 attributes[sc.ERROR_TYPE] = view.error_type or view.outcome
                 self.span.set_status(Status(StatusCode.ERROR, said))
-            elif self.flagged is not None and self.run.backends is not None:
-                attributes.update(self.run.backends.flagged(cap(self.flagged, 1024)))
             self.span.set_attributes(attributes)
             self.span.end()
         except Exception as exc:  # never into the run (see _never_raises)

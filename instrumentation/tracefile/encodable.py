@@ -31,7 +31,7 @@ from opentelemetry.trace import Link, Status
 from ..logs import log
 from ..recording.semconv import REPAIRED_ATTRIBUTES
 
-__all__ = ["clean_text", "encodable_spans"]
+__all__ = ["clean_text", "encodable_spans", "with_attributes"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _warned_keys = False
@@ -54,6 +54,16 @@ def encodable_spans(spans: Sequence[ReadableSpan]) -> Sequence[ReadableSpan]:
                 repaired = list(spans)
             repaired[position] = fixed
     return spans if repaired is None else repaired
+
+
+def with_attributes(span: ReadableSpan, attributes: Mapping[str, Any]) -> ReadableSpan:
+    """A copy of a finished span with other attributes, everything else its own (the SDK's public constructor): how
+    an exporter sends a span with attributes of its own added (a backend's mapping), and how the trace file writes one
+    with less (``history``)."""
+    return ReadableSpan(
+        name=span.name, context=span.context, parent=span.parent, resource=span.resource, attributes=attributes,
+        events=span.events, links=span.links, kind=span.kind, status=span.status, start_time=span.start_time,
+        end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
 
 
 # --- the fast check: one pass over a span, no function call per attribute -----------------------------------------

@@ -10,6 +10,10 @@ are skipped without being held. A malformed line (torn by
 a crash, not JSON, JSON that is not trace data, nested beyond reason) is reported by number and skipped; the read
 goes on with the next line.
 
+A line whose resource is written once per writer and file (``encode``: the service name and ``looptrace.resource.id``
+alone) gets the whole resource back from the line that holds it (``ResourceTable``); lines of files written before
+that carry their resource whole, and read as they always did.
+
 A rotated trace file (``write.Rotation``) is read whole: ``read_lines(".looptrace/traces.jsonl")`` reads
 ``traces.jsonl.<n>`` .. ``traces.jsonl.1`` and then ``traces.jsonl``, oldest first, as one stream (line numbers count
 across them). Every file is opened before the first is read, so a rotation meanwhile neither hides nor repeats lines.
@@ -25,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..recording.semconv import RESOURCE_ID
 from ..settings import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_VARIABLE
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -35,16 +40,18 @@ STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
 
 @dataclass(slots=True)
 class SpanRecord:
-    """One span as read back from OTLP/JSON, attributes decoded to plain Python values."""
+    """One span as read back from OTLP/JSON (a trace file, a request `watch` received) or from Langfuse's API, or
+    made by a reader for a span it took apart (another producer's): attributes decoded to plain Python values. The
+    one record every offline reader reads (`detect`, `traces`, `replay`, `watch`)."""
 
     trace_id: str
     span_id: str
     parent_span_id: str | None
     name: str
-    kind: int
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
+    kind: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     status_code: int = STATUS_UNSET
     status_message: str = ""
@@ -91,6 +98,27 @@ def trace_files(path: str | os.PathLike[str]) -> list[str]:
         if dot and head == name and number.isdigit():
             numbers.append(int(number))
     return [f"{path}.{number}" for number in sorted(numbers, reverse=True)] + [path]
+
+
+@dataclass(frozen=True, slots=True)
+class RotatedAway:
+    """Runs a trace file's rotation deleted: those written before ``before`` (seconds since the epoch), when it kept
+    ``backups`` older files of ``max_bytes`` each."""
+
+    before: float
+    backups: int
+    max_bytes: int
+
+
+def rotated_away(path: str | os.PathLike[str]) -> RotatedAway | None:
+    """What rotation has deleted of the trace file at ``path`` (its note beside it, ``write.note_rotated_away``), or
+    None when it never deleted anything (or the note cannot be read)."""
+    try:
+        with open(os.fspath(path) + ".rotated", encoding="utf-8") as handle:
+            note = json.load(handle)
+        return RotatedAway(float(note["before"]), int(note.get("backups", 0)), int(note.get("max_bytes", 0)))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def total_size(path: str | os.PathLike[str]) -> int:
@@ -231,9 +259,10 @@ def read_spans(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
     ``keys`` limits the span attributes decoded to those (decoding is most of the cost of reading, after parsing);
     with ``keys`` the resource is not decoded either.
     """
+    resources = ResourceTable()
     for number, data in read_lines(path, on_bad_line, on_progress, max_line_bytes=max_line_bytes):
         try:
-            spans = list(_spans_of_line(data, keys))
+            spans = list(_spans_of_line(data, keys, resources))
         except _LINE_ERRORS as exc:
             if on_bad_line is not None:
                 on_bad_line(BadLine(number, _describe(exc, b"")))
@@ -291,14 +320,42 @@ def check_span(span: Any) -> None:
 BAD_ATTRIBUTE_KEY = "an attribute key is not a string"
 
 
-def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None) -> Iterator[SpanRecord]:
-    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document, resource decoded."""
+def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None,
+                         resources: ResourceTable | None = None) -> Iterator[SpanRecord]:
+    """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document, resource decoded
+    (and resolved, given the ``resources`` the lines before it defined)."""
     decoded_resource: dict[str, Any] = {}
     last_resource: Any = None
     for span, resource, scope in raw_spans(data):
         if resource is not last_resource:
-            decoded_resource, last_resource = decode_attributes(resource), resource
+            last_resource = resource
+            decoded_resource = decode_attributes(resource)
+            if resources is not None:
+                decoded_resource = resources.resolved(decoded_resource)
         yield span_record(span, decoded_resource, scope, keys)
+
+
+class ResourceTable:
+    """The resources a trace file holds whole once per writer (with ``looptrace.resource.id``), to give each line
+    that names one by its id alone (and its service name) the whole resource back. One per reading of a file."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, dict[str, Any]] = {}
+
+    def resolved(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        """A line's decoded resource attributes, whole: the id's resource when the line names it alone."""
+        key = attributes.get(RESOURCE_ID)
+        if not isinstance(key, str):
+            return attributes  # a line of an older file, or another producer's: its resource as it is
+        rest = {k: v for k, v in attributes.items() if k != RESOURCE_ID}
+        if len(rest) > 1 or key not in self._known:  # the line that holds it whole (more than its name)
+            if len(self._known) < _MAX_RESOURCES:
+                self._known[key] = rest
+            return rest
+        return self._known[key]
+
+
+_MAX_RESOURCES = 10_000  # a file's writers have one or two each; a hostile file cannot make the table grow forever
 
 
 def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
@@ -317,12 +374,13 @@ def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
                 yield span, resource, scope
 
 
-def _spans_of_line(data: Any, keys: frozenset[str] | None) -> Iterator[SpanRecord]:
+def _spans_of_line(data: Any, keys: frozenset[str] | None, resources: ResourceTable) -> Iterator[SpanRecord]:
     decoded_resource: dict[str, Any] = {}
     last_resource: Any = None
     for span, resource, scope in raw_spans(data):
         if keys is None and resource is not last_resource:
-            decoded_resource, last_resource = decode_attributes(resource), resource
+            last_resource = resource
+            decoded_resource = resources.resolved(decode_attributes(resource))
         yield span_record(span, decoded_resource, scope, keys)
 
 

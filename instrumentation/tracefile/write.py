@@ -23,6 +23,7 @@ created 0700. A trace file is a convenience that must never take an agent down: 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -35,7 +36,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..logs import log
 from ..settings import DEFAULT_TRACE_FILE_BACKUPS, DEFAULT_TRACE_FILE_MAX_BYTES
-from .encode import encode_line, encode_traces_data
+from .encodable import with_attributes
+from .encode import encode_line, encode_traces_data, resource_key
+from .history import HistoryCompactor
 
 try:  # advisory locks keep a rotation from racing other processes' writes; without them (Windows) threads still lock
     import fcntl
@@ -110,19 +113,46 @@ def rotated_numbers(path: Path) -> list[int]:
             if entry.startswith(prefix) and entry[len(prefix):].isdigit() and entry[len(prefix):].isascii()]
 
 
-def rotate(path: Path, backups: int) -> None:
+def rotate(path: Path, backups: int, max_bytes: int = 0) -> None:
     """Shift the rotated files ``path.1`` .. ``path.<backups-1>`` that exist up by one (``path.<backups>`` is
-    replaced) and rename ``path`` to ``path.1``; with no backups, the file is removed. The caller holds the exclusive
-    lock, so the work is bounded by the files there are (one folder listing), not by ``backups``: a setting of a
-    million costs no more than one of eight."""
+    replaced) and rename ``path`` to ``path.1``; with no backups, the file is removed. What goes is noted
+    (``note_rotated_away``). The caller holds the exclusive lock, so the work is bounded by the files there are (one
+    folder listing), not by ``backups``: a setting of a million costs no more than one of eight."""
     if backups <= 0:
+        note_rotated_away(path, path, backups, max_bytes)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         return
+    note_rotated_away(path, rotated_name(path, backups), backups, max_bytes)
     for number in sorted((n for n in rotated_numbers(path) if 0 < n < backups), reverse=True):
         with contextlib.suppress(FileNotFoundError):
             os.replace(rotated_name(path, number), rotated_name(path, number + 1))
     os.replace(path, rotated_name(path, 1))
+
+
+def rotated_note_name(path: Path) -> Path:
+    return path.with_name(path.name + ".rotated")
+
+
+def note_rotated_away(path: Path, going: Path, backups: int, max_bytes: int) -> None:
+    """Before rotation deletes ``going`` (the oldest file): note, beside the trace file, that the runs written up to
+    its last write are gone (``read.rotated_away`` reads it; `looptrace traces list` says so), with the limits that
+    made it go. Best effort: a note that cannot be written costs the note, never a span."""
+    try:
+        written = os.stat(going).st_mtime
+    except OSError:
+        return  # nothing is deleted
+    note = rotated_note_name(path)
+    try:
+        with contextlib.suppress(OSError, ValueError):
+            written = max(written, float(json.loads(note.read_text(encoding="utf-8"))["before"]))
+        temporary = note.with_name(note.name + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"before": written, "backups": backups, "max_bytes": max_bytes}, handle)
+        os.replace(temporary, note)
+    except OSError:
+        pass
 
 
 class TraceFileWriter:
@@ -141,12 +171,19 @@ class TraceFileWriter:
         self._warned = False
         self._closed = False
         self._failed = False
+        # The resources (by key) this writer wrote whole into the file it appends to: its later lines there carry
+        # their service name and key alone (encode.py). Forgotten whenever it opens a file, or a write fails.
+        self._defined: set[str] = set()
+        self._resource: tuple[str, ReadableSpan] | None = None  # of the line being written: (key, its span)
 
-    def write(self, line: bytes, spans: int = 1) -> bool:
+    def write(self, line: bytes, spans: int = 1, *, resource: tuple[str, ReadableSpan] | None = None) -> bool:
+        """Append ``line`` (``spans`` spans). ``resource``: (key, span) of a line that leaves its resource out,
+        to write the span with it whole instead if the file does not hold it yet."""
         with self._lock:
             if self._closed:
                 self.lost_spans += spans
                 return False
+            self._resource = resource
             try:
                 if self.rotation.max_bytes <= 0:
                     self._write_unrotated(line)
@@ -155,8 +192,11 @@ class TraceFileWriter:
             except OSError as error:
                 self.lost_spans += spans
                 self._failed = True
+                self._defined.clear()
                 self._warn_once(error)
                 return False
+            finally:
+                self._resource = None
         return True
 
     def _write_unrotated(self, line: bytes) -> None:
@@ -202,8 +242,15 @@ class TraceFileWriter:
     def _append(self, fd: int, line: bytes, opened: bool) -> None:
         # A torn line is looked for when the file is opened (a crashed run before this one) and after a failed write
         # of ours; a process killed mid-write while this one appends costs its line and ours.
+        if opened:
+            self._defined.clear()
+        resource = self._resource
+        if resource is not None and resource[0] not in self._defined:  # rare: a new file, or the resource is new
+            line = encode_line(resource[1])
         append_line(fd, line, fresh=opened or self._failed)
         self._failed = False
+        if resource is not None:
+            self._defined.add(resource[0])
 
     def _current_file(self) -> tuple[int, bool]:
         """The descriptor of the file the path names (reopened when it names another file than ours), and whether it
@@ -235,17 +282,19 @@ class TraceFileWriter:
                 return
         except FileNotFoundError:
             return
-        rotate(self.path, self.rotation.backups)
+        rotate(self.path, self.rotation.backups, self.rotation.max_bytes)
 
     def write_span(self, span: ReadableSpan) -> bool:
-        """Append one finished span as its own line. A span that cannot be
-        encoded is a bug of ours: it costs that span, counted and reported, never the agent."""
+        """Append one finished span as its own line, its resource whole on this writer's first line in the file
+        and referred to after. A span that cannot be encoded is a bug of ours: it costs that span, counted and
+        reported, never the agent."""
         try:
-            line = encode_line(span)
+            key = resource_key(span.resource)
+            line = encode_line(span, resource_known=key in self._defined)  # checked again under the lock
         except Exception as error:  # noqa: BLE001 - see above
             self.lost(1, error)
             return False
-        return self.write(line)
+        return self.write(line, resource=(key, span))
 
     def lost(self, spans: int, error: BaseException) -> None:
         with self._lock:
@@ -296,25 +345,40 @@ class TraceFileProcessor(_OnTheTraceFile, SpanProcessor):
     """looptrace's default export: every span written to the trace file as it ends, on the thread that ended it.
 
     No queue, so nothing is ever dropped for want of room and nothing waits for a flush: what has ended is on disk.
+    Each message of a run is written once (``history``): a model call's input continuing its run's earlier spans is
+    written as the messages that follow them.
     """
 
+    def __init__(self, path: str | os.PathLike[str], rotation: Rotation | None = None) -> None:
+        super().__init__(path, rotation)
+        self.history = HistoryCompactor()
+
     def on_start(self, span, parent_context=None) -> None:
-        pass
+        self.history.started(span)
 
     def on_end(self, span: ReadableSpan) -> None:
-        self.writer.write_span(span)
+        written = self.history.written(span)
+        self.writer.write_span(span if written is None else with_attributes(span, written))
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # every span was written when it ended
 
 
 class OTLPJsonFileExporter(_OnTheTraceFile, SpanExporter):
-    """The same file as a ``SpanExporter`` (for a pipeline of the application's choosing): one line per batch."""
+    """The same file as a ``SpanExporter`` (for a pipeline of the application's choosing): one line per batch, its
+    resource whole. A model call's input continuing the previous call of its trace is written as what follows it
+    (``history``; an exporter sees no span start, so a run's first call is written whole)."""
+
+    def __init__(self, path: str | os.PathLike[str], rotation: Rotation | None = None) -> None:
+        super().__init__(path, rotation)
+        self.history = HistoryCompactor()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
         try:
+            spans = [span if (written := self.history.written(span)) is None else with_attributes(span, written)
+                     for span in spans]
             line = (encode_traces_data(spans) + "\n").encode("utf-8")
         except Exception as error:  # noqa: BLE001
             self.writer.lost(len(spans), error)

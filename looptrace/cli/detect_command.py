@@ -86,15 +86,15 @@ def print_verdict(verdict: Any, args: argparse.Namespace) -> None:
 
 
 def detection_spans(path: Path, report: LineReporter, keys: Any = None) -> Iterator[Any]:
-    """Every span of the file as the run rebuilder reads it (``readers.NeutralSpan``), each line parsed once.
+    """Every span of the file as the run rebuilder reads it (``tracefile.read.SpanRecord``), each line parsed once.
 
     The spans go straight from the parsed line to the rebuilder's shape, decoding only the attributes detection
     reads (``trace_detect.DETECTION_KEYS``, or ``keys``: a ``KeySelection`` holding them and more, for `report`); the
     resource, the span kind and the other attributes are never decoded. A line is checked as
     ``trace_reading.spans_of`` checks it, so the same lines are reported malformed.
     """
-    from looptrace.instrumentation.offline.readers import NeutralSpan
     from looptrace.instrumentation.offline.trace_detect import DETECTION_KEYS
+    from looptrace.instrumentation.tracefile.read import SpanRecord
 
     verdicts = (keys if keys is not None else DETECTION_KEYS).verdicts
 
@@ -104,7 +104,7 @@ def detection_spans(path: Path, report: LineReporter, keys: Any = None) -> Itera
         return {key: value["stringValue"] if "stringValue" in value else decode_value(value)
                 for item in items if verdicts[key := item["key"]] for value in (item.get("value") or {},)}
 
-    def neutral_spans(data: Any) -> list[NeutralSpan]:
+    def neutral_spans(data: Any) -> list[SpanRecord]:
         spans = []
         for span, _, _ in raw_spans(data):
             get = span.get
@@ -116,10 +116,10 @@ def detection_spans(path: Path, report: LineReporter, keys: Any = None) -> Itera
                 for event in events:
                     event.get("name")
                     attributes_of(event.get("attributes"))
-            spans.append(NeutralSpan(
-                trace_id, span_id, parent, name, nanoseconds(get("startTimeUnixNano")),
-                attributes_of(get("attributes")), decode_status_code(status.get("code", 0)),
-                nanoseconds(get("endTimeUnixNano"))))
+            spans.append(SpanRecord(
+                trace_id, span_id, parent, name, start_ns=nanoseconds(get("startTimeUnixNano")),
+                attributes=attributes_of(get("attributes")), status_code=decode_status_code(status.get("code", 0)),
+                end_ns=nanoseconds(get("endTimeUnixNano"))))
         return spans
 
     return spans_by_line(path, report, detection_parser(), neutral_spans)

@@ -62,7 +62,24 @@ def list_command(args: argparse.Namespace) -> int:
         report.finish(spans_required=True, runs=runs)
     for line in held:
         print(line)
+    _say_what_rotated_away(path)
     return EXIT_OK
+
+
+def _say_what_rotated_away(path: Any) -> None:
+    """A line on stderr when the trace file's rotation deleted older runs: the list starts after them."""
+    import sys
+
+    from looptrace.instrumentation.tracefile.read import rotated_away
+
+    gone = rotated_away(path)
+    if gone is None:
+        return
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(gone.before))
+    size = f"{gone.max_bytes / 2**20:,.0f} MiB" if gone.max_bytes >= 2**20 else f"{gone.max_bytes / 2**10:,.0f} KiB"
+    kept = f"{plural(gone.backups, 'older file')} of {size}" if gone.backups > 0 else "no older file"
+    print(f"looptrace: runs written before {when} rotated away (the trace file keeps {kept}; raise "
+          "LOOPTRACE_TRACE_FILE_BACKUPS or LOOPTRACE_TRACE_FILE_MAX_BYTES to keep more)", file=sys.stderr)
 
 
 def _is_turn(span: dict[str, Any]) -> bool:

@@ -1,6 +1,6 @@
 """`looptrace report`: one self-contained HTML page of what the agents did, where they looped and what it cost.
 
-Spans go in (``RunCollector.add``, each as `looptrace detect` reads it: ``offline.NeutralSpan`` with the attributes of
+Spans go in (``RunCollector.add``, each as `looptrace detect` reads it: ``tracefile.SpanRecord`` with the attributes of
 ``READ_KEYS``), a ``Report`` comes out (``RunCollector.finish``), and ``render`` makes it a page that fetches nothing
 when opened (``write_page`` writes it whole). The verdicts are `detect`'s: the same run rebuilder over the same spans.
 

@@ -2,7 +2,7 @@
 and its facts to the run the rebuilder put it in; each judged run is counted in the overview and offered to the
 bound on drawn runs.
 
-Feed it the spans `detect` reads (``offline.NeutralSpan``, in file order) and the verdicts are `detect`'s own: the
+Feed it the spans `detect` reads (``tracefile.SpanRecord``, in file order) and the verdicts are `detect`'s own: the
 same rebuilder, fed the same spans, so the page's figures are those of `looptrace detect --json` over the same file.
 """
 

@@ -443,9 +443,12 @@ class FakeLangfuse:
                         self.observations.append(stored_observation(span, resource, scope))
 
     def ingest_file(self, path: str | Path, *, shift_s: float = 0) -> None:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                self.ingest(json.loads(line), shift_s=shift_s)
+        """A trace file's spans as Langfuse gets them from looptrace (``traces push``: Langfuse's mapping added)."""
+        from looptrace.instrumentation.export.push import spans_as_sent
+        from looptrace.instrumentation.tracefile.encode import encode_traces_data
+
+        for span in spans_as_sent(path, "langfuse"):
+            self.ingest(json.loads(encode_traces_data([span])), shift_s=shift_s)
 
     def add_observation(self, **observation: Any) -> None:
         """An observation made by Langfuse's own SDK or its ingestion API: no span attributes in its metadata."""

@@ -1,21 +1,15 @@
-"""The plain types the loop and its telemetry both speak, apart from the protocols so that either side can use them.
+"""Token counts the Anthropic way, and what a call costs: the plain types the loop and its telemetry both speak.
 
-``interface`` re-exports every name here: the runtime imports them from there. Pure standard library.
+``interface`` re-exports them for the runtime. Pure standard library.
 """
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any
 
-__all__ = ["ACTIONS", "Action", "CostOf", "ModelLike", "Usage", "first_chunk_receiver", "report_first_chunk"]
-
-Action = Literal["warn", "nudge", "ask", "stop"]
-"""What the policy did about an anomaly: alert only, alert and send one corrective message, pause the run for a
-person to say go on or stop, or end the run."""
-ACTIONS: tuple[Action, ...] = ("warn", "nudge", "ask", "stop")
+__all__ = ["CostOf", "Usage"]
 
 
 @dataclass(slots=True)
@@ -87,29 +81,3 @@ def _token_count(value: Any) -> int:
 CostOf = Callable[[Mapping[str, Any], Usage], "float | None"]
 """The USD cost of a Messages API response whose usage was already parsed (``Usage.from_response``), or None when its
 model has no price (the agent's price table decides)."""
-
-
-class ModelLike(Protocol):
-    """The model seam as telemetry sees it (``runtime.models.Model`` is the loop's own, identical, description)."""
-
-    stream: bool
-
-    def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
-
-    async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]: ...
-
-    def server(self) -> tuple[str | None, int | None]: ...
-
-
-# A streaming model reports its first chunk through this: the instrumented wrapper sets a receiver while the call
-# runs, so a model implementation needs no telemetry of its own (and one called outside a run costs a lookup).
-first_chunk_receiver: contextvars.ContextVar[Callable[[float], None] | None] = contextvars.ContextVar(
-    "looptrace_first_chunk", default=None)
-
-
-def report_first_chunk(seconds: float) -> None:
-    """A streaming model call got its first chunk ``seconds`` after it was sent (the chat span's time to first
-    chunk). Free when nothing listens."""
-    receiver = first_chunk_receiver.get()
-    if receiver is not None:
-        receiver(seconds)
