@@ -168,7 +168,7 @@ class StoredRuns:
         self._forget()
         wanted = None if trace_ids is None else set(trace_ids)
         try:
-            for _, data in read_lines(trace_file, max_line_bytes=max_line_bytes):
+            for _, data in read_lines(trace_file, max_line_bytes=max_line_bytes, regular_only=True):
                 try:
                     for span, _, scope in raw_spans(data):
                         if wanted is None or span["traceId"].lower() in wanted:
