@@ -157,6 +157,7 @@ def _agent_fact(span: Any, a: dict[str, Any]) -> SpanFact:
     fact.agent_name = None if name is None else str(name)
     fact.output = kept(a.get(sc.GEN_AI_OUTPUT_MESSAGES))
     fact.input = kept(a.get(sc.GEN_AI_INPUT_MESSAGES))
+    fact.system = kept(a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS))
     return fact
 
 

@@ -79,12 +79,14 @@ def _shown(value: Kept | None) -> Clipped | None:
 
 
 def _prompt(turns: list[Turn], run: RunRecord) -> Clipped | None:
+    """The run's task and system prompt: looptrace records both on the run's root (once a run; files of before kept
+    the system prompt on each model call), other producers on the first model call."""
     first = turns[0].model if turns else None
-    if first is not None and first.input is not None:
-        return clipped(conversation_text(first.input.text, first.system.text if first.system else None))
     root = run.root
-    if root is not None and root.input is not None:
-        return clipped(conversation_text(root.input.text))
+    system = next((fact.system.text for fact in (root, first) if fact is not None and fact.system is not None), None)
+    for fact in (root, first):
+        if fact is not None and fact.input is not None:
+            return clipped(conversation_text(fact.input.text, system))
     return None
 
 
