@@ -57,13 +57,14 @@ from looptrace.runtime.state import PendingAnomaly, RunState, StateError, anomal
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.agent_telemetry import Telemetry
-    from looptrace.runtime.mcp_servers import MCPConnections, MCPServer
+    from looptrace.runtime.mcp_servers import MCPServer
+    from looptrace.runtime.mcp_sessions import MCPSessions, RunServers
 
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
 
 # What a driver starts once the run's MCP servers are connected: the core's generator, given those connections.
-_Start: TypeAlias = "Callable[[MCPConnections | None], Generator[_Effect, Any, RunResult]]"
+_Start: TypeAlias = "Callable[[RunServers | None], Generator[_Effect, Any, RunResult]]"
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -115,7 +116,7 @@ class Agent:
         self.limits = limits or Limits()
         self.max_tokens = max_tokens
         self.tools = toolkit.as_tools(tools)
-        # Connected per run, closed when the run ends (see mcp_servers): their tools join these at each run's start.
+        # Connected per run, or held across runs by `with agent:` (see mcp_sessions): their tools join these.
         self.mcp_servers = tuple(mcp_servers)
         if self.mcp_servers:
             from looptrace.runtime.mcp_servers import check_installed
@@ -171,6 +172,42 @@ class Agent:
         self._facts_config = None if self._detector_config is not None else DetectorConfig(
             capture_content=self._tracing.captures_content)
         self._tool_definitions = [t.definition() for t in self.tools.values()]
+        self._mcp: MCPSessions | None = None
+        if self.mcp_servers:
+            from looptrace.runtime.mcp_sessions import MCPSessions
+
+            self._mcp = MCPSessions(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
+
+    # --- MCP servers held across runs ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Agent:
+        """``with agent:`` connects the agent's MCP servers once, for every run and resume inside the block."""
+        if self._mcp is not None:
+            self._mcp.hold()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._mcp is not None:
+            self._mcp.release()
+
+    async def __aenter__(self) -> Agent:
+        """``async with agent:``, the same in asyncio."""
+        if self._mcp is not None:
+            await self._mcp.ahold()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._mcp is not None:
+            await self._mcp.arelease()
+
+    def close(self) -> None:
+        """Close the MCP servers this agent holds (stopping the processes it started). Later runs connect per run."""
+        if self._mcp is not None:
+            self._mcp.close()
+
+    async def aclose(self) -> None:
+        if self._mcp is not None:
+            await self._mcp.aclose()
 
     @property
     def client(self) -> Model:
@@ -207,7 +244,8 @@ class Agent:
         """
         resumption = self._accepted(state, approve, reject, go_on, message)
         try:
-            return self._drive_sync(lambda servers: self._resume_loop(resumption, servers))
+            return self._drive_sync(lambda servers: self._resume_loop(resumption, servers),
+                                    ran_s=resumption.state.running_s)
         except BaseException:
             self._release(resumption)
             raise
@@ -218,16 +256,16 @@ class Agent:
         """``resume`` in asyncio."""
         resumption = self._accepted(state, approve, reject, go_on, message)
         try:
-            return await self._drive_async(lambda servers: self._resume_loop(resumption, servers))
+            return await self._drive_async(lambda servers: self._resume_loop(resumption, servers),
+                                           ran_s=resumption.state.running_s)
         except BaseException:
             self._release(resumption)
             raise
 
-    def _drive_sync(self, start: _Start) -> RunResult:
-        servers = self._open_servers()
+    def _drive_sync(self, start: _Start, *, ran_s: float = 0.0) -> RunResult:
+        # The run's MCP servers (held, or connected for it), within what is left of its timeout_s.
+        servers = None if self._mcp is None else self._mcp.for_run(self._time_left(ran_s))
         try:
-            if servers is not None:
-                servers.wait_ready()
             loop = start(servers)
             value: Any = None
             while True:
@@ -239,9 +277,9 @@ class Agent:
                     value = effect.perform_sync(self)
                 except BaseException as exc:  # hand it to the core, which decides what it means for the run
                     value = _Raised(exc)
-        finally:  # however the run ends: its MCP servers do not outlive it
+        finally:  # however the run ends: MCP servers connected for it do not outlive it
             if servers is not None:
-                servers.close()
+                servers.done()
 
     # run() and arun() are the same few lines but for `await`: kept apart on purpose, since one function cannot both
     # block and await; everything they drive is shared in _loop.
@@ -253,11 +291,9 @@ class Agent:
         labels = _Labels(session_id, user_id, tuple(tags), metadata)
         return await self._drive_async(lambda servers: self._loop(task, labels, servers))
 
-    async def _drive_async(self, start: _Start) -> RunResult:
-        servers = self._open_servers()
+    async def _drive_async(self, start: _Start, *, ran_s: float = 0.0) -> RunResult:
+        servers = None if self._mcp is None else await self._mcp.afor_run(self._time_left(ran_s))
         try:
-            if servers is not None:
-                await servers.await_ready()
             loop = start(servers)
             value: Any = None
             while True:
@@ -271,24 +307,20 @@ class Agent:
                     value = _Raised(exc)
         finally:  # a cancelled arun too: the close finishes before the cancellation goes on
             if servers is not None:
-                await servers.aclose()
+                await servers.adone()
 
-    def _open_servers(self) -> MCPConnections | None:
-        """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
-        if not self.mcp_servers:
-            return None
-        from looptrace.runtime.mcp_servers import MCPConnections
-
-        return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
+    def _time_left(self, ran_s: float) -> float | None:
+        """What is left of the run's timeout_s, for connecting its MCP servers (which counts on its clock)."""
+        return None if self.limits.timeout_s is None else max(self.limits.timeout_s - ran_s, 0.0)
 
     # --- the shared core -------------------------------------------------------------------------------------------
 
     def _loop(self, task: str | list[dict[str, Any]], labels: _Labels,
-              servers: MCPConnections | None = None) -> Generator[_Effect, Any, RunResult]:
+              servers: RunServers | None = None) -> Generator[_Effect, Any, RunResult]:
         messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
         tools, definitions = self._tools_with(servers)
         run = _Run(
-            budget=Budget(self.limits),
+            budget=Budget(self.limits, running_s=servers.waited_s if servers is not None else 0.0),
             messages=messages,
             detector=None if self._detector_config is None else (
                 self._sessions.detector_for(labels.session_id) if labels.session_id
@@ -627,12 +659,11 @@ class Agent:
 
     # --- helpers ---------------------------------------------------------------------------------------------------
 
-    def _tools_with(self, servers: MCPConnections | None) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
+    def _tools_with(self, servers: RunServers | None) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
         """The run's tools and their definitions: the agent's own, then its MCP servers' (which yield on a clash)."""
         if servers is None:
             return self.tools, self._tool_definitions
-        tools = {**self.tools, **servers.tools(taken=self.tools)}
-        return tools, [t.definition() for t in tools.values()]
+        return servers.tools_with(self.tools)
 
     def _request(self, messages: list[dict[str, Any]], budget: Budget,
                  tool_definitions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -836,10 +867,10 @@ class Agent:
             self._resumed_states.discard(resumption.state.state_id)
 
     def _resume_loop(self, resumption: _Resumption,
-                     servers: MCPConnections | None = None) -> Generator[_Effect, Any, RunResult]:
+                     servers: RunServers | None = None) -> Generator[_Effect, Any, RunResult]:
         state = resumption.state
         tools, definitions = self._tools_with(servers)
-        budget = Budget(self.limits, running_s=state.running_s)
+        budget = Budget(self.limits, running_s=state.running_s + (servers.waited_s if servers is not None else 0.0))
         budget.turns = state.turns
         budget.usage = Usage(**state.usage)
         budget.cost_usd = state.cost_usd
@@ -953,7 +984,7 @@ class _Run:
     loop_budget_spent: bool = False  # a loop passed Limits.max_loop_cost_usd: the stop's status says so
     tools: dict[str, toolkit.Tool] = field(default_factory=dict)  # the agent's own and its MCP servers'
     tool_definitions: list[dict[str, Any]] = field(default_factory=list)
-    servers: MCPConnections | None = None
+    servers: RunServers | None = None
     servers_version: int = 0  # of the servers' tool lists this run's tools were built from
 
     def unresolved_errors(self) -> list[UnresolvedToolError]:

@@ -4,7 +4,8 @@
     python mcp_test_server.py http PORT_FILE     # streamable HTTP on 127.0.0.1, port 0; the port goes to PORT_FILE
 
 Environment: MCP_TEST_PID_FILE gets the process id at start; MCP_TEST_MARKS (a directory) gets a file per tool call
-started ("<tool>.started"), so a test knows a call is under way; MCP_TEST_OTLP (an OTLP/HTTP traces URL) turns on
+started ("<tool>.started"), so a test knows a call is under way, and a line per ``initialize`` request the process
+answered ("initialize.log": its process id); MCP_TEST_OTLP (an OTLP/HTTP traces URL) turns on
 OpenTelemetry in this process, exporting the server's own spans there.
 """
 
@@ -17,6 +18,7 @@ import socket
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
@@ -38,8 +40,19 @@ def _setup_tracing() -> None:
     trace.set_tracer_provider(provider)
 
 
+class _CountInitialize:
+    """Notes each initialize request this process answers (the server-side proof that a session was reused)."""
+
+    async def __call__(self, ctx: Any, call_next: Any) -> Any:
+        marks = os.environ.get("MCP_TEST_MARKS")
+        if ctx.method == "initialize" and marks:
+            with open(Path(marks, "initialize.log"), "a", encoding="utf-8") as log:
+                log.write(f"{os.getpid()}\n")
+        return await call_next(ctx)
+
+
 _setup_tracing()
-server = MCPServer("looptrace-test")
+server = MCPServer("looptrace-test", middleware=[_CountInitialize()])
 
 
 def _mark(tool: str) -> None:
@@ -63,6 +76,13 @@ def add(a: int, b: int) -> str:
     """Add two integers."""
     _mark("add")
     return str(a + b)
+
+
+@server.tool()
+def pid() -> str:
+    """The server's process id."""
+    _mark("pid")
+    return str(os.getpid())
 
 
 @server.tool()
