@@ -1,6 +1,6 @@
 """A misbehaving MCP server for the hostile tests, written with the mcp package's low-level ``Server``.
 
-    python mcp_hostile_server.py stdio
+    python mcp_hostile_server.py stdio [--list bad|names] [--garbage-first]
     python mcp_hostile_server.py http PORT_FILE     # streamable HTTP on 127.0.0.1, port 0; the port goes to PORT_FILE
 
 Its tools misbehave on request: quoting their arguments back in a JSON-RPC error, an isError result or an answer
@@ -12,7 +12,8 @@ shape) is written over the wire by a shim between the server and its stdout (``_
 Environment: HOSTILE_LIST=bad adds tools with input schemas MCP does not allow (a root that is not an object,
 ``properties`` that is not an object, a schema nested 200 levels); HOSTILE_LIST=names adds tools named with control
 characters and escape sequences, and a second tool named ``echo``; HOSTILE_GARBAGE_FIRST=1 writes a line that is not
-UTF-8 and one that is not MCP before it answers anything; MCP_TEST_PID_FILE gets the process id.
+UTF-8 and one that is not MCP before it answers anything (the flags ``--list`` and ``--garbage-first`` say the same,
+for a command line, where the client passes on no environment); MCP_TEST_PID_FILE gets the process id.
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ async def _serve_http(port_file: Path) -> None:
 
 def main() -> None:
     global _WIRE
+    if "--list" in sys.argv:
+        os.environ["HOSTILE_LIST"] = sys.argv[sys.argv.index("--list") + 1]
+    if "--garbage-first" in sys.argv:
+        os.environ["HOSTILE_GARBAGE_FIRST"] = "1"
     pid_file = os.environ.get("MCP_TEST_PID_FILE")
     if pid_file:
         Path(pid_file).write_text(str(os.getpid()))
