@@ -24,8 +24,9 @@ BENCHMARKS = {
     9: ("b9_trace_file", "trace file: default telemetry vs raw SDK spans; detect and show vs json.loads"),
     10: ("b10_peers", "side by side with the peers' anthropic instrumentations; goals 1-2 of issue 14"),
     12: ("b12_guards", "loop guards in LangChain, the OpenAI Agents SDK, Claude Agent SDK: cost per tool call"),
+    13: ("b13_mcp", "MCP overhead per run over stdio and streamable HTTP: per-run form vs held (`with agent:`)"),
 }
-NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "guards": 12}
+NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "guards": 12, "mcp": 13}
 
 
 def _benchmark_number(text: str) -> int:

@@ -3,10 +3,12 @@
 Each connection is owned from start to close by one task (the ``mcp`` package's task groups must be entered and left
 in the task that owns them) on an event loop in a thread of its own, so ``run`` and ``arun`` use them the same way.
 
-A connection is opened by ``connect`` (at creation, and again for one that was lost or never came up), and checked
-with a ``ping`` before a held connection serves another run (``connect(check=True)``): a stdio server that exited or
-an HTTP server that forgot its session is connected again. A server's output ending (its process exited) is noticed
-at once by the wire (``mcp_wire``): its later calls fail without being sent, and the next ``connect`` starts it again.
+A connection is opened by ``connect`` (at creation, and again for one that was lost or never came up). A held stdio
+connection is checked with a ``ping`` when it serves another run (``connect(check=True)``; the run does not wait for
+the ping, its calls to that server do), and one that does not answer is replaced; an HTTP server that answers 404 to
+the session (it restarted) gets a new session, and the request that met the 404 is sent again, once. A server's
+output ending (its process exited) is noticed at once by the wire (``mcp_wire``): its later calls fail without being
+sent, and the next ``connect`` starts it again.
 
 Failures never end a run: an ``isError`` result, a server that crashed, closed the connection, answered an error of
 its own or something that is not MCP becomes an ``is_error`` tool result the model reads, with one warning in the
@@ -81,6 +83,8 @@ class _Server:
     stop: asyncio.Event | None = None  # set: the connection's task closes it
     keeper: asyncio.Task | None = None  # the task that owns the connection
     connecting: asyncio.Future | None = None  # the connect under way, which concurrent runs share
+    checking: asyncio.Future | None = None  # the ping of a held connection under way: its calls wait for it
+    session_gone: bool = False  # HTTP: the server answered 404 to our session (it restarted, or dropped it)
     closing: bool = False  # looptrace is closing it (a server exiting then is not "lost")
     lost: bool = False  # the server's output ended while the connection was open
     garbled: int = 0  # lines it wrote that are not MCP, on this connection
@@ -97,10 +101,15 @@ class _Failure(NamedTuple):
     message: str = ""  # its message (already scrubbed)
 
 
+class _SessionGone(Exception):
+    """A request reached no session: an HTTP server answered 404 (it no longer knows the session), or the connection
+    was over before the request could be sent."""
+
+
 class RequestFailed(Exception):
-    def __init__(self, failure: _Failure) -> None:
+    def __init__(self, failure: _Failure, pending: Pending) -> None:
         super().__init__(failure.text)
-        self.failure = failure
+        self.failure, self.pending = failure, pending
 
 
 class MCPConnections:
@@ -287,13 +296,25 @@ class MCPConnections:
         await asyncio.gather(*(self._ensure(server, timeout_s, check) for server in self._servers))
 
     async def _ensure(self, server: _Server, timeout_s: float | None, check: bool) -> None:
+        """``server`` connected, or failed (said). A held stdio one is checked in the background: the run does not
+        wait for the ping (its first model call hides it), its calls to that server do (``_call``). A held HTTP one
+        needs no ping: a server that lost the session says so (404) to the next request, which opens a new one."""
         if server.session is not None and not server.lost:
-            if not check or await self._answers(server):
-                return
-            await self._drop(server)
+            if check and server.is_stdio and (server.checking is None or server.checking.done()):
+                server.checking = asyncio.ensure_future(self._check(server, timeout_s))
+            return
+        await self._connecting(server, timeout_s)
+
+    async def _connecting(self, server: _Server, timeout_s: float | None) -> None:
         if server.connecting is None or server.connecting.done():
             server.connecting = asyncio.ensure_future(self._connect(server, timeout_s))
         await asyncio.shield(server.connecting)
+
+    async def _check(self, server: _Server, timeout_s: float | None) -> None:
+        """A held connection that no longer answers a ping is replaced by a new one."""
+        if not await self._answers(server):
+            await self._drop(server)
+            await self._connecting(server, timeout_s)
 
     async def _answers(self, server: _Server) -> bool:
         """Whether a held connection still answers (one ``ping``): an error means it is gone; a slow answer, busy."""
@@ -329,7 +350,7 @@ class MCPConnections:
         # A start cut short by the close is not an error anyone must hear about: read it, so it is never reported
         # as "never retrieved" when the loop shuts down first.
         ready.add_done_callback(lambda done: done.cancelled() or done.exception())
-        server.failure, server.lost, server.closing, server.garbled = None, False, False, 0
+        server.failure, server.lost, server.closing, server.garbled, server.session_gone = None, False, False, 0, False
         server.stop = stop = asyncio.Event()
         server.keeper = asyncio.create_task(self._keep(server, stop, ready, limit))
         try:
@@ -406,7 +427,7 @@ class MCPConnections:
             # Its stderr is not quoted here, as it is for a server that cannot start: after calls, it may quote their
             # arguments (it is logged at debug level, above).
             log.warning("mcp_server_lost", server=server.label, error=server.failure or "it went away",
-                        hint="its calls fail for the rest of this run; the next run starts it again")
+                        hint="its calls fail for the rest of this run; the next run connects to it again")
 
     def _transport(self, server: _Server) -> contextlib.AbstractAsyncContextManager[Any]:
         config = server.config
@@ -433,6 +454,8 @@ class MCPConnections:
             session_id = response.headers.get("mcp-session-id")
             if session_id:
                 server.session_id = session_id
+            elif response.status_code == 404 and response.request.headers.get("mcp-session-id"):
+                server.session_gone = True  # the spec's signal that the session is over: start a new one
 
         # The package's own defaults: 30 s to connect or write, 300 s to read (a server may hold a stream open).
         client = httpx2.AsyncClient(headers=dict(config.headers or {}), timeout=httpx2.Timeout(30.0, read=300.0),
@@ -512,11 +535,26 @@ class MCPConnections:
                                            capture_content=server.telemetry.capture_content)
                 else:
                     request.failed(failure.error_type)
-                raise RequestFailed(failure) from None
+                raise RequestFailed(failure, pending) from None
             finally:
                 request.sent(pending.request_id)
 
     async def _call(self, server: _Server, name: str, arguments: dict[str, Any]) -> Any:
+        checking = server.checking
+        if checking is not None and not checking.done():  # a held connection is being checked: it may be replaced
+            await asyncio.shield(checking)
+        try:
+            return await self._call_once(server, name, arguments)
+        except _SessionGone:
+            # The request reached no session: the server answered 404 to it (as the spec says, a new session is
+            # opened), or the connection was over before the request could be sent. Connected again, sent once more.
+            log.info("mcp_session_renewed", server=server.label, tool=name)
+            await self._drop(server)
+            await self._connecting(server, None)
+            return await self._call_once(server, name, arguments, renewed=True)
+
+    async def _call_once(self, server: _Server, name: str, arguments: dict[str, Any], *,
+                         renewed: bool = False) -> Any:
         session, wire = server.session, server.wire
         if session is None or wire is None:
             problem = f"MCP server {server.label!r} is not connected" + (
@@ -524,14 +562,17 @@ class MCPConnections:
             log.warning("mcp_call_failed", server=server.label, tool=name, error=problem)
             raise toolkit.ToolError(problem)
         try:
-            async with self._requesting(server, wire, "tools/call", tool=name, arguments=arguments) as pending:
+            async with self._requesting(server, wire, "tools/call", tool=name, arguments=arguments) as sent:
                 result = await session.call_tool(name, arguments, read_timeout_seconds=self._request_timeout_s)
-                pending.tool_error = bool(result.is_error)
+                sent.tool_error = bool(result.is_error)
         except asyncio.CancelledError:
             log.warning("mcp_call_abandoned", server=server.label, tool=name,
                         reason="the call was cancelled (its time ran out, or the run ended)")
             raise
         except RequestFailed as failed:
+            unsent = not failed.pending.written and failed.failure.error_type == "connection_closed"
+            if (server.session_gone or unsent) and not renewed and not self.closed:
+                raise _SessionGone from None
             if self.closed:  # run() gave up on it (its time ran out) and the run has ended since
                 log.warning("mcp_call_abandoned", server=server.label, tool=name,
                             reason="the run ended before the server answered (the call's time had run out)")
@@ -558,6 +599,7 @@ class MCPConnections:
                 server.keeper.cancel()
         pending: list[asyncio.Future[Any]] = [s.keeper for s in self._servers if s.keeper is not None]
         pending += [s.connecting for s in self._servers if s.connecting is not None]
+        pending += [s.checking for s in self._servers if s.checking is not None]
         await asyncio.gather(*pending, return_exceptions=True)
 
 

@@ -6,10 +6,13 @@ never outlives its run.
 
 Held: between ``with agent:`` (or ``async with agent:``) and its end, or ``agent.close()``, the servers are connected
 once and every run and resume of the agent uses the same connections, as the OpenAI Agents SDK does with ``async with
-MCPServerStdio(...)``. Each run first pings each held server (one round trip); one that does not answer any more (a
-stdio server that exited, an HTTP server that forgot the session) is connected again, and one that could not start
-before is tried again. A server's tool list is read once and kept until it says ``notifications/tools/list_changed``.
-Held servers are closed when the application says so, and at interpreter exit if it never did.
+MCPServerStdio(...)``. A server that died is started again by the next run: a stdio server's exit is seen at once (its
+output ends), and each run also pings each held stdio server (one round trip, in the background: the run does not wait
+for it, a call to that server does); an HTTP server that lost the session (it restarted) answers the next request 404,
+and that request is sent again on a new session, as the MCP spec says. A server that could not start before is tried
+again before the run begins. A server's tool list is read once and kept until it says
+``notifications/tools/list_changed``. Held servers are closed when the application says so, and at interpreter exit if
+it never did.
 
 Either way, connecting counts on the run's clock: it is bounded by what is left of ``Limits.timeout_s`` (as well as
 by each server's ``connect_timeout_s``), and the time it took is part of the run's time.

@@ -43,6 +43,7 @@ class Pending:
     answered_code: int | None = None  # the JSON-RPC error code the answer carried (the server's own error)
     unreadable: str | None = None  # why the answer could not be read
     tool_error: bool = False  # tools/call: answered with isError
+    written: bool = False  # handed to the transport (False: the connection was closed before it could be sent)
     left_out: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # tools/list: (tool, why)
 
 
@@ -66,13 +67,16 @@ class Wire:
 
     # --- what the streams see -------------------------------------------------------------------------------------
 
-    def _sent(self, message: Any) -> None:
+    def _sending(self, message: Any) -> Pending | None:
+        """The pending request ``message`` is (noted before it goes: its answer may come back at once)."""
         from mcp import types
 
         pending = _SENDING.get()
         if pending is not None and pending.request_id is None and isinstance(message, types.JSONRPCRequest):
             pending.request_id = message.id
             self._in_flight[str(message.id)] = pending
+            return pending
+        return None
 
     def _received(self, item: Any) -> Any:
         from mcp import types
@@ -184,8 +188,10 @@ class _Outgoing(ObjectSendStream[Any]):
         self._wire, self._inner = wire, inner
 
     async def send(self, item: Any) -> None:
-        self._wire._sent(getattr(item, "message", None))
+        pending = self._wire._sending(getattr(item, "message", None))
         await self._inner.send(item)
+        if pending is not None:
+            pending.written = True
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -51,21 +52,33 @@ def stdio_server(tmp_path: Path, *, name: str = "tests", script: Path = SERVER, 
 
 
 @contextlib.contextmanager
-def http_server_process(tmp_path: Path, *, script: Path = SERVER, name: str = "web",
+def http_server_process(tmp_path: Path, *, script: Path = SERVER, name: str = "web", port: int = 0,
                         env: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> Iterator[Server]:
-    """A test server on 127.0.0.1, port 0, over streamable HTTP, in a process of its own."""
+    """A test server on 127.0.0.1, port 0 (or ``port``: one a killed server left), over streamable HTTP, in a process
+    of its own."""
     port_file, pid_file, marks = tmp_path / f"{name}.port", tmp_path / f"{name}.pid", tmp_path / f"{name}-marks"
     marks.mkdir(exist_ok=True)
+    port_file.unlink(missing_ok=True)
     environment = {**os.environ, "MCP_TEST_PID_FILE": str(pid_file), "MCP_TEST_MARKS": str(marks), **(env or {})}
-    process = subprocess.Popen([sys.executable, str(script), "http", str(port_file)], env=environment,
+    process = subprocess.Popen([sys.executable, str(script), "http", str(port_file), str(port)], env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        until(lambda: port_file.exists() and port_file.read_text(), "the HTTP server to listen")
+        until(lambda: port_file.exists() and port_file.read_text() and _accepts(int(port_file.read_text())),
+              "the HTTP server to listen")
         url = f"http://127.0.0.1:{port_file.read_text()}/mcp"
         yield Server(MCPServerHTTP(url, headers=headers, name=name), pid_file, marks)
     finally:
         process.kill()
         process.wait()
+
+
+def _accepts(port: int) -> bool:
+    """Whether something listens on the loopback port (the port file is written before the server listens)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def until(condition, what: str) -> None:

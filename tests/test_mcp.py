@@ -9,6 +9,7 @@ validation, naming, approval) are in test_mcp_units.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -256,21 +257,58 @@ def test_the_server_is_stopped_by_ctrl_c(api, tmp_path):
 # --- tracing into an instrumented server --------------------------------------------------------------------------
 
 
-def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(api, tmp_path, spans):
+_TRACED_RUN = """
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from looptrace import Agent
+from looptrace.runtime.mcp_servers import MCPServerStdio
+
+def provider():
+    exporter = InMemorySpanExporter()
+    made = TracerProvider()
+    made.add_span_processor(SimpleSpanProcessor(exporter))
+    return made, exporter
+
+application, application_spans = provider()
+if sys.argv[1] == "global":  # the application made its own SDK provider the global one
+    trace.set_tracer_provider(application)
+runs, run_spans = provider()
+server = MCPServerStdio(sys.executable, [sys.argv[2], "stdio"], env=json.loads(sys.argv[3]))
+result = Agent("claude-sonnet-4-5", mcp_servers=[server], tracer_provider=runs).run("4+4")
+[client] = [s for s in run_spans.get_finished_spans() if s.name == "tools/call add"]
+package = [s for s in application_spans.get_finished_spans() if s.name == "MCP send tools/call add"]
+print(json.dumps({"status": result.status.value, "trace": result.trace_id,
+                  "client": format(client.context.span_id, "016x"),
+                  "package": [[format(s.context.span_id, "016x"), format(s.parent.span_id, "016x")]
+                              for s in package]}))
+"""
+
+
+@pytest.mark.parametrize("application", ["none", "global"])
+def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(api, tmp_path, application):
+    """The server is sent the run's trace: the run's own MCP client span as the parent when the application set no
+    global provider, or the mcp package's span under it (on the application's global provider) when it did."""
     with OTLPReceiver() as receiver:
         server = stdio_server(tmp_path, env={"MCP_TEST_OTLP": receiver.traces_url})
         api.add(use("add", {"a": 4, "b": 4}), final("8"))
-
-        # The traceparent comes from the run's provider, not the global one (the API's no-op, in a fresh process).
-        result = quiet_agent(mcp_servers=[server.config], tracer_provider=spans.provider).run("4+4")
-
-        assert result.status is RunStatus.DONE
-        client = spans.one("tools/call add")
+        env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key",
+               "LOOPTRACE_EXPORTER": "none"}
+        done = subprocess.run([sys.executable, "-c", _TRACED_RUN, application, str(SERVER),
+                               json.dumps(dict(server.config.env))], env=env, capture_output=True, text=True,
+                              timeout=PATIENCE_S * 2)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
         until(lambda: any(s.name == "tools/call add" for s in receiver.spans), "the server's span")
-        served = [s for s in receiver.spans if s.name == "tools/call add"]
-    assert len(served) == 1
-    assert served[0].trace_id == result.trace_id == format(client.context.trace_id, "032x")
-    assert served[0].parent_span_id == format(client.context.span_id, "016x")
+        [served] = [s for s in receiver.spans if s.name == "tools/call add"]
+    assert seen["status"] == "done" and served.trace_id == seen["trace"]
+    if application == "none":
+        assert seen["package"] == [] and served.parent_span_id == seen["client"]
+    else:
+        [[package_span, package_parent]] = seen["package"]
+        assert package_parent == seen["client"] and served.parent_span_id == package_span
 
 
 # --- the command line ---------------------------------------------------------------------------------------------

@@ -121,6 +121,25 @@ def test_two_runs_of_a_held_agent_share_one_streamable_http_session(api, tmp_pat
         assert results_sent(api.requests[3])[0]["content"] == "4"
 
 
+def test_a_held_http_session_the_server_lost_is_renewed_and_the_call_sent_again(api, tmp_path):
+    api.add(use("add", {"a": 1, "b": 1}), final(), use("add", {"a": 2, "b": 2}), final())
+    with http_server_process(tmp_path) as first:
+        port = int(first.config.url.split(":")[2].split("/")[0])
+        agent = quiet_agent(mcp_servers=[first.config])
+        agent.__enter__()
+        agent.run("1+1")
+        first_pid = first.pid
+    try:  # the server restarts where it was, and knows nothing of the session
+        with http_server_process(tmp_path, port=port) as second:
+            result = agent.run("2+2")
+            second_pid = second.pid
+    finally:
+        agent.close()
+    assert result.status is RunStatus.DONE and second_pid != first_pid
+    assert results_sent(api.requests[3])[0] == {"type": "tool_result", "tool_use_id": "toolu_01", "content": "4"}
+    assert second.initializations() == [first_pid, second_pid]
+
+
 def test_without_a_with_block_every_run_connects_and_stops_its_own_server(api, tmp_path):
     server = stdio_server(tmp_path)
     api.add(use("pid"), final(), use("pid"), final())

@@ -1,7 +1,8 @@
 """A real MCP server for the tests, written with the mcp package's own server API (MCPServer, formerly FastMCP).
 
     python mcp_test_server.py stdio [--pid-file PATH]
-    python mcp_test_server.py http PORT_FILE     # streamable HTTP on 127.0.0.1, port 0; the port goes to PORT_FILE
+    python mcp_test_server.py http PORT_FILE [PORT]  # streamable HTTP on 127.0.0.1, port 0 (or PORT, to come back
+                                                     # where a killed one was); the port goes to PORT_FILE
 
 Environment: MCP_TEST_PID_FILE gets the process id at start; MCP_TEST_MARKS (a directory) gets a file per tool call
 started ("<tool>.started"), so a test knows a call is under way, and a line per ``initialize`` request the process
@@ -202,16 +203,17 @@ def main() -> None:
     _WIRE = (stdout.st_dev, stdout.st_ino)
     print("test server starting", file=sys.stderr)  # stderr chatter the client must keep off the terminal
     if sys.argv[1:2] == ["http"]:
-        asyncio.run(_serve_http(Path(sys.argv[2])))
+        asyncio.run(_serve_http(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0))
     else:
         server.run("stdio")
 
 
-async def _serve_http(port_file: Path) -> None:
+async def _serve_http(port_file: Path, port: int) -> None:
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")
     port_file.write_text(str(sock.getsockname()[1]))
