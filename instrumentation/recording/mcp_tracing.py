@@ -44,6 +44,7 @@ from opentelemetry.semconv.attributes import error_attributes, network_attribute
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ..logs import telemetry_failed
+from . import semconv as sc
 from .content import redact_with_secrets, scrub
 
 MCP_SESSION_ID = mcp_attributes.MCP_SESSION_ID
@@ -67,7 +68,7 @@ SESSION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 30
 # What the duration metrics are broken down by (a session id or request id would make every point its own series).
 _METRIC_KEYS = (MCP_METHOD_NAME, ERROR_TYPE, GEN_AI_TOOL_NAME, NETWORK_TRANSPORT, MCP_PROTOCOL_VERSION,
                 RPC_RESPONSE_STATUS_CODE, SERVER_ADDRESS, SERVER_PORT)
-SCOPE_NAME = "looptrace.mcp"
+SCOPE_NAME = sc.MCP_SCOPE_NAME
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
