@@ -85,6 +85,7 @@ class _Server:
     connecting: asyncio.Future | None = None  # the connect under way, which concurrent runs share
     checking: asyncio.Future | None = None  # the ping of a held connection under way: its calls wait for it
     session_gone: bool = False  # HTTP: the server answered 404 to our session (it restarted, or dropped it)
+    starting: bool = False  # its connection is being opened (a close cancels that; never a connection's unwinding)
     closing: bool = False  # looptrace is closing it (a server exiting then is not "lost")
     lost: bool = False  # the server's output ended while the connection was open
     garbled: int = 0  # lines it wrote that are not MCP, on this connection
@@ -372,6 +373,7 @@ class MCPConnections:
         opened_at: float | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
+                server.starting = True
                 try:
                     with server.telemetry.connecting():
                         async with asyncio.timeout(limit):
@@ -379,6 +381,10 @@ class MCPConnections:
                 except BaseException as exc:  # the waiting run hears of it now; stopping the process comes after
                     _settle(ready, exc)
                     raise
+                finally:
+                    # From here the task must not be cancelled again: a second cancellation would cut short the
+                    # package's stop of the server process (stdin closed, SIGTERM, SIGKILL), and leave it running.
+                    server.starting = False
                 opened_at = time.monotonic()
                 ready.set_result(None)
                 await stop.wait()
@@ -595,7 +601,7 @@ class MCPConnections:
             server.closing = True
             if server.stop is not None:
                 server.stop.set()
-            if server.session is None and server.keeper is not None:  # still starting: stop it starting
+            if server.starting and server.keeper is not None:  # still starting: stop it starting
                 server.keeper.cancel()
         pending: list[asyncio.Future[Any]] = [s.keeper for s in self._servers if s.keeper is not None]
         pending += [s.connecting for s in self._servers if s.connecting is not None]

@@ -20,6 +20,7 @@ from mcp_helpers import (
     HOSTILE,
     PATIENCE_S,
     SERVER,
+    alive,
     final,
     http_server_process,
     quiet_agent,
@@ -127,16 +128,19 @@ def test_a_servers_own_error_in_the_server_error_range_is_reported_as_its_error(
 def test_looptrace_run_bounds_connecting_by_timeout_and_by_mcp_connect_timeout(workdir, api, tmp_path, capsys):
     from looptrace.cli.app import main
 
-    silent = tmp_path / "silent.py"
-    silent.write_text("import time\ntime.sleep(3600)\n")
+    silent, pid_file = tmp_path / "silent.py", tmp_path / "silent.pid"
+    silent.write_text(f"import os, pathlib, time\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+                      "time.sleep(3600)\n")
     code = main(["run", "hello", "--timeout", "1", "--mcp", f"{sys.executable} {silent}"])
     said = capsys.readouterr().err
     assert code == 2 and api.requests == []
     assert "MCP server 'silent' cannot start: it did not answer within 1 s (what was left of the run's timeout_s)" in said
+    assert not alive(int(pid_file.read_text()))
 
     code = main(["run", "hello", "--mcp-connect-timeout", "0.5", "--mcp", f"{sys.executable} {silent}"])
     assert code == 2
     assert "MCP server 'silent' cannot start: it did not answer within 0.5 s\n" in capsys.readouterr().err
+    assert not alive(int(pid_file.read_text()))
 
 
 def test_mcp_connect_timeout_is_checked_and_documented(workdir, capsys):

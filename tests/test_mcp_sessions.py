@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from mcp_helpers import (
@@ -181,14 +182,63 @@ def test_a_held_agent_never_closed_stops_its_servers_when_the_application_exits(
     assert not alive(server.pid)
 
 
-def test_connecting_counts_on_the_runs_clock(api, tmp_path, caplog):
-    never_answers = tmp_path / "silent.py"
-    never_answers.write_text("import time\ntime.sleep(3600)\n")
-    agent = quiet_agent(mcp_servers=[MCPServerStdio(sys.executable, [str(never_answers)], name="silent")],
-                        limits=Limits(timeout_s=1))
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_held_server_does_not_outlive_an_application_killed_between_runs(api, tmp_path, how):
+    """No close runs at all here (no atexit after SIGKILL, none after Python's default SIGTERM): the server sees its
+    stdin end with the application, and stops."""
+    server = stdio_server(tmp_path)
+    api.add(use("pid"), final())
+    ready = tmp_path / "ran"
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(f"""
+        import pathlib, sys, time
+        from looptrace import Agent
+        from looptrace.runtime.mcp_servers import MCPServerStdio
+        agent = Agent({MODEL!r}, mcp_servers=[MCPServerStdio({sys.executable!r}, [{str(SERVER)!r}, "stdio"],
+                                                             env={dict(server.config.env)!r})])
+        with agent:
+            agent.run("which process?")
+            pathlib.Path({str(ready)!r}).write_text("ran")
+            time.sleep(3600)  # between two messages of a chat, when the application is killed
+    """))
+    env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key", "LOOPTRACE_EXPORTER": "none"}
+    app = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until(lambda: ready.exists() or app.poll() is not None, "the first run")
+        assert app.poll() is None and alive(server.pid)
+        app.send_signal(getattr(signal, how))
+        app.wait(PATIENCE_S)
+    finally:
+        app.kill()
+    until(lambda: not alive(server.pid), "the server to stop with the application")
+
+
+def silent_server(tmp_path) -> tuple[MCPServerStdio, Path]:
+    """A server that never answers initialize (nor stops when its stdin closes): only SIGTERM ends it."""
+    pid_file = tmp_path / "silent.pid"
+    script = tmp_path / "silent.py"
+    script.write_text(f"import os, pathlib, time\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+                      "time.sleep(3600)\n")
+    return MCPServerStdio(sys.executable, [str(script)], name="silent"), pid_file
+
+
+def test_connecting_counts_on_the_runs_clock_and_the_server_given_up_on_is_stopped(api, tmp_path, caplog):
+    silent, pid_file = silent_server(tmp_path)
+    agent = quiet_agent(mcp_servers=[silent], limits=Limits(timeout_s=1))
 
     with caplog.at_level(logging.WARNING, logger="looptrace"):
         result = agent.run("hello")
 
     assert result.status is RunStatus.TIMEOUT and api.requests == []  # the run's time went on connecting
     assert "did not answer within 1 s (what was left of the run's timeout_s)" in caplog.text
+    assert "mcp_close_failed" not in caplog.text
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_a_held_server_that_never_answers_is_stopped_when_the_hold_ends(tmp_path, caplog):
+    silent, pid_file = silent_server(tmp_path)
+    agent = quiet_agent(mcp_servers=[dataclasses.replace(silent, connect_timeout_s=0.5)])
+    with caplog.at_level(logging.WARNING, logger="looptrace"), agent:
+        assert "did not answer within 0.5 s" in caplog.text
+    assert "mcp_close_failed" not in caplog.text
+    assert not alive(int(pid_file.read_text()))
