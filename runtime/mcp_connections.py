@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from looptrace.instrumentation.agent_telemetry import mcp_telemetry
 from looptrace.instrumentation.interface import log
 from looptrace.runtime import tools as toolkit
+from looptrace.runtime.mcp_failures import RequestFailed, SessionGone, cannot, describe, failure_of, startup_failure
 from looptrace.runtime.mcp_results import tool_result
 from looptrace.runtime.mcp_servers import (
     MCPServer,
@@ -50,7 +51,7 @@ from looptrace.runtime.mcp_servers import (
     compiled_checker,
     tool_name,
 )
-from looptrace.runtime.mcp_wire import Pending, Wire, validation_summary
+from looptrace.runtime.mcp_wire import Pending, Wire
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -93,24 +94,6 @@ class _Server:
     @property
     def is_stdio(self) -> bool:
         return isinstance(self.config, MCPServerStdio)
-
-
-class _Failure(NamedTuple):
-    text: str  # what the model reads, and the warning says
-    error_type: str  # the span's error.type
-    code: int | None = None  # the server's own JSON-RPC error code, when it answered one
-    message: str = ""  # its message (already scrubbed)
-
-
-class _SessionGone(Exception):
-    """A request reached no session: an HTTP server answered 404 (it no longer knows the session), or the connection
-    was over before the request could be sent."""
-
-
-class RequestFailed(Exception):
-    def __init__(self, failure: _Failure, pending: Pending) -> None:
-        super().__init__(failure.text)
-        self.failure, self.pending = failure, pending
 
 
 class MCPConnections:
@@ -173,7 +156,7 @@ class MCPConnections:
     def _check_required(self) -> None:
         for server in self._servers:
             if server.config.required and server.session is None:
-                raise MCPServerUnavailable(f"MCP server {server.label!r} {_cannot(server.config)}: {server.failure}")
+                raise MCPServerUnavailable(f"MCP server {server.label!r} {cannot(server.config)}: {server.failure}")
 
     def listing(self) -> list[tuple[str, Any, str | None]]:
         """(server name, mcp Tool, the name the model is offered it by, or None) for every tool the connected servers
@@ -193,7 +176,7 @@ class MCPConnections:
             try:
                 relisting.result(max(s.config.connect_timeout_s for s in self._servers))
             except Exception as exc:
-                log.warning("mcp_tool_list_failed", error=_describe(exc), hint="the run keeps the tools it had")
+                log.warning("mcp_tool_list_failed", error=describe(exc), hint="the run keeps the tools it had")
         key = frozenset(taken)
         built = self._built
         if built is None or built[0] != self.version or built[1] != key:
@@ -328,7 +311,7 @@ class MCPConnections:
             log.debug("mcp_ping_slow", server=server.label, timeout_s=PING_TIMEOUT_S)
             return True
         except Exception as exc:
-            log.warning("mcp_server_lost", server=server.label, error=_describe(exc),
+            log.warning("mcp_server_lost", server=server.label, error=describe(exc),
                         hint="it is connected again for this run")
             return False
         return True
@@ -360,7 +343,7 @@ class MCPConnections:
             server.failure = f"it did not answer within {limit:g} s" + (
                 "" if limit == server.config.connect_timeout_s else " (what was left of the run's timeout_s)")
         except Exception as exc:
-            server.failure = _startup_failure(exc, server.config) + (
+            server.failure = startup_failure(exc, server.config) + (
                 f" (its stderr: {server.last_stderr[:300]})" if server.last_stderr else "")
         # A required one is raised, not warned; one cut short by the close is nobody's concern.
         if server.failure is not None and not server.config.required and not self.closed:
@@ -391,7 +374,7 @@ class MCPConnections:
         except BaseException as exc:
             _settle(ready, exc)
             if opened_at is not None and not isinstance(exc, asyncio.CancelledError) and not server.closing:
-                server.lost, server.failure = True, _describe(exc)
+                server.lost, server.failure = True, describe(exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -480,7 +463,7 @@ class MCPConnections:
         elif isinstance(message, Exception):  # a line from the server that is not MCP: said once a connection
             server.garbled += 1
             (log.warning if server.garbled == 1 else log.debug)(
-                "mcp_server_garbled", server=server.label, error=_describe(message),
+                "mcp_server_garbled", server=server.label, error=describe(message),
                 hint="it wrote something that is not MCP; later such lines are logged at debug level")
 
     async def _list(self, server: _Server, session: ClientSession) -> None:
@@ -515,7 +498,7 @@ class MCPConnections:
                 try:
                     await self._list(server, server.session)
                 except Exception as exc:
-                    log.warning("mcp_tool_list_failed", server=server.label, error=_describe(exc))
+                    log.warning("mcp_tool_list_failed", server=server.label, error=describe(exc))
 
     # --- requests ---------------------------------------------------------------------------------------------------
 
@@ -534,7 +517,7 @@ class MCPConnections:
             except (asyncio.CancelledError, RequestFailed):
                 raise
             except Exception as exc:
-                failure = _failure(server, tool or method, exc, pending)
+                failure = failure_of(server.label, tool or method, exc, pending)
                 failure = failure._replace(text=request.scrub(failure.text))
                 if failure.code is not None:
                     request.answered_error(failure.code, failure.message,
@@ -551,7 +534,7 @@ class MCPConnections:
             await asyncio.shield(checking)
         try:
             return await self._call_once(server, name, arguments)
-        except _SessionGone:
+        except SessionGone:
             # The request reached no session: the server answered 404 to it (as the spec says, a new session is
             # opened), or the connection was over before the request could be sent. Connected again, sent once more.
             log.info("mcp_session_renewed", server=server.label, tool=name)
@@ -578,7 +561,7 @@ class MCPConnections:
         except RequestFailed as failed:
             unsent = not failed.pending.written and failed.failure.error_type == "connection_closed"
             if (server.session_gone or unsent) and not renewed and not self.closed:
-                raise _SessionGone from None
+                raise SessionGone from None
             if self.closed:  # run() gave up on it (its time ran out) and the run has ended since
                 log.warning("mcp_call_abandoned", server=server.label, tool=name,
                             reason="the run ended before the server answered (the call's time had run out)")
@@ -622,39 +605,12 @@ def _telemetry_for(telemetry: Any, config: MCPServer) -> MCPServerTelemetry:
                          server_port=parts.port or (443 if parts.scheme == "https" else 80))
 
 
-def _failure(server: _Server, what: str, exc: BaseException, pending: Pending) -> _Failure:
-    """What a failed request means, for the model and the span: the server's own error (whatever its code), a
-    closed connection, a timeout, an answer that is not MCP."""
-    from mcp import types
-    from mcp.shared.exceptions import MCPError
-    from pydantic import ValidationError
-
-    label = server.label
-    if isinstance(exc, MCPError):
-        if pending.unreadable is not None:
-            return _Failure(f"MCP server {label!r} answered {what} with something that is not MCP "
-                            f"({pending.unreadable})", "invalid_response")
-        if pending.answered_code is not None:  # the server's own error, -32000 and -32001 included
-            return _Failure(f"MCP server {label!r} answered {what} with error {exc.code}: {exc.error.message}",
-                            str(exc.code), exc.code, exc.error.message)
-        if exc.code == types.CONNECTION_CLOSED:
-            return _Failure(f"MCP server {label!r} closed the connection during {what} (it may have crashed); "
-                            "its tools are unavailable for the rest of this run", "connection_closed")
-        if exc.code == types.REQUEST_TIMEOUT:
-            return _Failure(f"MCP server {label!r} did not answer {what} in time", "timeout")
-        return _Failure(f"MCP server {label!r} failed during {what}: {exc.error.message}", str(exc.code))
-    if isinstance(exc, ValidationError):
-        return _Failure(f"MCP server {label!r} answered {what} with something that is not a valid MCP result: "
-                        f"{validation_summary(exc)}", "invalid_response")
-    return _Failure(f"MCP server {label!r} failed during {what}: {_describe(exc)}", type(exc).__qualname__)
-
-
 def _settle(ready: asyncio.Future, exc: BaseException) -> None:
     if ready.done():
         return
     if isinstance(exc, asyncio.CancelledError):
         exc = MCPServerUnavailable("the connection was closed before it was up")
-    ready.set_exception(exc if isinstance(exc, Exception) else MCPServerUnavailable(_describe(exc)))
+    ready.set_exception(exc if isinstance(exc, Exception) else MCPServerUnavailable(describe(exc)))
 
 
 def _settle_future(task: asyncio.Task, outcome: concurrent.futures.Future) -> None:
@@ -666,37 +622,6 @@ def _settle_future(task: asyncio.Task, outcome: concurrent.futures.Future) -> No
         outcome.set_exception(task.exception())
     else:
         outcome.set_result(task.result())
-
-
-def _cannot(config: MCPServer) -> str:
-    return "cannot start" if isinstance(config, MCPServerStdio) else "cannot be reached"
-
-
-def _startup_failure(exc: BaseException, config: MCPServer) -> str:
-    from mcp import types
-    from mcp.shared.exceptions import MCPError
-
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, RequestFailed):
-        exc = exc.__context__ or exc
-    if isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED:
-        return "it exited (or closed the connection) before it answered"
-    if isinstance(config, MCPServerHTTP) and isinstance(exc, MCPError) and exc.code == types.METHOD_NOT_FOUND:
-        return f"{config.url} answered 404 Not Found: is it the server's MCP endpoint (often ending in /mcp)?"
-    if isinstance(config, MCPServerHTTP) and type(exc).__name__ in ("ConnectError", "ConnectTimeout"):
-        return f"nothing answers at {config.url} ({_describe(exc)})"
-    return _describe(exc)
-
-
-def _describe(exc: BaseException) -> str:
-    """The innermost meaningful error of an exception group (the mcp package's task groups wrap them), said without
-    the input a parsing error quotes (a server's answer may echo the arguments)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if callable(getattr(exc, "errors", None)) and type(exc).__name__ == "ValidationError":
-        return f"{type(exc).__name__}: {validation_summary(exc)}"
-    return toolkit.error_text(exc)
 
 
 def _log_stderr(server: _Server) -> None:
@@ -740,4 +665,4 @@ def _close_left_open() -> None:
 
 atexit.register(_close_left_open)
 
-__all__ = ["MCPConnections", "RequestFailed"]
+__all__ = ["MCPConnections"]
