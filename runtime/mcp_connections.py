@@ -535,8 +535,8 @@ class MCPConnections:
         try:
             return await self._call_once(server, name, arguments)
         except SessionGone:
-            # The request reached no session: the server answered 404 to it (as the spec says, a new session is
-            # opened), or the connection was over before the request could be sent. Connected again, sent once more.
+            # The request reached no session: the HTTP server answered 404 to it. As the spec says, a new session is
+            # opened, and the request sent on it, once.
             log.info("mcp_session_renewed", server=server.label, tool=name)
             await self._drop(server)
             await self._connecting(server, None)
@@ -546,8 +546,7 @@ class MCPConnections:
                          renewed: bool = False) -> Any:
         session, wire = server.session, server.wire
         if session is None or wire is None:
-            problem = f"MCP server {server.label!r} is not connected" + (
-                f" ({server.failure})" if server.failure else "")
+            problem = _not_connected(server)
             log.warning("mcp_call_failed", server=server.label, tool=name, error=problem)
             raise toolkit.ToolError(problem)
         try:
@@ -559,15 +558,19 @@ class MCPConnections:
                         reason="the call was cancelled (its time ran out, or the run ended)")
             raise
         except RequestFailed as failed:
-            unsent = not failed.pending.written and failed.failure.error_type == "connection_closed"
-            if (server.session_gone or unsent) and not renewed and not self.closed:
+            if server.session_gone and not renewed and not self.closed:
                 raise SessionGone from None
+            problem = failed.failure.text
+            if not failed.pending.written and failed.failure.error_type == "connection_closed":
+                # The connection was over before the request could go (its end not yet handled): not sent, said as
+                # for a server known to be gone, whichever came first.
+                problem = _not_connected(server)
             if self.closed:  # run() gave up on it (its time ran out) and the run has ended since
                 log.warning("mcp_call_abandoned", server=server.label, tool=name,
                             reason="the run ended before the server answered (the call's time had run out)")
             else:
-                log.warning("mcp_call_failed", server=server.label, tool=name, error=failed.failure.text)
-            raise toolkit.ToolError(failed.failure.text) from None
+                log.warning("mcp_call_failed", server=server.label, tool=name, error=problem)
+            raise toolkit.ToolError(problem) from None
         converted = tool_result(result)
         if result.is_error:
             # The tool's own words may quote what it was sent (a token in a URL): they go to the model and, with
@@ -595,6 +598,10 @@ class MCPConnections:
 class _Built(NamedTuple):
     tool: MCPTool
     listed: Any
+
+
+def _not_connected(server: _Server) -> str:
+    return f"MCP server {server.label!r} is not connected ({server.failure or 'it exited, or closed the connection'})"
 
 
 def _telemetry_for(telemetry: Any, config: MCPServer) -> MCPServerTelemetry:

@@ -18,8 +18,7 @@ class Failure(NamedTuple):
 
 
 class SessionGone(Exception):
-    """A request reached no session: an HTTP server answered 404 (it no longer knows the session), or the connection
-    was over before the request could be sent."""
+    """A request reached no session: an HTTP server answered 404 (it no longer knows the session)."""
 
 
 class RequestFailed(Exception):

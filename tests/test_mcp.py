@@ -242,7 +242,7 @@ def test_the_server_is_stopped_by_ctrl_c(api, tmp_path):
             sys.exit(130)
     """))
     env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key"}
-    agent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL,
+    agent = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
     try:
         until(lambda: server.started("hang") or agent.poll() is not None, "the tool call to start")
@@ -297,7 +297,7 @@ def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(ap
         env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key",
                "LOOPTRACE_EXPORTER": "none"}
         done = subprocess.run([sys.executable, "-c", _TRACED_RUN, application, str(SERVER),
-                               json.dumps(dict(server.config.env))], env=env, capture_output=True, text=True,
+                               json.dumps(dict(server.config.env))], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=PATIENCE_S * 2)
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)

@@ -35,6 +35,12 @@ from looptrace.runtime.mcp_servers import MCPServerHTTP, MCPServerStdio
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(autouse=True)
+def _runs_write_their_trace_file_here(monkeypatch, tmp_path):
+    """An Agent given no provider writes the trace file the environment names: this test's, not the checkout's."""
+    monkeypatch.setenv("LOOPTRACE_TRACE_FILE", str(tmp_path / "traces.jsonl"))
+
 SECRET = "hunter2-planted-secret-7731"
 PLANTED = {"password": SECRET, "note": "for the sweep"}
 QUOTING_CALLS = (("quote_error", PLANTED), ("quote_tool_error", PLANTED), ("malformed", PLANTED), ("echo", PLANTED))
@@ -293,7 +299,7 @@ agent.run("add twice")
 spans = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
 print(json.dumps([[(s.end_time - s.start_time) / 1e9 for s in spans], events]))
 """)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=PATIENCE_S * 2,
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=PATIENCE_S * 2,
                           env={**os.environ, "LOOPTRACE_EXPORTER": "none"})
     assert done.returncode == 0, done.stderr
     (first_span, second_span), (first_call, second_call) = json.loads(done.stdout)
@@ -310,7 +316,7 @@ def test_http_server_config_keeps_its_connect_timeout_positive():
 # --- 43.23: the example server without the extra ---------------------------------------------------------------------
 
 
-def test_the_example_server_without_the_mcp_package_says_what_to_install():
+def test_the_example_server_without_the_mcp_package_says_what_to_install(tmp_path):
     hide_mcp = textwrap.dedent("""
         import runpy, sys
 
@@ -323,6 +329,7 @@ def test_the_example_server_without_the_mcp_package_says_what_to_install():
         sys.meta_path.insert(0, NotInstalled())
         runpy.run_module("looptrace.example_mcp_server", run_name="__main__")
     """)
-    done = subprocess.run([sys.executable, "-c", hide_mcp], capture_output=True, text=True, timeout=PATIENCE_S)
+    done = subprocess.run([sys.executable, "-c", hide_mcp], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=PATIENCE_S)
     assert done.returncode == 2
     assert done.stderr == "looptrace.example_mcp_server needs the mcp package: pip install 'looptrace[mcp]'\n"

@@ -38,6 +38,12 @@ from looptrace.runtime.mcp_servers import MCPServerStdio, MCPServerUnavailable
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _runs_write_their_trace_file_here(monkeypatch, tmp_path):
+    """An Agent given no provider writes the trace file the environment names: this test's, not the checkout's."""
+    monkeypatch.setenv("LOOPTRACE_TRACE_FILE", str(tmp_path / "traces.jsonl"))
+
+
 def pid_from(api, request_index: int) -> int:
     return int(results_sent(api.requests[request_index])[0]["content"])
 
@@ -175,7 +181,7 @@ def test_a_held_agent_never_closed_stops_its_servers_when_the_application_exits(
         print(agent.run("which process?").status.value)
     """))
     env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key", "LOOPTRACE_EXPORTER": "none"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=PATIENCE_S * 2)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "done"
@@ -202,7 +208,8 @@ def test_a_held_server_does_not_outlive_an_application_killed_between_runs(api, 
             time.sleep(3600)  # between two messages of a chat, when the application is killed
     """))
     env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key", "LOOPTRACE_EXPORTER": "none"}
-    app = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    app = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
     try:
         until(lambda: ready.exists() or app.poll() is not None, "the first run")
         assert app.poll() is None and alive(server.pid)
