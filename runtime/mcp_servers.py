@@ -67,9 +67,13 @@ class MCPServerStdio:
         command = Path(self.command).name
         launcher = command.split(".")[0].rstrip("0123456789.")
         if launcher in _LAUNCHERS:  # `npx -y @org/server-x`: server-x
+            after_m = False
             for arg in self.args:
                 if arg in _INLINE_CODE:  # `python -c "import ..."`: the code is no name
                     return launcher
+                if after_m:  # `python -m package.server_x`: a module, named by its last part
+                    return arg.rsplit(".", 1)[-1] or command
+                after_m = arg == "-m"
                 if not arg.startswith("-") and arg not in _LAUNCHER_WORDS:
                     return Path(arg.split("@", 2)[-1] if arg.startswith("@") else arg).stem or command
         return command or "mcp"

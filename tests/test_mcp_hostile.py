@@ -256,6 +256,7 @@ def test_a_server_run_as_inline_code_is_named_after_its_launcher():
     assert MCPServerStdio.parse("python -c 'import sys; sys.exit(3)'").label == "python"
     assert MCPServerStdio.parse("node -e 'require(\"x\")'").label == "node"
     assert MCPServerStdio.parse("python -m my_server --db x").label == "my_server"
+    assert MCPServerStdio.parse("python -m looptrace.example_mcp_server").label == "example_mcp_server"
 
 
 def test_an_http_server_at_a_wrong_path_or_port_cannot_be_reached_rather_than_started(workdir, tmp_path, capsys):
