@@ -97,6 +97,8 @@ def test_a_run_calls_a_streamable_http_server_traced_under_its_execute_tool_span
     points = [p for m in _metrics(reader) if m.name == "mcp.client.operation.duration" for p in m.data.data_points]
     assert sorted((p.attributes["mcp.method.name"], p.attributes.get("gen_ai.tool.name"), p.count) for p in points) == [
         ("initialize", None, 1), ("tools/call", "add", 1), ("tools/call", "authorized", 1), ("tools/list", None, 1)]
+    [session] = [p for m in _metrics(reader) if m.name == "mcp.client.session.duration" for p in m.data.data_points]
+    assert session.count == 1 and "error.type" not in session.attributes  # closed by the run, not lost
     assert alive(http_server.pid)  # a server the run did not start is left running
 
 

@@ -160,11 +160,13 @@ def test_without_a_with_block_every_run_connects_and_stops_its_own_server(api, t
     assert not alive(first) and not alive(second)
 
 
-def test_holding_an_agent_whose_required_server_cannot_start_raises_and_holds_nothing(tmp_path):
+def test_holding_an_agent_whose_required_server_cannot_start_raises_and_holds_nothing(tmp_path, spans):
     missing = MCPServerStdio("/nonexistent/mcp-server", name="ghost", required=True)
-    agent = quiet_agent(mcp_servers=[missing])
+    agent = quiet_agent(mcp_servers=[missing], tracer_provider=spans.provider)
     with pytest.raises(MCPServerUnavailable, match="ghost"), agent:
         pass
+    connect = spans.one("mcp connect ghost")
+    assert connect.attributes["error.type"] == "FileNotFoundError" and connect.parent is None
 
 
 def test_a_held_agent_never_closed_stops_its_servers_when_the_application_exits(api, tmp_path):

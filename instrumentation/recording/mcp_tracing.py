@@ -253,6 +253,12 @@ def _current(span: trace.Span | None) -> Iterator[None]:
 
 
 def _error_type(exc: BaseException) -> str:
+    """``error.type`` of an exception: the conventions' ``timeout``, ``cancelled``, else its class (the innermost of
+    an exception group: the mcp package's task groups wrap what went wrong)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "timeout"
     return "cancelled" if type(exc).__name__ == "CancelledError" else type(exc).__qualname__
 
 
