@@ -26,8 +26,10 @@ BENCHMARKS = {
     12: ("b12_guards", "loop guards in LangChain, the OpenAI Agents SDK, Claude Agent SDK: cost per tool call"),
     13: ("b13_report", "`looptrace report` vs `looptrace detect` over a 200 MB trace file"),
     14: ("b14_trace_size", "trace file size: recorded runs replayed through Agent, file bytes over the GenAI content"),
+    15: ("b15_mcp", "MCP overhead per run over stdio and streamable HTTP: per-run form vs held (`with agent:`)"),
 }
-NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "guards": 12, "report": 13, "trace-size": 14}
+NAMES = {"detector-eval": 7, "watch": 8, "trace-file": 9, "peers": 10, "guards": 12, "report": 13, "trace-size": 14,
+         "mcp": 15}
 
 
 def _benchmark_number(text: str) -> int:

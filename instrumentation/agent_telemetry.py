@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from .alerts import Alerts, AnomalySinks, anomaly_sinks
@@ -37,8 +36,9 @@ if TYPE_CHECKING:
 
     from .export.setup import Telemetry
     from .interface import AgentTelemetry, TraceLinks
+    from .recording.mcp_tracing import MCPServerTelemetry
 
-__all__ = ["agent_telemetry", "mcp_call_scope"]  # and ``Telemetry`` for type checkers: ``export.setup``'s
+__all__ = ["agent_telemetry", "mcp_telemetry"]  # and ``Telemetry`` for type checkers: ``export.setup``'s
 
 CLOSE_TIMEOUT_MS = 5_000  # what closing an Agent's own pipeline may wait for its backends
 
@@ -159,12 +159,12 @@ def _trace_links(settings: Settings) -> TraceLinks | None:
     return TraceLinks(settings.langfuse)
 
 
-def mcp_call_scope(telemetry: AgentTelemetry, *, transport: str, session_id: str | None,
-                   protocol_version: str | None, tool: str | None = None, server_address: str | None = None,
-                   server_port: int | None = None) -> AbstractContextManager[None]:
-    """The mcp package's requests made inside this block are recorded where ``telemetry``'s run records, under the
-    current span, with the session's attributes (see ``mcp_tracing``). Imported on first use: only MCP needs it."""
-    from .recording.mcp_tracing import mcp_call_scope as scope
+def mcp_telemetry(telemetry: AgentTelemetry | None, *, server: str, transport: str,
+                  server_address: str | None = None, server_port: int | None = None) -> MCPServerTelemetry:
+    """Where one MCP server's requests are recorded: a CLIENT span per request on the run's providers (none with
+    ``telemetry`` None or off), the MCP duration metrics, and the scrubbing of what a server says back (see
+    ``mcp_tracing``). Imported on first use: only MCP needs it."""
+    from .recording.mcp_tracing import MCPServerTelemetry
 
-    return scope(telemetry, transport=transport, session_id=session_id, protocol_version=protocol_version,
-                 tool=tool, server_address=server_address, server_port=server_port)
+    return MCPServerTelemetry(telemetry, server=server, transport=transport, server_address=server_address,
+                              server_port=server_port)

@@ -4,14 +4,21 @@
     python -m looptrace.example_mcp_server --http 8000      # streamable HTTP on http://127.0.0.1:8000/mcp
 
 Written with the mcp package's own server API (``pip install 'looptrace[mcp]'``); it is an example, not a store.
+Without the package, run as a program it says what to install in one line (exit code 2).
 """
 
 from __future__ import annotations
 
 import sys
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+try:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError as missing:
+    if __name__ == "__main__":
+        sys.stderr.write("looptrace.example_mcp_server needs the mcp package: pip install 'looptrace[mcp]'\n")
+        sys.exit(2)
+    raise ImportError("looptrace.example_mcp_server needs the mcp package: pip install 'looptrace[mcp]'") from missing
 
 server = MCPServer("looptrace-notes")
 _notes: dict[str, str] = {}

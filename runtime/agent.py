@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from looptrace.instrumentation.agent_telemetry import agent_telemetry
 from looptrace.instrumentation.detector import DetectorConfig, SessionDetectors
-from looptrace.instrumentation.interface import Alerts, AnsweringModel, Settings
+from looptrace.instrumentation.interface import AgentTelemetry, Alerts, AnsweringModel, Settings
 from looptrace.runtime import policy as policies
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import Approver
@@ -34,7 +34,8 @@ from looptrace.runtime.state import RunState
 
 if TYPE_CHECKING:
     from looptrace.instrumentation.agent_telemetry import Telemetry
-    from looptrace.runtime.mcp_servers import MCPConnections, MCPServer
+    from looptrace.runtime.mcp_servers import MCPServer
+    from looptrace.runtime.mcp_sessions import MCPSessions, RunServers
 
 __all__ = ["DEFAULT_MAX_RESULT_CHARS", "DEFAULT_MAX_TOKENS", "Agent", "RunInterrupted", "UnknownStopReason"]
 
@@ -42,7 +43,7 @@ DEFAULT_MAX_TOKENS = 4096
 DEFAULT_MAX_RESULT_CHARS = 100_000
 
 # What a driver starts once the run's MCP servers are connected: the core's generator, given those connections.
-_Start: TypeAlias = "Callable[[MCPConnections | None], Generator[Effect, Any, RunResult]]"
+_Start: TypeAlias = "Callable[[RunServers | None], Generator[Effect, Any, RunResult]]"
 
 
 class Agent(AgentLoop):
@@ -88,7 +89,8 @@ class Agent(AgentLoop):
         self.max_tokens, self.max_tool_result_chars = max_tokens, max_tool_result_chars
         self.model_params = dict(model_params or {})
         self.tools = toolkit.as_tools(tools)
-        self.mcp_servers = _checked_servers(mcp_servers)  # connected per run: their tools join these at its start
+        # Connected per run, or held across runs by `with agent:` (see mcp_sessions): their tools join these.
+        self.mcp_servers = _checked_servers(mcp_servers)
         self.on_event = on_event
         self.approver = approver  # decides, in process, each call needing approval; without one the run pauses
         self.policy = policies.AnomalyPolicy(on_anomaly)
@@ -109,6 +111,7 @@ class Agent(AgentLoop):
             capture_content=self._tracing.captures_content)
         self._tool_definitions = [t.definition() for t in self.tools.values()]
         self._resumed_states: set[str] = set()  # ids of the states this agent resumed: each resumes once
+        self._mcp = _sessions(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
 
     @property
     def client(self) -> Model:
@@ -119,6 +122,38 @@ class Agent(AgentLoop):
     def client(self, model: Model) -> None:
         self._client = model
         self._model: AnsweringModel = self._tracing.instrument(model, cost_of=self._pricing.cost_of)
+
+    # --- MCP servers held across runs ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Agent:
+        """``with agent:`` connects the agent's MCP servers once, for every run and resume inside the block."""
+        if self._mcp is not None:
+            self._mcp.hold()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._mcp is not None:
+            self._mcp.release()
+
+    async def __aenter__(self) -> Agent:
+        """``async with agent:``, the same in asyncio."""
+        if self._mcp is not None:
+            await self._mcp.ahold()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._mcp is not None:
+            await self._mcp.arelease()
+
+    def close(self) -> None:
+        """Close the MCP servers this agent holds (stopping the processes it started). Later runs connect per run."""
+        if self._mcp is not None:
+            self._mcp.close()
+
+    async def aclose(self) -> None:
+        """``close`` in asyncio."""
+        if self._mcp is not None:
+            await self._mcp.aclose()
 
     # --- drivers ---------------------------------------------------------------------------------------------------
 
@@ -152,7 +187,8 @@ class Agent(AgentLoop):
         """
         resumption = self._accepted(state, approve, reject, go_on, message)
         try:
-            return self._drive_sync(lambda servers: self._resume_loop(resumption, servers))
+            return self._drive_sync(lambda servers: self._resume_loop(resumption, servers),
+                                    ran_s=resumption.state.running_s)
         except BaseException:
             resumption.release()
             raise
@@ -163,7 +199,8 @@ class Agent(AgentLoop):
         """``resume`` in asyncio."""
         resumption = self._accepted(state, approve, reject, go_on, message)
         try:
-            return await self._drive_async(lambda servers: self._resume_loop(resumption, servers))
+            return await self._drive_async(lambda servers: self._resume_loop(resumption, servers),
+                                           ran_s=resumption.state.running_s)
         except BaseException:
             resumption.release()
             raise
@@ -171,11 +208,10 @@ class Agent(AgentLoop):
     # _drive_sync() and _drive_async() are the same lines but for `await`: kept apart on purpose, since one function
     # cannot both block and await; everything they drive is shared in the core below.
 
-    def _drive_sync(self, start: _Start) -> RunResult:
-        servers = self._open_servers()
+    def _drive_sync(self, start: _Start, *, ran_s: float = 0.0) -> RunResult:
+        # The run's MCP servers (held, or connected for it), within what is left of its timeout_s.
+        servers = None if self._mcp is None else self._mcp.for_run(self._time_left(ran_s))
         try:
-            if servers is not None:
-                servers.wait_ready()
             loop = start(servers)
             value: Any = None
             while True:
@@ -187,15 +223,13 @@ class Agent(AgentLoop):
                     value = effect.perform_sync()
                 except BaseException as exc:  # hand it to the core, which decides what it means for the run
                     value = Raised(exc)
-        finally:  # however the run ends: its MCP servers do not outlive it
+        finally:  # however the run ends: MCP servers connected for it do not outlive it
             if servers is not None:
-                servers.close()
+                servers.done()
 
-    async def _drive_async(self, start: _Start) -> RunResult:
-        servers = self._open_servers()
+    async def _drive_async(self, start: _Start, *, ran_s: float = 0.0) -> RunResult:
+        servers = None if self._mcp is None else await self._mcp.afor_run(self._time_left(ran_s))
         try:
-            if servers is not None:
-                await servers.await_ready()
             loop = start(servers)
             value: Any = None
             while True:
@@ -209,20 +243,16 @@ class Agent(AgentLoop):
                     value = Raised(exc)
         finally:  # a cancelled arun too: the close finishes before the cancellation goes on
             if servers is not None:
-                await servers.aclose()
+                await servers.adone()
 
     def _accepted(self, state: RunState | str | os.PathLike[str] | Mapping[str, Any], approve: Iterable[str],
                   reject: Mapping[str, str] | None, go_on: bool | None, message: str | None) -> Resumption:
         return accept(state, self._identity, approve=approve, reject=reject, go_on=go_on, message=message,
                       resumed_here=self._resumed_states, claims=claims_directory(self._tracing.settings.state_home))
 
-    def _open_servers(self) -> MCPConnections | None:
-        """This run's connections to the agent's MCP servers (connecting in their own thread), or None."""
-        if not self.mcp_servers:
-            return None
-        from looptrace.runtime.mcp_servers import MCPConnections
-
-        return MCPConnections(self.mcp_servers, self._tracing, call_timeout_s=self.limits.tool_timeout_s)
+    def _time_left(self, ran_s: float) -> float | None:
+        """What is left of the run's timeout_s, for connecting its MCP servers (which counts on its clock)."""
+        return None if self.limits.timeout_s is None else max(self.limits.timeout_s - ran_s, 0.0)
 
 
 def _checked_servers(servers: Iterable[MCPServer]) -> tuple[MCPServer, ...]:
@@ -232,6 +262,16 @@ def _checked_servers(servers: Iterable[MCPServer]) -> tuple[MCPServer, ...]:
 
         check_installed()
     return servers
+
+
+def _sessions(servers: tuple[MCPServer, ...], telemetry: AgentTelemetry, *,
+              call_timeout_s: float | None) -> MCPSessions | None:
+    """The holder of an agent's MCP servers (connected per run, or held by ``with agent:``), or None without any."""
+    if not servers:
+        return None
+    from looptrace.runtime.mcp_sessions import MCPSessions
+
+    return MCPSessions(servers, telemetry, call_timeout_s=call_timeout_s)
 
 
 def _as_model(client: Any) -> Model:

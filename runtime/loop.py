@@ -37,7 +37,7 @@ from looptrace.runtime.tool_calls import ToolCallRun, plan_calls, tool_use_block
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from looptrace.runtime.mcp_servers import MCPConnections
+    from looptrace.runtime.mcp_sessions import RunServers
 
 __all__ = ["AgentLoop", "RunInterrupted", "UnknownStopReason"]
 
@@ -79,16 +79,17 @@ class AgentLoop:
     _tool_definitions: list[dict[str, Any]]
 
     def _loop(self, task: str | list[dict[str, Any]], labels: Labels,
-              servers: MCPConnections | None = None) -> Generator[Effect, Any, RunResult]:
+              servers: RunServers | None = None) -> Generator[Effect, Any, RunResult]:
         messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
         config = self._detector_config
         detector = None if config is None else (
             self._sessions.detector_for(labels.session_id) if labels.session_id else LoopDetector(config))
-        run = self._new_run(Budget(self.limits), messages, labels, servers, detector, task=task)
+        ran_s = servers.waited_s if servers is not None else 0.0  # connecting them counted on the run's clock
+        run = self._new_run(Budget(self.limits, running_s=ran_s), messages, labels, servers, detector, task=task)
         return (yield from self._lifecycle(run, self._turns(run)))
 
     def _new_run(self, budget: Budget, messages: list[dict[str, Any]], labels: Labels,
-                 servers: MCPConnections | None, detector: LoopDetector | None, *,
+                 servers: RunServers | None, detector: LoopDetector | None, *,
                  task: str | list[dict[str, Any]], resumes: tuple[str, str] | None = None) -> Run:
         tools, definitions = self._tools_with(servers)
         trace = self._tracing.start_run(
@@ -299,12 +300,11 @@ class AgentLoop:
     def _turns_left(self, run: Run) -> bool:
         return self.limits.max_turns is None or run.budget.turns < self.limits.max_turns
 
-    def _tools_with(self, servers: MCPConnections | None) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
+    def _tools_with(self, servers: RunServers | None) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
         """The run's tools and their definitions: the agent's own, then its MCP servers' (which yield on a clash)."""
         if servers is None:
             return self.tools, self._tool_definitions
-        tools = {**self.tools, **servers.tools(taken=self.tools)}
-        return tools, [t.definition() for t in tools.values()]
+        return servers.tools_with(self.tools)
 
     def _finish(self, run: Run, status: RunStatus, *, error: BaseException | None = None) -> RunResult:
         monitor = run.monitor
@@ -357,9 +357,9 @@ class AgentLoop:
         return resume.state_of(run, self._identity, session_id, __version__)
 
     def _resume_loop(self, resumption: resume.Resumption,
-                     servers: MCPConnections | None = None) -> Generator[Effect, Any, RunResult]:
+                     servers: RunServers | None = None) -> Generator[Effect, Any, RunResult]:
         state = resumption.state
-        budget = Budget(self.limits, running_s=state.running_s)
+        budget = Budget(self.limits, running_s=state.running_s + (servers.waited_s if servers is not None else 0.0))
         budget.turns, budget.usage, budget.cost_usd = state.turns, Usage(**state.usage), state.cost_usd
         labels = Labels(state.session_id, state.user_id, tuple(state.tags), state.metadata)
         # The run's own detector, fed again what it saw before the pause: its streaks go on where they were.

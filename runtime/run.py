@@ -12,7 +12,7 @@ from looptrace.runtime.monitor import RunMonitor
 from looptrace.runtime.state import PendingAnomaly
 
 if TYPE_CHECKING:
-    from looptrace.runtime.mcp_servers import MCPConnections
+    from looptrace.runtime.mcp_sessions import RunServers
     from looptrace.runtime.tools import Tool
 
 __all__ = ["Labels", "Pause", "Run"]
@@ -46,7 +46,7 @@ class Run:
     labels: Labels
     tools: dict[str, Tool]  # the agent's own and its MCP servers'
     tool_definitions: list[dict[str, Any]]
-    servers: MCPConnections | None = None
+    servers: RunServers | None = None
     servers_version: int = 0  # of the servers' tool lists this run's tools were built from
     final_text: str = ""
     stop_reason: str | None = None

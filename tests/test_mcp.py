@@ -9,109 +9,47 @@ validation, naming, approval) are in test_mcp_units.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fakes.otlp_receiver import OTLPReceiver
+from mcp_helpers import (
+    MODEL,
+    PATIENCE_S,
+    SERVER,
+    alive,
+    final,
+    http_server_process,
+    quiet_agent,
+    results_sent,
+    stdio_server,
+    until,
+    use,
+    uses,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.trace import SpanKind
 
 from looptrace import Agent, Limits, RunStatus
 from looptrace.instrumentation.alerts import Alerts
 from looptrace.runtime.events import ToolFinished
-from looptrace.runtime.mcp_servers import MCPServerHTTP, MCPServerStdio
+from looptrace.runtime.mcp_servers import MCPServerStdio
 
 pytestmark = pytest.mark.slow
-
-SERVER = Path(__file__).parent / "data" / "mcp_test_server.py"
-MODEL = "claude-sonnet-4-5"
-PATIENCE_S = 60  # how long a test waits for something that must happen; never a bound on how fast
-
-
-@dataclass
-class Server:
-    config: MCPServerStdio | MCPServerHTTP
-    pid_file: Path
-    marks: Path
-
-    @property
-    def pid(self) -> int:
-        return int(self.pid_file.read_text())
-
-    def started(self, tool: str) -> bool:
-        return (self.marks / f"{tool}.started").exists()
-
-
-def stdio_server(tmp_path: Path, *, name: str = "tests", **options) -> Server:
-    pid_file, marks = tmp_path / "server.pid", tmp_path / "marks"
-    marks.mkdir(exist_ok=True)
-    env = {"MCP_TEST_PID_FILE": str(pid_file), "MCP_TEST_MARKS": str(marks), **options.pop("env", {})}
-    return Server(MCPServerStdio(sys.executable, [str(SERVER), "stdio"], env=env, name=name, **options),
-                  pid_file, marks)
 
 
 @pytest.fixture
 def http_server(tmp_path):
-    """The test server on 127.0.0.1, port 0, over streamable HTTP, in a process of its own."""
-    port_file, pid_file, marks = tmp_path / "port", tmp_path / "http.pid", tmp_path / "http-marks"
-    marks.mkdir()
-    env = {**os.environ, "MCP_TEST_PID_FILE": str(pid_file), "MCP_TEST_MARKS": str(marks)}
-    process = subprocess.Popen([sys.executable, str(SERVER), "http", str(port_file)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        until(lambda: port_file.exists() and port_file.read_text(), "the HTTP server to listen")
-        url = f"http://127.0.0.1:{port_file.read_text()}/mcp"
-        yield Server(MCPServerHTTP(url, headers={"Authorization": "Bearer test-token"}, name="web"), pid_file, marks)
-    finally:
-        process.kill()
-        process.wait()
-
-
-def until(condition, what: str) -> None:
-    deadline = time.monotonic() + PATIENCE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "zombie" in status.read_text())
-
-
-def use(name: str, arguments: dict | None = None, call_id: str = "toolu_01") -> dict:
-    return {"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": call_id, "name": name,
-                                                    "input": arguments or {}}]}
-
-
-def uses(*calls: tuple[str, dict]) -> dict:
-    return {"stop_reason": "tool_use", "content": [{"type": "tool_use", "id": f"toolu_{i:02d}", "name": name,
-                                                    "input": arguments} for i, (name, arguments) in enumerate(calls)]}
-
-
-def final(text: str = "Done.") -> dict:
-    return {"stop_reason": "end_turn", "content": text}
-
-
-def results_sent(request: dict) -> list[dict]:
-    return [b for b in request["messages"][-1]["content"] if b.get("type") == "tool_result"]
-
-
-def quiet_agent(**options) -> Agent:
-    return Agent(MODEL, alerts=Alerts(log_warnings=False), **options)
+    with http_server_process(tmp_path, headers={"Authorization": "Bearer test-token"}) as server:
+        yield server
 
 
 # --- listed and called --------------------------------------------------------------------------------------------
@@ -146,18 +84,21 @@ def test_a_run_calls_a_streamable_http_server_traced_under_its_execute_tool_span
     assert results_sent(api.requests[1])[0]["content"] == "2"
     assert results_sent(api.requests[2])[0]["content"] == "yes"  # the configured headers went with the call
     execute = spans.one("execute_tool add")
-    [client] = [s for s in spans.children_of(execute) if s.name.startswith("MCP send tools/call")]
-    assert client.name == "MCP send tools/call add" and client.context.trace_id == execute.context.trace_id
+    [client] = spans.children_of(execute)
+    assert client.name == "tools/call add" and client.context.trace_id == execute.context.trace_id
+    assert client.kind is SpanKind.CLIENT
     attributes = dict(client.attributes)
-    assert attributes["mcp.method.name"] == "tools/call"
+    assert attributes["mcp.method.name"] == "tools/call" and attributes["jsonrpc.request.id"]
     assert attributes["network.transport"] == "tcp"
     assert attributes["server.address"] == "127.0.0.1"
     assert attributes["gen_ai.tool.name"] == "add"
     assert attributes["mcp.session.id"] and attributes["mcp.protocol.version"]
     assert "gen_ai.operation.name" not in attributes  # the execute_tool span is the tool call; not counted twice
     points = [p for m in _metrics(reader) if m.name == "mcp.client.operation.duration" for p in m.data.data_points]
-    assert sorted((p.attributes["mcp.method.name"], p.attributes["gen_ai.tool.name"], p.count) for p in points) == [
-        ("tools/call", "add", 1), ("tools/call", "authorized", 1)]
+    assert sorted((p.attributes["mcp.method.name"], p.attributes.get("gen_ai.tool.name"), p.count) for p in points) == [
+        ("initialize", None, 1), ("tools/call", "add", 1), ("tools/call", "authorized", 1), ("tools/list", None, 1)]
+    [session] = [p for m in _metrics(reader) if m.name == "mcp.client.session.duration" for p in m.data.data_points]
+    assert session.count == 1 and "error.type" not in session.attributes  # closed by the run, not lost
     assert alive(http_server.pid)  # a server the run did not start is left running
 
 
@@ -206,7 +147,8 @@ def test_failures_become_error_results_with_a_warning_and_the_run_goes_on(api, t
     assert "did not finish within 3 s" in hung and "did not finish within 3 s" in garbled
     assert "a: must be of type integer" in invalid and "'x'" not in invalid  # checked here, against the schema
     assert "closed the connection during crash" in crashed
-    assert "closed the connection during add" in after_crash
+    # Not sent to a server known to be gone: said at once, until a run starts it again.
+    assert after_crash == "MCP server 'tests' is not connected (it exited, or closed the connection)"
     events = [r.message for r in caplog.records]
     assert any("mcp_tool_error" in e and "fail" in e for e in events)
     assert any("mcp_server_garbled" in e for e in events)
@@ -302,7 +244,7 @@ def test_the_server_is_stopped_by_ctrl_c(api, tmp_path):
             sys.exit(130)
     """))
     env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key"}
-    agent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL,
+    agent = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
     try:
         until(lambda: server.started("hang") or agent.poll() is not None, "the tool call to start")
@@ -317,21 +259,58 @@ def test_the_server_is_stopped_by_ctrl_c(api, tmp_path):
 # --- tracing into an instrumented server --------------------------------------------------------------------------
 
 
-def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(api, tmp_path, spans):
+_TRACED_RUN = """
+import json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from looptrace import Agent
+from looptrace.runtime.mcp_servers import MCPServerStdio
+
+def provider():
+    exporter = InMemorySpanExporter()
+    made = TracerProvider()
+    made.add_span_processor(SimpleSpanProcessor(exporter))
+    return made, exporter
+
+application, application_spans = provider()
+if sys.argv[1] == "global":  # the application made its own SDK provider the global one
+    trace.set_tracer_provider(application)
+runs, run_spans = provider()
+server = MCPServerStdio(sys.executable, [sys.argv[2], "stdio"], env=json.loads(sys.argv[3]))
+result = Agent("claude-sonnet-4-5", mcp_servers=[server], tracer_provider=runs).run("4+4")
+[client] = [s for s in run_spans.get_finished_spans() if s.name == "tools/call add"]
+package = [s for s in application_spans.get_finished_spans() if s.name == "MCP send tools/call add"]
+print(json.dumps({"status": result.status.value, "trace": result.trace_id,
+                  "client": format(client.context.span_id, "016x"),
+                  "package": [[format(s.context.span_id, "016x"), format(s.parent.span_id, "016x")]
+                              for s in package]}))
+"""
+
+
+@pytest.mark.parametrize("application", ["none", "global"])
+def test_an_instrumented_server_puts_its_spans_under_the_runs_mcp_client_span(api, tmp_path, application):
+    """The server is sent the run's trace: the run's own MCP client span as the parent when the application set no
+    global provider, or the mcp package's span under it (on the application's global provider) when it did."""
     with OTLPReceiver() as receiver:
         server = stdio_server(tmp_path, env={"MCP_TEST_OTLP": receiver.traces_url})
         api.add(use("add", {"a": 4, "b": 4}), final("8"))
-
-        # The traceparent comes from the run's provider, not the global one (the API's no-op, in a fresh process).
-        result = quiet_agent(mcp_servers=[server.config], tracer_provider=spans.provider).run("4+4")
-
-        assert result.status is RunStatus.DONE
-        client = spans.one("MCP send tools/call add")
+        env = {**os.environ, "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "test-key",
+               "LOOPTRACE_EXPORTER": "none"}
+        done = subprocess.run([sys.executable, "-c", _TRACED_RUN, application, str(SERVER),
+                               json.dumps(dict(server.config.env))], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=PATIENCE_S * 2)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
         until(lambda: any(s.name == "tools/call add" for s in receiver.spans), "the server's span")
-        served = [s for s in receiver.spans if s.name == "tools/call add"]
-    assert len(served) == 1
-    assert served[0].trace_id == result.trace_id == format(client.context.trace_id, "032x")
-    assert served[0].parent_span_id == format(client.context.span_id, "016x")
+        [served] = [s for s in receiver.spans if s.name == "tools/call add"]
+    assert seen["status"] == "done" and served.trace_id == seen["trace"]
+    if application == "none":
+        assert seen["package"] == [] and served.parent_span_id == seen["client"]
+    else:
+        [[package_span, package_parent]] = seen["package"]
+        assert package_parent == seen["client"] and served.parent_span_id == package_span
 
 
 # --- the command line ---------------------------------------------------------------------------------------------
@@ -358,12 +337,12 @@ def test_looptrace_run_with_mcp_calls_the_servers_tools(workdir, api, capsys):
     assert code == 0, captured.err
     assert results_sent(api.requests[1])[0]["content"] == "42"
     assert "no --tools" not in captured.err
-    # The mcp package's client span went where the CLI's run records (its trace file), under execute_tool.
+    # The MCP client span went where the CLI's run records (its trace file), under execute_tool.
     from looptrace.instrumentation.tracefile.read import read_spans
 
     spans = list(read_spans(workdir / ".looptrace" / "traces.jsonl"))
     execute = next(s for s in spans if s.name == "execute_tool add")
-    client = next(s for s in spans if s.name == "MCP send tools/call add")
+    client = next(s for s in spans if s.name == "tools/call add")
     assert client.parent_span_id == execute.span_id and client.trace_id == execute.trace_id
     assert client.attributes["network.transport"] == "pipe"
 

@@ -1,5 +1,5 @@
 """MCP tools without a server process: how results become Messages API content, argument checks against a server's
-schema, names, approval, and the mcp package's client spans recorded where the run records. A streamable-HTTP server
+schema, names, approval. A streamable-HTTP server
 runs in a thread of this process where a live session is needed (see test_mcp.py for the subprocess tests)."""
 
 from __future__ import annotations
@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 from mcp import types
-from mcp.shared._otel import inject_trace_context, otel_span
-from opentelemetry import trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from looptrace.instrumentation.agent_telemetry import mcp_call_scope
 from looptrace.runtime import tools as toolkit
+from looptrace.runtime.mcp_connections import MCPConnections
 from looptrace.runtime.mcp_results import tool_result
-from looptrace.runtime.mcp_servers import MCPConnections, MCPServerHTTP, MCPServerStdio, MCPTool, tool_name
+from looptrace.runtime.mcp_servers import MCPServerHTTP, MCPServerStdio, MCPTool, tool_name
 
 PNG = "iVBORw0KGgoAAAANSUhEUg=="
 
@@ -194,49 +190,6 @@ def test_a_call_after_the_servers_closed_is_a_tool_error(in_thread_server):
     connections.close()  # idempotent
     with pytest.raises(toolkit.ToolError, match="closed"):
         asyncio.run(add.fn(a=1, b=2))
-
-
-# --- the mcp package's spans, routed to the run -----------------------------------------------------------------------
-
-
-def test_inside_a_call_scope_the_packages_span_goes_to_the_runs_provider_with_the_sessions_attributes(spans):
-    reader = InMemoryMetricReader()
-    telemetry = _Telemetry(spans.provider, MeterProvider(metric_readers=[reader]))
-    parent_tracer = spans.provider.get_tracer("test")
-    meta: dict = {}
-    with parent_tracer.start_as_current_span("execute_tool add") as parent, \
-            mcp_call_scope(telemetry, transport="pipe", session_id=None, protocol_version="2025-11-25", tool="add"), \
-            otel_span("MCP send tools/call add", kind=trace.SpanKind.CLIENT,
-                      attributes={"mcp.method.name": "tools/call"}):
-        inject_trace_context(meta)
-
-    client = spans.one("MCP send tools/call add")
-    assert client.parent.span_id == parent.get_span_context().span_id
-    assert client.instrumentation_scope.name == "mcp-python-sdk"
-    assert dict(client.attributes) == {"mcp.method.name": "tools/call", "network.transport": "pipe",
-                                       "mcp.protocol.version": "2025-11-25", "gen_ai.tool.name": "add"}
-    # The server is sent the run's trace and the client span as its parent, whatever the global provider is (the
-    # API's no-op one, unless an earlier test in this process set one).
-    assert meta["traceparent"].startswith(f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-")
-    [metric] = [m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
-                for m in sm.metrics if m.name == "mcp.client.operation.duration"]
-    [point] = metric.data.data_points
-    assert metric.unit == "s" and point.count == 1
-    assert dict(point.attributes) == {"mcp.method.name": "tools/call", "gen_ai.tool.name": "add",
-                                      "network.transport": "pipe", "mcp.protocol.version": "2025-11-25"}
-
-
-def test_outside_a_call_scope_the_package_records_as_it_always_did(spans):
-    meta: dict = {}
-    with spans.provider.get_tracer("test").start_as_current_span("an application's span"):
-        with otel_span("MCP send tools/list", kind=trace.SpanKind.CLIENT):
-            inject_trace_context(meta)
-    assert [s.name for s in spans.all] == ["an application's span"]  # the global provider got it, not the run's
-
-
-class _Telemetry:
-    def __init__(self, tracer_provider, meter_provider):
-        self.providers = (tracer_provider, meter_provider)
 
 
 def test_looptrace_run_with_a_server_that_cannot_start_says_so_in_one_line_and_exits_2(workdir, api, capsys):

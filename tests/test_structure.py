@@ -40,7 +40,7 @@ ENTRY_POINTS = {
 }
 # What the runtime may take from instrumentation beyond the interface and the detector's public names: the one factory
 # that builds an Agent's telemetry where the Agent is built, and (for a type hint) what configure() returns.
-RUNTIME_FACTORY = ("looptrace.instrumentation.agent_telemetry", {"agent_telemetry", "Telemetry", "mcp_call_scope"})
+RUNTIME_FACTORY = ("looptrace.instrumentation.agent_telemetry", {"agent_telemetry", "Telemetry", "mcp_telemetry", "MCPServerTelemetry"})
 
 
 @functools.cache

@@ -1,47 +1,57 @@
-"""The mcp package's own client spans, recorded where the run records, with what the MCP conventions add.
+"""The MCP requests a run makes, recorded as the MCP semantic conventions describe them, where the run records.
 
-The ``mcp`` package (2.x) opens a CLIENT span per request it sends ("MCP send tools/call {tool}", with
-``mcp.method.name`` and ``jsonrpc.request.id``) and injects the W3C trace context into the request's ``params._meta``,
-so an instrumented server parents its own spans on it. It takes its tracer once, at import, from the *global* tracer
-provider, and offers no parameter to pass another. looptrace leaves the global provider alone on purpose (its
-embedded default records through a provider of its own), so left as it is the package would record a tool call's
-span nowhere, or in a different backend than the run's, and with a no-op global provider the server would be sent no
-traceparent at all.
+looptrace makes its own CLIENT span around each request it sends to an MCP server (``initialize``, ``tools/list``,
+``tools/call``), on the run's providers, named ``{mcp.method.name} {target}`` with ``mcp.method.name``,
+``jsonrpc.request.id``, ``mcp.session.id``, ``mcp.protocol.version``, ``network.transport``, ``server.address`` and
+``server.port``, ``gen_ai.tool.name``, ``error.type`` and ``rpc.response.status_code``; the request's duration goes to
+the ``mcp.client.operation.duration`` histogram and a session's to ``mcp.client.session.duration``. The span is
+current while the request is sent, so the W3C trace context the ``mcp`` package injects into the request's
+``params._meta`` names it (or the package's own span under it) as the server's parent.
 
-So this module replaces that one module-level tracer with a routing tracer: inside ``mcp_call_scope`` (which the
-runtime opens around each call a run makes) a span is started by the tracer of the run's own provider, as a child of
-the current ``execute_tool`` span, with the attributes the conventions ask for and the package does not set
-(``mcp.session.id``, ``mcp.protocol.version``, ``network.transport``, ``server.address``/``port``,
-``gen_ai.tool.name``); its duration goes to the ``mcp.client.operation.duration`` histogram on the run's meter
-provider. Outside a scope every call goes to the package's original tracer unchanged, so an application's own MCP
-clients behave exactly as before. The span and the propagation stay the package's: none is written here.
+The ``mcp`` package opens a span of its own for every request it sends, on the *global* tracer provider, and offers no
+public way to send it elsewhere: that span is left to whatever the application made global (nothing, by default).
+Nothing here reaches into the package.
 
-``gen_ai.operation.name`` is deliberately not put on the MCP span: the run's ``execute_tool`` span already is the
-tool call, and readers that count ``execute_tool`` operations (looptrace's own offline detector among them) would
-count every MCP call twice.
+Redaction holds on everything recorded here: a span carries no arguments and no result (the ``execute_tool`` span
+above it has them, redacted, when content capture is on), and a server's JSON-RPC error message, which may quote the
+arguments, becomes the status description only with content capture on and only scrubbed of what the call's
+redaction hid (``MCPRequest.scrub``). ``gen_ai.operation.name`` is deliberately not set on ``tools/call``: the run's
+``execute_tool`` span already is the tool call, and readers that count ``execute_tool`` operations (looptrace's own
+offline detector among them) would count every MCP call twice.
+
+Connecting (``initialize`` and the first ``tools/list``) happens before a run's trace begins, so it is recorded in a
+trace of its own, under a root span ``mcp connect {server}``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import threading
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.semconv._incubating.attributes import gen_ai_attributes, mcp_attributes
+from opentelemetry.semconv._incubating.attributes import (
+    gen_ai_attributes,
+    jsonrpc_attributes,
+    mcp_attributes,
+    rpc_attributes,
+)
 from opentelemetry.semconv._incubating.metrics import mcp_metrics
 from opentelemetry.semconv.attributes import error_attributes, network_attributes, server_attributes
-from opentelemetry.util.types import Attributes
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ..logs import log, telemetry_failed
+from ..logs import telemetry_failed
+from . import semconv as sc
+from .content import redact_with_secrets, scrub
 
 MCP_SESSION_ID = mcp_attributes.MCP_SESSION_ID
 MCP_PROTOCOL_VERSION = mcp_attributes.MCP_PROTOCOL_VERSION
 MCP_METHOD_NAME = mcp_attributes.MCP_METHOD_NAME
+JSONRPC_REQUEST_ID = jsonrpc_attributes.JSONRPC_REQUEST_ID
+RPC_RESPONSE_STATUS_CODE = rpc_attributes.RPC_RESPONSE_STATUS_CODE
 NETWORK_TRANSPORT = network_attributes.NETWORK_TRANSPORT
 TRANSPORT_PIPE = network_attributes.NetworkTransportValues.PIPE.value  # stdio
 TRANSPORT_TCP = network_attributes.NetworkTransportValues.TCP.value  # streamable HTTP
@@ -50,172 +60,236 @@ SERVER_PORT = server_attributes.SERVER_PORT
 GEN_AI_TOOL_NAME = gen_ai_attributes.GEN_AI_TOOL_NAME
 ERROR_TYPE = error_attributes.ERROR_TYPE
 METRIC_CLIENT_OPERATION_DURATION = mcp_metrics.MCP_CLIENT_OPERATION_DURATION
+METRIC_CLIENT_SESSION_DURATION = mcp_metrics.MCP_CLIENT_SESSION_DURATION
+TOOL_ERROR = "tool_error"  # error.type of a tools/call answered with isError, as the conventions say
 # The conventions' advice for MCP operation durations, in seconds.
 DURATION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
-# What the duration metric is broken down by (a session id or request id would make every point its own series).
-_METRIC_KEYS = (MCP_METHOD_NAME, ERROR_TYPE, GEN_AI_TOOL_NAME, NETWORK_TRANSPORT, MCP_PROTOCOL_VERSION, SERVER_ADDRESS,
-                SERVER_PORT)
-_SCOPE = "mcp-python-sdk"  # the package's own instrumentation scope, kept on the spans it makes
+SESSION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
+# What the duration metrics are broken down by (a session id or request id would make every point its own series).
+_METRIC_KEYS = (MCP_METHOD_NAME, ERROR_TYPE, GEN_AI_TOOL_NAME, NETWORK_TRANSPORT, MCP_PROTOCOL_VERSION,
+                RPC_RESPONSE_STATUS_CODE, SERVER_ADDRESS, SERVER_PORT)
+SCOPE_NAME = sc.MCP_SCOPE_NAME
 
 
-@dataclass(frozen=True, slots=True)
-class _Route:
-    tracer: trace.Tracer
-    duration: metrics.Histogram | None
-    attributes: Mapping[str, Any]
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Instruments:
+    tracer: trace.Tracer | None
+    operation: metrics.Histogram | None
+    session: metrics.Histogram | None
+    capture_content: bool
 
 
-_ROUTE: contextvars.ContextVar[_Route | None] = contextvars.ContextVar("looptrace_mcp_route", default=None)
+class MCPRequest:
+    """One request sent to an MCP server: its span (when telemetry records) and what it may say of the answer."""
+
+    __slots__ = ("_arguments", "_secrets", "attributes", "failure", "span")
+
+    def __init__(self, span: trace.Span | None, attributes: dict[str, Any], arguments: Any) -> None:
+        self.span = span
+        self.attributes = attributes  # also the duration metric's, once the request ends
+        self.failure: str | None = None
+        self._arguments = arguments
+        self._secrets: tuple[str, ...] | None = None
+
+    def scrub(self, text: str) -> str:
+        """``text`` (a server's error, a log line about the call) without the values the call's redaction hides,
+        wherever it quotes them."""
+        if self._secrets is None:
+            self._secrets = redact_with_secrets(self._arguments)[1] if self._arguments else ()
+        return scrub(text, self._secrets) if self._secrets else text
+
+    def sent(self, request_id: Any) -> None:
+        """The JSON-RPC id the request went out with."""
+        if request_id is None:
+            return
+        self.attributes[JSONRPC_REQUEST_ID] = str(request_id)
+        if self.span is not None:
+            self.span.set_attribute(JSONRPC_REQUEST_ID, str(request_id))
+
+    def answered_error(self, code: int, message: str, *, capture_content: bool) -> None:
+        """The server answered with a JSON-RPC error: ``error.type`` and the status code are the code; the message
+        is the status description only with content capture on, and scrubbed."""
+        text = str(code)
+        self.attributes[RPC_RESPONSE_STATUS_CODE] = text
+        self.failed(text, self.scrub(message)[:1024] if capture_content else text)
+
+    def failed(self, error_type: str, description: str | None = None) -> None:
+        """The request ended without a result (a timeout, a closed connection, an unreadable answer) or, for
+        ``tool_error``, with the tool's own error."""
+        self.failure = error_type
+        self.attributes[ERROR_TYPE] = error_type
+        if self.span is not None:
+            status_code = self.attributes.get(RPC_RESPONSE_STATUS_CODE)
+            self.span.set_attributes({ERROR_TYPE: error_type} if status_code is None else
+                                     {ERROR_TYPE: error_type, RPC_RESPONSE_STATUS_CODE: status_code})
+            self.span.set_status(Status(StatusCode.ERROR, description or error_type))
+
+
+class MCPServerTelemetry:
+    """Where one MCP server's requests are recorded: built per server, from the Agent's telemetry (or none)."""
+
+    def __init__(self, telemetry: Any, *, server: str, transport: str, server_address: str | None = None,
+                 server_port: int | None = None) -> None:
+        self._telemetry = telemetry
+        self.server = server
+        self.facts: dict[str, Any] = {NETWORK_TRANSPORT: transport}
+        if server_address is not None:
+            self.facts[SERVER_ADDRESS] = server_address
+        if server_port is not None:
+            self.facts[SERVER_PORT] = server_port
+
+    def session(self, *, session_id: str | None, protocol_version: str | None) -> None:
+        """What the server's session said of itself: on every later span and metric point."""
+        for key, value in ((MCP_SESSION_ID, session_id), (MCP_PROTOCOL_VERSION, protocol_version)):
+            if value is None:
+                self.facts.pop(key, None)
+            else:
+                self.facts[key] = value
+
+    @contextlib.contextmanager
+    def connecting(self) -> Iterator[MCPRequest]:
+        """The root span of a connection's own trace (``mcp connect {server}``), current while it lasts: the
+        ``initialize`` and ``tools/list`` spans nest under it. Yields a handle whose ``failed`` marks it failed."""
+        instruments = self._instruments()
+        span = None
+        if instruments.tracer is not None:
+            span = _started(instruments.tracer, f"mcp connect {self.server}", SpanKind.INTERNAL, dict(self.facts),
+                            otel_context.Context())  # a trace of its own, whatever is current
+        handle = MCPRequest(span, {}, None)
+        with _current(span):
+            try:
+                yield handle
+            except BaseException as exc:
+                if handle.failure is None:
+                    handle.failed(_error_type(exc))
+                raise
+            finally:
+                if span is not None:
+                    _ended(span, {**self.facts, **({ERROR_TYPE: handle.failure} if handle.failure else {})})
+
+    @contextlib.contextmanager
+    def request(self, method: str, *, tool: str | None = None, arguments: Any = None) -> Iterator[MCPRequest]:
+        """One request's CLIENT span, current while it is sent and answered, and its duration on the metric."""
+        instruments = self._instruments()
+        attributes: dict[str, Any] = {MCP_METHOD_NAME: method, **self.facts}
+        if tool is not None:
+            attributes[GEN_AI_TOOL_NAME] = tool
+        span = None
+        if instruments.tracer is not None:
+            span = _started(instruments.tracer, method if tool is None else f"{method} {tool}", SpanKind.CLIENT,
+                            attributes, None)
+        handle = MCPRequest(span, attributes, arguments)
+        started = time.perf_counter()
+        with _current(span):
+            try:
+                yield handle
+            except BaseException as exc:
+                if handle.failure is None:
+                    handle.failed(_error_type(exc))
+                raise
+            finally:
+                if span is not None:
+                    _ended(span, None)
+                _record(instruments.operation, time.perf_counter() - started, handle.attributes)
+
+    def session_ended(self, seconds: float, error_type: str | None = None) -> None:
+        """A session closed after ``seconds``: ``error_type`` when it was lost rather than closed."""
+        attributes = dict(self.facts)
+        if error_type is not None:
+            attributes[ERROR_TYPE] = error_type
+        _record(self._instruments().session, seconds, attributes)
+
+    @property
+    def capture_content(self) -> bool:
+        return self._instruments().capture_content
+
+    def _instruments(self) -> _Instruments:
+        """The instruments of the providers the Agent's runs record through now (chosen per run by the telemetry);
+        none at all without telemetry or when it is switched off."""
+        try:
+            providers = getattr(self._telemetry, "providers", None)
+            if providers is None or not getattr(self._telemetry, "enabled", True):
+                return _NOTHING
+            return _instruments_of(*providers, capture_content=bool(getattr(self._telemetry, "capture_content",
+                                                                            False)))
+        except Exception as exc:  # telemetry never becomes the call's error: it goes on unrecorded
+            telemetry_failed("mcp span", exc)
+            return _NOTHING
+
+
+_NOTHING = _Instruments(None, None, None, False)
+
+
+def _started(tracer: trace.Tracer, name: str, kind: SpanKind, attributes: dict[str, Any],
+             context: otel_context.Context | None) -> trace.Span | None:
+    try:
+        return tracer.start_span(name, context, kind, attributes)
+    except Exception as exc:
+        telemetry_failed("mcp span", exc)
+        return None
+
+
+def _ended(span: trace.Span, attributes: Mapping[str, Any] | None) -> None:
+    try:
+        if attributes:
+            span.set_attributes(attributes)
+        span.end()
+    except Exception as exc:
+        telemetry_failed("mcp span", exc)
 
 
 @contextlib.contextmanager
-def mcp_call_scope(telemetry: Any, *, transport: str, session_id: str | None, protocol_version: str | None,
-                   tool: str | None = None, server_address: str | None = None,
-                   server_port: int | None = None) -> Iterator[None]:
-    """The mcp package's requests made inside this block are recorded by the run's providers (``telemetry`` is the
-    Agent's), under the current span, with the session's attributes. Without providers (telemetry off) it does
-    nothing: the package records as it would anyway."""
-    try:
-        providers = getattr(telemetry, "providers", None)
-        if providers is None or not _install():
-            route = None
-        else:
-            tracer_provider, meter_provider = providers
-            attributes: dict[str, Any] = {NETWORK_TRANSPORT: transport}
-            for key, value in ((MCP_SESSION_ID, session_id), (MCP_PROTOCOL_VERSION, protocol_version),
-                               (GEN_AI_TOOL_NAME, tool), (SERVER_ADDRESS, server_address),
-                               (SERVER_PORT, server_port)):
-                if value is not None:
-                    attributes[key] = value
-            route = _Route(_tracer_of(tracer_provider), _duration_of(meter_provider), attributes)
-    except Exception as exc:  # telemetry never becomes the tool's error: the call goes on, recorded as mcp would
-        telemetry_failed("mcp call scope", exc)
-        route = None
-    if route is None:
+def _current(span: trace.Span | None) -> Iterator[None]:
+    """``span`` current in this task while the block runs (so the package's span and the injected traceparent follow
+    it); nothing without one."""
+    if span is None:
         yield
         return
-    token = _ROUTE.set(route)
+    token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield
     finally:
-        _ROUTE.reset(token)
+        otel_context.detach(token)
 
 
-# --- the routing tracer -------------------------------------------------------------------------------------------
+def _error_type(exc: BaseException) -> str:
+    """``error.type`` of an exception: the conventions' ``timeout``, ``cancelled``, else its class (the innermost of
+    an exception group: the mcp package's task groups wrap what went wrong)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "cancelled" if type(exc).__name__ == "CancelledError" else type(exc).__qualname__
 
 
-class _RoutingTracer(trace.Tracer):
-    """The mcp package's tracer while looptrace is installed: the run's tracer inside a scope, the original outside."""
-
-    def __init__(self, original: trace.Tracer) -> None:
-        self.original = original
-
-    def start_span(self, name: str, context: Any = None, kind: trace.SpanKind = trace.SpanKind.INTERNAL,
-                   attributes: Attributes = None, links: Any = None, start_time: int | None = None,
-                   record_exception: bool = True, set_status_on_exception: bool = True) -> trace.Span:
-        route = _ROUTE.get()
-        tracer = self.original if route is None else route.tracer
-        merged = attributes if route is None else {**route.attributes, **(attributes or {})}
-        return tracer.start_span(name, context, kind, merged, links, start_time, record_exception,
-                                 set_status_on_exception)
-
-    @contextlib.contextmanager
-    def start_as_current_span(  # type: ignore[override]  # the API types its own decorator's context manager
-            self, name: str, context: Any = None, kind: trace.SpanKind = trace.SpanKind.INTERNAL,
-                              attributes: Attributes = None, links: Any = None, start_time: int | None = None,
-                              record_exception: bool = True, set_status_on_exception: bool = True,
-                              end_on_exit: bool = True) -> Iterator[trace.Span]:
-        route = _ROUTE.get()
-        if route is None:
-            with self.original.start_as_current_span(name, context, kind, attributes, links, start_time,
-                                                     record_exception, set_status_on_exception,
-                                                     end_on_exit) as span:
-                yield span
-            return
-        merged = {**route.attributes, **(attributes or {})}
-        started = time.perf_counter()
-        failure: str | None = None
-        opened: trace.Span | None = None
-        try:
-            with route.tracer.start_as_current_span(name, context, kind, merged, links, start_time, record_exception,
-                                                    set_status_on_exception, end_on_exit) as opened:
-                yield opened
-        except BaseException as exc:
-            failure = type(exc).__qualname__
-            raise
-        finally:
-            _record_duration(route, opened, merged, failure, time.perf_counter() - started)
-
-
-def _record_duration(route: _Route, span: Any, attributes: Mapping[str, Any], failure: str | None,
-                     seconds: float) -> None:
-    if route.duration is None:
+def _record(histogram: metrics.Histogram | None, seconds: float, attributes: Mapping[str, Any]) -> None:
+    if histogram is None:
         return
     try:
-        ended = dict(getattr(span, "attributes", None) or attributes)  # the SDK span holds error.type once set
-        if failure is not None:
-            ended.setdefault(ERROR_TYPE, failure)
-        route.duration.record(seconds, {key: ended[key] for key in _METRIC_KEYS if key in ended})
+        histogram.record(seconds, {key: attributes[key] for key in _METRIC_KEYS if key in attributes})
     except Exception:  # a metric must never cost the call
         pass
 
 
-_installed: bool | None = None
-_install_lock = threading.Lock()
+_cache: dict[tuple[int, int, bool], tuple[Any, Any, _Instruments]] = {}
 
 
-def _install() -> bool:
-    """Put the routing tracer in the mcp package's place, once. False when this mcp has no such seam (a release
-    that moved it): its spans then go to the global provider, as they would without looptrace."""
-    global _installed
-    if _installed is not None:
-        return _installed
-    with _install_lock:
-        if _installed is None:
-            module = _mcp_otel_module()
-            original = getattr(module, "_tracer", None)
-            if isinstance(original, trace.Tracer):
-                if not isinstance(original, _RoutingTracer):
-                    module._tracer = _RoutingTracer(original)
-                _installed = True
-            else:
-                log.warning("mcp_tracing_unavailable",
-                            reason="this mcp release has no module tracer to route; its spans follow the global "
-                                   "tracer provider")
-                _installed = False
-    return _installed
-
-
-def _mcp_otel_module() -> Any:
-    try:
-        from mcp.shared import _otel
-    except ImportError:
-        return None
-    return _otel
-
-
-_tracers: dict[int, tuple[Any, trace.Tracer]] = {}
-_durations: dict[int, tuple[Any, metrics.Histogram | None]] = {}
-
-
-def _tracer_of(provider: Any) -> trace.Tracer:
-    cached = _tracers.get(id(provider))
-    if cached is not None and cached[0] is provider:
-        return cached[1]
-    tracer = trace.get_tracer(_SCOPE, tracer_provider=provider)
-    _tracers[id(provider)] = (provider, tracer)
-    return tracer
-
-
-def _duration_of(provider: Any) -> metrics.Histogram | None:
-    if isinstance(provider, metrics.NoOpMeterProvider):
-        return None
-    cached = _durations.get(id(provider))
-    if cached is not None and cached[0] is provider:
-        return cached[1]
-    histogram = metrics.get_meter(_SCOPE, meter_provider=provider).create_histogram(
-        METRIC_CLIENT_OPERATION_DURATION, unit="s",
-        description="The duration of the MCP request as observed on the sender, until the response is received.",
-        explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
-    _durations[id(provider)] = (provider, histogram)
-    return histogram
+def _instruments_of(tracer_provider: Any, meter_provider: Any, *, capture_content: bool) -> _Instruments:
+    key = (id(tracer_provider), id(meter_provider), capture_content)
+    cached = _cache.get(key)
+    if cached is not None and cached[0] is tracer_provider and cached[1] is meter_provider:
+        return cached[2]
+    tracer = trace.get_tracer(SCOPE_NAME, tracer_provider=tracer_provider)
+    operation = session = None
+    if not isinstance(meter_provider, metrics.NoOpMeterProvider):  # None: the global meter provider, as the run's
+        meter = metrics.get_meter(SCOPE_NAME, meter_provider=meter_provider)
+        operation = meter.create_histogram(
+            METRIC_CLIENT_OPERATION_DURATION, unit="s",
+            description="The duration of the MCP request as observed on the sender, until the response is received.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        session = meter.create_histogram(
+            METRIC_CLIENT_SESSION_DURATION, unit="s", description="The duration of the MCP session as observed on "
+            "the MCP client.", explicit_bucket_boundaries_advisory=SESSION_BUCKETS)
+    instruments = _Instruments(tracer, operation, session, capture_content)
+    _cache[key] = (tracer_provider, meter_provider, instruments)
+    return instruments

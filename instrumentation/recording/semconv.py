@@ -28,6 +28,7 @@ def _installed_version() -> str:
 # The instrumentation scope of every span and metric: looked up once, not per agent, and only when first used
 # (importlib.metadata is slow to import, and `looptrace detect` never needs the version).
 SCOPE_NAME = "looptrace"
+MCP_SCOPE_NAME = "looptrace.mcp"  # the MCP client spans and metrics looptrace makes (mcp_tracing)
 
 
 def __getattr__(name: str) -> str:

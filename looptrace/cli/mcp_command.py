@@ -1,9 +1,14 @@
 """`looptrace mcp list --mcp "COMMAND ARGS" --mcp-url URL`: what MCP servers offer, before anything runs; and the
-`--mcp` / `--mcp-url` flags `looptrace run` shares with it."""
+`--mcp` / `--mcp-url` / `--mcp-connect-timeout` flags `looptrace run` shares with it.
+
+What a server says of its tools (names, descriptions, argument names) is shown with every character a terminal would
+act on (control characters, escape sequences, line breaks in a name) written as an escape: a server cannot move the
+cursor, ring the bell or forge lines of the listing."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
@@ -20,6 +25,22 @@ def add_mcp_flags(parser: argparse.ArgumentParser) -> None:
                         help="an MCP server to start over stdio, as one quoted command line; repeat for more")
     parser.add_argument("--mcp-url", action="append", default=[], metavar="URL",
                         help="an MCP server already running, over streamable HTTP; repeat for more")
+    parser.add_argument("--mcp-connect-timeout", type=_seconds, default=CONNECT_TIMEOUT_S, metavar="S",
+                        help="how long each MCP server may take to start and answer (default: %(default)s); a run's "
+                             "--timeout bounds it too")
+
+
+CONNECT_TIMEOUT_S = 30.0  # MCPServerStdio's and MCPServerHTTP's default
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < math.inf:  # refuses nan too
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def servers_from(args: argparse.Namespace) -> list[MCPServer]:
@@ -32,16 +53,20 @@ def servers_from(args: argparse.Namespace) -> list[MCPServer]:
         check_installed()
     except ImportError as exc:
         raise UsageError(str(exc)) from None
+    timeout = getattr(args, "mcp_connect_timeout", None) or CONNECT_TIMEOUT_S
     servers: list[MCPServer] = []
     for line in args.mcp:
         try:
-            servers.append(MCPServerStdio.parse(line, required=True))
+            servers.append(MCPServerStdio.parse(line, required=True, connect_timeout_s=timeout))
         except ValueError as exc:
             raise UsageError(f"--mcp {line!r}: {exc}") from None
     for url in args.mcp_url:
         if not url.startswith(("http://", "https://")):
             raise UsageError(f"--mcp-url {url!r}: give an http:// or https:// URL")
-        servers.append(MCPServerHTTP(url, required=True))
+        try:
+            servers.append(MCPServerHTTP(url, required=True, connect_timeout_s=timeout))
+        except ValueError as exc:
+            raise UsageError(f"--mcp-url {url!r}: {exc}") from None
     return servers
 
 
@@ -60,7 +85,8 @@ def add_mcp_command(commands: Any) -> None:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    from looptrace.runtime.mcp_servers import MCPConnections, MCPServerUnavailable
+    from looptrace.runtime.mcp_connections import MCPConnections
+    from looptrace.runtime.mcp_servers import MCPServerUnavailable
 
     servers = servers_from(args)
     if not servers:
@@ -68,27 +94,41 @@ def list_command(args: argparse.Namespace) -> int:
     connections = MCPConnections(servers)
     try:
         connections.wait_ready()
-        # The names the model would see: the server's own, unless the Messages API's rules or a clash change them.
-        offered = {(t.server, t.remote_name): name for name, t in connections.tools().items()}
-        for server, listed in connections.listing():
-            shown = offered.get((server, listed.name))
-            renamed = (f"  (offered to the model as {shown})" if shown and shown != listed.name
-                       else "  (not offered: its name is taken)" if shown is None else "")
-            print(f"{server}  {listed.name}{renamed}")
-            description = " ".join((listed.description or "").split())
-            if description:
-                print(textwrap.indent(textwrap.fill(description, 100), "    "))
-            parameters = (listed.input_schema or {}).get("properties") or {}
-            required = set((listed.input_schema or {}).get("required") or ())
-            if parameters:
-                print("    arguments: " + ", ".join(f"{name}{'' if name in required else '?'}: {_type_of(schema)}"
-                                                 for name, schema in parameters.items()))
+        for server, listed, offered in connections.listing():
+            _print_tool(server, listed, offered)
+        for server, name, why in connections.left_out():
+            print(f"{shown(server)}  {shown(name)}  (not offered: {shown(why)})")
     except MCPServerUnavailable as exc:
         raise UsageError(str(exc)) from None
     finally:
         connections.close()
     sys.stdout.flush()
     return 0
+
+
+def _print_tool(server: str, listed: Any, offered: str | None) -> None:
+    """One tool: the name the model would see (the server's own, unless the Messages API's rules or a clash change
+    it), its description and its arguments."""
+    renamed = (f"  (offered to the model as {offered})" if offered and offered != listed.name
+               else "  (not offered: its name is taken)" if offered is None else "")
+    print(f"{shown(server)}  {shown(listed.name)}{renamed}")
+    description = shown(" ".join((listed.description or "").split()))
+    if description:
+        print(textwrap.indent(textwrap.fill(description, 100), "    "))
+    schema = listed.input_schema if isinstance(listed.input_schema, dict) else {}
+    parameters = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema["required"] if isinstance(schema.get("required"), list) else []
+    if parameters:
+        print("    arguments: " + ", ".join(f"{shown(str(name))}{'' if name in required else '?'}: "
+                                         f"{shown(_type_of(value))}" for name, value in parameters.items()))
+
+
+def shown(text: str) -> str:
+    """``text`` with every character that is not printable (control characters, escape sequences, line breaks)
+    written as its Python escape, so that what a server sent cannot act on the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _type_of(schema: Any) -> str:

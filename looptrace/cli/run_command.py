@@ -163,7 +163,7 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
             "max_total_tokens": args.max_total_tokens, "max_cost_usd": args.max_cost_usd,
             "max_loop_cost_usd": args.max_loop_cost_usd, "timeout": args.timeout,
             "tool_timeout": args.tool_timeout, "stream": args.stream, "on_anomaly": args.on_anomaly,
-            "mcp": list(args.mcp), "mcp_url": list(args.mcp_url)}
+            "mcp": list(args.mcp), "mcp_url": list(args.mcp_url), "mcp_connect_timeout": args.mcp_connect_timeout}
 
 
 def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telemetry: Telemetry,
@@ -173,7 +173,8 @@ def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telem
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import AnthropicModel
 
-    servers = servers_from(argparse.Namespace(mcp=options.get("mcp") or [], mcp_url=options.get("mcp_url") or []))
+    servers = servers_from(argparse.Namespace(mcp=options.get("mcp") or [], mcp_url=options.get("mcp_url") or [],
+                                              mcp_connect_timeout=options.get("mcp_connect_timeout")))
     return Agent(
         settings.model, tools=tools, mcp_servers=servers, system=options["system"], name=options["name"],
         max_tokens=options["max_tokens"], client=AnthropicModel(stream=options["stream"]),

@@ -1,10 +1,12 @@
 """A real MCP server for the tests, written with the mcp package's own server API (MCPServer, formerly FastMCP).
 
     python mcp_test_server.py stdio [--pid-file PATH]
-    python mcp_test_server.py http PORT_FILE     # streamable HTTP on 127.0.0.1, port 0; the port goes to PORT_FILE
+    python mcp_test_server.py http PORT_FILE [PORT]  # streamable HTTP on 127.0.0.1, port 0 (or PORT, to come back
+                                                     # where a killed one was); the port goes to PORT_FILE
 
 Environment: MCP_TEST_PID_FILE gets the process id at start; MCP_TEST_MARKS (a directory) gets a file per tool call
-started ("<tool>.started"), so a test knows a call is under way; MCP_TEST_OTLP (an OTLP/HTTP traces URL) turns on
+started ("<tool>.started"), so a test knows a call is under way, and a line per ``initialize`` request the process
+answered ("initialize.log": its process id); MCP_TEST_OTLP (an OTLP/HTTP traces URL) turns on
 OpenTelemetry in this process, exporting the server's own spans there.
 """
 
@@ -17,6 +19,7 @@ import socket
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
@@ -38,8 +41,19 @@ def _setup_tracing() -> None:
     trace.set_tracer_provider(provider)
 
 
+class _CountInitialize:
+    """Notes each initialize request this process answers (the server-side proof that a session was reused)."""
+
+    async def __call__(self, ctx: Any, call_next: Any) -> Any:
+        marks = os.environ.get("MCP_TEST_MARKS")
+        if ctx.method == "initialize" and marks:
+            with open(Path(marks, "initialize.log"), "a", encoding="utf-8") as log:
+                log.write(f"{os.getpid()}\n")
+        return await call_next(ctx)
+
+
 _setup_tracing()
-server = MCPServer("looptrace-test")
+server = MCPServer("looptrace-test", middleware=[_CountInitialize()])
 
 
 def _mark(tool: str) -> None:
@@ -63,6 +77,13 @@ def add(a: int, b: int) -> str:
     """Add two integers."""
     _mark("add")
     return str(a + b)
+
+
+@server.tool()
+def pid() -> str:
+    """The server's process id."""
+    _mark("pid")
+    return str(os.getpid())
 
 
 @server.tool()
@@ -182,16 +203,17 @@ def main() -> None:
     _WIRE = (stdout.st_dev, stdout.st_ino)
     print("test server starting", file=sys.stderr)  # stderr chatter the client must keep off the terminal
     if sys.argv[1:2] == ["http"]:
-        asyncio.run(_serve_http(Path(sys.argv[2])))
+        asyncio.run(_serve_http(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 0))
     else:
         server.run("stdio")
 
 
-async def _serve_http(port_file: Path) -> None:
+async def _serve_http(port_file: Path, port: int) -> None:
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")
     port_file.write_text(str(sock.getsockname()[1]))
