@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -295,7 +296,7 @@ def anomaly_sinks(settings: Settings, *, resource_attributes: Mapping[str, Any] 
 
         scored = (langfuse.base_url, langfuse.public_key, langfuse.secret_key, langfuse.timeout_s,
                   *environment_inputs(langfuse, resource))
-    key = (settings.alert_webhook, scored, settings.undelivered_file)
+    key = (settings.alert_webhook, scored, os.path.abspath(settings.undelivered_file))  # absolute: see the list
     with _shared_lock:
         sinks = _shared.get(key)
         if sinks is None:

@@ -1,37 +1,32 @@
 """No test touches the checkout's ``.looptrace/``: what a user's own runs left there is theirs.
 
 Runs whose telemetry nobody configured (an ``Agent`` built without ``telemetry=False`` or a provider, a CLI process)
-write to the default trace file, ``.looptrace/traces.jsonl`` under the working directory, and list what a backend
-missed in ``.looptrace/undelivered.jsonl``. ``isolate`` points both variables at a scratch directory of the test
-process (processes the tests start inherit it); ``snapshot`` and ``changes`` let the conftest fail a test, and the
-session, that changed the checkout's directory all the same (a test that clears the variables and keeps the
-checkout as its working directory, say).
+write to the default trace file, ``.looptrace/traces.jsonl`` under the working directory, list what a backend missed
+in ``.looptrace/undelivered.jsonl`` and keep paused runs in ``.looptrace/paused/``. The conftest runs every test in a
+directory of its own (its ``tmp_path``) with none of the variables that name those files elsewhere (``isolate``), so
+the defaults land there, and processes the tests start inherit both. ``snapshot`` and ``changes`` let it fail a test,
+and the session, that changed the checkout's directory all the same.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 GUARDED = CHECKOUT / ".looptrace"
-VARIABLES = ("LOOPTRACE_TRACE_FILE", "LOOPTRACE_UNDELIVERED_FILE")
+# What would send a run's files elsewhere than the test's directory: a user's own shell may export them.
+VARIABLES = ("LOOPTRACE_TRACE_FILE", "LOOPTRACE_UNDELIVERED_FILE", "LOOPTRACE_SPILL_FILE")
+
+
+def isolate() -> None:
+    """Forget the variables that name the trace file and the undelivered list: a user's own LOOPTRACE_TRACE_FILE must
+    not collect test runs, and a test that means to set one does."""
+    for name in VARIABLES:
+        os.environ.pop(name, None)
+
 
 Snapshot = dict[str, tuple[int, int]]
-
-
-def isolate() -> Path:
-    """Point the trace file and the undelivered list at a scratch directory removed when the process ends, whatever
-    the environment said (a user's own LOOPTRACE_TRACE_FILE must not collect test runs either)."""
-    scratch = Path(tempfile.mkdtemp(prefix="looptrace-tests-"))
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    os.environ["LOOPTRACE_TRACE_FILE"] = str(scratch / "traces.jsonl")
-    os.environ["LOOPTRACE_UNDELIVERED_FILE"] = str(scratch / "undelivered.jsonl")
-    os.environ.pop("LOOPTRACE_SPILL_FILE", None)  # the old name of the undelivered list's variable
-    return scratch
 
 
 def snapshot(directory: Path = GUARDED) -> Snapshot:

@@ -25,7 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 network_guard.install()
 _CHILD_GUARD = str(Path(__file__).parent / "child_network_guard")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_CHILD_GUARD, os.environ.get("PYTHONPATH")) if p)
-# Runs whose telemetry nobody configured write to the default trace file: a scratch one, never the checkout's.
+# Runs whose telemetry nobody configured write to the default trace file under the working directory: each test's
+# own (see _works_in_a_directory_of_its_own), never the checkout's.
 checkout_guard.isolate()
 _CHECKOUT_AT_START: checkout_guard.Snapshot = {}
 
@@ -109,6 +110,22 @@ def _detect_agrees_with_the_live_run(monkeypatch, tmp_path_factory):
     problems = recorder.disagreements(lambda: tmp_path_factory.mktemp("parity"))
     if problems:
         pytest.fail("detect disagrees with the live run: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_session_works_outside_the_checkout(tmp_path_factory):
+    """Module and session fixtures are set up before a test's own directory is made: they run in one of the
+    session's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session-directory"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _works_in_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Each test runs in its tmp_path: what a run writes under the working directory by default (the trace file, the
+    undelivered list, a paused run's state) lands there, in processes the test starts too."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -424,8 +424,9 @@ def default_telemetry(settings: Settings | None = None) -> Telemetry:
     Serves no Prometheus port (only configure() opens one: two defaults could not share it)."""
     settings = settings or Settings.from_env()
     names = settings.chosen_exporters()
-    key = (tuple(names), settings.sdk_span_settings, settings.trace_file, settings.undelivered_file,
-           settings.service_name,
+    # The files by their absolute paths: the same relative default names another file in another directory.
+    key = (tuple(names), settings.sdk_span_settings, os.path.abspath(settings.trace_file),
+           os.path.abspath(settings.undelivered_file), settings.service_name,
            repr(settings.langfuse), settings.langfuse.public_key if settings.langfuse else None,
            settings.otlp.endpoint, settings.otlp.protocol)
     with _default_lock:

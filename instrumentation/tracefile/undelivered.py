@@ -71,7 +71,7 @@ class UndeliveredList:
     ``trace_file`` is the file that holds the spans an exporter notes here (needed by ``append`` only)."""
 
     def __init__(self, path: str | os.PathLike[str], *, trace_file: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path)
+        self.path = Path(os.path.abspath(path))  # resolved now: a later change of directory must not move the list
         self.trace_file = None if trace_file is None else os.path.abspath(trace_file)
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._push_lock_path = self.path.with_name(self.path.name + ".push-lock")
