@@ -48,9 +48,17 @@ from looptrace.runtime import approvals
 from looptrace.runtime import policy as policies
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, Decision, PendingCall
-from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from looptrace.runtime.events import (
+    AnomalyDetected,
+    Event,
+    ModelResponded,
+    RunFinished,
+    TextStreamed,
+    ToolFinished,
+    TurnStarted,
+)
 from looptrace.runtime.limits import Budget, Limits
-from looptrace.runtime.models import AnthropicModel, Model
+from looptrace.runtime.models import AnthropicModel, Model, streamed_text_to
 from looptrace.runtime.pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from looptrace.runtime.result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
 from looptrace.runtime.state import PendingAnomaly, RunState, StateError, anomaly_from_dict
@@ -314,6 +322,9 @@ class Agent:
         return (yield from self._lifecycle(run, self._turns(run)))
 
     def _turns(self, run: _Run) -> Generator[_Effect, Any, RunStatus]:
+        prepared = yield _PrepareModel()  # the client's set-up is the run's time, before the first turn's spans
+        if isinstance(prepared, _Raised) and not isinstance(prepared.exc, Exception):
+            raise prepared.exc  # Ctrl-C; a failed set-up is met again, and reported, by the model call itself
         while True:
             if run.budget.turns >= (self.limits.max_turns or float("inf")):
                 return RunStatus.MAX_TURNS
@@ -354,7 +365,7 @@ class Agent:
         params = self._request(run.messages, run.budget, run.tool_definitions)
         started = time.perf_counter()
         wall_started = time.time()
-        outcome = yield _ModelCall(params, turn, run.budget.remaining_s())
+        outcome = yield _ModelCall(params, turn, run.budget.remaining_s(), self._text_observer(index))
         if isinstance(outcome, _Raised):  # the instrumented model already ended its chat span with the error
             turn.end(stop_reason=None)
             if not isinstance(outcome.exc, Exception):
@@ -749,6 +760,12 @@ class Agent:
         self._emit(RunFinished(result))
         return result
 
+    def _text_observer(self, turn: int) -> Callable[[str], None] | None:
+        """Where a streaming model call hands its text: the observer, as TextStreamed events (None: no one)."""
+        if self.on_event is None or not getattr(self._client, "stream", False):
+            return None
+        return lambda text: self._emit(TextStreamed(turn, text))
+
     def _emit(self, event: Event) -> None:
         if self.on_event is None:
             return
@@ -1016,19 +1033,37 @@ class _Effect:
 
 
 @dataclass(slots=True)
+class _PrepareModel(_Effect):
+    """The model's set-up (an AnthropicModel builds its client, importing the SDK), once a run has started and before
+    its first turn: counted on the run, not on the first model call. A model without ``prepare`` needs none."""
+
+    def perform_sync(self, agent: Agent) -> None:
+        prepare = getattr(agent.client, "prepare", None)
+        if callable(prepare):
+            prepare(asynchronous=False)
+
+    async def perform_async(self, agent: Agent) -> None:
+        prepare = getattr(agent.client, "prepare", None)
+        if callable(prepare):
+            prepare(asynchronous=True)
+
+
+@dataclass(slots=True)
 class _ModelCall(_Effect):
-    """The turn's model call, made with the turn current so that the instrumented model opens its chat span there."""
+    """The turn's model call, made with the turn current so that the instrumented model opens its chat span there;
+    a streaming call hands its text to ``on_text`` as it arrives."""
 
     params: dict[str, Any]
     turn: TurnTrace
     timeout_s: float | None
+    on_text: Callable[[str], None] | None = None
 
     def perform_sync(self, agent: Agent) -> Any:
-        with self.turn.activate():
+        with self.turn.activate(), streamed_text_to(self.on_text):
             return agent._model.create(self.params, timeout=self.timeout_s)
 
     async def perform_async(self, agent: Agent) -> Any:
-        with self.turn.activate():
+        with self.turn.activate(), streamed_text_to(self.on_text):
             return await agent._model.acreate(self.params, timeout=self.timeout_s)
 
 

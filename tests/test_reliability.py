@@ -359,12 +359,34 @@ def test_the_wall_clock_limit_holds_through_the_sdks_retries(api):
     api.add(*([Delay(5, answer())] * 3))
     client = anthropic.Anthropic(base_url=api.url, api_key="test-key")
     result = Agent(MODEL, client=client, limits=Limits(timeout_s=1.0), telemetry=False).run("go")
-    assert result.status is RunStatus.TIMEOUT and "did not finish within" in result.error
+    # Whichever noticed first, the run's own clock or the SDK's timeout of the attempt (given the time left), the
+    # run says it ran out of time (a busy machine decides which one does).
+    assert result.status is RunStatus.TIMEOUT and "did not finish within" in result.error, result.error
+    assert len(api.requests) == 1  # the SDK's retries did not give the call the whole limit again
     # The mechanism: a retry that would not fit in the time left is not made (the SDK's would give each attempt the
     # whole limit again).
     timed_out = anthropic.APITimeoutError(request=httpx2.Request("POST", api.url))
     assert _retry_delay(timed_out, 0, 2, time.monotonic() + 0.01) is None
     assert _retry_delay(timed_out, 0, 2, time.monotonic() + 60) is not None
+
+
+def test_a_run_whose_sdk_timeout_noticed_the_deadline_first_says_it_ran_out_of_time():
+    """The SDK's own read timeout (each attempt is given the time the run has left) reports first, before the run's
+    clock does: here for certain, since the transport holds the event loop until the read times out, as a busy
+    machine can. The run still says what happened in its own words."""
+    import anthropic
+    import httpx2
+
+    def read_times_out(request):
+        time.sleep(request.extensions["timeout"]["read"])  # blocking: the run's own timer cannot fire first
+        raise httpx2.ReadTimeout("timed out", request=request)
+
+    client = anthropic.AsyncAnthropic(api_key="test-key", base_url="http://127.0.0.1:9",
+                                      http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(read_times_out)))
+    result = asyncio.run(Agent(MODEL, client=client, limits=Limits(timeout_s=0.3), telemetry=False).arun("go"))
+    assert result.status is RunStatus.TIMEOUT
+    assert result.error.startswith("ModelCallTimeout: the model call did not finish within the ")
+    assert "its last attempt: APITimeoutError" in result.error
 
 
 def test_no_tool_is_started_once_the_runs_clock_has_run_out():
