@@ -116,7 +116,8 @@ def test_a_missing_key_is_one_clear_line(workdir, monkeypatch, capsys):
     code, out, err = run_cli(capsys, "run", "hello")
     assert code == 2 and out == ""
     assert err.strip() == ("looptrace: error: ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a "
-                           "proxy or a local server)")
+                           "proxy or a local server), or try the offline model: --model scripted:equipment "
+                           "(docs/cli.md)")
 
 
 @pytest.mark.parametrize("content, message", [
