@@ -1,0 +1,120 @@
+"""What a newcomer hits in the first hour on a fresh clone (issue 43): help texts that say what each command does and
+how it exits, listings that line up, empty and missing inputs said plainly, settings checked evenly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from looptrace.cli import main
+from looptrace.cli.app import build_parser
+from looptrace.runtime.result import RunStatus
+
+
+def help_of(*path: str) -> str:
+    parser = build_parser()
+    for name in path:
+        parser = next(a for a in parser._actions if a.dest in ("command", "traces_command", "mcp_command")).choices[name]
+    return " ".join(parser.format_help().split())
+
+
+# --- help ------------------------------------------------------------------------------------------------------------
+
+
+def test_traces_push_help_says_what_it_does():
+    text = help_of("traces", "push")
+    usage_ends = text.index("options:")
+    description = text[text.index("[--resend-interrupted]") + len("[--resend-interrupted]"):usage_ends].strip()
+    assert description.startswith("Send again what a backend"), description
+    assert "undelivered list" in description
+
+
+def test_the_top_level_help_says_traces_also_pushes():
+    text = help_of()
+    traces = text[text.index(" traces "):text.index(" replay ")]
+    assert "show" in traces and "list" in traces and "push" in traces, traces
+
+
+# --- traces list ------------------------------------------------------------------------------------------------------
+
+
+def root_line(number: int, status: str, name: str = "invoke_agent shop") -> str:
+    span = {"traceId": f"{number:032x}", "spanId": f"{number:016x}", "name": name,
+            "startTimeUnixNano": "1767225600000000000", "endTimeUnixNano": "1767225601000000000",
+            "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "invoke_agent"}},
+                           {"key": "looptrace.run.status", "value": {"stringValue": status}},
+                           {"key": "looptrace.run.turns", "value": {"intValue": "3"}}]}
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "s"}, "spans": [span]}]}]}) + "\n"
+
+
+def test_traces_list_columns_line_up_whatever_status_each_run_ended_with(tmp_path, capsys):
+    statuses = [status.value for status in RunStatus]
+    path = tmp_path / "traces.jsonl"
+    path.write_text("".join(root_line(n, status) for n, status in enumerate(statuses, start=1)))
+    assert main(["traces", "list", "--file", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[5] for line in lines] == statuses  # id, date, time, "invoke_agent shop", status
+    assert len({line.index("3 turns") for line in lines}) == 1, "\n".join(lines)
+
+
+# --- settings, checked evenly ------------------------------------------------------------------------------------------
+
+
+def settings_warning(capsys, monkeypatch, variable: str, value: str) -> str:
+    monkeypatch.setenv(variable, value)
+    assert main(["demo", "--json"]) == 0
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variable", ["LOOPTRACE_TRACE_FILE_MAX_BYTES", "LOOPTRACE_MAX_LINE_BYTES"])
+def test_a_negative_size_is_called_negative(workdir, capsys, monkeypatch, variable):
+    err = settings_warning(capsys, monkeypatch, variable, "-5")
+    assert f"{variable} is negative; the default (67,108,864 bytes) is used" in err
+
+
+@pytest.mark.parametrize("variable", ["LOOPTRACE_TRACE_FILE_MAX_BYTES", "LOOPTRACE_MAX_LINE_BYTES"])
+def test_a_mistyped_size_is_said_with_how_to_write_one(workdir, capsys, monkeypatch, variable):
+    err = settings_warning(capsys, monkeypatch, variable, "64 megabytes")
+    assert f"{variable} is not a size (write bytes, or a number with KiB, MiB or GiB" in err
+
+
+@pytest.mark.parametrize("value, size", [("1048576", 2**20), ("64MiB", 64 * 2**20), ("64MB", 64 * 10**6),
+                                         ("1.5 GiB", 3 * 2**29), ("0", 0)])
+def test_a_size_takes_the_units_people_write(value, size):
+    from looptrace.instrumentation.settings import Settings
+
+    settings = Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": value})
+    assert (settings.trace_file_max_bytes, settings.ignored) == (size, ())
+
+
+def test_a_line_limit_below_its_floor_is_said(workdir, capsys, monkeypatch):
+    err = settings_warning(capsys, monkeypatch, "LOOPTRACE_MAX_LINE_BYTES", "10")
+    assert "LOOPTRACE_MAX_LINE_BYTES is below its floor; 1,024 bytes is used" in err
+
+
+@pytest.mark.parametrize("variable", ["LANGFUSE_BASE_URL", "LANGFUSE_HOST"])
+@pytest.mark.parametrize("value", ["not-a-url", "cloud.langfuse.com", "ftp://cloud.langfuse.com", "https://",
+                                   "sk-lf-123-pasted-into-the-wrong-variable"])
+def test_a_langfuse_url_that_is_no_url_is_refused_up_front(workdir, capsys, monkeypatch, variable, value):
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk-lf-1")
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk-lf-1")
+    monkeypatch.delenv("LANGFUSE_BASE_URL", raising=False)
+    monkeypatch.setenv(variable, value)
+    assert main(["demo"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"looptrace: error: {variable} is not a URL")
+    assert "write it as https://cloud.langfuse.com" in err and len(err.strip().splitlines()) == 1
+    assert "sk-lf-123" not in err  # the value is never repeated: it may be a secret set by mistake
+    assert not (workdir / ".looptrace").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("value", ["not-a-url", "localhost:8080", "https://"])
+def test_an_anthropic_base_url_that_is_no_url_is_refused_before_the_run(workdir, capsys, monkeypatch, value):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", value)
+    assert main(["run", "hello"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("looptrace: error: ANTHROPIC_BASE_URL is not a URL")
+    assert "https://api.anthropic.com" in err and len(err.strip().splitlines()) == 1
+    assert not (workdir / ".looptrace").exists()
