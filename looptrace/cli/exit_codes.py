@@ -39,13 +39,21 @@ EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] 
 )
 
 
-def _help_text() -> str:
-    lines = ["exit codes: (the table: docs/exit-codes.md)"]
+def exit_code_help(command: str | None = None) -> str:
+    """The exit codes as `--help` ends: the whole table (``looptrace --help``), or only the rows of one ``command``
+    (``"run"``, ``"traces show"``): what that command can exit with, as docs/exit-codes.md lists it."""
+    where = "every command's" if command else "the table"
+    lines = [f"exit codes: ({where}: docs/exit-codes.md)"]
     for codes, commands, meaning in EXIT_CODE_TABLE:
+        if command is not None and commands != EVERY and command not in commands:
+            continue
         numbers = f"{codes[0]}-{codes[-1]}" if len(codes) > 2 else ", ".join(map(str, codes))
-        who = commands if isinstance(commands, str) else ", ".join(commands)
-        lines.append(f"  {numbers:<6} {who}: {meaning}")
+        if command is None:
+            who = commands if isinstance(commands, str) else ", ".join(commands)
+            lines.append(f"  {numbers:<6} {who}: {meaning}")
+        else:
+            lines.append(f"  {numbers:<6} {meaning}")
     return "\n".join(lines)
 
 
-EXIT_CODE_HELP = _help_text()
+EXIT_CODE_HELP = exit_code_help()

@@ -55,7 +55,7 @@ def add_trace_commands(commands: Any) -> None:
     detect.set_defaults(command_parser=detect, handler=detect_command)
 
     traces = commands.add_parser(
-        "traces", help="read the local trace file",
+        "traces", help="show and list the runs in the local trace file; push what a backend could not take",
         description="Read the local trace file (OTLP/JSON lines, as the file exporter writes them) or send on what a "
                     "backend could not take.",
         epilog="exit codes: see each subcommand's --help (looptrace traces show --help)",
@@ -95,6 +95,10 @@ def add_trace_commands(commands: Any) -> None:
     push = traces_commands.add_parser(
         "push", help="send the spans and scores a backend could not take earlier (read back from the trace file), "
                      "never twice",
+        description="Send again what a backend (Langfuse, an OTLP endpoint) could not take when the run ended: the "
+                    "undelivered list names the spans by id and keeps the Langfuse scores; the spans themselves are "
+                    "read back from the trace files it names. Each is sent to the backend that missed it (or only "
+                    "to --to), at most once: what was delivered leaves the list.",
         epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
                "pending and are listed)\n  1   some spans are still pending because their backend failed again, "
                "were held back (a request may have delivered them: --resend-interrupted), or are lost (no trace file "
