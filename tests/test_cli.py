@@ -226,7 +226,7 @@ def test_traces_show_on_an_unreadable_file(workdir, capsys, setup, message):
 def test_traces_show_on_an_empty_file(workdir, capsys):
     (workdir / "empty.jsonl").write_text("")
     code, _, err = run_cli(capsys, "traces", "show", "--file", str(workdir / "empty.jsonl"))
-    assert code == 3 and "no traces" in err
+    assert code == 2 and "holds no OTLP/JSON spans (it is empty)" in err  # as detect, list and replay say
 
 
 def test_help_lists_the_commands_and_exit_codes(capsys):

@@ -58,6 +58,40 @@ def test_traces_list_columns_line_up_whatever_status_each_run_ended_with(tmp_pat
     assert len({line.index("3 turns") for line in lines}) == 1, "\n".join(lines)
 
 
+# --- reading trace files: missing, empty, an empty id -------------------------------------------------------------------
+
+READERS = [["traces", "show"], ["traces", "list"], ["detect"], ["replay"]]
+
+
+@pytest.mark.parametrize("command", READERS, ids=" ".join)
+def test_a_missing_trace_file_says_how_to_make_one(workdir, capsys, command):
+    assert main(command) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "cannot read trace file .looptrace/traces.jsonl: No such file or directory" in err
+    assert "`looptrace demo` writes one" in err
+
+
+@pytest.mark.parametrize("command", READERS, ids=" ".join)
+def test_an_empty_trace_file_is_the_same_usage_error_for_every_reader(workdir, capsys, command):
+    (workdir / "empty.jsonl").write_text("")
+    file = ["empty.jsonl"] if command == ["detect"] else ["--file", "empty.jsonl"]
+    assert main([*command, *file]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("looptrace: error: empty.jsonl holds no OTLP/JSON spans (it is empty); is it a trace "
+                           "file?"), err
+
+
+@pytest.mark.parametrize("command", [["traces", "show"], ["replay"]], ids=" ".join)
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_trace_id_is_refused_not_taken_for_the_latest_run(workdir, capsys, command, empty):
+    assert main(["demo", "--json"]) == 0
+    capsys.readouterr()
+    assert main([*command, "--trace-id", empty]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("looptrace: error: --trace-id is empty: give a trace id or its first digits")
+
+
 # --- settings, checked evenly ------------------------------------------------------------------------------------------
 
 

@@ -80,11 +80,12 @@ def add_replay_command(commands: Any) -> None:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    from looptrace.cli.trace_reading import trace_file_of
+    from looptrace.cli.trace_reading import trace_file_of, trace_id_prefix
     from looptrace.replay import NotReplayable, rebuild_run
 
-    if args.all and (args.trace_id or args.pytest):
+    if args.all and (args.trace_id is not None or args.pytest):
         raise UsageError("--all replays every run; --trace-id and --pytest are for one run")
+    trace_id = trace_id_prefix(args.trace_id)
     detector = detector_config(args)
     tools = tools_of(args)
     path, max_line_bytes = trace_file_of(args)
@@ -92,9 +93,9 @@ def replay_command(args: argparse.Namespace) -> int:
         from looptrace.cli.replay_table import replay_all
 
         return replay_all(path, args, tools=tools, detector=detector, max_line_bytes=max_line_bytes)
-    spans = _one_trace(path, args.trace_id, max_line_bytes)
+    spans = _one_trace(path, trace_id, max_line_bytes)
     if spans is None:
-        what = f"no trace {args.trace_id!r}" if args.trace_id else "no traces"
+        what = f"no trace {trace_id!r}" if trace_id else "no traces"
         print(f"looptrace: {what} in {path}", file=sys.stderr)
         return EXIT_NOT_FOUND
     try:
@@ -159,6 +160,6 @@ def _one_trace(path: Path, trace_id: str | None, max_line_bytes: int) -> list[An
     from looptrace.cli.trace_reading import LineReporter
 
     with LineReporter(path, max_line_bytes) as report:
-        spans = _find_trace(path, (trace_id or "").lower() or None, report)
-        report.finish(spans_required=report.bad > 0)  # a log or a binary file is refused as `traces show` does
+        spans = _find_trace(path, trace_id, report)
+        report.finish(spans_required=True)  # an empty file, a log or a binary file is refused as `traces show` does
     return spans

@@ -67,9 +67,9 @@ def add_trace_commands(commands: Any) -> None:
                     "each tool call with its arguments and result (when content was captured). Without --trace-id, "
                     "the run that ended last. Malformed lines are named on stderr and skipped.",
         epilog="exit codes:\n  0   the run was shown\n"
-               "  2   unreadable file, a file whose lines hold no OTLP/JSON span (a log, a binary file),\n"
-               "      a trace id prefix that matches more than one trace, or a bad flag\n"
-               "  3   no such trace (or an empty file: no trace yet)\n"
+               "  2   unreadable or missing file, a file holding no OTLP/JSON span (empty, a log, a binary file),\n"
+               "      a trace id prefix that matches more than one trace (or is empty), or a bad flag\n"
+               "  3   no such trace\n"
                "  141 stdout closed early (e.g. `| head`)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     show.add_argument("--file", type=Path,
