@@ -15,6 +15,7 @@ from looptrace.cli.running import (
     add_anomaly_flag,
     add_export_flags,
     close,
+    deliver_outcome,
     execute,
     export_overrides,
     print_json,
@@ -74,19 +75,24 @@ def demo_command(args: argparse.Namespace) -> int:
         approver.view = live
         result = settle_asked(agent, result, approver, telemetry)
     try:
-        if args.json:
-            print_json(result, out)
-        else:
-            out.write(f"final answer: {result.final_text or '(none)'}\n")
-            for anomaly in result.anomalies:
-                first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
-                turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
-                out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
-            out.write("\n")
-            _show_written_trace(telemetry, result, out, "--exporter" if args.exporter else None)
+        deliver_outcome(lambda: _write_outcome(args, telemetry, result, out))
     finally:
         close(telemetry)  # whatever happens to stdout, the spans are delivered or listed as undelivered
     return EXIT_CODES[result.status]
+
+
+def _write_outcome(args: argparse.Namespace, telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+    """The final answer, what was flagged and the trace tree (or the RunResult as JSON)."""
+    if args.json:
+        print_json(result, out)
+        return
+    out.write(f"final answer: {result.final_text or '(none)'}\n")
+    for anomaly in result.anomalies:
+        first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+        turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+        out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
+    out.write("\n")
+    _show_written_trace(telemetry, result, out, "--exporter" if args.exporter else None)
 
 
 def _terminal_for_asking(args: argparse.Namespace) -> TerminalApprover | None:

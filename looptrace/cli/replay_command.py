@@ -104,18 +104,19 @@ def replay_command(args: argparse.Namespace) -> int:
     except NotReplayable as exc:
         print(f"looptrace: cannot replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from looptrace.cli.running import EXIT_CODES, deliver_outcome
+
     if args.json:
-        sys.stdout.write(json.dumps(replayed.to_dict(), ensure_ascii=False, default=str) + "\n")
+        deliver_outcome(lambda: sys.stdout.write(json.dumps(replayed.to_dict(), ensure_ascii=False, default=str)
+                                                 + "\n"))
     else:
-        show(replayed, args, sys.stdout)
+        deliver_outcome(lambda: show(replayed, args, sys.stdout))
     if args.pytest is not None:
         from looptrace.cli.replay_pytest import write_regression_test
 
         write_regression_test(args.pytest, replayed.recorded, tools_file=Path(args.tools) if args.tools else None)
         print(f"looptrace: wrote {args.pytest}: a regression test of run {recorded.trace_id[:12]} "
               f"(run it with: pytest {args.pytest})", file=sys.stderr)
-    from looptrace.cli.running import EXIT_CODES
-
     return EXIT_CODES[replayed.result.status]
 
 

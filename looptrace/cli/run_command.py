@@ -18,6 +18,7 @@ from looptrace.cli.running import (
     add_anomaly_flag,
     add_export_flags,
     close,
+    deliver_outcome,
     execute,
     export_overrides,
     print_json,
@@ -147,10 +148,10 @@ def report(args: argparse.Namespace, telemetry: Telemetry, result: RunResult, op
         if result.state is not None:
             _write_state(args, result, options)
         if args.json:
-            print_json(result, sys.stdout)
+            deliver_outcome(lambda: print_json(result, sys.stdout))
         else:
             if result.final_text:
-                print(result.final_text)
+                deliver_outcome(lambda: print(result.final_text))
             if result.error:
                 print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
             _point_at_trace(telemetry, result, sys.stderr, "--exporter" if args.exporter else None)
