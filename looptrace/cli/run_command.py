@@ -90,7 +90,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the agent on the task; the final answer on stdout, the live view and where the trace went on stderr."""
     from opentelemetry import context as otel_context
 
-    from looptrace.cli.offline_model import is_scripted
+    from looptrace.cli.offline_model import is_scripted, scripted_model
     from looptrace.instrumentation.export import setup as telemetry_setup
     from looptrace.instrumentation.recording.labels import checked, run_labels
     from looptrace.runtime.mcp_servers import MCPServerUnavailable
@@ -100,7 +100,9 @@ def run_command(args: argparse.Namespace) -> int:
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
                              traceparent=args.traceparent or None, judge=args.judge or None)
-    if not is_scripted(settings.model):
+    if is_scripted(settings.model):
+        scripted_model(settings.model)  # a script that cannot be read is said before anything else
+    else:
         check_anthropic_environment()
     options = agent_options(args)
     tools = load_tools(Path(args.tools)) if args.tools else []

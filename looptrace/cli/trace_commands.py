@@ -49,8 +49,11 @@ def add_trace_commands(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     detect.add_argument("file", nargs="?", type=Path,
                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
-    detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
+    detect.add_argument("--json", action="store_true",
+                        help="one JSON object per line for each run shown: those with anomalies or with tool errors "
+                             "left unresolved (every run with --all)")
+    detect.add_argument("--all", action="store_true",
+                        help="also list the runs with neither anomalies nor unresolved tool errors")
     add_langfuse_arguments(detect)
     detect.set_defaults(command_parser=detect, handler=detect_command)
 
