@@ -155,7 +155,7 @@ def close(telemetry: Telemetry) -> None:
         print(notice, file=sys.stderr)
 
 
-def deliver_outcome(write: Callable[[], None]) -> None:
+def deliver_outcome(write: Callable[[], object]) -> None:
     """Write a run's outcome to stdout with ``write``. A reader that went away (`looptrace demo | head -3`) ends the
     writing quietly, and only the writing: the run is over and its trace saved, so its status stays the exit code,
     whether the reader left before or after the last line (which a pipe decides by timing, not the run)."""
