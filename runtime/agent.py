@@ -58,7 +58,7 @@ from looptrace.runtime.events import (
     TurnStarted,
 )
 from looptrace.runtime.limits import Budget, Limits
-from looptrace.runtime.models import AnthropicModel, Model, streamed_text_to
+from looptrace.runtime.models import AnthropicModel, Model, aprepare_model, prepare_model, streamed_text_to
 from looptrace.runtime.pricing import DEFAULT_PRICES, Price, cost_usd, price_for
 from looptrace.runtime.result import STATUS_FOR_STOP_REASON, RunResult, RunStatus
 from looptrace.runtime.state import PendingAnomaly, RunState, StateError, anomaly_from_dict
@@ -322,9 +322,10 @@ class Agent:
         return (yield from self._lifecycle(run, self._turns(run)))
 
     def _turns(self, run: _Run) -> Generator[_Effect, Any, RunStatus]:
-        prepared = yield _PrepareModel()  # the client's set-up is the run's time, before the first turn's spans
-        if isinstance(prepared, _Raised) and not isinstance(prepared.exc, Exception):
-            raise prepared.exc  # Ctrl-C; a failed set-up is met again, and reported, by the model call itself
+        # The client's set-up is the run's time, before the first turn's spans (and bounded by the run's clock).
+        prepared = yield _PrepareModel(run.budget.remaining_s())
+        if isinstance(prepared, _Raised):
+            raise prepared.exc  # Ctrl-C: a failed set-up is met again, and reported, by the model call itself
         while True:
             if run.budget.turns >= (self.limits.max_turns or float("inf")):
                 return RunStatus.MAX_TURNS
@@ -1035,17 +1036,15 @@ class _Effect:
 @dataclass(slots=True)
 class _PrepareModel(_Effect):
     """The model's set-up (an AnthropicModel builds its client, importing the SDK), once a run has started and before
-    its first turn: counted on the run, not on the first model call. A model without ``prepare`` needs none."""
+    its first turn: counted on the run, not on the first model call, and waited for no longer than the run's time."""
+
+    timeout_s: float | None
 
     def perform_sync(self, agent: Agent) -> None:
-        prepare = getattr(agent.client, "prepare", None)
-        if callable(prepare):
-            prepare(asynchronous=False)
+        prepare_model(agent.client, timeout_s=self.timeout_s)
 
     async def perform_async(self, agent: Agent) -> None:
-        prepare = getattr(agent.client, "prepare", None)
-        if callable(prepare):
-            prepare(asynchronous=True)
+        await aprepare_model(agent.client, timeout_s=self.timeout_s)
 
 
 @dataclass(slots=True)

@@ -186,6 +186,42 @@ class AnthropicModel:
         return raw.http_response.json()
 
 
+def prepare_model(model: Any, *, timeout_s: float | None) -> None:
+    """``model.prepare()`` when the model has one (an AnthropicModel builds its client), waiting at most ``timeout_s``,
+    the time the run has left: a set-up slower than that leaves the run to time out, as a late model call would,
+    instead of holding it past its limit. A set-up that fails is left to the first call, which meets the failure again
+    and reports it where a failed call is reported."""
+    prepare = getattr(model, "prepare", None)
+    if not callable(prepare):
+        return
+    if timeout_s is None:
+        _quietly(prepare, asynchronous=False)
+        return
+    worker = threading.Thread(target=_quietly, args=(prepare,), kwargs={"asynchronous": False},
+                              name="looptrace-model-prepare", daemon=True)
+    worker.start()
+    worker.join(max(timeout_s, 0.0))
+
+
+async def aprepare_model(model: Any, *, timeout_s: float | None) -> None:
+    """``prepare_model`` for asyncio: the set-up runs on a thread, so the event loop is not held by it either."""
+    prepare = getattr(model, "prepare", None)
+    if not callable(prepare):
+        return
+    work = asyncio.ensure_future(asyncio.to_thread(_quietly, prepare, asynchronous=True))
+    try:
+        await asyncio.wait_for(asyncio.shield(work), timeout=None if timeout_s is None else max(timeout_s, 0.0))
+    except TimeoutError:
+        pass  # the run's clock ran out first: the run says so
+
+
+def _quietly(prepare: Callable[..., Any], **options: Any) -> None:
+    try:
+        prepare(**options)
+    except Exception:  # noqa: BLE001 - met again, and reported, by the first model call
+        pass
+
+
 class ServerDidNotStream(RuntimeError):
     """A streaming call whose answer held no server-sent event: a server (a proxy, a local stand-in) that answers a
     streaming request as if it were not one. The SDK would otherwise fail on an empty stream with a bare assertion."""

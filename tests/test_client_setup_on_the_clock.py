@@ -6,11 +6,11 @@ importing the SDK)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anthropic
 import pytest
-from fakes.messages_api import Delay
 
 from looptrace import Agent, Limits
 from looptrace.testing import CapturedSpans
@@ -39,15 +39,33 @@ def slow_client(monkeypatch):
     monkeypatch.setattr(anthropic, "Anthropic", SlowToBuild)
 
 
-def test_the_client_set_up_counts_against_timeout_s(api, slow_client):
-    api.add(Delay(30, {"content": [{"type": "text", "text": "too late"}]}))  # an answer that never comes in time
+class TooSlowToBuild(anthropic.Anthropic):
+    """A set-up far slower than the run's limit (a cold import on a loaded machine)."""
+
+    SET_UP_S = 20.0
+    started = threading.Event()
+    finished = threading.Event()
+
+    def __init__(self, *args, **kwargs) -> None:
+        TooSlowToBuild.started.set()
+        TooSlowToBuild.finished.wait(self.SET_UP_S)  # the test ends the wait once it has looked
+        super().__init__(*args, **kwargs)
+
+
+def test_the_client_set_up_counts_against_timeout_s(api, monkeypatch):
+    monkeypatch.setattr(anthropic, "Anthropic", TooSlowToBuild)
+    TooSlowToBuild.started.clear()
+    TooSlowToBuild.finished.clear()
     spans = CapturedSpans()
-    timeout_s = SET_UP_S
-    result = Agent("claude-sonnet-5-5", limits=Limits(timeout_s=timeout_s), tracer_provider=spans.provider).run("hi")
-    assert result.status.value == "timeout", (result.status, result.error)
-    root = spans.one("invoke_agent")
-    overshoot_s = (root.end_time - root.start_time) / 1e9 - timeout_s
-    assert overshoot_s < SET_UP_S / 2  # off the clock, the set-up would make the run overshoot by all of it
+    try:
+        result = Agent("claude-sonnet-5-5", limits=Limits(timeout_s=0.5), tracer_provider=spans.provider).run("hi")
+        # The mechanism, not a duration: the run ended on its limit while its client was still being built.
+        assert TooSlowToBuild.started.is_set() and not TooSlowToBuild.finished.is_set()
+    finally:
+        TooSlowToBuild.finished.set()
+    assert result.status.value == "timeout" and result.turns == 0, (result.status, result.error)
+    assert spans.one("invoke_agent").attributes["looptrace.run.status"] == "timeout"
+    assert api.requests == []  # nothing was sent on a clock that had run out
 
 
 def test_the_client_is_built_inside_the_run_before_its_first_turn(api, slow_client):

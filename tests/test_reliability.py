@@ -205,7 +205,8 @@ def test_a_signal_mid_model_call_saves_a_valid_trace(tmp_path, signum, code, wor
         env = {**os.environ, "ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "test-key"}
         process = subprocess.Popen([*CLI, "run", "wait for the model"], cwd=tmp_path, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _wait_for(lambda: fake.requests)
+        _wait_for(lambda: fake.requests, timeout=300)  # a loaded machine may take long to start the process
+        assert fake.requests, "the run never called the model"  # the signal must come mid-call, as the name says
         time.sleep(0.3)
         process.send_signal(signum)
         _, err = process.communicate(timeout=30)
