@@ -65,7 +65,9 @@ class Alerts:
         self.callback = callback
         self.log_warnings = log_warnings
         # (trace_id, anomaly type) already posted: one post each. Bounded, for services that run for months.
-        self._posted: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._posted: OrderedDict[tuple[str, ...], None] = OrderedDict()
+        # (run, anomaly type, streak) already logged: one log line per streak.
+        self._logged: OrderedDict[tuple[str, ...], None] = OrderedDict()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -77,8 +79,10 @@ class Alerts:
     def send(self, anomaly: Anomaly, context: AlertContext) -> None:
         """Every alert of one report (the sinks it is part of decided it is news: ``AnomalySinks.send``)."""
         # Each streak is logged once: a streak nudged and then stopped is still one anomaly (the callback hears
-        # the stop too, and the webhook posts once per run and type anyway).
-        if self.log_warnings and not anomaly.is_update:
+        # the stop too, and the webhook posts once per run and type anyway). Once per streak as this instance saw it,
+        # not "its first firing": `looptrace watch` often first sees a loop already past it (a run's spans arrive in
+        # one request), and must still say it.
+        if self.log_warnings and self._first_report(context.conversation or context.trace_id, anomaly):
             log.warning(
                 "loop_anomaly",
                 anomaly_type=anomaly.type,
@@ -114,14 +118,21 @@ class Alerts:
         for thread in threads:
             thread.join(None if until is None else max(until - time.monotonic(), 0.0))
 
+    def _first_report(self, run: str, anomaly: Anomaly) -> bool:
+        """Whether this instance has not logged the streak of ``anomaly`` in ``run`` yet."""
+        return self._remember(self._logged, (run, anomaly.type, anomaly.streak))
+
     def _first_of_its_kind(self, trace_id: str, anomaly_type: str) -> bool:
+        return self._remember(self._posted, (trace_id, anomaly_type))
+
+    def _remember(self, seen: OrderedDict[tuple[str, ...], None], key: tuple[str, ...]) -> bool:
+        """True the first time ``key`` is seen. Bounded, for services that run for months."""
         with self._lock:
-            key = (trace_id, anomaly_type)
-            if key in self._posted:
+            if key in seen:
                 return False
-            self._posted[key] = None
-            if len(self._posted) > _MAX_REMEMBERED_POSTS:
-                self._posted.popitem(last=False)
+            seen[key] = None
+            if len(seen) > _MAX_REMEMBERED_POSTS:
+                seen.popitem(last=False)
             return True
 
     def _post(self, payload: dict[str, Any]) -> None:

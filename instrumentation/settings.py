@@ -274,6 +274,22 @@ class OtlpSettings:
         return self
 
 
+def http_url_problem(variable: str, url: str, example: str) -> str | None:
+    """Why ``url`` (the value of ``variable``) is not an http(s) URL with a host, naming the variable and showing
+    ``example`` (never the value: it may be a credential set by mistake); None when it is one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # .port raises for a port that is not a number
+    except ValueError:
+        return f"{variable} is not a URL; write it as {example}"
+    if parts.scheme in ("http", "https") and host:
+        return None
+    missing = "http:// or https://" if parts.scheme not in ("http", "https") else "a host"
+    return f"{variable} is not a URL (it has no {missing}); write it as {example}"
+
+
 def _endpoint_problem(variable: str, endpoint: str, protocol: str) -> str | None:
     """Why an OTLP endpoint cannot be sent to, naming the variable that set it; None when it can. HTTP needs an
     http(s) URL with a host; gRPC also takes the bare ``host:port`` its exporter accepts."""
@@ -320,12 +336,19 @@ class LangfuseSettings:
         ``LANGFUSE_TIMEOUT`` is in seconds, as in the Langfuse SDK."""
         env = _Env(os.environ if environ is None else environ)
         public, secret = env.get("LANGFUSE_PUBLIC_KEY"), env.get("LANGFUSE_SECRET_KEY")
-        base = env.get("LANGFUSE_BASE_URL") or env.get("LANGFUSE_HOST") or LANGFUSE_DEFAULT_BASE_URL
+        base_variable, base = env.first("LANGFUSE_BASE_URL", "LANGFUSE_HOST") or ("", LANGFUSE_DEFAULT_BASE_URL)
         timeout = env.get("LANGFUSE_TIMEOUT")
         environment, release = env.get("LANGFUSE_TRACING_ENVIRONMENT"), env.get("LANGFUSE_RELEASE")
         cache_home = (env.get("XDG_CACHE_HOME") or "").strip()
         if not (public and secret):
             return None
+        # Checked here, as an OTLP endpoint is: sent to as it is, it would fail every export and score with a
+        # message about the request, not the setting.
+        unusable = base_variable and http_url_problem(
+            base_variable, base, "https://cloud.langfuse.com (https://us.cloud.langfuse.com, or your own host, "
+            "e.g. http://localhost:3000)")
+        if unusable:
+            raise ConfigurationError(unusable)
         try:
             timeout_s = float(timeout) if timeout else DEFAULT_TIMEOUT_S
         except ValueError:
@@ -464,7 +487,7 @@ class Settings:
             trace_file=Path(env.get("LOOPTRACE_TRACE_FILE") or DEFAULT_TRACE_FILE),
             undelivered_file=Path(env.get("LOOPTRACE_UNDELIVERED_FILE") or _deprecated_spill_file(env)
                                   or DEFAULT_UNDELIVERED_FILE),
-            trace_file_max_bytes=_count(env, "LOOPTRACE_TRACE_FILE_MAX_BYTES", ignored, DEFAULT_TRACE_FILE_MAX_BYTES),
+            trace_file_max_bytes=_size(env, "LOOPTRACE_TRACE_FILE_MAX_BYTES", ignored, DEFAULT_TRACE_FILE_MAX_BYTES),
             trace_file_backups=_count(env, "LOOPTRACE_TRACE_FILE_BACKUPS", ignored, DEFAULT_TRACE_FILE_BACKUPS),
             prometheus_port=_port(env.get("LOOPTRACE_PROMETHEUS_PORT")),
             model=env.get("LOOPTRACE_MODEL") or DEFAULT_MODEL,
@@ -623,19 +646,53 @@ def _count(env: _Env, name: str, ignored: list[str], default: int) -> int:
         return default
     if value.strip().isdigit():
         return int(value)
-    ignored.append(f"{name} is not a whole number; the default ({default:,}) is used")
+    problem = "is negative" if re.fullmatch(r"-\s*\d+", value.strip()) else "is not a whole number"
+    ignored.append(f"{name} {problem}; the default ({default:,}) is used")
     return default
 
 
-def _max_line_bytes(value: str | None, ignored: list[str]) -> int:
-    """A whole number of bytes, raised to the 1 KiB floor; unset is the default, and so is anything that is not a
-    number, said (``ignored``)."""
+# Sizes in bytes: a number, or a number and a unit; KB, MB and GB count in thousands, KiB, MiB and GiB in 1,024s.
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+SIZE_HINT = "write bytes, or a number with KiB, MiB or GiB (or KB, MB, GB), e.g. 64MiB"
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"1048576"``, ``"64MiB"``, ``"1.5 GB"``; ValueError naming what is wrong (never the text)."""
+    match = re.fullmatch(r"(-?)\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)", text.strip())
+    if match is None or match.group(3).lower() not in _SIZE_UNITS:
+        raise ValueError(f"is not a size ({SIZE_HINT})")
+    if match.group(1):
+        raise ValueError("is negative")
+    return int(float(match.group(2)) * _SIZE_UNITS[match.group(3).lower()])
+
+
+def _size(env: _Env, name: str, ignored: list[str], default: int) -> int:
+    """A size in bytes, 0 included, from ``name`` (``parse_size``); unset is ``default``, and so is anything else,
+    said."""
+    value = env.get(name)
+    if value is None:
+        return default
     try:
-        return max(int(value), MIN_MAX_LINE_BYTES) if value else DEFAULT_MAX_LINE_BYTES
-    except ValueError:
-        ignored.append(f"{MAX_LINE_BYTES_VARIABLE} is not a whole number of bytes; the default "
-                       f"({DEFAULT_MAX_LINE_BYTES:,}) is used")
+        return parse_size(value)
+    except ValueError as problem:
+        ignored.append(f"{name} {problem}; the default ({default:,} bytes) is used")
+        return default
+
+
+def _max_line_bytes(value: str | None, ignored: list[str]) -> int:
+    """A size in bytes (``parse_size``), raised to the 1 KiB floor, said; unset is the default, and so is anything
+    that is not a size, said (``ignored``)."""
+    if not value:
         return DEFAULT_MAX_LINE_BYTES
+    try:
+        size = parse_size(value)
+    except ValueError as problem:
+        ignored.append(f"{MAX_LINE_BYTES_VARIABLE} {problem}; the default ({DEFAULT_MAX_LINE_BYTES:,} bytes) is used")
+        return DEFAULT_MAX_LINE_BYTES
+    if size < MIN_MAX_LINE_BYTES:
+        ignored.append(f"{MAX_LINE_BYTES_VARIABLE} is below its floor; {MIN_MAX_LINE_BYTES:,} bytes is used")
+        return MIN_MAX_LINE_BYTES
+    return size
 
 
 def _port(value: str | None) -> int | None:

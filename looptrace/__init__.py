@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "RunFinished": "looptrace.runtime.events",
     "ToolFinished": "looptrace.runtime.events",
     "TurnStarted": "looptrace.runtime.events",
+    "TextStreamed": "looptrace.runtime.events",
     "Limits": "looptrace.runtime.limits",
     "AnthropicModel": "looptrace.runtime.models",
     "Model": "looptrace.runtime.models",
@@ -81,6 +82,7 @@ __all__ = [
     "Settings",
     "StateError",
     "Telemetry",
+    "TextStreamed",
     "Tool",
     "ToolCall",
     "ToolFinished",
@@ -100,7 +102,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from looptrace.instrumentation.settings import Settings
     from looptrace.runtime.agent import Agent, RunInterrupted
     from looptrace.runtime.approvals import ApprovalRequest, Decision, PendingCall, approve, reject
-    from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+    from looptrace.runtime.events import (
+        AnomalyDetected,
+        Event,
+        ModelResponded,
+        RunFinished,
+        TextStreamed,
+        ToolFinished,
+        TurnStarted,
+    )
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.mcp_servers import MCPServerHTTP, MCPServerStdio
     from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel

@@ -23,10 +23,12 @@ Nothing a replay does leaves the process: its Agent records no spans and sends n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +180,8 @@ def replay(recorded: RecordedRun, *, tools: Sequence[Tool] | None = None, limits
         telemetry=False, alerts=Alerts(log_warnings=False), capture_content=True,
         settings=settings if settings is not None else Settings(),
     )
-    result = agent.run(recorded.task, session_id=None)
+    with _past_the_recording_unlogged():
+        result = agent.run(recorded.task, session_id=None)
     notes = list(recorded.notes)
     if recorded.status == "timeout":
         notes.append("the recorded run ended on its wall-clock limit, which a replay (it never waits) cannot reach")
@@ -191,6 +194,28 @@ def replay(recorded: RecordedRun, *, tools: Sequence[Tool] | None = None, limits
     return Replay(recorded=recorded, result=result, anomalies=tracker.anomalies,
                   diff=compare(recorded.anomalies, tracker.anomalies), past_recording_turn=tracker.past_turn,
                   own_tools=own_tools, notes=tuple(notes))
+
+
+class _PastTheRecordingIsNoFailure(logging.Filter):
+    """Drops the loop's ``model_call_failed`` warning for a replay that went past its recording: no call failed, and
+    the replay's outcome (``Replay.past_recording_turn``) says what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = getattr(record, "looptrace", None)
+        return not (isinstance(fields, dict) and fields.get("event") == "model_call_failed"
+                    and str(fields.get("error", "")).startswith(PastTheRecording.__name__))
+
+
+@contextlib.contextmanager
+def _past_the_recording_unlogged() -> Iterator[None]:
+    from looptrace.instrumentation.logs import logger
+
+    quiet = _PastTheRecordingIsNoFailure()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def replay_limits(recorded: RecordedRun) -> Limits:

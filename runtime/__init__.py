@@ -15,7 +15,7 @@ _EXPORTS: dict[str, str] = {
     "reject": "approvals",
     "RunState": "state", "StateError": "state",
     "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
-    "ToolFinished": "events", "TurnStarted": "events",
+    "TextStreamed": "events", "ToolFinished": "events", "TurnStarted": "events",
     "Limits": "limits",
     "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models",
     "Price": "pricing",
@@ -42,6 +42,7 @@ __all__ = [
     "RunStatus",
     "ScriptedModel",
     "StateError",
+    "TextStreamed",
     "Tool",
     "ToolFinished",
     "TurnStarted",
@@ -54,7 +55,15 @@ __all__ = [
 if TYPE_CHECKING:
     from looptrace.runtime.agent import Agent, RunInterrupted
     from looptrace.runtime.approvals import ApprovalRequest, Decision, PendingCall, approve, reject
-    from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+    from looptrace.runtime.events import (
+        AnomalyDetected,
+        Event,
+        ModelResponded,
+        RunFinished,
+        TextStreamed,
+        ToolFinished,
+        TurnStarted,
+    )
     from looptrace.runtime.limits import Limits
     from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
     from looptrace.runtime.pricing import Price

@@ -20,9 +20,10 @@ from looptrace.runtime import approvals
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import ApprovalRequest, Approver, Decision
 from looptrace.runtime.limits import Budget
+from looptrace.runtime.models import Model, aprepare_model, prepare_model, streamed_text_to
 from looptrace.runtime.tool_calls import ToolCallRun
 
-__all__ = ["Effect", "Gate", "GateAnswer", "ModelCall", "Raised", "ToolRound"]
+__all__ = ["Effect", "Gate", "GateAnswer", "ModelCall", "PrepareModel", "Raised", "ToolRound"]
 
 GateAnswer = tuple[bool, Decision | None, float]  # (approval needed, the decision or None, seconds waited)
 
@@ -43,21 +44,38 @@ class Effect:
 
 
 @dataclass(slots=True)
+class PrepareModel(Effect):
+    """The model's set-up (an AnthropicModel builds its client, importing the SDK), once a run has started and before
+    its first turn: counted on the run, not on the first model call, and waited for no longer than the run's time."""
+
+    model: Model
+    timeout_s: float | None
+
+    def perform_sync(self) -> None:
+        prepare_model(self.model, timeout_s=self.timeout_s)
+
+    async def perform_async(self) -> None:
+        await aprepare_model(self.model, timeout_s=self.timeout_s)
+
+
+@dataclass(slots=True)
 class ModelCall(Effect):
-    """The turn's model call, made with the turn current so that the instrumented model opens its chat span there.
-    Answers the response with its usage and cost (``interface.Answer``)."""
+    """The turn's model call, made with the turn current so that the instrumented model opens its chat span there;
+    a streaming call hands its text to ``on_text`` as it arrives. Answers the response with its usage and cost
+    (``interface.Answer``)."""
 
     model: AnsweringModel
     params: dict[str, Any]
     turn: TurnTrace
     timeout_s: float | None
+    on_text: Callable[[str], None] | None = None
 
     def perform_sync(self) -> Answer:
-        with self.turn.activate():
+        with self.turn.activate(), streamed_text_to(self.on_text):
             return self.model.answer(self.params, timeout=self.timeout_s)
 
     async def perform_async(self) -> Answer:
-        with self.turn.activate():
+        with self.turn.activate(), streamed_text_to(self.on_text):
             return await self.model.aanswer(self.params, timeout=self.timeout_s)
 
 

@@ -1,7 +1,8 @@
 """What an observer sees while a run goes on: pass `on_event=` to an Agent to watch turns as they happen.
 
 The CLI's live view is built on these and nothing else. Observers run on the loop's thread, so keep them quick; one
-that raises is logged and otherwise ignored, never allowed to break the run.
+that raises is logged and otherwise ignored, never allowed to break the run. More kinds of event may come in later
+releases: an observer ignores the ones it does not know.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ class TurnStarted:
     """A turn began: the model is about to be called for the ``turn``-th time (from 1)."""
 
     turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class TextStreamed:
+    """A piece of the model's text as it streams in (only from a model that streams, such as
+    ``AnthropicModel(stream=True)``); ``ModelResponded`` follows with the whole response. It may come from the thread
+    the model call runs on."""
+
+    turn: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,4 +71,4 @@ class RunFinished:
     result: RunResult
 
 
-Event = TurnStarted | ModelResponded | ToolFinished | AnomalyDetected | RunFinished
+Event = TurnStarted | TextStreamed | ModelResponded | ToolFinished | AnomalyDetected | RunFinished

@@ -14,7 +14,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors
@@ -23,9 +23,18 @@ from looptrace.runtime import approvals, resume
 from looptrace.runtime import policy as policies
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, Decision, PendingCall
-from looptrace.runtime.effects import Effect, Gate, ModelCall, Raised, ToolRound
-from looptrace.runtime.events import AnomalyDetected, Event, ModelResponded, RunFinished, ToolFinished, TurnStarted
+from looptrace.runtime.effects import Effect, Gate, ModelCall, PrepareModel, Raised, ToolRound
+from looptrace.runtime.events import (
+    AnomalyDetected,
+    Event,
+    ModelResponded,
+    RunFinished,
+    TextStreamed,
+    ToolFinished,
+    TurnStarted,
+)
 from looptrace.runtime.limits import Budget, Limits
+from looptrace.runtime.models import Model
 from looptrace.runtime.monitor import Reaction, RunMonitor
 from looptrace.runtime.pricing import Pricing
 from looptrace.runtime.request import hint_for, model_request
@@ -35,8 +44,6 @@ from looptrace.runtime.state import PendingAnomaly, RunState, StateError, anomal
 from looptrace.runtime.tool_calls import ToolCallRun, plan_calls, tool_use_blocks
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from looptrace.runtime.mcp_sessions import RunServers
 
 __all__ = ["AgentLoop", "RunInterrupted", "UnknownStopReason"]
@@ -70,6 +77,7 @@ class AgentLoop:
     on_event: Callable[[Event], None] | None
     approver: Approver | None
     policy: policies.AnomalyPolicy
+    _client: Model  # the agent's client, as given
     _model: AnsweringModel  # the agent's client, instrumented: each answer comes with its usage and cost
     _pricing: Pricing
     _tracing: AgentTelemetry
@@ -103,6 +111,10 @@ class AgentLoop:
                    servers_version=servers.version if servers is not None else 0)
 
     def _turns(self, run: Run) -> Generator[Effect, Any, RunStatus]:
+        # The client's set-up is the run's time, before the first turn's spans (and bounded by the run's clock).
+        prepared = yield PrepareModel(self._client, run.budget.remaining_s())
+        if isinstance(prepared, Raised):
+            raise prepared.exc  # Ctrl-C: a failed set-up is met again, and reported, by the model call itself
         while True:
             if run.budget.turns >= (self.limits.max_turns or float("inf")):
                 return RunStatus.MAX_TURNS
@@ -143,7 +155,7 @@ class AgentLoop:
                                system=self.system, tool_definitions=run.tool_definitions, messages=run.messages,
                                output_tokens_left=run.budget.output_tokens_left(self._pricing.output_usd_per_token))
         started, wall_started = time.perf_counter(), time.time()
-        outcome = yield ModelCall(self._model, params, turn, run.budget.remaining_s())
+        outcome = yield ModelCall(self._model, params, turn, run.budget.remaining_s(), self._text_observer(index))
         if isinstance(outcome, Raised):  # the instrumented model already ended its chat span with the error
             run.monitor.end_turn(None)
             return self._model_call_failed(run, index, outcome.exc)
@@ -296,6 +308,12 @@ class AgentLoop:
         if reaction.asks and run.asked is None:
             run.asked = PendingAnomaly(reaction.asks[0], at_end=False)
         return reaction
+
+    def _text_observer(self, turn: int) -> Callable[[str], None] | None:
+        """Where a streaming model call hands its text: the observer, as TextStreamed events (None: no one)."""
+        if self.on_event is None or not getattr(self._client, "stream", False):
+            return None
+        return lambda text: self._emit(TextStreamed(turn, text))
 
     def _turns_left(self, run: Run) -> bool:
         return self.limits.max_turns is None or run.budget.turns < self.limits.max_turns

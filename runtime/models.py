@@ -7,12 +7,14 @@ it appends is exactly what the API sent, a RunResult can be dumped as is, and a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import random
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -20,7 +22,12 @@ from looptrace.instrumentation.interface import report_first_chunk
 
 
 class Model(Protocol):
-    """What the loop needs from a model. Implement it to put any Messages-API-compatible backend behind an Agent."""
+    """What the loop needs from a model. Implement it to put any Messages-API-compatible backend behind an Agent.
+
+    Two optional methods are used when a model has them: ``prepare(asynchronous=False)``, called once a run has
+    started and before its first turn, to do set-up work (build a client) on the run's time rather than inside the
+    first model call's; and, while a streaming call runs, ``report_streamed_text(text)`` hands each piece of text
+    to whoever watches the run (``TextStreamed`` events)."""
 
     stream: bool  # whether calls stream (recorded on the chat span as gen_ai.request.stream)
 
@@ -71,9 +78,18 @@ class AnthropicModel:
             self._async_client = _without_sdk_spans(anthropic.AsyncAnthropic(**self._options))
         return self._async_client
 
+    def prepare(self, *, asynchronous: bool = False) -> None:
+        """Build the client the run's calls will use (importing the SDK, 1-2 s the first time in a process). The
+        Agent calls this once a run has started, before its first turn: the set-up counts on the run (its clock,
+        its root span), not on the first model call's duration."""
+        if asynchronous:
+            self.async_client()
+        else:
+            self.sync_client()
+
     def server(self) -> tuple[str | None, int | None]:
-        """Where the calls go, for the chat span; (None, None) until known. Asked before the first call, it never
-        builds the client: importing the SDK and setting the client up is the call's work, on the run's clock."""
+        """Where the calls go, for the chat span; (None, None) until known. Asked before the client is built (a
+        model the run did not prepare), it does not build it: that stays the call's own work."""
         client = self._client or self._async_client
         base_url = client.base_url if client is not None else self._options.get("base_url")
         if not base_url:
@@ -90,41 +106,49 @@ class AnthropicModel:
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         if timeout is None:
             return self._send(self.sync_client(), params, {})
-        # The clock starts before the client is built: the first call of a process imports the SDK and sets up its
-        # HTTP client (most of a second), and that is the run's time too.
-        deadline = time.monotonic() + timeout
-        return _finish_by(deadline, timeout, lambda: self._create_until(self.sync_client(), params, deadline))
+        deadline = time.monotonic() + timeout  # before the client is built (when not prepared): the run's time too
+        return _finish_by(deadline, timeout,
+                          lambda: self._create_until(self.sync_client(), params, deadline, timeout))
 
-    def _create_until(self, client: Any, params: dict[str, Any], deadline: float) -> dict[str, Any]:
+    def _create_until(self, client: Any, params: dict[str, Any], deadline: float, timeout: float) -> dict[str, Any]:
         for attempt in itertools.count():
             try:
                 return self._send(client.with_options(max_retries=0), params, _time_left(deadline))
             except Exception as exc:
                 delay = _retry_delay(exc, attempt, client.max_retries, deadline)
                 if delay is None:
-                    raise
+                    late = _as_late(exc, deadline, timeout)
+                    if late is exc:
+                        raise
+                    raise late from exc
                 time.sleep(delay)
         raise AssertionError("unreachable: the attempts end by a return or a raise")
 
     async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         if timeout is None:
             return await self._asend(self.async_client(), params, {})
-        deadline = time.monotonic() + timeout  # before the client is built: its set-up is the run's time too
+        deadline = time.monotonic() + timeout  # before the client is built (when not prepared): the run's time too
         client = self.async_client()
         try:
-            return await asyncio.wait_for(self._acreate_until(client, params, deadline),
+            return await asyncio.wait_for(self._acreate_until(client, params, deadline, timeout),
                                           max(deadline - time.monotonic(), 0.001))
+        except ModelCallTimeout:
+            raise  # the call itself noticed the deadline first
         except TimeoutError:
             raise ModelCallTimeout(_late_message(timeout)) from None
 
-    async def _acreate_until(self, client: Any, params: dict[str, Any], deadline: float) -> dict[str, Any]:
+    async def _acreate_until(self, client: Any, params: dict[str, Any], deadline: float,
+                             timeout: float) -> dict[str, Any]:
         for attempt in itertools.count():
             try:
                 return await self._asend(client.with_options(max_retries=0), params, _time_left(deadline))
             except Exception as exc:
                 delay = _retry_delay(exc, attempt, client.max_retries, deadline)
                 if delay is None:
-                    raise
+                    late = _as_late(exc, deadline, timeout)
+                    if late is exc:
+                        raise
+                    raise late from exc
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the attempts end by a return or a raise")
 
@@ -133,10 +157,11 @@ class AnthropicModel:
             started = time.perf_counter()
             with client.messages.stream(**params, **options) as stream:
                 first = True
-                for _ in stream:  # read here rather than by get_final_message, to time the first event
+                for event in stream:  # read here rather than by get_final_message, to time the first event
                     if first:
                         report_first_chunk(time.perf_counter() - started)
                         first = False
+                    _hand_on_text(event)
                 if first:
                     raise ServerDidNotStream.of(stream)
                 return _as_json(stream.get_final_message())
@@ -149,15 +174,52 @@ class AnthropicModel:
             started = time.perf_counter()
             async with client.messages.stream(**params, **options) as stream:
                 first = True
-                async for _ in stream:
+                async for event in stream:
                     if first:
                         report_first_chunk(time.perf_counter() - started)
                         first = False
+                    _hand_on_text(event)
                 if first:
                     raise ServerDidNotStream.of(stream)
                 return _as_json(await stream.get_final_message())
         raw = await client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
+
+
+def prepare_model(model: Any, *, timeout_s: float | None) -> None:
+    """``model.prepare()`` when the model has one (an AnthropicModel builds its client), waiting at most ``timeout_s``,
+    the time the run has left: a set-up slower than that leaves the run to time out, as a late model call would,
+    instead of holding it past its limit. A set-up that fails is left to the first call, which meets the failure again
+    and reports it where a failed call is reported."""
+    prepare = getattr(model, "prepare", None)
+    if not callable(prepare):
+        return
+    if timeout_s is None:
+        _quietly(prepare, asynchronous=False)
+        return
+    worker = threading.Thread(target=_quietly, args=(prepare,), kwargs={"asynchronous": False},
+                              name="looptrace-model-prepare", daemon=True)
+    worker.start()
+    worker.join(max(timeout_s, 0.0))
+
+
+async def aprepare_model(model: Any, *, timeout_s: float | None) -> None:
+    """``prepare_model`` for asyncio: the set-up runs on a thread, so the event loop is not held by it either."""
+    prepare = getattr(model, "prepare", None)
+    if not callable(prepare):
+        return
+    work = asyncio.ensure_future(asyncio.to_thread(_quietly, prepare, asynchronous=True))
+    try:
+        await asyncio.wait_for(asyncio.shield(work), timeout=None if timeout_s is None else max(timeout_s, 0.0))
+    except TimeoutError:
+        pass  # the run's clock ran out first: the run says so
+
+
+def _quietly(prepare: Callable[..., Any], **options: Any) -> None:
+    try:
+        prepare(**options)
+    except Exception:  # noqa: BLE001 - met again, and reported, by the first model call
+        pass
 
 
 class ServerDidNotStream(RuntimeError):
@@ -179,8 +241,64 @@ class ModelCallTimeout(TimeoutError):
     """A model call still unfinished when the run's wall-clock limit came."""
 
 
-def _late_message(timeout: float) -> str:
-    return f"the model call did not finish within the {timeout:.3g} s the run had left"
+# Where a streaming call hands the text it receives, piece by piece: set by the Agent around each model call (a
+# context variable, so the call's own thread and task see it, and concurrent runs each see their own).
+_streamed_text_receiver: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "looptrace_streamed_text", default=None)
+
+
+@contextlib.contextmanager
+def streamed_text_to(receiver: Callable[[str], None] | None) -> Iterator[None]:
+    """While the block runs, a streaming model call hands each piece of text it receives to ``receiver``. Pieces that
+    come after the block (a call left behind at the run's deadline, still reading) go nowhere."""
+    if receiver is None:
+        yield
+        return
+    open_ = [True]
+
+    def while_open(text: str) -> None:
+        if open_[0]:
+            receiver(text)
+
+    token = _streamed_text_receiver.set(while_open)
+    try:
+        yield
+    finally:
+        open_[0] = False
+        _streamed_text_receiver.reset(token)
+
+
+def report_streamed_text(text: str) -> None:
+    """Hand a piece of streamed text to whoever watches the run (for a Model of your own that streams)."""
+    receiver = _streamed_text_receiver.get()
+    if receiver is not None and text:
+        receiver(text)
+
+
+def _hand_on_text(event: Any) -> None:
+    """The text of a server-sent ``content_block_delta`` event, handed on as it arrives."""
+    if getattr(event, "type", None) == "content_block_delta":
+        delta = getattr(event, "delta", None)
+        if getattr(delta, "type", None) == "text_delta":
+            report_streamed_text(getattr(delta, "text", "") or "")
+
+
+def _late_message(timeout: float, last_attempt: BaseException | None = None) -> str:
+    tail = "" if last_attempt is None else f" (its last attempt: {type(last_attempt).__name__}: {last_attempt})"
+    return f"the model call did not finish within the {timeout:.3g} s the run had left{tail}"
+
+
+def _as_late(exc: Exception, deadline: float, timeout: float) -> Exception:
+    """The error a failed call ends with: ModelCallTimeout when the run's clock ran out, whichever layer noticed first
+    (the SDK's own timeout, whose every attempt is given the time the run has left, or an attempt that failed at or
+    after the deadline); else the call's own error."""
+    import anthropic
+
+    if isinstance(exc, ModelCallTimeout):
+        return exc
+    if isinstance(exc, anthropic.APITimeoutError) or time.monotonic() >= deadline:
+        return ModelCallTimeout(_late_message(timeout, exc))
+    return exc
 
 
 def _finish_by(deadline: float, timeout: float, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -201,9 +319,12 @@ def _finish_by(deadline: float, timeout: float, call: Callable[[], dict[str, Any
     threading.Thread(target=target, name="looptrace-model-call", daemon=True).start()
     if not done.wait(max(deadline - time.monotonic(), 0.0)):
         raise ModelCallTimeout(_late_message(timeout))
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    error = outcome.get("error")
+    if error is None:
+        return outcome["value"]
+    if isinstance(error, Exception) and not isinstance(error, ModelCallTimeout) and time.monotonic() >= deadline:
+        raise ModelCallTimeout(_late_message(timeout, error)) from error  # the call noticed the deadline first
+    raise error
 
 
 def _time_left(deadline: float) -> dict[str, float]:
@@ -266,15 +387,21 @@ class ScriptedModel:
     Each item is a (possibly partial) response dict, a callable that receives the request parameters and returns one,
     or an exception to raise as the API client would. Missing fields are filled the way the API fills them. The
     parameters of every call are kept in ``requests``.
+
+    ``follow_history=True`` answers each call with the response for its place in the conversation (the number of
+    assistant messages in the request's history) rather than with the next one: a run paused and resumed from its
+    state, in this process or another, goes on where it paused. ``stream=True`` hands each response's text to the
+    run's watchers in pieces (``TextStreamed``), as a streaming call would.
     """
 
-    stream = False
-
-    def __init__(self, responses: Iterable[Response] = ()) -> None:
+    def __init__(self, responses: Iterable[Response] = (), *, follow_history: bool = False,
+                 stream: bool = False) -> None:
         self._responses = list(responses)
         self._position = 0
         self._ids = itertools.count(1)
         self.requests: list[dict[str, Any]] = []
+        self.follow_history = follow_history
+        self.stream = stream
 
     def add(self, *responses: Response) -> None:
         self._responses.extend(responses)
@@ -288,15 +415,25 @@ class ScriptedModel:
 
     def create(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         self.requests.append(params)
-        if self._position >= len(self._responses):
-            raise ScriptExhausted(f"the scripted model has no response left for call {self._position + 1}")
-        item = self._responses[self._position]
-        self._position += 1
+        position = self._position
+        if self.follow_history:
+            history = params.get("messages") or ()
+            position = sum(1 for m in history if isinstance(m, dict) and m.get("role") == "assistant")
+        if position >= len(self._responses):
+            raise ScriptExhausted(f"the scripted model has no response left for call {position + 1}")
+        item = self._responses[position]
+        self._position = position + 1
         if isinstance(item, BaseException):
             raise item
         if callable(item):
             item = item(params)
-        return self._complete(item, params)
+        response = self._complete(item, params)
+        if self.stream:
+            for block in response["content"]:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    for piece in re.findall(r"\S*\s*", str(block.get("text", ""))):
+                        report_streamed_text(piece)
+        return response
 
     async def acreate(self, params: dict[str, Any], *, timeout: float | None) -> dict[str, Any]:
         return self.create(params, timeout=timeout)

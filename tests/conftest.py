@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import checkout_guard
 import detect_parity
 import network_guard
 import pytest
@@ -32,6 +33,29 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_CHILD_GUARD, os.environ.
 _STATE_HOME = tempfile.mkdtemp(prefix="looptrace-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE_HOME
 atexit.register(shutil.rmtree, _STATE_HOME, True)
+# Runs whose telemetry nobody configured write to the default trace file under the working directory: each test's
+# own (see _works_in_a_directory_of_its_own), never the checkout's.
+checkout_guard.isolate()
+_CHECKOUT_AT_START: checkout_guard.Snapshot = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _CHECKOUT_AT_START
+    _CHECKOUT_AT_START = checkout_guard.snapshot()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails the session whose tests changed the checkout's .looptrace/ (a late write the per-test check missed,
+    such as a batch exporter flushing at exit, included)."""
+    if hasattr(session.config, "workerinput"):
+        return  # the controller checks, once
+    changed = checkout_guard.changes(_CHECKOUT_AT_START, checkout_guard.snapshot())
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the tests changed {checkout_guard.GUARDED}: {', '.join(changed)}"
+        if reporter is not None:
+            reporter.write_line(f"FAILED: {message}", red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -112,6 +136,33 @@ def _detect_agrees_with_the_live_run(monkeypatch, tmp_path_factory):
         pytest.fail("detect disagrees with the live run: " + "; ".join(problems), pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _the_session_works_outside_the_checkout(tmp_path_factory):
+    """Module and session fixtures are set up before a test's own directory is made: they run in one of the
+    session's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session-directory"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _works_in_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Each test runs in its tmp_path: what a run writes under the working directory by default (the trace file, the
+    undelivered list, a paused run's state) lands there, in processes the test starts too."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_checkouts_traces_alone():
+    """Fails the test that wrote into (or removed from) the checkout's .looptrace/: tests use tmp_path."""
+    before = checkout_guard.snapshot()
+    yield
+    changed = checkout_guard.changes(before, checkout_guard.snapshot())
+    if changed:
+        pytest.fail(f"the test (or one running beside it) changed {checkout_guard.GUARDED}: {', '.join(changed)}",
+                    pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _stays_on_this_machine():
     """Fails the test that tried to reach a host beyond loopback, even if the code under test swallowed the error."""
@@ -128,8 +179,8 @@ def _stays_on_this_machine():
 def workdir(tmp_path, monkeypatch):
     """A fresh current directory, and none of the variables that would send the CLI's output elsewhere."""
     monkeypatch.chdir(tmp_path)
-    for name in ("LOOPTRACE_EXPORTER", "LOOPTRACE_TRACE_FILE", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED",
-                 "LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+    for name in ("LOOPTRACE_EXPORTER", "LOOPTRACE_TRACE_FILE", "LOOPTRACE_UNDELIVERED_FILE", "OTEL_TRACES_EXPORTER",
+                 "OTEL_SDK_DISABLED", "LOOPTRACE_CAPTURE_CONTENT", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
                  "LOOPTRACE_MAX_LINE_BYTES", "LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY",
                  "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)

@@ -116,7 +116,8 @@ def test_a_missing_key_is_one_clear_line(workdir, monkeypatch, capsys):
     code, out, err = run_cli(capsys, "run", "hello")
     assert code == 2 and out == ""
     assert err.strip() == ("looptrace: error: ANTHROPIC_API_KEY is not set; export it (and ANTHROPIC_BASE_URL for a "
-                           "proxy or a local server)")
+                           "proxy or a local server), or try the offline model: --model scripted:equipment "
+                           "(docs/cli.md)")
 
 
 @pytest.mark.parametrize("content, message", [
@@ -225,7 +226,7 @@ def test_traces_show_on_an_unreadable_file(workdir, capsys, setup, message):
 def test_traces_show_on_an_empty_file(workdir, capsys):
     (workdir / "empty.jsonl").write_text("")
     code, _, err = run_cli(capsys, "traces", "show", "--file", str(workdir / "empty.jsonl"))
-    assert code == 3 and "no traces" in err
+    assert code == 2 and "holds no OTLP/JSON spans (it is empty)" in err  # as detect, list and replay say
 
 
 def test_help_lists_the_commands_and_exit_codes(capsys):

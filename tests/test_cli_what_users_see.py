@@ -219,7 +219,7 @@ def test_a_failed_run_says_its_error_once_and_counts_the_turn_it_failed_in(workd
     assert "[error]  1 turn  0 tokens" in out and "\n└─ turn 1  " in out
     assert "BadRequestError: Error code: 400" in out and "BadRequestError: BadRequestError" not in out
     code, out, _ = cli(capsys, "traces", "list")
-    assert code == 0 and "error            1 turn, 0 tokens" in out
+    assert code == 0 and "error               1 turn, 0 tokens" in out
 
 
 def test_one_of_anything_is_said_in_the_singular(workdir, api, capsys):

@@ -12,7 +12,8 @@ from looptrace.cli.app import build_parser
 from looptrace.cli.exit_codes import EXIT_CODE_HELP, EXIT_CODE_TABLE
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "exit-codes.md"
-COMMANDS = ("demo", "run", "watch", "detect", "report", "traces show", "traces list", "traces push", "replay")
+COMMANDS = ("demo", "run", "resume", "mcp list", "watch", "detect", "report", "traces show", "traces list",
+            "traces push", "replay")
 
 
 def expand(codes: str) -> list[int]:
@@ -46,7 +47,7 @@ def table_rows() -> set[tuple[int, str]]:
 def help_of(*path: str) -> str:
     parser = build_parser()
     for name in path:
-        parser = next(a for a in parser._actions if a.dest in ("command", "traces_command")).choices[name]
+        parser = next(a for a in parser._actions if a.dest in ("command", "traces_command", "mcp_command")).choices[name]
     return parser.format_help()
 
 
@@ -62,18 +63,33 @@ def test_looptrace_help_lists_every_code_for_the_commands_that_give_it():
     assert (3, "replay") in table_rows() and (3, "traces show") in table_rows()
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c not in ("demo", "run")])
-def test_each_command_help_gives_only_codes_the_table_gives_it(command):
-    text = help_of(*command.split())
-    epilog = text[text.index("exit codes:"):]
+def listed_codes(help_text: str) -> set[int]:
+    epilog = help_text[help_text.index("exit codes:"):]
     listed = set()
     for line in epilog.splitlines()[1:]:
         found = re.match(r"^\s+(\d+(?:-\d+)?(?:,\s*\d+(?:-\d+)?)*)\s", line)
         if found:
             listed |= set(expand(found.group(1)))
-    assert listed, epilog
+    return listed
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_help_gives_only_codes_the_table_gives_it(command):
+    listed = listed_codes(help_of(*command.split()))
+    assert listed, command
     given = {code for code, name in table_rows() if name == command}
     assert listed <= given, (command, listed - given)
+
+
+@pytest.mark.parametrize("command", ["demo", "run", "resume", "mcp list"])
+def test_a_command_help_made_from_the_table_prints_its_own_rows_and_no_other(command):
+    text = help_of(*command.split())
+    assert listed_codes(text) == {code for code, name in table_rows() if name == command}
+    flat = " ".join(text.split())
+    others = [meaning for _, commands, meaning in EXIT_CODE_TABLE
+              if commands != "every command" and command not in commands]
+    assert others and not [meaning for meaning in others if meaning in flat], command
+    assert "docs/exit-codes.md" in flat
 
 
 def test_detect_help_names_every_producer_it_reads():

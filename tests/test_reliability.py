@@ -205,7 +205,8 @@ def test_a_signal_mid_model_call_saves_a_valid_trace(tmp_path, signum, code, wor
         env = {**os.environ, "ANTHROPIC_BASE_URL": fake.url, "ANTHROPIC_API_KEY": "test-key"}
         process = subprocess.Popen([*CLI, "run", "wait for the model"], cwd=tmp_path, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _wait_for(lambda: fake.requests)
+        _wait_for(lambda: fake.requests, timeout=300)  # a loaded machine may take long to start the process
+        assert fake.requests, "the run never called the model"  # the signal must come mid-call, as the name says
         time.sleep(0.3)
         process.send_signal(signum)
         _, err = process.communicate(timeout=30)
@@ -359,12 +360,34 @@ def test_the_wall_clock_limit_holds_through_the_sdks_retries(api):
     api.add(*([Delay(5, answer())] * 3))
     client = anthropic.Anthropic(base_url=api.url, api_key="test-key")
     result = Agent(MODEL, client=client, limits=Limits(timeout_s=1.0), telemetry=False).run("go")
-    assert result.status is RunStatus.TIMEOUT and "did not finish within" in result.error
+    # Whichever noticed first, the run's own clock or the SDK's timeout of the attempt (given the time left), the
+    # run says it ran out of time (a busy machine decides which one does).
+    assert result.status is RunStatus.TIMEOUT and "did not finish within" in result.error, result.error
+    assert len(api.requests) == 1  # the SDK's retries did not give the call the whole limit again
     # The mechanism: a retry that would not fit in the time left is not made (the SDK's would give each attempt the
     # whole limit again).
     timed_out = anthropic.APITimeoutError(request=httpx2.Request("POST", api.url))
     assert _retry_delay(timed_out, 0, 2, time.monotonic() + 0.01) is None
     assert _retry_delay(timed_out, 0, 2, time.monotonic() + 60) is not None
+
+
+def test_a_run_whose_sdk_timeout_noticed_the_deadline_first_says_it_ran_out_of_time():
+    """The SDK's own read timeout (each attempt is given the time the run has left) reports first, before the run's
+    clock does: here for certain, since the transport holds the event loop until the read times out, as a busy
+    machine can. The run still says what happened in its own words."""
+    import anthropic
+    import httpx2
+
+    def read_times_out(request):
+        time.sleep(request.extensions["timeout"]["read"])  # blocking: the run's own timer cannot fire first
+        raise httpx2.ReadTimeout("timed out", request=request)
+
+    client = anthropic.AsyncAnthropic(api_key="test-key", base_url="http://127.0.0.1:9",
+                                      http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(read_times_out)))
+    result = asyncio.run(Agent(MODEL, client=client, limits=Limits(timeout_s=0.3), telemetry=False).arun("go"))
+    assert result.status is RunStatus.TIMEOUT
+    assert result.error.startswith("ModelCallTimeout: the model call did not finish within the ")
+    assert "its last attempt: APITimeoutError" in result.error
 
 
 def test_no_tool_is_started_once_the_runs_clock_has_run_out():
@@ -704,17 +727,48 @@ def test_cancelling_arun_never_blocks_the_event_loop_on_a_flush():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [["demo"], ["demo", "runaway"], ["demo", "--json"]])
-def test_a_closed_stdout_ends_the_demo_quietly_and_keeps_its_trace(tmp_path, argv):
+@pytest.mark.parametrize("argv, status", [(["demo"], 0), (["demo", "runaway"], 30), (["demo", "--json"], 0)])
+def test_a_closed_stdout_ends_the_demo_quietly_and_keeps_its_trace(tmp_path, argv, status):
     process = subprocess.Popen([*CLI, *argv], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process.stdout.close()  # the reader is gone before anything is written, as `| head -0` would leave it
     err = process.stderr.read()
     process.wait(timeout=60)
-    assert process.returncode == 141, err
+    assert process.returncode == status, err  # the run's status, not the pipe's: the run was over
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
     assert "observer_failed" not in err
     spans_written = list(read_spans(tmp_path / ".looptrace" / "traces.jsonl", on_bad_line=pytest.fail))
     assert any(s.name.startswith("invoke_agent") for s in spans_written)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader", ["leaves at once", "reads three lines", "reads everything"])
+def test_demo_piped_to_head_exits_with_the_runs_status_whenever_the_reader_leaves(tmp_path, reader):
+    """`looptrace demo | head -3`: the same exit code whether head left before the demo wrote, in the middle, or after
+    (which a pipe decides by timing alone). docs/cli.md and docs/exit-codes.md say so."""
+    process = subprocess.Popen([*CLI, "demo"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if reader == "leaves at once":
+        process.stdout.close()
+    elif reader == "reads three lines":
+        for _ in range(3):
+            process.stdout.readline()
+        process.stdout.close()
+    else:
+        process.stdout.read()
+        process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+@pytest.mark.slow
+def test_a_listing_cut_short_by_its_reader_exits_141(tmp_path):
+    assert main(["demo", "--json", "--trace-file", str(tmp_path / "t.jsonl")]) == 0
+    process = subprocess.Popen([*CLI, "traces", "show", "--file", str(tmp_path / "t.jsonl")], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, err
+    assert "Traceback" not in err
 
 
 def test_demo_and_run_keep_the_live_view_on_stderr_and_the_outcome_on_stdout(api, capsys):

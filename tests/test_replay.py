@@ -212,6 +212,23 @@ def test_your_tools_answer_the_calls_and_a_fixed_tool_runs_past_the_recording(tr
     assert replay(recording(trace_file, live.trace_id), tools=[search]).diff.changed is False
 
 
+def test_a_replay_that_goes_past_the_recording_says_so_once_without_a_failure_warning(trace_file, capsys):
+    record(looping_script())
+    capsys.readouterr()  # the recorded run's own warnings
+    code, out, err = cli(capsys, "replay", "--file", str(trace_file), "--on-anomaly", "warn")
+    assert code == 1
+    assert "the replay went past the recording at turn 5" in out  # the report explains the outcome...
+    assert "model_call_failed" not in err and "PastTheRecording" not in err, err  # ...so no warning says it again
+
+
+def test_an_empty_trace_id_is_refused_not_taken_for_the_latest_run(trace_file, capsys):
+    record(looping_script())
+    capsys.readouterr()  # the recorded run's own warnings
+    code, out, err = cli(capsys, "replay", "--file", str(trace_file), "--trace-id", "")
+    assert (code, out) == (2, "")
+    assert err.startswith("looptrace: error: --trace-id is empty")
+
+
 def test_a_tools_file_that_does_not_import_is_one_line_and_exit_2(trace_file, tmp_path, capsys):
     record(looping_script())
     broken = tmp_path / "broken.py"

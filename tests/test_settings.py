@@ -75,8 +75,9 @@ def test_the_longest_line_read_back_is_a_setting_with_a_floor():
         return Settings.from_env({} if value is None else {"LOOPTRACE_MAX_LINE_BYTES": value}).max_line_bytes
 
     assert limit(None) == limit("") == limit("lots") == limit("1e6") == 64 * 1024 * 1024 == Settings().max_line_bytes
-    assert limit(" 100000 ") == 100_000
-    assert limit("10") == limit("-5") == 1024  # never so small that a real line cannot be read
+    assert limit("-5") == 64 * 1024 * 1024  # no size at all: the default, said (test_first_hour)
+    assert limit(" 100000 ") == 100_000 and limit("8MiB") == 8 * 1024 * 1024
+    assert limit("10") == 1024  # never so small that a real line cannot be read
 
 
 def test_the_exporter_choice_follows_the_documented_precedence():

@@ -614,6 +614,15 @@ def test_watch_is_built_from_this_repository_and_listens_inside_the_network_only
     assert args.port == 4318 and args.grpc_port == 4317
 
 
+def test_the_watch_image_is_tagged_with_the_package_version(compose):
+    """compose reuses an image it already has under the same tag: a tag left behind by a release would keep running
+    the old watch after an upgrade."""
+    from looptrace import __version__
+
+    image = compose["services"]["looptrace-watch"]["image"]
+    assert image == f"looptrace-watch:{__version__}"
+
+
 def test_the_collector_fans_traces_out_to_langfuse_and_watch_with_watchs_token(collector, compose):
     (traces,) = [p for name, p in collector["service"]["pipelines"].items() if component_type(name) == "traces"]
     assert {"otlp_http/langfuse", "otlp_http/watch"} <= set(traces["exporters"])

@@ -619,7 +619,8 @@ def test_a_writer_finds_its_file_rotated_away_by_its_size_and_a_file_removed_by_
 def test_the_rotation_settings_come_from_the_environment(tmp_path):
     settings = Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": "0", "LOOPTRACE_TRACE_FILE_BACKUPS": "3"})
     assert (settings.trace_file_max_bytes, settings.trace_file_backups) == (0, 3)
-    wrong = Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": "10MB"})
+    assert Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": "10MiB"}).trace_file_max_bytes == 10 * 1024 * 1024
+    wrong = Settings.from_env({"LOOPTRACE_TRACE_FILE_MAX_BYTES": "10 megs"})
     assert wrong.trace_file_max_bytes == 64 * 1024 * 1024 and "LOOPTRACE_TRACE_FILE_MAX_BYTES" in wrong.ignored[0]
     telemetry = configure(Settings(trace_file=tmp_path / "t.jsonl", trace_file_max_bytes=2000, trace_file_backups=1),
                           exporters="file", set_global=False)

@@ -265,12 +265,14 @@ def test_a_flood_of_runs_beyond_the_cap_evicts_the_oldest_and_counts_them():
 
 def test_spans_the_detector_cannot_take_now_are_answered_with_partial_success():
     server, _ = start_watch(queue_batches=1)
-    gate = threading.Event()
+    gate, busy = threading.Event(), threading.Event()
     original = server.watcher.ingest
-    server.watcher.ingest = lambda spans: (gate.wait(10), original(spans))  # a detector that is busy
+    server.watcher.ingest = lambda spans: (busy.set(), gate.wait(10), original(spans))  # a detector that is busy
     try:
         spans = agent_spans()
-        statuses = [post(server, protobuf(spans)) for _ in range(3)]
+        statuses = [post(server, protobuf(spans))]
+        assert busy.wait(30)  # the detector holds the first batch: the queue (one batch) is empty again
+        statuses += [post(server, protobuf(spans)) for _ in range(2)]  # the second waits in it, the third cannot
         assert all(status == 200 for status, _ in statuses)  # answered at once, never held
         answers = [trace_service_pb2.ExportTraceServiceResponse.FromString(body) for _, body in statuses]
         assert answers[-1].partial_success.rejected_spans == len(spans)
@@ -484,6 +486,37 @@ def test_the_watcher_runs_in_process_without_sockets_reporting_to_the_sink_it_is
     assert sink.sent == [("repeated_call", "warn")] and watcher.open_runs == 1
     watcher.close_all()  # judged in full: the error left behind shows now
     assert sorted(sent for sent, _ in sink.sent) == ["ignored_error", "repeated_call"] and watcher.open_runs == 0
+
+
+def loop_anomaly_lines(records, anomaly_type: str = "repeated_call") -> list[dict]:
+    return [r for r in records if r["event"] == "loop_anomaly" and r["anomaly_type"] == anomaly_type]
+
+
+@pytest.mark.parametrize("repeats", [3, 5, 8])
+def test_a_loop_whose_spans_arrive_in_one_request_gets_its_log_line(repeats):
+    """What SDKs and collectors send: a run's spans in one request. A loop that went on past its first firing reaches
+    watch already an update of its streak; it still gets the one log line docs/watch.md promises."""
+    from looptrace.testing import capture_logs
+
+    watcher = RunWatcher(Alerts())
+    with capture_logs() as records:
+        watcher.ingest(_records(agent_spans(failing_repeats=repeats)))
+        watcher.close_all()
+    lines = loop_anomaly_lines(records)
+    assert [(line["anomaly_type"], line["count"]) for line in lines] == [("repeated_call", repeats)], lines
+
+
+def test_a_loop_whose_spans_arrive_one_by_one_gets_one_log_line_for_its_whole_streak():
+    from looptrace.testing import capture_logs
+
+    watcher = RunWatcher(Alerts())
+    spans = agent_spans(failing_repeats=6, root=False)
+    with capture_logs() as records:
+        for span in spans:
+            watcher.ingest(_records([span]))
+        watcher.close_all()
+    lines = loop_anomaly_lines(records)
+    assert [line["anomaly_type"] for line in lines] == ["repeated_call"], lines
 
 
 # --- the real thing: a process, real producers, real exporters --------------------------------------------------

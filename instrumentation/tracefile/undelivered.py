@@ -83,7 +83,7 @@ class UndeliveredList:
 
     def __init__(self, path: str | os.PathLike[str], *, trace_file: str | os.PathLike[str] | None = None,
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
-        self.path = Path(path)
+        self.path = Path(os.path.abspath(path))  # resolved now: a later change of directory must not move the list
         self.trace_file = None if trace_file is None else os.path.abspath(trace_file)
         self.max_line_bytes = max(max_line_bytes, MIN_LINE_BYTES)
         self.bad_lines: list[BadLine] = []  # the lines the last read could not use

@@ -160,7 +160,9 @@ class TraceFileWriter:
     the same file (see the module's note on rotation). The file is opened on first use and kept open."""
 
     def __init__(self, path: str | os.PathLike[str], rotation: Rotation | None = None) -> None:
-        self.path = Path(path)
+        # Resolved now, as logging's FileHandler does: the file is opened (and reopened after a rotation) later, and a
+        # process that changes its working directory meanwhile must not start a second trace file there.
+        self.path = Path(os.path.abspath(path))
         self.rotation = rotation or Rotation()
         self.lost_spans = 0
         self._fd: int | None = None

@@ -6,11 +6,13 @@ redacted, as the spans hold them: a terminal is output too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from looptrace.cli.views import LiveView
     from looptrace.runtime.approvals import ApprovalRequest, Decision
     from looptrace.runtime.result import RunResult
 
@@ -19,27 +21,39 @@ MAX_SHOWN_ARGUMENTS = 2000
 
 class TerminalApprover:
     """``Agent(approver=...)`` for `looptrace run`: asks per call, unless its tool was approved for the whole run
-    (``--approve TOOL``, ``--approve-all``, or the answer "always")."""
+    (``--approve TOOL``, ``--approve-all``, or the answer "always"). ``view``, the run's live view, is paused while a
+    question waits for its answer, so that its live line never writes over the question."""
 
     def __init__(self, answers: TextIO, out: TextIO, *, approve_tools: Iterable[str] = (),
-                 approve_all: bool = False, ask: bool = True) -> None:
+                 approve_all: bool = False, ask: bool = True, view: LiveView | None = None) -> None:
         self.answers = answers
         self.out = out
         self.approved_tools = set(approve_tools)
         self.approve_all = approve_all
         self.ask = ask  # False: no one to ask (stdin is no terminal); an undecided call pauses the run
+        self.view = view
+
+    def _asking(self) -> contextlib.AbstractContextManager[None]:
+        return self.view.paused() if self.view is not None else contextlib.nullcontext()
 
     def decides(self, tool: str) -> bool:
         return self.approve_all or tool in self.approved_tools
 
     def __call__(self, request: ApprovalRequest) -> Decision | None:
-        from looptrace.runtime.approvals import approve, reject
+        from looptrace.runtime.approvals import approve
 
         name = request.tool.name
         if self.decides(name):
             return approve()
         if not self.ask:
             return None  # nobody at a terminal: the run pauses with this call pending
+        with self._asking():
+            return self._ask_about(request)
+
+    def _ask_about(self, request: ApprovalRequest) -> Decision:
+        from looptrace.runtime.approvals import approve, reject
+
+        name = request.tool.name
         self.out.write(f"\nlooptrace: {name} wants to run (call {request.call_id}, turn {request.turn}):\n"
                        f"  {shown_arguments(request.arguments)}\n")
         while True:
@@ -56,6 +70,10 @@ class TerminalApprover:
 
     def go_on(self, result: RunResult) -> tuple[bool, str | None]:
         """For a run paused by an anomaly whose policy said "ask": go on (with an optional message) or stop."""
+        with self._asking():
+            return self._ask_go_on(result)
+
+    def _ask_go_on(self, result: RunResult) -> tuple[bool, str | None]:
         anomaly = result.pending_anomaly
         assert anomaly is not None
         self.out.write(f"\nlooptrace: the run paused on a {anomaly.type} anomaly (turn {anomaly.turn}): "

@@ -45,6 +45,14 @@ def tolerate_any_terminal() -> None:
                 pass
 
 
+def is_terminal(stream: Any) -> bool:
+    """Whether a stream is a terminal (a closed or replaced stream, a test's, is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def plural(count: int, noun: str) -> str:
     """``1 turn``, ``2 turns``, ``3 anomalies``: a count with its noun, thousands separated."""
     if count == 1:

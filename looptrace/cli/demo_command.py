@@ -7,13 +7,15 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+from looptrace.cli.common import UsageError, is_terminal
 from looptrace.cli.environment import no_trace_file_reason, read_settings
-from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.exit_codes import exit_code_help
 from looptrace.cli.running import (
     EXIT_CODES,
     add_anomaly_flag,
     add_export_flags,
     close,
+    deliver_outcome,
     execute,
     export_overrides,
     print_json,
@@ -21,6 +23,7 @@ from looptrace.cli.running import (
 )
 
 if TYPE_CHECKING:
+    from looptrace.cli.approval_prompt import TerminalApprover
     from looptrace.instrumentation.export.setup import Telemetry
     from looptrace.runtime.result import RunResult
 
@@ -31,7 +34,7 @@ DEMO_STORIES = ("equipment", "ignored-error", "runaway")
 def add_demo_command(commands: Any) -> None:
     """Add `demo` to a subparsers object."""
     demo = commands.add_parser("demo", help="run an offline demo (no key, no network)",
-                               epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                               epilog=exit_code_help("demo"), formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("story", nargs="?", default="equipment", choices=DEMO_STORIES,
                       help="equipment (default): a failed reservation the model recovers from; runaway: a model "
                            "repeating itself, nudged then stopped; ignored-error: a failure the answer glosses over")
@@ -52,6 +55,7 @@ def demo_command(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
+    approver = _terminal_for_asking(args)
     # Offline: a judge (LOOPTRACE_JUDGE) would be asked through the scripted model, which has no answer for it.
     settings = dataclasses.replace(read_settings(**export_overrides(args)), judge=None)
     telemetry = telemetry_setup.configure(settings)
@@ -65,20 +69,44 @@ def demo_command(args: argparse.Namespace) -> int:
     if live is not None:
         live.note(f"task: {task}\n(offline: {blurb})\n")
     result = execute(agent, task, telemetry)
+    if approver is not None:  # --on-anomaly ask: the person at the terminal answers, and the run goes on in process
+        from looptrace.cli.run_command import settle_asked
+
+        approver.view = live
+        result = settle_asked(agent, result, approver, telemetry)
     try:
-        if args.json:
-            print_json(result, out)
-        else:
-            out.write(f"final answer: {result.final_text or '(none)'}\n")
-            for anomaly in result.anomalies:
-                first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
-                turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
-                out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
-            out.write("\n")
-            _show_written_trace(telemetry, result, out, "--exporter" if args.exporter else None)
+        deliver_outcome(lambda: _write_outcome(args, telemetry, result, out))
     finally:
         close(telemetry)  # whatever happens to stdout, the spans are delivered or listed as undelivered
     return EXIT_CODES[result.status]
+
+
+def _write_outcome(args: argparse.Namespace, telemetry: Telemetry, result: RunResult, out: TextIO) -> None:
+    """The final answer, what was flagged and the trace tree (or the RunResult as JSON)."""
+    if args.json:
+        print_json(result, out)
+        return
+    out.write(f"final answer: {result.final_text or '(none)'}\n")
+    for anomaly in result.anomalies:
+        first = anomaly.first_turn if anomaly.first_turn is not None else anomaly.turn
+        turns = f"turn {first}" if first == anomaly.turn else f"turns {first}-{anomaly.turn}"
+        out.write(f"flagged: {anomaly.type} x{anomaly.count} ({turns})\n")  # the live view has the message
+    out.write("\n")
+    _show_written_trace(telemetry, result, out, "--exporter" if args.exporter else None)
+
+
+def _terminal_for_asking(args: argparse.Namespace) -> TerminalApprover | None:
+    """With --on-anomaly ask, who is asked: the person at the terminal. A demo's run cannot pause and be resumed
+    later (its scripted model lives in this process), so without a terminal to ask at, ask is refused up front."""
+    if args.on_anomaly != "ask":
+        return None
+    from looptrace.cli.approval_prompt import TerminalApprover
+
+    if not is_terminal(sys.stdin):
+        raise UsageError("demo --on-anomaly ask asks at the terminal, and stdin is not one; a demo cannot pause and "
+                         "be resumed later (its scripted model lives in this process): run it at a terminal, or "
+                         "choose warn, nudge or stop (`looptrace run --on-anomaly ask` pauses and resumes)")
+    return TerminalApprover(sys.stdin, sys.stderr)
 
 
 def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO, chosen_by: str | None) -> None:

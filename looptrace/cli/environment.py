@@ -50,6 +50,23 @@ def anthropic_credentials_set() -> bool:
     return bool(os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
 
 
+def check_anthropic_environment() -> None:
+    """What the anthropic SDK will need, checked before a run starts: a key or a token, and an ANTHROPIC_BASE_URL it
+    can send to (a malformed one would otherwise surface as a connection error after the run began)."""
+    from looptrace.instrumentation.settings import http_url_problem
+
+    if not anthropic_credentials_set():
+        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
+                         "(and ANTHROPIC_BASE_URL for a proxy or a local server), or try the offline model: "
+                         "--model scripted:equipment (docs/cli.md)")
+    base_url = (os.environ.get("ANTHROPIC_BASE_URL") or "").strip()
+    if base_url:
+        problem = http_url_problem("ANTHROPIC_BASE_URL", base_url, "https://api.anthropic.com (or your proxy's "
+                                   "URL, e.g. http://localhost:8080)")
+        if problem:
+            raise UsageError(problem)
+
+
 def no_color_requested() -> bool:
     """NO_COLOR set to anything but the empty string turns colour off (no-color.org)."""
     return bool(os.environ.get("NO_COLOR"))

@@ -10,7 +10,9 @@ EXIT_USAGE = 2  # bad flags, a tools file that does not import, a missing key, a
 EXIT_NOT_FOUND = 3  # traces show: no such trace
 EXIT_AWAITING_APPROVAL = 40  # the run paused for a person's decision; its state file resumes it
 EXIT_INTERRUPTED = 130
-EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for any program whose reader went away (`| head`)
+# 128 + SIGPIPE, as a shell reports a program whose reader went away (`| head`): for the commands that list, and stop
+# there; a command that ran an agent exits with the run's status whatever became of stdout.
+EXIT_CLOSED_PIPE = 141
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as shells report it
 
 # The commands that run an agent (replay: offline) and exit with how it ended.
@@ -34,18 +36,28 @@ EXIT_CODE_TABLE: tuple[tuple[tuple[int, ...], str | tuple[str, ...], str], ...] 
     ((40,), ("run", "resume"),
      "awaiting_approval: paused for a person's decision; `looptrace resume STATE` finishes it"),
     ((130,), ("run", "resume", "demo"), "interrupted (Ctrl-C)"),
-    ((141,), EVERY, "stdout closed early (e.g. `| head`): what was done is kept (a run's trace is saved)"),
+    ((141,), ("detect", "traces show", "traces list", "traces push", "mcp list", "replay"),
+     "stdout closed early (e.g. `| head`): a listing stops there (replay: with --all); a run's exit code stays its "
+     "status"),
     ((143,), ("run", "resume", "demo"), "terminated (SIGTERM)"),
 )
 
 
-def _help_text() -> str:
-    lines = ["exit codes: (the table: docs/exit-codes.md)"]
+def exit_code_help(command: str | None = None) -> str:
+    """The exit codes as `--help` ends: the whole table (``looptrace --help``), or only the rows of one ``command``
+    (``"run"``, ``"traces show"``): what that command can exit with, as docs/exit-codes.md lists it."""
+    where = "every command's" if command else "the table"
+    lines = [f"exit codes: ({where}: docs/exit-codes.md)"]
     for codes, commands, meaning in EXIT_CODE_TABLE:
+        if command is not None and commands != EVERY and command not in commands:
+            continue
         numbers = f"{codes[0]}-{codes[-1]}" if len(codes) > 2 else ", ".join(map(str, codes))
-        who = commands if isinstance(commands, str) else ", ".join(commands)
-        lines.append(f"  {numbers:<6} {who}: {meaning}")
+        if command is None:
+            who = commands if isinstance(commands, str) else ", ".join(commands)
+            lines.append(f"  {numbers:<6} {who}: {meaning}")
+        else:
+            lines.append(f"  {numbers:<6} {meaning}")
     return "\n".join(lines)
 
 
-EXIT_CODE_HELP = _help_text()
+EXIT_CODE_HELP = exit_code_help()

@@ -14,6 +14,10 @@ from looptrace.instrumentation.tracefile.read import BadLine, SpanRecord, raw_sp
 
 MAX_OPEN_RUNS = 10_000  # runs whose root has not come yet, for their turn counts; beyond this the oldest is forgotten
 TURN_SPAN_NAME = "turn"  # semconv.TURN_SPAN_NAME (semconv is imported only once the command runs)
+# The status column fits the longest RunStatus ("stopped_by_detector"; a test holds it to the runtime's statuses),
+# so that the columns after it line up whatever each run ended with. Spelled out: the list starts without the runtime.
+STATUS_WIDTH = 19
+NAME_WIDTH = 24
 
 
 def list_command(args: argparse.Namespace) -> int:
@@ -115,7 +119,8 @@ def run_line(root: SpanRecord, turns_drawn: int = 0) -> str:
     elif isinstance(a.get(sc.RUN_LOOP_TOTAL_TOKENS), int):  # a loop with a model the price table does not know
         parts.append(f"loops {plural(a[sc.RUN_LOOP_TOTAL_TOKENS], 'token')}")
     status = str(a.get(sc.RUN_STATUS, "?"))
-    return f"{root.trace_id}  {when}  {root.name:<24} {status:<16} {', '.join(parts)}  {_duration(root.duration_s)}"
+    return (f"{root.trace_id}  {when}  {root.name:<{NAME_WIDTH}} {status:<{STATUS_WIDTH}} {', '.join(parts)}  "
+            f"{_duration(root.duration_s)}")
 
 
 def _duration(seconds: float) -> str:

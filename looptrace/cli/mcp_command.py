@@ -14,7 +14,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from looptrace.cli.common import UsageError
-from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.exit_codes import exit_code_help
 
 if TYPE_CHECKING:
     from looptrace.runtime.mcp_servers import MCPServer
@@ -72,14 +72,14 @@ def servers_from(args: argparse.Namespace) -> list[MCPServer]:
 
 def add_mcp_command(commands: Any) -> None:
     mcp = commands.add_parser("mcp", help="what MCP servers offer (looptrace mcp list --mcp 'COMMAND ARGS')",
-                              epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=exit_code_help("mcp list"), formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = mcp.add_subparsers(dest="mcp_command", required=True, metavar="ACTION")
     listing = actions.add_parser(
         "list", help="start or reach the servers and list their tools, then stop them",
         description="Start (--mcp) or reach (--mcp-url) MCP servers, list each tool with its description, its "
                     "arguments and the name the model would see, then stop them. A server that cannot start is "
                     "one line and exit code 2.",
-        epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=exit_code_help("mcp list"), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_mcp_flags(listing)
     listing.set_defaults(command_parser=listing, handler=list_command)
 

@@ -80,11 +80,12 @@ def add_replay_command(commands: Any) -> None:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    from looptrace.cli.trace_reading import trace_file_of
+    from looptrace.cli.trace_reading import trace_file_of, trace_id_prefix
     from looptrace.replay import NotReplayable, rebuild_run
 
-    if args.all and (args.trace_id or args.pytest):
+    if args.all and (args.trace_id is not None or args.pytest):
         raise UsageError("--all replays every run; --trace-id and --pytest are for one run")
+    trace_id = trace_id_prefix(args.trace_id)
     detector = detector_config(args)
     tools = tools_of(args)
     path, max_line_bytes = trace_file_of(args)
@@ -92,9 +93,9 @@ def replay_command(args: argparse.Namespace) -> int:
         from looptrace.cli.replay_table import replay_all
 
         return replay_all(path, args, tools=tools, detector=detector, max_line_bytes=max_line_bytes)
-    spans = _one_trace(path, args.trace_id, max_line_bytes)
+    spans = _one_trace(path, trace_id, max_line_bytes)
     if spans is None:
-        what = f"no trace {args.trace_id!r}" if args.trace_id else "no traces"
+        what = f"no trace {trace_id!r}" if trace_id else "no traces"
         print(f"looptrace: {what} in {path}", file=sys.stderr)
         return EXIT_NOT_FOUND
     try:
@@ -103,18 +104,19 @@ def replay_command(args: argparse.Namespace) -> int:
     except NotReplayable as exc:
         print(f"looptrace: cannot replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from looptrace.cli.running import EXIT_CODES, deliver_outcome
+
     if args.json:
-        sys.stdout.write(json.dumps(replayed.to_dict(), ensure_ascii=False, default=str) + "\n")
+        deliver_outcome(lambda: sys.stdout.write(json.dumps(replayed.to_dict(), ensure_ascii=False, default=str)
+                                                 + "\n"))
     else:
-        show(replayed, args, sys.stdout)
+        deliver_outcome(lambda: show(replayed, args, sys.stdout))
     if args.pytest is not None:
         from looptrace.cli.replay_pytest import write_regression_test
 
         write_regression_test(args.pytest, replayed.recorded, tools_file=Path(args.tools) if args.tools else None)
         print(f"looptrace: wrote {args.pytest}: a regression test of run {recorded.trace_id[:12]} "
               f"(run it with: pytest {args.pytest})", file=sys.stderr)
-    from looptrace.cli.running import EXIT_CODES
-
     return EXIT_CODES[replayed.result.status]
 
 
@@ -159,6 +161,6 @@ def _one_trace(path: Path, trace_id: str | None, max_line_bytes: int) -> list[An
     from looptrace.cli.trace_reading import LineReporter
 
     with LineReporter(path, max_line_bytes) as report:
-        spans = _find_trace(path, (trace_id or "").lower() or None, report)
-        report.finish(spans_required=report.bad > 0)  # a log or a binary file is refused as `traces show` does
+        spans = _find_trace(path, trace_id, report)
+        report.finish(spans_required=True)  # an empty file, a log or a binary file is refused as `traces show` does
     return spans

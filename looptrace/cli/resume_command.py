@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from looptrace.cli.common import UsageError
-from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.exit_codes import exit_code_help
 from looptrace.cli.running import add_export_flags, export_overrides
 
 
 def add_resume_command(commands: Any) -> None:
     resume = commands.add_parser("resume", help="finish a run that paused for a person's decision",
-                                 epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=exit_code_help("resume"), formatter_class=argparse.RawDescriptionHelpFormatter)
     resume.add_argument("state", type=Path, help="the state file the paused run wrote")
     resume.add_argument("--approve", action="append", default=[], metavar="ID",
                         help="approve the pending call ID; repeat for more")
@@ -39,8 +39,17 @@ def add_resume_command(commands: Any) -> None:
 
 
 def resume_command(args: argparse.Namespace) -> int:
-    from looptrace.cli.environment import anthropic_credentials_set, read_settings
-    from looptrace.cli.run_command import build_agent, load_tools, report, resume_run, settle_asked, terminal_approver
+    from looptrace.cli.environment import check_anthropic_environment, read_settings
+    from looptrace.cli.offline_model import is_scripted
+    from looptrace.cli.run_command import (
+        build_agent,
+        check_approved_tools,
+        load_tools,
+        report,
+        resume_run,
+        settle_asked,
+        terminal_approver,
+    )
     from looptrace.instrumentation.export import setup as telemetry_setup
     from looptrace.runtime.mcp_servers import MCPServerUnavailable
     from looptrace.runtime.resume_claims import claims_directory
@@ -57,11 +66,11 @@ def resume_command(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.state} was not written by `looptrace run`: resume it from the application that "
                          "paused it (Agent.resume)")
     _check_options(args.state, options)
-    if not anthropic_credentials_set():
-        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
-                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
-    tools = load_tools(Path(options["tools"])) if options.get("tools") else []
     settings = environment.with_overrides(model=options.get("model") or state.model)
+    if not is_scripted(settings.model):
+        check_anthropic_environment()
+    tools = load_tools(Path(options["tools"])) if options.get("tools") else []
+    check_approved_tools(args.approve_tool, tools, has_servers=bool(options.get("mcp") or options.get("mcp_url")))
     telemetry = telemetry_setup.configure(settings)
     approver = terminal_approver(args, approve_tools=args.approve_tool)
     try:

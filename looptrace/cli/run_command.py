@@ -9,15 +9,16 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from looptrace.cli.common import UsageError
-from looptrace.cli.environment import anthropic_credentials_set, no_trace_file_reason, read_settings
-from looptrace.cli.exit_codes import EXIT_CODE_HELP
+from looptrace.cli.common import UsageError, is_terminal
+from looptrace.cli.environment import check_anthropic_environment, no_trace_file_reason, read_settings
+from looptrace.cli.exit_codes import exit_code_help
 from looptrace.cli.mcp_command import add_mcp_flags, servers_from
 from looptrace.cli.running import (
     EXIT_CODES,
     add_anomaly_flag,
     add_export_flags,
     close,
+    deliver_outcome,
     execute,
     export_overrides,
     print_json,
@@ -36,11 +37,13 @@ if TYPE_CHECKING:
 def add_run_command(commands: Any) -> None:
     """Add `run` to a subparsers object."""
     run = commands.add_parser("run", help="run an agent on a task with the tools in a Python file",
-                              epilog=EXIT_CODE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=exit_code_help("run"), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
     run.add_argument("--tools", metavar="FILE.py", help="a Python file; every @tool function in it is offered")
     add_mcp_flags(run)
-    run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL})")
+    run.add_argument("--model", help=f"model id (default: LOOPTRACE_MODEL, else {DEFAULT_MODEL}); "
+                                     "scripted:equipment, scripted:notes or scripted:FILE.json replay written "
+                                     "responses offline, no key needed (docs/cli.md)")
     run.add_argument("--system", help="system prompt")
     run.add_argument("--name", default="agent", help="agent name on spans and metrics (default: %(default)s)")
     run.add_argument("--max-tokens", type=_positive_int, default=4096, help="max_tokens per model call")
@@ -58,7 +61,8 @@ def add_run_command(commands: Any) -> None:
                      help="a model that confirms ignored_error before it is reported, asked through the run's own "
                           "client (default: LOOPTRACE_JUDGE, else no judge; LOOPTRACE_JUDGE_MAX_CALLS calls per run "
                           "at most, default 3); its cost is shown apart, never charged to the run")
-    run.add_argument("--stream", action="store_true", help="use server-sent events for model calls")
+    run.add_argument("--stream", action="store_true",
+                     help="use server-sent events for model calls; the model's text is shown as it arrives")
     run.add_argument("--json", action="store_true", help="print the RunResult as one JSON object, nothing else")
     run.add_argument("--session-id", help="Langfuse session (and gen_ai.conversation.id) of the run's trace")
     run.add_argument("--user-id", help="Langfuse user of the run's trace")
@@ -86,21 +90,24 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the agent on the task; the final answer on stdout, the live view and where the trace went on stderr."""
     from opentelemetry import context as otel_context
 
+    from looptrace.cli.offline_model import is_scripted, scripted_model
     from looptrace.instrumentation.export import setup as telemetry_setup
     from looptrace.instrumentation.recording.labels import checked, run_labels
     from looptrace.runtime.mcp_servers import MCPServerUnavailable
 
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do, e.g. looptrace run \"Summarise README.md\"")
-    if not anthropic_credentials_set():
-        raise UsageError("ANTHROPIC_API_KEY is not set; export it "
-                         "(and ANTHROPIC_BASE_URL for a proxy or a local server)")
-    options = agent_options(args)
-    tools = load_tools(Path(args.tools)) if args.tools else []
-    servers = servers_from(args)  # a bad --mcp line is a usage error before anything starts
     # An empty --model or --traceparent is as good as none: the environment's (or the default) value stays.
     settings = read_settings(**export_overrides(args), model=args.model or None,
                              traceparent=args.traceparent or None, judge=args.judge or None)
+    if is_scripted(settings.model):
+        scripted_model(settings.model)  # a script that cannot be read is said before anything else
+    else:
+        check_anthropic_environment()
+    options = agent_options(args)
+    tools = load_tools(Path(args.tools)) if args.tools else []
+    check_approved_tools(args.approve, tools, has_servers=bool(args.mcp or args.mcp_url))
+    servers = servers_from(args)  # a bad --mcp line is a usage error before anything starts
     _check_priced(settings.model, args.max_cost_usd)
     _check_priced(settings.model, args.max_loop_cost_usd, "--max-loop-cost-usd")
     if not tools and not servers:
@@ -143,10 +150,10 @@ def report(args: argparse.Namespace, telemetry: Telemetry, result: RunResult, op
         if result.state is not None:
             _write_state(args, result, options)
         if args.json:
-            print_json(result, sys.stdout)
+            deliver_outcome(lambda: print_json(result, sys.stdout))
         else:
             if result.final_text:
-                print(result.final_text)
+                deliver_outcome(lambda: print(result.final_text))
             if result.error:
                 print(f"looptrace: {result.status.value}: {result.error}", file=sys.stderr)
             _point_at_trace(telemetry, result, sys.stderr, "--exporter" if args.exporter else None)
@@ -168,6 +175,9 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telemetry: Telemetry,
                 approver: TerminalApprover, *, json_output: bool) -> Agent:
+    """The run's agent, from its options (a paused run's state keeps them); the approver pauses the live view while
+    it asks."""
+    from looptrace.cli.offline_model import is_scripted, scripted_model
     from looptrace.cli.views import LiveView
     from looptrace.runtime.agent import Agent
     from looptrace.runtime.limits import Limits
@@ -175,17 +185,32 @@ def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telem
 
     servers = servers_from(argparse.Namespace(mcp=options.get("mcp") or [], mcp_url=options.get("mcp_url") or [],
                                               mcp_connect_timeout=options.get("mcp_connect_timeout")))
+    client = (scripted_model(settings.model, stream=options["stream"]) if is_scripted(settings.model)
+              else AnthropicModel(stream=options["stream"]))
+    view = None if json_output else LiveView(sys.stderr, capture_content=settings.capture_content)
+    approver.view = view
     return Agent(
         settings.model, tools=tools, mcp_servers=servers, system=options["system"], name=options["name"],
-        max_tokens=options["max_tokens"], client=AnthropicModel(stream=options["stream"]),
-        on_anomaly=options["on_anomaly"], approver=approver,
+        max_tokens=options["max_tokens"], client=client, on_anomaly=options["on_anomaly"], approver=approver,
         limits=Limits(max_turns=options["max_turns"], max_total_tokens=options["max_total_tokens"],
                       max_cost_usd=options["max_cost_usd"], max_loop_cost_usd=options.get("max_loop_cost_usd"),
                       timeout_s=options["timeout"],
                       tool_timeout_s=options["tool_timeout"]),
-        on_event=None if json_output else LiveView(sys.stderr, capture_content=settings.capture_content),
-        **telemetry_options(telemetry, live_view=not json_output),
+        on_event=view, **telemetry_options(telemetry, live_view=not json_output),
     )
+
+
+def check_approved_tools(approved: list[str], tools: list[Tool], *, has_servers: bool) -> None:
+    """`--approve TOOL` names a tool the run offers: a misspelt name would otherwise approve nothing, silently, and
+    the run would stop to ask (or pause) all the same. With MCP servers, the names of their tools are known only once
+    they have started, so the names are not checked then."""
+    if has_servers:
+        return
+    known = {tool.name for tool in tools}
+    unknown = [name for name in approved if name not in known]
+    if unknown:
+        offered = f"its tools: {', '.join(sorted(known))}" if known else "it offers no tools (no --tools FILE.py)"
+        raise UsageError(f"--approve {unknown[0]}: the run has no tool of that name ({offered})")
 
 
 def terminal_approver(args: argparse.Namespace, approve_tools: list[str]) -> TerminalApprover:
@@ -193,7 +218,7 @@ def terminal_approver(args: argparse.Namespace, approve_tools: list[str]) -> Ter
     from looptrace.cli.approval_prompt import TerminalApprover
 
     return TerminalApprover(sys.stdin, sys.stderr, approve_tools=approve_tools, approve_all=args.approve_all,
-                            ask=_is_terminal(sys.stdin))
+                            ask=is_terminal(sys.stdin))
 
 
 def settle_asked(agent: Agent, result: RunResult, approver: TerminalApprover, telemetry: Telemetry) -> RunResult:
@@ -230,13 +255,6 @@ def short_arguments(arguments: Any) -> str:
 
     text = shown_arguments(arguments)
     return text if len(text) <= 200 else text[:199] + "…"
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
 
 
 MAX_TOOLS_FILE_BYTES = 16 << 20  # a tools file is source code: beyond this, it is the wrong file (or /dev/zero)

@@ -11,9 +11,11 @@ import argparse
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from looptrace.cli.common import silence_stdout
 from looptrace.cli.exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 from looptrace.runtime.result import RunResult, RunStatus
 
@@ -151,6 +153,17 @@ def close(telemetry: Telemetry) -> None:
     notice = telemetry.undelivered_notice()
     if notice:
         print(notice, file=sys.stderr)
+
+
+def deliver_outcome(write: Callable[[], object]) -> None:
+    """Write a run's outcome to stdout with ``write``. A reader that went away (`looptrace demo | head -3`) ends the
+    writing quietly, and only the writing: the run is over and its trace saved, so its status stays the exit code,
+    whether the reader left before or after the last line (which a pipe decides by timing, not the run)."""
+    try:
+        write()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
 
 
 def print_json(result: RunResult, out: TextIO) -> None:

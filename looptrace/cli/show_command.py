@@ -22,6 +22,7 @@ from looptrace.cli.trace_reading import (
     is_root,
     not_trace_data,
     trace_file_of,
+    trace_id_prefix,
 )
 from looptrace.instrumentation.tracefile.read import (
     BadLine,
@@ -39,13 +40,12 @@ MAX_ROOTED_TRACES = 64  # traces whose root had a parent (a sub-agent's, perhaps
 def show_command(args: argparse.Namespace) -> int:
     from looptrace.cli.views import render_trace
 
+    wanted = trace_id_prefix(args.trace_id)
     path, max_line_bytes = trace_file_of(args)
-    wanted = (args.trace_id or "").lower() or None
     with LineReporter(path, max_line_bytes) as report:
         chosen = _find_trace(path, wanted, report)
-        # Lines read and none of them trace data (a log, a binary file) is a usage error, as for `detect` and `list`;
-        # an empty file simply holds no trace yet.
-        report.finish(spans_required=report.bad > 0)
+        # A file holding no span (empty, a log, a binary file) is a usage error, as for `detect`, `list` and `replay`.
+        report.finish(spans_required=True)
     if chosen is None:
         what = f"no trace {wanted!r}" if wanted else "no traces"
         print(f"looptrace: {what} in {path}", file=sys.stderr)

@@ -51,13 +51,16 @@ def add_trace_commands(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     detect.add_argument("file", nargs="?", type=Path,
                         help="trace file (default: LOOPTRACE_TRACE_FILE or .looptrace/traces.jsonl)")
-    detect.add_argument("--json", action="store_true", help="one JSON object per trace with anomalies, per line")
-    detect.add_argument("--all", action="store_true", help="also list the traces without anomalies")
+    detect.add_argument("--json", action="store_true",
+                        help="one JSON object per line for each run shown: those with anomalies or with tool errors "
+                             "left unresolved (every run with --all)")
+    detect.add_argument("--all", action="store_true",
+                        help="also list the runs with neither anomalies nor unresolved tool errors")
     add_langfuse_arguments(detect)
     detect.set_defaults(command_parser=detect, handler=detect_command)
 
     traces = commands.add_parser(
-        "traces", help="read the local trace file",
+        "traces", help="show and list the runs in the local trace file; push what a backend could not take",
         description="Read the local trace file (OTLP/JSON lines, as the file exporter writes them) or send on what a "
                     "backend could not take.",
         epilog="exit codes: see each subcommand's --help (looptrace traces show --help)",
@@ -69,9 +72,9 @@ def add_trace_commands(commands: Any) -> None:
                     "each tool call with its arguments and result (when content was captured). Without --trace-id, "
                     "the run that ended last. Malformed lines are named on stderr and skipped.",
         epilog="exit codes:\n  0   the run was shown\n"
-               "  2   unreadable file, a file whose lines hold no OTLP/JSON span (a log, a binary file),\n"
-               "      a trace id prefix that matches more than one trace, or a bad flag\n"
-               "  3   no such trace (or an empty file: no trace yet)\n"
+               "  2   unreadable or missing file, a file holding no OTLP/JSON span (empty, a log, a binary file),\n"
+               "      a trace id prefix that matches more than one trace (or is empty), or a bad flag\n"
+               "  3   no such trace\n"
                "  141 stdout closed early (e.g. `| head`)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     show.add_argument("--file", type=Path,
@@ -97,6 +100,10 @@ def add_trace_commands(commands: Any) -> None:
     push = traces_commands.add_parser(
         "push", help="send the spans and scores a backend could not take earlier (read back from the trace file), "
                      "never twice",
+        description="Send again what a backend (Langfuse, an OTLP endpoint) could not take when the run ended: the "
+                    "undelivered list names the spans by id and keeps the Langfuse scores; the spans themselves are "
+                    "read back from the trace files it names. Each is sent to the backend that missed it (or only "
+                    "to --to), at most once: what was delivered leaves the list.",
         epilog="exit codes:\n  0   nothing failed (spans for a backend not chosen with --to, or not configured, stay "
                "pending and are listed)\n  1   some spans are still pending because their backend failed again, "
                "were held back (a request may have delivered them: --resend-interrupted), or are lost (no trace file "

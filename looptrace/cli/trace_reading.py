@@ -34,6 +34,9 @@ BAD_LINES_SHOWN = 5
 # A file this big takes a second or more to read: a person at a terminal gets a progress bar (tqdm's, imported only
 # then: it costs 60-130 ms to import, more than `detect` takes on a small file).
 PROGRESS_MIN_BYTES = 50_000_000
+# What a missing trace file most likely means on a fresh clone, and what to do about it.
+NO_FILE_HINT = ("no run has written one there yet: `looptrace demo` writes one offline; a file elsewhere is named by "
+                "LOOPTRACE_TRACE_FILE")
 # What a line that is JSON but not trace data raises while its spans are read: it is reported, never a traceback.
 NOT_TRACE_DATA = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError)
 
@@ -62,7 +65,8 @@ class LineReporter:
             self.size = os.path.getsize(self.path)
         except FileNotFoundError as exc:
             if len(trace_files(self.path)) == 1:  # nothing rotated either
-                raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
+                raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc} ({NO_FILE_HINT})") \
+                    from None
         except OSError as exc:
             raise UsageError(f"cannot read trace file {self.path}: {exc.strerror or exc}") from None
         self.size = total_size(self.path)  # with the files it was rotated into, read first
@@ -178,6 +182,17 @@ def trace_file_of(args: argparse.Namespace) -> tuple[Path, int]:
     .looptrace/traces.jsonl) and the longest line it reads (LOOPTRACE_MAX_LINE_BYTES): the settings read once."""
     settings = read_settings()
     return getattr(args, "file", None) or settings.trace_file, settings.max_line_bytes
+
+
+def trace_id_prefix(value: str | None) -> str | None:
+    """A --trace-id as the readers match it (lower case), None when the flag was not given. An empty one is refused:
+    taken as "no id", it would quietly pick the latest run."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError("--trace-id is empty: give a trace id or its first digits (`looptrace traces list` shows "
+                         "them), or leave the flag out for the latest run")
+    return value.strip().lower()
 
 
 def is_root(span: dict[str, Any]) -> bool:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
-from looptrace.cli.common import plural, plural_of, unresolved_lines
+from looptrace.cli.common import is_terminal, plural, plural_of, unresolved_lines
 from looptrace.instrumentation.recording import semconv as sc
 from looptrace.instrumentation.tracefile.read import SpanRecord
 
 if TYPE_CHECKING:  # the live view's types: the reading commands (render_trace) never import the runtime
-    from looptrace.runtime.events import Event, ToolFinished
+    from looptrace.runtime.events import Event, TextStreamed, ToolFinished
     from looptrace.runtime.result import RunResult
 
 ERROR_MARK = "✗"
@@ -23,6 +24,7 @@ OK_MARK = "✓"
 WARN_MARK = "⚠"
 IGNORED_ERROR = "ignored_error"  # the detector's anomaly type for an error the final answer ignored
 MAX_INDENT = 3 * 40
+SAYS = "  says    "  # the model's text, as the view prints it
 NO_JUDGE_HINT = "set LOOPTRACE_JUDGE or pass --judge MODEL"  # `looptrace run`'s way to a judge
 
 
@@ -51,6 +53,9 @@ class LiveView:
     With ``capture_content=False`` (content capture off, as the settings say) the view keeps content off stderr as
     the spans keep it off the trace: a tool call shows its name, outcome, result size and digest, never its arguments
     or result, and the model's text shows only its length.
+
+    A model that streams (``TextStreamed`` events) has its text printed as it arrives. While a person is asked
+    something (``paused()``), the live line is taken off the screen and stays off until the answer.
     """
 
     def __init__(self, out: TextIO, *, tick_s: float = 0.25, capture_content: bool = True,
@@ -60,12 +65,15 @@ class LiveView:
         self.capture_content = capture_content
         self.no_judge_hint = no_judge_hint  # what the unjudged-errors line says to do when no judge is set
         self._turns_started = 0  # the turn a run failed in is shown; the result counts only completed turns
-        self.interactive = _is_terminal(out)
+        self.interactive = is_terminal(out)
         self._lock = threading.Lock()  # the ticker thread and the run's thread share the line
         self._waiting: tuple[str, float] | None = None  # what the run is waiting for, since when
         self._line_shown = False
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
+        self._held = False  # a person is being asked something: the ticker draws nothing
+        self._streamed_turn = 0  # the turn whose text was streamed (its ModelResponded prints no "says" line)
+        self._stream_open = False  # streamed text is on the current line, unfinished
 
     def note(self, text: str) -> None:
         """A line of the caller's own, e.g. what the run is about, written the same way as the view's."""
@@ -74,9 +82,18 @@ class LiveView:
     def __call__(self, event: Event) -> None:
         # Imported here, not with the module: `traces show` renders with this module and would otherwise load the
         # runtime, its interface and the whole detector at start-up for nothing (a run has them loaded already).
-        from looptrace.runtime.events import AnomalyDetected, ModelResponded, RunFinished, ToolFinished, TurnStarted
+        from looptrace.runtime.events import (
+            AnomalyDetected,
+            ModelResponded,
+            RunFinished,
+            TextStreamed,
+            ToolFinished,
+            TurnStarted,
+        )
 
-        if isinstance(event, TurnStarted):
+        if isinstance(event, TextStreamed):
+            self._streamed(event)
+        elif isinstance(event, TurnStarted):
             self._turns_started = max(self._turns_started, event.turn)
             self._write(f"turn {event.turn}\n", waiting_for="waiting for the model")
         elif isinstance(event, ModelResponded):
@@ -84,9 +101,10 @@ class LiveView:
             lines = (f"  model   stop_reason={event.stop_reason}  in={u.input_tokens} out={u.output_tokens}"
                      f" cache_read={u.cache_read_input_tokens} cache_write={u.cache_creation_input_tokens}"
                      f"  {duration(event.duration_s)}\n")
-            if event.text and event.stop_reason != "tool_use":
+            streamed = self._streamed_turn == event.turn and self.capture_content  # its text is on screen already
+            if event.text and event.stop_reason != "tool_use" and not streamed:
                 said = short(event.text, 100) if self.capture_content else f"({plural(len(event.text), 'character')})"
-                lines += f"  says    {said}\n"
+                lines += f"{SAYS}{said}\n"
             names = [name for name, _ in event.tool_calls]
             running = f"running {', '.join(names[:3])}{' …' if len(names) > 3 else ''}" if names else None
             self._write(lines, waiting_for=running if event.stop_reason == "tool_use" else None)
@@ -127,12 +145,49 @@ class LiveView:
         return (f"{event.name}({arguments}) -> {event.outcome}, {plural(len(event.result), 'character')}, "
                 f"digest {result_digest(event.result)}")
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """While a person is asked something at the terminal (an approval, whether to go on): the live line is
+        erased and not drawn again until the block ends; then it counts again from the answer (waiting for a person
+        is not the call's time)."""
+        with self._lock:
+            waiting = self._waiting
+            self._held = True
+            if self._line_shown:
+                self._emit("\r\x1b[K")
+                self._line_shown = False
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held = False
+                if waiting is not None and self._waiting is waiting:  # nothing new was shown meanwhile
+                    self._waiting = (waiting[0], time.monotonic())
+
+    def _streamed(self, event: TextStreamed) -> None:
+        """A piece of the model's text, printed as it arrives (with content capture off, only its length is shown,
+        with the response)."""
+        if not self.capture_content:
+            return
+        with self._lock:
+            self._waiting = None  # the text itself shows the call is alive
+            start = ""
+            if self._streamed_turn != event.turn:
+                self._streamed_turn = event.turn
+                start = ("\r\x1b[K" if self._line_shown else "") + SAYS
+                self._line_shown = False
+            self._emit(start + event.text.replace("\n", "\n" + " " * len(SAYS)))
+            self._stream_open = True
+
     # --- writing ------------------------------------------------------------------------------------------------
 
     def _write(self, text: str, *, waiting_for: str | None = None) -> None:
         """Permanent lines (erasing the live line first), then what the run now waits for, if anything."""
         with self._lock:
             self._waiting = (waiting_for, time.monotonic()) if waiting_for and self.interactive else None
+            if self._stream_open:  # the streamed text's line ends before the next line begins
+                text = "\n" + text
+                self._stream_open = False
             self._emit(("\r\x1b[K" if self._line_shown else "") + text)
             self._line_shown = False
             start_ticker = self._waiting is not None and (self._ticker is None or not self._ticker.is_alive())
@@ -144,7 +199,7 @@ class LiveView:
     def _tick(self) -> None:
         while not self._stop.wait(self.tick_s):
             with self._lock:
-                if self._waiting is None or self.out is None:
+                if self._waiting is None or self.out is None or self._held:
                     continue
                 label, since = self._waiting
                 self._emit(f"\r\x1b[K  … {label}  {time.monotonic() - since:.1f} s")
@@ -188,13 +243,6 @@ def judge_lines(result: RunResult, no_judge_hint: str = NO_JUDGE_HINT) -> list[s
     if judge.unjudged_no_judge:
         lines.append(f"{plural(judge.unjudged_no_judge, 'tool error')} left unjudged (no judge: {no_judge_hint})")
     return lines
-
-
-def _is_terminal(out: TextIO) -> bool:
-    try:
-        return bool(out.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
 
 
 # --- trace trees ----------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ Script items:
   and block types are passed through untouched.
 * a callable ``f(request_body) -> item`` for answers that depend on the request.
 * ``Error``, ``Delay``, ``DropConnection``, ``NotStreamed`` and ``Trickle`` for
-  failure modes.
+  failure modes; ``Held`` for a stream the test lets finish when it chooses.
 
 A request that forces a tool call (``tool_choice`` ``{"type": "tool", "name": N}``,
 as the detector's judge sends for its ``verdict``) can be answered apart from the
@@ -64,6 +64,7 @@ __all__ = [
     "DropConnection",
     "Error",
     "FakeMessagesAPI",
+    "Held",
     "NotStreamed",
     "Trickle",
     "complete_message",
@@ -140,7 +141,19 @@ class Trickle:
     finished: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
-ScriptItem = Any  # dict | Callable[[dict], ScriptItem] | Error | Delay | DropConnection | Trickle
+@dataclass(frozen=True)
+class Held:
+    """Stream ``item``'s first ``after_events`` server-sent events, then wait until the test sets ``release`` (60 s
+    at most) before sending the rest: what a client shows while a call is still streaming can be looked at then. A
+    request that does not stream gets ``item`` at once."""
+
+    item: Any
+    after_events: int
+    release: threading.Event = field(default_factory=threading.Event, compare=False)
+    expired: threading.Event = field(default_factory=threading.Event, compare=False)  # set: nobody released it
+
+
+ScriptItem = Any  # dict | Callable[[dict], ScriptItem] | Error | Delay | DropConnection | Trickle | Held
 
 _FAILURE_ITEMS = (Error, Delay, DropConnection, NotStreamed)
 
@@ -566,6 +579,10 @@ class FakeMessagesAPI:
         elif isinstance(item, Trickle):
             handler.send_slowly(complete_message(item.item, body), item, stream=bool(body.get("stream")),
                                 stopping=self._stopping)
+        elif isinstance(item, Held) and body.get("stream"):
+            handler.send_stream(complete_message(item.item, body), hold=item)
+        elif isinstance(item, Held):
+            handler.send_json(200, complete_message(item.item, body))
         elif body.get("stream"):
             handler.send_stream(complete_message(item, body))
         else:
@@ -591,7 +608,7 @@ class FakeMessagesAPI:
                 item = item.item
             elif callable(item):
                 item = item(body)
-            elif isinstance(item, (Mapping, Trickle, *_FAILURE_ITEMS)):
+            elif isinstance(item, (Mapping, Trickle, Held, *_FAILURE_ITEMS)):
                 return item
             else:
                 raise TypeError(f"not a script item: {item!r}")
@@ -659,14 +676,18 @@ class _Handler(BaseHTTPRequestHandler):
         detail = {"type": error.error_type, "message": error.message}
         self.send_json(error.status, {"type": "error", "error": detail, "request_id": request_id}, extra)
 
-    def send_stream(self, message: Mapping[str, Any], stop_after: int | None = None) -> None:
-        """Send ``message`` as SSE; with ``stop_after``, only that many events."""
+    def send_stream(self, message: Mapping[str, Any], stop_after: int | None = None,
+                    hold: Held | None = None) -> None:
+        """Send ``message`` as SSE; with ``stop_after``, only that many events; with ``hold``, wait for its release
+        after its ``after_events``."""
         self._start(200, "text/event-stream; charset=utf-8", {"cache-control": "no-cache"})
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         for count, event in enumerate(stream_events(message)):
             if count == stop_after:
                 return
+            if hold is not None and count == hold.after_events and not hold.release.wait(60):
+                hold.expired.set()
             self._write_chunk(_sse(event))
         self._write_chunk(b"")  # the zero-length chunk that ends the body
 
