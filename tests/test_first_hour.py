@@ -268,7 +268,7 @@ def test_the_readme_names_one_model_and_the_price_table_where_it_is():
 
 
 def test_the_readme_says_its_detector_figures_need_a_corpus_outside_the_repository():
-    paragraph = README[README.index("On 1,249 recorded runs"):][:400]
+    paragraph = README[README.index("recorded runs of real agents"):][:400]
     assert "outside this repository" in paragraph
     assert "docs/detector.md#measured-on-real-agents" in paragraph
 
