@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors
 from looptrace.instrumentation.interface import AgentTelemetry, AnsweringModel, RunTrace, Usage, log
-from looptrace.runtime import approvals, resume
+from looptrace.runtime import conversation, resume
 from looptrace.runtime import policy as policies
 from looptrace.runtime import tools as toolkit
-from looptrace.runtime.approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, Decision, PendingCall
+from looptrace.runtime.approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, PendingCall
 from looptrace.runtime.effects import Effect, Gate, ModelCall, PrepareModel, Raised, ToolRound
 from looptrace.runtime.events import (
     AnomalyDetected,
@@ -166,16 +166,16 @@ class AgentLoop:
         content = response.get("content") or []
         run.messages.append({"role": "assistant", "content": content})
         stop_reason = run.stop_reason = response.get("stop_reason")
-        run.final_text = _text_of(content)
+        run.final_text = conversation.text_of(content)
         if self.on_event is not None:
-            self._emit(ModelResponded(index, stop_reason, usage, run.final_text, _tool_calls_of(content),
+            self._emit(ModelResponded(index, stop_reason, usage, run.final_text, conversation.tool_calls_of(content),
                                       time.perf_counter() - started))
         # Budgets first, as the seed loop does: a turn that crossed one ends the run even if it also said end_turn.
         spent = run.budget.spent()
         try:
             if spent is not None:
                 if stop_reason == "tool_use":  # the history stays one a caller can send again
-                    run.messages.append({"role": "user", "content": _not_run(content, spent.value)})
+                    run.messages.append({"role": "user", "content": conversation.not_run(content, spent.value)})
                 return spent
             return (yield from self._act(run, index, content, stop_reason))
         finally:
@@ -198,7 +198,7 @@ class AgentLoop:
             early = self._reported(run, run.monitor.before_calls(
                 [(block.get("name") or "", block.get("input")) for block in blocks], turns_left=self._turns_left(run)))
             if early.stop is not None:  # stopped before the repeat was made (no span: it never ran)
-                run.messages.append({"role": "user", "content": _not_run(
+                run.messages.append({"role": "user", "content": conversation.not_run(
                     content, "", why="the loop detector stopped the run before this repeated call")})
                 return RunStatus.STOPPED_BY_DETECTOR
             if not blocks:
@@ -228,10 +228,10 @@ class AgentLoop:
             return RunStatus.STOPPED_BY_DETECTOR
         if run.asked is not None:  # a person decides whether the run ends here, or goes on with their message
             run.asked = PendingAnomaly(run.asked.anomaly, at_end=True, finish_status=status.value)
-            _append_nudges(run, reaction.nudges)
+            run.messages.extend(conversation.nudges(reaction.nudges))
             return RunStatus.AWAITING_APPROVAL
         if reaction.nudges and status is RunStatus.DONE:
-            _append_nudges(run, reaction.nudges)
+            run.messages.extend(conversation.nudges(reaction.nudges))
             return None  # one more turn, for the model to answer the nudge
         return status
 
@@ -298,7 +298,7 @@ class AgentLoop:
                 call.waiting = True
             else:
                 run.budget.exclude(waited)  # the time it waited for a decision is not the run's running time
-                _apply_decision(call, decision, BY_APPROVER, waited)
+                call.decided(decision, BY_APPROVER, waited)
 
     def _reported(self, run: Run, reaction: Reaction) -> Reaction:
         """What the loop keeps of a reaction beyond its nudges and stop: an event per report, and the first anomaly a
@@ -411,7 +411,7 @@ class AgentLoop:
             if not resumption.go_on:
                 return RunStatus.STOPPED_BY_DETECTOR
             if resumption.message:
-                _add_user_text(run, resumption.message)
+                conversation.add_user_text(run.messages, resumption.message)
             elif asked.at_end:
                 return RunStatus(asked.finish_status or RunStatus.DONE.value)
         return (yield from self._turns(run))
@@ -426,22 +426,13 @@ class AgentLoop:
         calls = plan_calls(run.monitor, [b for b in blocks if b.get("id") in resumption.decisions], run.tools)
         waited = max(time.time() - state.paused_at, 0.0)
         for call in calls:
-            _apply_decision(call, resumption.decisions[call.call_id], BY_PERSON, waited)
+            call.decided(resumption.decisions[call.call_id], BY_PERSON, waited)
         try:
             return (yield from self._tool_round(run, calls, [b.get("id") or "" for b in blocks], state.settled))
         finally:
             run.monitor.end_turn("tool_use")
 
-# --- small pure helpers -------------------------------------------------------------------------------------------
-
-
-
-
-def _apply_decision(call: ToolCallRun, decision: Decision, by: approvals.DecidedBy, waited_s: float) -> None:
-    call.trace.approval(decision="approved" if decision.approved else "rejected", by=by, reason=decision.reason,
-                        wait_s=waited_s)
-    if not decision.approved:
-        call.error = approvals.Rejected(call.name, decision.reason, by)
+# --- small helpers ------------------------------------------------------------------------------------------------
 
 
 def _pause(run: Run, ready: list[ToolCallRun], waiting: list[ToolCallRun], settled: dict[str, dict[str, Any]]) -> None:
@@ -461,38 +452,6 @@ def _end_damaged(trace: RunTrace, state: RunState, budget: Budget, exc: BaseExce
     """The trace of a resume whose state turned out damaged ends, saying so."""
     trace.end(status="error", turns=state.turns, usage=budget.usage, cost_usd=budget.cost_usd, anomalies=0,
               final_text=None, error=f"the run state's detector record is damaged: {exc!r}", error_type="StateError")
-
-
-def _append_nudges(run: Run, nudges: Sequence[str]) -> None:
-    if nudges:
-        run.messages.append({"role": "user", "content": [{"type": "text", "text": text} for text in nudges]})
-
-
-def _add_user_text(run: Run, text: str) -> None:
-    """A person's message for the model, after the last user turn (or as a new one)."""
-    block = {"type": "text", "text": text}
-    last = run.messages[-1] if run.messages else None
-    if last is not None and last.get("role") == "user" and isinstance(last.get("content"), list):
-        run.messages[-1] = {**last, "content": [*last["content"], block]}
-    else:
-        run.messages.append({"role": "user", "content": [block]})
-
-
-
-
-def _text_of(content: list[Any]) -> str:
-    return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
-
-
-def _tool_calls_of(content: list[Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple((b.get("name", ""), b.get("input")) for b in tool_use_blocks(content))
-
-
-def _not_run(content: list[Any], limit: str, *, why: str | None = None) -> list[dict[str, Any]]:
-    """is_error results for tool calls the run stopped before making, so the history stays valid to continue."""
-    text = f"(not run: {why or f'the run stopped on its {limit} limit'})"
-    return [{"type": "tool_result", "tool_use_id": block.get("id", ""), "is_error": True, "content": text}
-            for block in tool_use_blocks(content)]
 
 
 def _error_text(error: BaseException | None) -> str | None:

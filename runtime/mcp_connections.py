@@ -27,73 +27,38 @@ import atexit
 import concurrent.futures
 import contextlib
 import contextvars
-import dataclasses
-import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
-from urllib.parse import urlsplit
+from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from looptrace.instrumentation.agent_telemetry import mcp_telemetry
 from looptrace.instrumentation.interface import log
 from looptrace.runtime import tools as toolkit
-from looptrace.runtime.mcp_failures import RequestFailed, SessionGone, cannot, describe, failure_of, startup_failure
-from looptrace.runtime.mcp_results import tool_result
-from looptrace.runtime.mcp_servers import (
-    MCPServer,
-    MCPServerHTTP,
-    MCPServerStdio,
-    MCPServerUnavailable,
-    MCPTool,
-    _approval_for,
-    check_installed,
-    compiled_checker,
-    tool_name,
+from looptrace.runtime.mcp_failures import RequestFailed, SessionGone, cannot, describe, startup_failure
+from looptrace.runtime.mcp_link import (
+    ServerLink,
+    build_tools,
+    log_stderr,
+    not_connected,
+    open_transport,
+    quiet_package_logs,
+    requesting,
+    settle_future,
+    settle_ready,
+    telemetry_for,
 )
-from looptrace.runtime.mcp_wire import Pending, Wire
+from looptrace.runtime.mcp_results import tool_result
+from looptrace.runtime.mcp_servers import MCPServer, MCPServerUnavailable, MCPTool, check_installed, compiled_checker
+from looptrace.runtime.mcp_wire import Wire
 
 if TYPE_CHECKING:
     from mcp import ClientSession
 
-    from looptrace.instrumentation.agent_telemetry import MCPServerTelemetry
 
 REQUEST_GRACE_S = 1.0
 CLOSE_TIMEOUT_S = 15.0  # the mcp package stops a stdio server within ~4 s (stdin closed, SIGTERM, SIGKILL)
 PING_TIMEOUT_S = 5.0  # a held server that does not answer a ping in this time is busy, not gone: it is kept
 STDERR_LINES_LOGGED = 50
-TOOL_ERROR = "tool_error"  # error.type of a call answered with isError (the MCP conventions' value)
-
-
-@dataclasses.dataclass(eq=False)
-class _Server:
-    config: MCPServer
-    label: str
-    telemetry: MCPServerTelemetry
-    session: ClientSession | None = None
-    wire: Wire | None = None
-    tools: list[Any] = dataclasses.field(default_factory=list)
-    checkers: dict[str, Any] = dataclasses.field(default_factory=dict)  # compiled input-schema validators
-    left_out: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (tool, why) from its last list
-    failure: str | None = None
-    protocol_version: str | None = None
-    session_id: str | None = None
-    stderr: TextIO | None = None
-    stale: bool = False  # the server said its tool list changed; not listed again yet
-    last_stderr: str = ""  # the last line the server wrote to stderr, for the reason it could not start
-    stop: asyncio.Event | None = None  # set: the connection's task closes it
-    keeper: asyncio.Task | None = None  # the task that owns the connection
-    connecting: asyncio.Future | None = None  # the connect under way, which concurrent runs share
-    checking: asyncio.Future | None = None  # the ping of a held connection under way: its calls wait for it
-    session_gone: bool = False  # HTTP: the server answered 404 to our session (it restarted, or dropped it)
-    starting: bool = False  # its connection is being opened (a close cancels that; never a connection's unwinding)
-    closing: bool = False  # looptrace is closing it (a server exiting then is not "lost")
-    lost: bool = False  # the server's output ended while the connection was open
-    garbled: int = 0  # lines it wrote that are not MCP, on this connection
-
-    @property
-    def is_stdio(self) -> bool:
-        return isinstance(self.config, MCPServerStdio)
 
 
 class MCPConnections:
@@ -104,11 +69,11 @@ class MCPConnections:
     def __init__(self, servers: Iterable[MCPServer], telemetry: Any = None, *,
                  call_timeout_s: float | None = None, connect: bool = True) -> None:
         check_installed()
-        _quiet_package_logs()
+        quiet_package_logs()
         # The run's per-tool timeout decides what the model is told; the request itself gets a moment longer, then
         # the mcp package gives up on it too and tells the server to stop (a call from run() is not cancellable).
         self._request_timeout_s = None if call_timeout_s is None else call_timeout_s + REQUEST_GRACE_S
-        self._servers = [_Server(config, config.label, _telemetry_for(telemetry, config)) for config in servers]
+        self._servers = [ServerLink(config, config.label, telemetry_for(telemetry, config)) for config in servers]
         self.version = 0
         self._built: tuple[int, frozenset[str], dict[str, MCPTool]] | None = None
         self._offered: tuple[tuple[int, int], Any, dict[str, toolkit.Tool], list[dict[str, Any]]] | None = None
@@ -161,7 +126,8 @@ class MCPConnections:
     def listing(self) -> list[tuple[str, Any, str | None]]:
         """(server name, mcp Tool, the name the model is offered it by, or None) for every tool the connected servers
         list, in their order; then (server name, the tool's name, why it was left out) for those that were not."""
-        offered = {id(t.listed): name for name, t in self._build(frozenset(), warn=False).items()}
+        built = build_tools(self._servers, frozenset(), self.call, warn=False)
+        offered = {id(t.listed): name for name, t in built.items()}
         return [(server.label, listed, offered.get(id(listed))) for server in self._servers for listed in server.tools]
 
     def left_out(self) -> list[tuple[str, str, str]]:
@@ -180,7 +146,8 @@ class MCPConnections:
         key = frozenset(taken)
         built = self._built
         if built is None or built[0] != self.version or built[1] != key:
-            built = self._built = (self.version, key, {name: t.tool for name, t in self._build(key).items()})
+            tools = {name: offered.tool for name, offered in build_tools(self._servers, key, self.call).items()}
+            built = self._built = (self.version, key, tools)
         return built[2]
 
     def offered_with(self, own: Mapping[str, toolkit.Tool]) -> tuple[dict[str, toolkit.Tool], list[dict[str, Any]]]:
@@ -194,39 +161,7 @@ class MCPConnections:
             offered = self._offered = (key, own, tools, [t.definition() for t in tools.values()])
         return offered[2], offered[3]
 
-    def _build(self, taken: frozenset[str], *, warn: bool = True) -> dict[str, _Built]:
-        said = log.warning if warn else log.debug
-        used = set(taken)
-        built: dict[str, _Built] = {}
-        for server in self._servers:
-            for listed in server.tools:
-                name = tool_name(listed.name)
-                if name in used:
-                    name = tool_name(f"{server.label}_{listed.name}")
-                if name in used:
-                    said("mcp_tool_skipped", server=server.label, tool=listed.name,
-                         reason=f"the name {name!r} is already taken")
-                    continue
-                schema = listed.input_schema if isinstance(listed.input_schema, dict) else {}
-                if schema.get("type", "object") != "object":
-                    said("mcp_tool_skipped", server=server.label, tool=listed.name,
-                         reason="its input schema is not an object, which the Messages API requires")
-                    continue
-                used.add(name)
-                built[name] = _Built(self._tool(server, listed, name, {"type": "object", **schema}), listed)
-        return built
-
-    def _tool(self, server: _Server, listed: Any, name: str, schema: dict[str, Any]) -> MCPTool:
-        remote = listed.name
-
-        async def call_mcp_tool(**arguments: Any) -> Any:
-            return await self.call(server, remote, arguments)
-
-        return MCPTool(name=name, description=listed.description or listed.title or remote, input_schema=schema,
-                       fn=call_mcp_tool, needs_approval=_approval_for(server.config, remote), server=server.label,
-                       remote_name=remote, checker=server.checkers.get(remote))
-
-    async def call(self, server: _Server, name: str, arguments: dict[str, Any]) -> Any:
+    async def call(self, server: ServerLink, name: str, arguments: dict[str, Any]) -> Any:
         """Call a tool from any event loop; the call runs on the connections' loop, in the caller's context (so its
         span opens under the caller's execute_tool span)."""
         if self.closed:
@@ -236,7 +171,7 @@ class MCPConnections:
 
         def start() -> None:
             task = self._loop.create_task(self._call(server, name, arguments), context=context)
-            task.add_done_callback(lambda done: _settle_future(done, outcome))
+            task.add_done_callback(lambda done: settle_future(done, outcome))
             # The caller gave up (its timeout, a cancelled arun): cancel the request on its own loop's thread.
             outcome.add_done_callback(lambda f: self._loop.call_soon_threadsafe(task.cancel) if f.cancelled() else None)
 
@@ -279,7 +214,7 @@ class MCPConnections:
     async def _connect_all(self, timeout_s: float | None, check: bool) -> None:
         await asyncio.gather(*(self._ensure(server, timeout_s, check) for server in self._servers))
 
-    async def _ensure(self, server: _Server, timeout_s: float | None, check: bool) -> None:
+    async def _ensure(self, server: ServerLink, timeout_s: float | None, check: bool) -> None:
         """``server`` connected, or failed (said). A held stdio one is checked in the background: the run does not
         wait for the ping (its first model call hides it), its calls to that server do (``_call``). A held HTTP one
         needs no ping: a server that lost the session says so (404) to the next request, which opens a new one."""
@@ -289,18 +224,18 @@ class MCPConnections:
             return
         await self._connecting(server, timeout_s)
 
-    async def _connecting(self, server: _Server, timeout_s: float | None) -> None:
+    async def _connecting(self, server: ServerLink, timeout_s: float | None) -> None:
         if server.connecting is None or server.connecting.done():
             server.connecting = asyncio.ensure_future(self._connect(server, timeout_s))
         await asyncio.shield(server.connecting)
 
-    async def _check(self, server: _Server, timeout_s: float | None) -> None:
+    async def _check(self, server: ServerLink, timeout_s: float | None) -> None:
         """A held connection that no longer answers a ping is replaced by a new one."""
         if not await self._answers(server):
             await self._drop(server)
             await self._connecting(server, timeout_s)
 
-    async def _answers(self, server: _Server) -> bool:
+    async def _answers(self, server: ServerLink) -> bool:
         """Whether a held connection still answers (one ``ping``): an error means it is gone; a slow answer, busy."""
         session = server.session
         if session is None:
@@ -316,7 +251,7 @@ class MCPConnections:
             return False
         return True
 
-    async def _drop(self, server: _Server) -> None:
+    async def _drop(self, server: ServerLink) -> None:
         """Stop a connection that no longer answers (said already), and wait (bounded) for its task to end."""
         server.closing = True
         if server.stop is not None:
@@ -325,7 +260,7 @@ class MCPConnections:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(server.keeper), CLOSE_TIMEOUT_S)
 
-    async def _connect(self, server: _Server, timeout_s: float | None) -> None:
+    async def _connect(self, server: ServerLink, timeout_s: float | None) -> None:
         """Start ``server``'s connection and wait until it is up or has failed (said in one warning)."""
         limit = server.config.connect_timeout_s
         if timeout_s is not None and timeout_s < limit:
@@ -350,7 +285,7 @@ class MCPConnections:
             log.warning("mcp_server_unavailable", server=server.label, error=server.failure,
                         hint="the run goes on without its tools")
 
-    async def _keep(self, server: _Server, stop: asyncio.Event, ready: asyncio.Future, limit: float) -> None:
+    async def _keep(self, server: ServerLink, stop: asyncio.Event, ready: asyncio.Future, limit: float) -> None:
         """Own one connection from start to close, in this one task (the mcp package's task groups require it);
         ``stop`` set ends it."""
         opened_at: float | None = None
@@ -362,7 +297,7 @@ class MCPConnections:
                         async with asyncio.timeout(limit):
                             await self._open(stack, server, stop)
                 except BaseException as exc:  # the waiting run hears of it now; stopping the process comes after
-                    _settle(ready, exc)
+                    settle_ready(ready, exc)
                     raise
                 finally:
                     # From here the task must not be cancelled again: a second cancellation would cut short the
@@ -372,7 +307,7 @@ class MCPConnections:
                 ready.set_result(None)
                 await stop.wait()
         except BaseException as exc:
-            _settle(ready, exc)
+            settle_ready(ready, exc)
             if opened_at is not None and not isinstance(exc, asyncio.CancelledError) and not server.closing:
                 server.lost, server.failure = True, describe(exc)
             if not isinstance(exc, Exception):
@@ -381,14 +316,14 @@ class MCPConnections:
             if server.keeper is asyncio.current_task():  # not a connection replaced since (see _drop)
                 self._ended(server, opened_at)
 
-    async def _open(self, stack: contextlib.AsyncExitStack, server: _Server, stop: asyncio.Event) -> None:
+    async def _open(self, stack: contextlib.AsyncExitStack, server: ServerLink, stop: asyncio.Event) -> None:
         from mcp import ClientSession
 
-        read, write = await stack.enter_async_context(self._transport(server))
+        read, write = await stack.enter_async_context(open_transport(server))
         wire = Wire(read, write, on_closed=lambda: self._on_closed(server, stop))
         session = await stack.enter_async_context(ClientSession(
             wire.incoming, wire.outgoing, message_handler=lambda message: self._on_message(server, message)))
-        async with self._requesting(server, wire, "initialize"):
+        async with requesting(server, wire, "initialize"):
             initialized = await session.initialize()
         server.protocol_version = wire.protocol_version = initialized.protocol_version
         server.telemetry.session(session_id=server.session_id, protocol_version=server.protocol_version)
@@ -396,7 +331,7 @@ class MCPConnections:
         await self._list(server, session)
         server.session = session
 
-    def _on_closed(self, server: _Server, stop: asyncio.Event) -> None:
+    def _on_closed(self, server: ServerLink, stop: asyncio.Event) -> None:
         """The server's output ended (its process exited): the connection is over, whatever was under way."""
         if stop is not server.stop:  # an earlier connection's, already replaced
             return
@@ -406,53 +341,19 @@ class MCPConnections:
                 server.failure = "it exited, or closed the connection"
         stop.set()
 
-    def _ended(self, server: _Server, opened_at: float | None) -> None:
+    def _ended(self, server: ServerLink, opened_at: float | None) -> None:
         lost = server.lost and not server.closing
         server.session = server.wire = None
         if opened_at is not None:
             server.telemetry.session_ended(time.monotonic() - opened_at, "connection_closed" if lost else None)
-        _log_stderr(server)
+        log_stderr(server)
         if lost and opened_at is not None:
             # Its stderr is not quoted here, as it is for a server that cannot start: after calls, it may quote their
             # arguments (it is logged at debug level, above).
             log.warning("mcp_server_lost", server=server.label, error=server.failure or "it went away",
                         hint="its calls fail for the rest of this run; the next run connects to it again")
 
-    def _transport(self, server: _Server) -> contextlib.AbstractAsyncContextManager[Any]:
-        config = server.config
-        if isinstance(config, MCPServerStdio):
-            import tempfile
-
-            from mcp.client.stdio import StdioServerParameters, stdio_client
-
-            # Closed by _log_stderr once the server has stopped: it must outlive this function.
-            server.stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
-            # A byte that is not UTF-8 becomes U+FFFD: one bad byte costs one line, not the connection.
-            parameters = StdioServerParameters(command=config.command, args=list(config.args),
-                                               env=dict(config.env) if config.env else None, cwd=config.cwd,
-                                               encoding_error_handler="replace")
-            return stdio_client(parameters, errlog=server.stderr)
-        return self._http_transport(server, config)
-
-    @contextlib.asynccontextmanager
-    async def _http_transport(self, server: _Server, config: MCPServerHTTP) -> AsyncIterator[Any]:
-        import httpx2  # the HTTP client the mcp package is built on
-        from mcp.client.streamable_http import streamable_http_client
-
-        async def remember_session(response: Any) -> None:  # mcp.session.id, from the header the server assigns
-            session_id = response.headers.get("mcp-session-id")
-            if session_id:
-                server.session_id = session_id
-            elif response.status_code == 404 and response.request.headers.get("mcp-session-id"):
-                server.session_gone = True  # the spec's signal that the session is over: start a new one
-
-        # The package's own defaults: 30 s to connect or write, 300 s to read (a server may hold a stream open).
-        client = httpx2.AsyncClient(headers=dict(config.headers or {}), timeout=httpx2.Timeout(30.0, read=300.0),
-                                    event_hooks={"response": [remember_session]})
-        async with client, streamable_http_client(config.url, http_client=client) as streams:
-            yield streams
-
-    async def _on_message(self, server: _Server, message: Any) -> None:
+    async def _on_message(self, server: ServerLink, message: Any) -> None:
         from mcp import types
 
         if isinstance(message, types.ToolListChangedNotification):
@@ -466,7 +367,7 @@ class MCPConnections:
                 "mcp_server_garbled", server=server.label, error=describe(message),
                 hint="it wrote something that is not MCP; later such lines are logged at debug level")
 
-    async def _list(self, server: _Server, session: ClientSession) -> None:
+    async def _list(self, server: ServerLink, session: ClientSession) -> None:
         """Read the server's tool list (every page), note the tools left out of it, compile each input schema's
         validator (here, off the run's clock), and bump ``version``."""
         from mcp import types
@@ -476,7 +377,7 @@ class MCPConnections:
         left_out: list[tuple[str, str]] = []
         cursor: str | None = None
         while True:
-            async with self._requesting(server, server.wire, "tools/list") as pending:
+            async with requesting(server, server.wire, "tools/list") as pending:
                 page = await session.list_tools(
                     params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
             listed.extend(page.tools)
@@ -502,33 +403,7 @@ class MCPConnections:
 
     # --- requests ---------------------------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _requesting(self, server: _Server, wire: Wire, method: str, *, tool: str | None = None,
-                          arguments: Any = None) -> AsyncIterator[Pending]:
-        """One request: its span current while it is sent, its id and answer watched on the wire; a failure raised
-        as ``RequestFailed`` with what the model is told (scrubbed of the call's redacted arguments)."""
-        with server.telemetry.request(method, tool=tool, arguments=arguments) as request:
-            pending = Pending(method, request.scrub)
-            try:
-                with wire.sending(pending):
-                    yield pending
-                if pending.tool_error:
-                    request.failed(TOOL_ERROR)
-            except (asyncio.CancelledError, RequestFailed):
-                raise
-            except Exception as exc:
-                failure = failure_of(server.label, tool or method, exc, pending)
-                failure = failure._replace(text=request.scrub(failure.text))
-                if failure.code is not None:
-                    request.answered_error(failure.code, failure.message,
-                                           capture_content=server.telemetry.capture_content)
-                else:
-                    request.failed(failure.error_type)
-                raise RequestFailed(failure, pending) from None
-            finally:
-                request.sent(pending.request_id)
-
-    async def _call(self, server: _Server, name: str, arguments: dict[str, Any]) -> Any:
+    async def _call(self, server: ServerLink, name: str, arguments: dict[str, Any]) -> Any:
         checking = server.checking
         if checking is not None and not checking.done():  # a held connection is being checked: it may be replaced
             await asyncio.shield(checking)
@@ -542,15 +417,15 @@ class MCPConnections:
             await self._connecting(server, None)
             return await self._call_once(server, name, arguments, renewed=True)
 
-    async def _call_once(self, server: _Server, name: str, arguments: dict[str, Any], *,
+    async def _call_once(self, server: ServerLink, name: str, arguments: dict[str, Any], *,
                          renewed: bool = False) -> Any:
         session, wire = server.session, server.wire
         if session is None or wire is None:
-            problem = _not_connected(server)
+            problem = not_connected(server)
             log.warning("mcp_call_failed", server=server.label, tool=name, error=problem)
             raise toolkit.ToolError(problem)
         try:
-            async with self._requesting(server, wire, "tools/call", tool=name, arguments=arguments) as sent:
+            async with requesting(server, wire, "tools/call", tool=name, arguments=arguments) as sent:
                 result = await session.call_tool(name, arguments, read_timeout_seconds=self._request_timeout_s)
                 sent.tool_error = bool(result.is_error)
         except asyncio.CancelledError:
@@ -564,7 +439,7 @@ class MCPConnections:
             if not failed.pending.written and failed.failure.error_type == "connection_closed":
                 # The connection was over before the request could go (its end not yet handled): not sent, said as
                 # for a server known to be gone, whichever came first.
-                problem = _not_connected(server)
+                problem = not_connected(server)
             if self.closed:  # run() gave up on it (its time ran out) and the run has ended since
                 log.warning("mcp_call_abandoned", server=server.label, tool=name,
                             reason="the run ended before the server answered (the call's time had run out)")
@@ -593,69 +468,6 @@ class MCPConnections:
         pending += [s.connecting for s in self._servers if s.connecting is not None]
         pending += [s.checking for s in self._servers if s.checking is not None]
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-class _Built(NamedTuple):
-    tool: MCPTool
-    listed: Any
-
-
-def _not_connected(server: _Server) -> str:
-    return f"MCP server {server.label!r} is not connected ({server.failure or 'it exited, or closed the connection'})"
-
-
-def _telemetry_for(telemetry: Any, config: MCPServer) -> MCPServerTelemetry:
-    if isinstance(config, MCPServerStdio):
-        return mcp_telemetry(telemetry, server=config.label, transport="pipe")
-    parts = urlsplit(config.url)
-    return mcp_telemetry(telemetry, server=config.label, transport="tcp", server_address=parts.hostname,
-                         server_port=parts.port or (443 if parts.scheme == "https" else 80))
-
-
-def _settle(ready: asyncio.Future, exc: BaseException) -> None:
-    if ready.done():
-        return
-    if isinstance(exc, asyncio.CancelledError):
-        exc = MCPServerUnavailable("the connection was closed before it was up")
-    ready.set_exception(exc if isinstance(exc, Exception) else MCPServerUnavailable(describe(exc)))
-
-
-def _settle_future(task: asyncio.Task, outcome: concurrent.futures.Future) -> None:
-    if outcome.done():
-        return
-    if task.cancelled():
-        outcome.cancel()
-    elif task.exception() is not None:
-        outcome.set_exception(task.exception())
-    else:
-        outcome.set_result(task.result())
-
-
-def _log_stderr(server: _Server) -> None:
-    """The server's stderr, at debug level, once it has closed: never on the user's terminal."""
-    stream, server.stderr = server.stderr, None
-    if stream is None:
-        return
-    try:
-        stream.seek(0)
-        lines = stream.read().splitlines()[-STDERR_LINES_LOGGED:]
-        server.last_stderr = next((line.strip() for line in reversed(lines) if line.strip()), "")
-        for line in lines:
-            log.debug("mcp_server_stderr", server=server.label, line=line)
-    except Exception:
-        pass
-    finally:
-        stream.close()
-
-
-def _quiet_package_logs() -> None:
-    """The mcp package logs what looptrace already says in its own warnings (a line that is not MCP, with a
-    traceback): with no handler configured for it anywhere, Python's last-resort handler would print those to the
-    terminal. A NullHandler on the package's logger keeps them off; an application's own logging set-up still gets
-    them (NullHandler only stands in for the missing handler)."""
-    package = logging.getLogger("mcp")
-    if not any(isinstance(h, logging.NullHandler) for h in package.handlers):
-        package.addHandler(logging.NullHandler())
 
 
 # --- safety net ---------------------------------------------------------------------------------------------------

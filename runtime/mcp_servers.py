@@ -180,7 +180,7 @@ def _schema_problem(error: Any) -> str:
     return f"{where}: does not satisfy {kind} {json.dumps(expected, default=str)[:200]}"
 
 
-def _approval_for(config: MCPServer, remote_name: str) -> bool | Callable[[dict[str, Any]], Any]:
+def approval_for(config: MCPServer, remote_name: str) -> bool | Callable[[dict[str, Any]], Any]:
     rule = config.needs_approval
     if isinstance(rule, bool):
         return rule

@@ -79,6 +79,14 @@ class ToolCallRun:
             block["is_error"] = True
         return block
 
+    def decided(self, decision: approvals.Decision, by: approvals.DecidedBy, waited_s: float) -> None:
+        """A person's or the approver's decision on this call, before it runs: recorded, and a rejection becomes the
+        error the model is told (with the reason)."""
+        self.trace.approval(decision="approved" if decision.approved else "rejected", by=by, reason=decision.reason,
+                            wait_s=waited_s)
+        if not decision.approved:
+            self.error = approvals.Rejected(self.name, decision.reason, by)
+
     def interrupted(self) -> None:
         """Ctrl-C or a cancellation reached the call: its trace ends as interrupted."""
         self.view.settle("(interrupted)", is_error=True, outcome="interrupted", duration_s=self.duration_s)
