@@ -94,6 +94,9 @@ def command_of(tool: str, arguments: Any) -> str | None:
     exactly one string argument. Arguments given as JSON text (as a trace reader may) are parsed.
     """
     if isinstance(arguments, str):
+        # Arguments as JSON text (a trace reader's): most calls run no command, and say so without being parsed.
+        if not _runs_commands(tool) and not any(name in arguments for name in COMMAND_ARGUMENTS):
+            return None
         arguments = _parsed(arguments)
         if arguments is None:
             return None

@@ -141,9 +141,15 @@ def success_keys(tool: str, arguments: Any) -> frozenset[str]:
     code calls (`python -c "import pytest; pytest.main([...])"` ran the tests)."""
     command = command_of(tool, arguments)
     if command is None:
-        words = _tool_words(tool)
-        return frozenset({tool}) if words is None else words.keys | {tool}
+        return _tool_keys(tool)
     return _command_keys(command)
+
+
+@functools.lru_cache(maxsize=256)
+def _tool_keys(tool: str) -> frozenset[str]:
+    """What a success of a tool that runs no command counts as: the tool, and its family or verb."""
+    words = _tool_words(tool)
+    return frozenset({tool}) if words is None else words.keys | {tool}
 
 
 @functools.lru_cache(maxsize=256)
