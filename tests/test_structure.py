@@ -372,8 +372,48 @@ def test_the_detector_works_where_opentelemetry_is_not_installed():
 
 
 def test_agent_py_uses_no_private_attribute_of_another_object():
-    source = (ROOT / "runtime" / "agent.py").read_text(encoding="utf-8")
-    assert re.findall(r"\b\w+\._(?!_)\w+", _without_self(source)) == []
+    for module in ("agent.py", "loop.py"):  # the drivers and the core they drive
+        source = (ROOT / "runtime" / module).read_text(encoding="utf-8")
+        assert re.findall(r"\b\w+\._(?!_)\w+", _without_self(source)) == [], module
+
+
+MAX_RUNTIME_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def oversized(sources: dict[str, str]) -> list[str]:
+    """Modules over ``MAX_RUNTIME_MODULE_LINES`` lines and functions over ``MAX_FUNCTION_LINES`` (decorators and
+    docstrings counted), as "path: N lines" or "path:line name: N lines"."""
+    found = []
+    for path, source in sorted(sources.items()):
+        lines = source.count("\n") + (not source.endswith("\n"))
+        if lines > MAX_RUNTIME_MODULE_LINES:
+            found.append(f"{path}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def runtime_sources() -> dict[str, str]:
+    return {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+            for path in sorted((ROOT / "runtime").glob("*.py"))}
+
+
+def test_no_runtime_module_is_over_500_lines_and_no_function_over_60():
+    assert oversized(runtime_sources()) == []
+
+
+def test_a_long_runtime_module_or_function_added_on_purpose_is_caught():
+    sources = runtime_sources()
+    long_function = "def sprawl():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    sources["runtime/loop.py"] += "\n\n" + long_function
+    sources["runtime/sprawl.py"] = "\n" * (MAX_RUNTIME_MODULE_LINES + 1)
+    found = oversized(sources)
+    assert any(line.startswith("runtime/loop.py:") and "sprawl" in line for line in found)
+    assert "runtime/sprawl.py: 501 lines" in found
 
 
 def _without_self(source: str) -> str:
