@@ -48,6 +48,7 @@ import requests
 
 from ..logs import log
 from ..settings import LangfuseSettings, safe_url
+from .failures import caused_by_refusal
 
 V2_OBSERVATIONS_PATH = "/api/public/v2/observations"
 TRACES_PATH = "/api/public/traces"
@@ -232,7 +233,7 @@ class LangfuseAPI:
                                                  headers=self._headers, timeout=self.timeout_s)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 timed_out = isinstance(exc, requests.Timeout)
-                if not timed_out and _refused(exc):  # nothing listens there (or no such host): retrying cannot help
+                if not timed_out and caused_by_refusal(exc):  # nothing listens there, or no such host: no retry
                     raise LangfuseUnavailable(f"cannot connect to Langfuse at {where} (connection refused or host "
                                               "not found): is it running? check LANGFUSE_BASE_URL",
                                               transport=exc) from None
@@ -307,24 +308,6 @@ class LangfuseAPI:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
-
-
-def _refused(error: BaseException) -> bool:
-    """A connection refused, or a host that does not resolve, somewhere in requests' chain of wrapped errors (a reset
-    of a pooled connection is neither: a retry usually gets through)."""
-    from urllib3.exceptions import NewConnectionError  # NameResolutionError is one too
-
-    seen: set[int] = set()
-    pending: list[Any] = [error]
-    while pending:
-        item = pending.pop()
-        if not isinstance(item, BaseException) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, (ConnectionRefusedError, NewConnectionError)):
-            return True
-        pending.extend([*item.args, getattr(item, "reason", None), item.__cause__, item.__context__])
-    return False
 
 
 def is_missing_route(error: LangfuseAPIError) -> bool:

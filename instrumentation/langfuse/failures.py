@@ -54,7 +54,7 @@ def failure_from_exception(error: BaseException) -> Failure:
 
     if isinstance(error, (Timeout, TimeoutError)):
         return Failure(TIMEOUT, type(error).__name__)
-    if _caused_by_refusal(error):
+    if caused_by_refusal(error):
         return Failure(REFUSED, type(error).__name__)
     return Failure(FAILED, type(error).__name__)
 
@@ -75,7 +75,7 @@ def failure_from_grpc(code: Any, details: str = "") -> Failure:
     return Failure(SERVER_ERROR, name)
 
 
-def _caused_by_refusal(error: BaseException) -> bool:
+def caused_by_refusal(error: BaseException) -> bool:
     """A refused connection or an unknown host, somewhere in requests' chain of wrapped errors.
 
     A reset of a pooled keep-alive connection is deliberately *not* a refusal: the exporter retries it at once and
