@@ -8,6 +8,10 @@ live run: what `looptrace detect`, `watch`, `replay` and `report` read.
   call's span says it used and cost, as the detector's cost ledger takes it.
 * ``SESSION_PREFIX`` and ``CONVERSATION_PREFIX`` begin the keys of runs that have no trace of their own (model calls
   joined by session id, or by the history they continue).
+* ``rebuild_run``: a stored looptrace run as ``replay`` needs it (``RecordedRun``: every response and tool result;
+  ``runs_in``: the runs of some spans; ``reported_anomalies``: what the live run reported), or why it cannot be
+  replayed (``NotReplayable``: ``ContentNotRecorded``, ``IncompleteRecording``).
+* ``recorded_unresolved_errors``: the tool errors a stored run's root span says it left unresolved.
 
 The names load on first use: `looptrace detect` must not pay for what it does not read.
 """
@@ -20,6 +24,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .conversations import CONVERSATION_PREFIX
     from .readers import SESSION_PREFIX, KeySelection
+    from .recorded_facts import recorded_unresolved_errors
+    from .recorded_run import (
+        ContentNotRecorded,
+        IncompleteRecording,
+        NotReplayable,
+        RecordedAnomaly,
+        RecordedCall,
+        RecordedModelError,
+        RecordedRun,
+        rebuild_run,
+        reported_anomalies,
+        runs_in,
+    )
     from .run_rebuilder import DETECTION_KEYS, MODEL_OPERATIONS, RunRebuilder, Verdict
     from .span_usage import model_call_usage
     from .trace_detect import detect_spans
@@ -35,6 +52,17 @@ _EXPORTS: dict[str, str] = {
     "Verdict": "run_rebuilder",
     "detect_spans": "trace_detect",
     "model_call_usage": "span_usage",
+    "recorded_unresolved_errors": "recorded_facts",
+    "ContentNotRecorded": "recorded_run",
+    "IncompleteRecording": "recorded_run",
+    "NotReplayable": "recorded_run",
+    "RecordedAnomaly": "recorded_run",
+    "RecordedCall": "recorded_run",
+    "RecordedModelError": "recorded_run",
+    "RecordedRun": "recorded_run",
+    "rebuild_run": "recorded_run",
+    "reported_anomalies": "recorded_run",
+    "runs_in": "recorded_run",
 }
 
 __all__ = [
@@ -42,11 +70,22 @@ __all__ = [
     "DETECTION_KEYS",
     "MODEL_OPERATIONS",
     "SESSION_PREFIX",
+    "ContentNotRecorded",
+    "IncompleteRecording",
     "KeySelection",
+    "NotReplayable",
+    "RecordedAnomaly",
+    "RecordedCall",
+    "RecordedModelError",
+    "RecordedRun",
     "RunRebuilder",
     "Verdict",
     "detect_spans",
     "model_call_usage",
+    "rebuild_run",
+    "recorded_unresolved_errors",
+    "reported_anomalies",
+    "runs_in",
 ]
 
 
