@@ -58,6 +58,7 @@ __all__ = [
     "PastTheRecording",
     "RecordedAnomaly",
     "RecordedCall",
+    "RecordedModelError",
     "RecordedModelFailure",
     "RecordedRun",
     "Replay",
