@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "MCPConnections": "mcp_connections",
     "MCPServer": "mcp_servers", "MCPServerHTTP": "mcp_servers", "MCPServerStdio": "mcp_servers",
     "MCPServerUnavailable": "mcp_servers", "check_installed": "mcp_servers",
-    "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models",
+    "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models", "report_streamed_text": "models",
     "NOTHING": "monitor", "Reaction": "monitor", "RunMonitor": "monitor",
     "AnomalyPolicy": "policy", "Policy": "policy",
     "Price": "pricing", "Pricing": "pricing", "price_for": "pricing",
@@ -72,6 +72,7 @@ __all__ = [
     "claims_directory",
     "price_for",
     "reject",
+    "report_streamed_text",
     "tool",
 ]
 
@@ -96,7 +97,7 @@ if TYPE_CHECKING:
         MCPServerUnavailable,
         check_installed,
     )
-    from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
+    from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel, report_streamed_text
     from looptrace.runtime.monitor import NOTHING, Reaction, RunMonitor
     from looptrace.runtime.policy import AnomalyPolicy, Policy
     from looptrace.runtime.pricing import Price, Pricing, price_for

@@ -1,9 +1,9 @@
 """Langfuse at the edge: the attribute mapping, the scores, and reading traces back through its public API.
 
 * ``api``: looptrace's one client for Langfuse's public API (``LangfuseAPI``, its errors ``LangfuseAPIError``), and
-  ``TraceLinks``, the links to a run in Langfuse's UI.
+  ``TraceLinks``, links to traces in Langfuse's UI.
 * ``scan``: `looptrace detect` over a Langfuse project: the traces a ``ScanQuery`` selects, rebuilt and judged, and
-  resumable from a cursor (``CursorError`` when the cursor does not fit). Its function is ``scan_traces`` here
+  resumable from a cursor (``CursorError``: one that cannot be resumed). Its function is ``scan_traces`` here
   (``scan.scan`` in its module: a package's attribute named like one of its modules is that module once imported,
   so the face cannot hand a function out under that name).
 * ``scores``: anomalies as Langfuse scores (``LangfuseScores``, ``post_score``).

@@ -2,8 +2,9 @@
 live run: what `looptrace detect`, `watch`, `replay` and `report` read.
 
 * ``RunRebuilder`` takes spans one at a time, in any order, and gives a ``Verdict`` per run as soon as it can be
-  judged (``detect_spans`` drives it over an iterable); it reads ``tracefile.SpanRecord``s, and ``DETECTION_KEYS``
-  (a ``KeySelection``) are the only attributes it reads, so a file reader can skip the rest.
+  judged (``detect_spans`` drives it over an iterable, ``DetectorSpanProcessor`` over an application's live spans);
+  it reads ``tracefile.SpanRecord``s, and ``DETECTION_KEYS`` (a ``KeySelection``) are the only attributes it reads,
+  so a file reader can skip the rest.
 * ``MODEL_OPERATIONS``: the ``gen_ai.operation.name`` values of a model call; ``model_call_usage``: what one model
   call's span says it used and cost, as the detector's cost ledger takes it.
 * ``SESSION_PREFIX`` and ``CONVERSATION_PREFIX`` begin the keys of runs that have no trace of their own (model calls
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     )
     from .run_rebuilder import DETECTION_KEYS, MODEL_OPERATIONS, RunRebuilder, Verdict
     from .span_usage import model_call_usage
-    from .trace_detect import detect_spans
+    from .trace_detect import DetectorSpanProcessor, detect_spans
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
@@ -63,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "rebuild_run": "recorded_run",
     "reported_anomalies": "recorded_run",
     "runs_in": "recorded_run",
+    "DetectorSpanProcessor": "trace_detect",
 }
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "MODEL_OPERATIONS",
     "SESSION_PREFIX",
     "ContentNotRecorded",
+    "DetectorSpanProcessor",
     "IncompleteRecording",
     "KeySelection",
     "NotReplayable",
