@@ -11,22 +11,82 @@
 * ``langfuse/``: Langfuse's attribute mapping, scores and public-API client; ``detector/``: pure standard library;
   ``watch/``: the OTLP receiver in front of a run watcher.
 
-``looptrace.configure(...)`` sets up exporters for an application and ``looptrace.Settings`` holds the configuration;
-both load on first use, so code that only makes spans through the API never imports the SDK's exporters.
+Each subpackage hands out its public names from its own ``__init__``; this one hands out what other packages (the
+CLI, the guards, ``replay``) need of the top-level modules (settings, interface, alerts, logs, agent_telemetry), and
+``configure`` with the ``Telemetry`` it returns. The factory ``agent_telemetry.agent_telemetry`` is
+``build_agent_telemetry`` here: a package's attribute named like one of its modules is that module once imported, so
+the face cannot hand a function out under that name. Every name loads on first use, so code that only makes spans
+through the API never imports the SDK's exporters.
 """
 
-from typing import Any
+from __future__ import annotations
 
-__all__ = ["Settings", "Telemetry", "configure"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, for type checkers
+    from .agent_telemetry import agent_telemetry as build_agent_telemetry
+    from .alerts import Alerts
+    from .export.setup import Telemetry, configure
+    from .interface import AgentTelemetry, Answer, ToolCallView, ToolTrace, Usage
+    from .logs import configure_service_logging, install_cli_rendering, logger, settings_ignored
+    from .settings import DEFAULT_MODEL, ConfigurationError, Settings, http_url_problem
+
+# public name -> the module of this package that defines it
+_EXPORTS: dict[str, str] = {
+    "Alerts": "alerts",
+    "Telemetry": "export.setup",
+    "configure": "export.setup",
+    "AgentTelemetry": "interface",
+    "Answer": "interface",
+    "ToolCallView": "interface",
+    "ToolTrace": "interface",
+    "Usage": "interface",
+    "configure_service_logging": "logs",
+    "install_cli_rendering": "logs",
+    "logger": "logs",
+    "settings_ignored": "logs",
+    "DEFAULT_MODEL": "settings",
+    "ConfigurationError": "settings",
+    "Settings": "settings",
+    "http_url_problem": "settings",
+}
+# public name -> (module, its name there), for a function named like the module that defines it: the import
+# system binds a package's attribute of a submodule's name to the submodule once it is imported, so the face
+# cannot hand the function out under that name
+_RENAMED: dict[str, tuple[str, str]] = {
+    "build_agent_telemetry": ("agent_telemetry", "agent_telemetry"),
+}
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "AgentTelemetry",
+    "Alerts",
+    "Answer",
+    "ConfigurationError",
+    "Settings",
+    "Telemetry",
+    "ToolCallView",
+    "ToolTrace",
+    "Usage",
+    "build_agent_telemetry",
+    "configure",
+    "configure_service_logging",
+    "http_url_problem",
+    "install_cli_rendering",
+    "logger",
+    "settings_ignored",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Settings":
-        from .settings import Settings
+    module, attribute = _RENAMED.get(name) or (_EXPORTS.get(name), name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    globals()[name] = value  # looked up once
+    return value
 
-        return Settings
-    if name in __all__:
-        from .export import setup
 
-        return getattr(setup, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS, *_RENAMED])

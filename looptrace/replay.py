@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from looptrace.instrumentation import Settings
 from looptrace.instrumentation.detector import DetectorConfig
-from looptrace.instrumentation.offline.recorded_run import (
+from looptrace.instrumentation.offline import (
     ContentNotRecorded,
     IncompleteRecording,
     NotReplayable,
@@ -45,11 +46,7 @@ from looptrace.instrumentation.offline.recorded_run import (
     reported_anomalies,
     runs_in,
 )
-from looptrace.instrumentation.settings import Settings
-from looptrace.runtime.events import AnomalyDetected, Event, TurnStarted
-from looptrace.runtime.limits import Limits
-from looptrace.runtime.result import RunResult
-from looptrace.runtime.tools import Tool, ToolError
+from looptrace.runtime import AnomalyDetected, Event, Limits, RunResult, Tool, ToolError, TurnStarted
 
 __all__ = [
     "LOOP_TYPES",
@@ -61,6 +58,7 @@ __all__ = [
     "PastTheRecording",
     "RecordedAnomaly",
     "RecordedCall",
+    "RecordedModelError",
     "RecordedModelFailure",
     "RecordedRun",
     "Replay",
@@ -162,9 +160,8 @@ def replay(recorded: RecordedRun, *, tools: Sequence[Tool] | None = None, limits
     are the Agent's own options (its defaults when None). Raises ``IncompleteRecording`` when a result the recorded
     tools would need was not recorded.
     """
-    from looptrace.instrumentation.alerts import Alerts
-    from looptrace.runtime.agent import Agent
-    from looptrace.runtime.models import ScriptedModel
+    from looptrace.instrumentation import Alerts
+    from looptrace.runtime import Agent, ScriptedModel
 
     tracker = _Tracker()
     own_tools = tools is not None
@@ -208,7 +205,7 @@ class _PastTheRecordingIsNoFailure(logging.Filter):
 
 @contextlib.contextmanager
 def _past_the_recording_unlogged() -> Iterator[None]:
-    from looptrace.instrumentation.logs import logger
+    from looptrace.instrumentation import logger
 
     quiet = _PastTheRecordingIsNoFailure()
     logger.addFilter(quiet)

@@ -1,4 +1,5 @@
-"""looptrace's agent runtime: the loop, its tools, its limits and what a run returns.
+"""looptrace's agent runtime: the loop, its tools and MCP servers, its limits and policy, the run monitor the guards
+share, and what a run returns. Other packages (the CLI, the guards, ``replay``) import these names from here.
 
 The names load on first use (like the top-level ``looptrace`` package), so importing one submodule, such as the
 results the CLI maps to exit codes, does not import them all.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
     "Agent": "agent", "RunInterrupted": "agent",
     "ApprovalRequest": "approvals", "Decision": "approvals", "PendingCall": "approvals", "approve": "approvals",
@@ -17,26 +19,43 @@ _EXPORTS: dict[str, str] = {
     "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
     "TextStreamed": "events", "ToolFinished": "events", "TurnStarted": "events",
     "Limits": "limits",
-    "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models",
-    "Price": "pricing",
+    "MCPConnections": "mcp_connections",
+    "MCPServer": "mcp_servers", "MCPServerHTTP": "mcp_servers", "MCPServerStdio": "mcp_servers",
+    "MCPServerUnavailable": "mcp_servers", "check_installed": "mcp_servers",
+    "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models", "report_streamed_text": "models",
+    "NOTHING": "monitor", "Reaction": "monitor", "RunMonitor": "monitor",
+    "AnomalyPolicy": "policy", "Policy": "policy",
+    "Price": "pricing", "Pricing": "pricing", "price_for": "pricing",
     "RunResult": "result", "RunStatus": "result", "Usage": "result",
-    "Tool": "tools", "tool": "tools",
+    "claims_directory": "resume_claims",
+    "Tool": "tools", "ToolError": "tools", "tool": "tools",
 }
 
 __all__ = [
+    "NOTHING",
     "Agent",
     "AnomalyDetected",
+    "AnomalyPolicy",
     "AnthropicModel",
     "ApprovalRequest",
     "Decision",
     "Event",
     "Limits",
+    "MCPConnections",
+    "MCPServer",
+    "MCPServerHTTP",
+    "MCPServerStdio",
+    "MCPServerUnavailable",
     "Model",
     "ModelResponded",
     "PendingCall",
+    "Policy",
     "Price",
+    "Pricing",
+    "Reaction",
     "RunFinished",
     "RunInterrupted",
+    "RunMonitor",
     "RunResult",
     "RunState",
     "RunStatus",
@@ -44,11 +63,16 @@ __all__ = [
     "StateError",
     "TextStreamed",
     "Tool",
+    "ToolError",
     "ToolFinished",
     "TurnStarted",
     "Usage",
     "approve",
+    "check_installed",
+    "claims_directory",
+    "price_for",
     "reject",
+    "report_streamed_text",
     "tool",
 ]
 
@@ -65,11 +89,22 @@ if TYPE_CHECKING:
         TurnStarted,
     )
     from looptrace.runtime.limits import Limits
-    from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel
-    from looptrace.runtime.pricing import Price
+    from looptrace.runtime.mcp_connections import MCPConnections
+    from looptrace.runtime.mcp_servers import (
+        MCPServer,
+        MCPServerHTTP,
+        MCPServerStdio,
+        MCPServerUnavailable,
+        check_installed,
+    )
+    from looptrace.runtime.models import AnthropicModel, Model, ScriptedModel, report_streamed_text
+    from looptrace.runtime.monitor import NOTHING, Reaction, RunMonitor
+    from looptrace.runtime.policy import AnomalyPolicy, Policy
+    from looptrace.runtime.pricing import Price, Pricing, price_for
     from looptrace.runtime.result import RunResult, RunStatus, Usage
+    from looptrace.runtime.resume_claims import claims_directory
     from looptrace.runtime.state import RunState, StateError
-    from looptrace.runtime.tools import Tool, tool
+    from looptrace.runtime.tools import Tool, ToolError, tool
 
 
 def __getattr__(name: str) -> Any:

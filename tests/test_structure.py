@@ -1,5 +1,6 @@
 """The structure a newcomer relies on: names in one place, the detector free of OpenTelemetry, one narrow interface
-between the loop and telemetry, no import cycle, and the environment read only where the program starts.
+between the loop and telemetry, no import cycle, packages that hand their names out through their faces, and the
+environment read only where the program starts.
 
 The import graph is read from the source (``ast``): every ``import`` and ``from ... import`` at any depth (the lazy
 ones inside functions too), and those under ``if TYPE_CHECKING:`` as well: they never run, but a cycle through one is
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import re
 import subprocess
 import sys
@@ -314,6 +316,187 @@ def test_a_forbidden_runtime_import_is_caught(forbidden):
     source = path.read_text(encoding="utf-8") + f"\n\ndef _later():\n    {forbidden}\n"
     overrides = {"looptrace.runtime.limits": source}
     assert "looptrace.runtime.limits" in runtime_reaches_into_instrumentation(import_graph(overrides), overrides)
+
+
+# --- faces: other packages take a package's names from its __init__ -----------------------------------------------
+
+# The rooms that import product code only through package faces (ARCHITECTURE.md), or from inside themselves.
+FACE_USERS = ("looptrace.cli", "looptrace.guards", "looptrace.replay", "looptrace.report")
+
+
+@functools.cache
+def faces() -> frozenset[str]:
+    """Every package's ``__init__`` (runtime, instrumentation, each of their subpackages, looptrace's own) and each
+    module at the top of ``looptrace`` (rooms of their own: replay, version, testing, pytest_plugin)."""
+    return frozenset(name for name, path in module_sources().items()
+                     if path.name == "__init__.py" or path.parent == PACKAGE_DIRS["looptrace"])
+
+
+@functools.cache
+def face_names(face: str) -> frozenset[str] | None:
+    """The names a face lists in ``__all__`` (read from its source, a literal list), or None when it lists none."""
+    tree = ast.parse(module_sources()[face].read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets):
+            assert node.value is not None
+            return frozenset(ast.literal_eval(node.value))
+    return None
+
+
+def _handed_out(face: str, name: str) -> bool:
+    """Whether ``from face import name`` takes what the face hands out: a name it lists in ``__all__`` (a public one
+    when it lists none), or a face of its own (``from looptrace import examples``). Any other module of the package
+    is a reach past the face, whether the face would find it or not."""
+    if f"{face}.{name}" in faces():
+        return True
+    listed = face_names(face)
+    return name in listed if listed is not None else not (name.startswith("_") and not name.startswith("__"))
+
+
+def _room_of(module: str) -> str | None:
+    return next((room for room in FACE_USERS if module == room or module.startswith(room + ".")), None)
+
+
+def reaches_past_faces(sources: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Each module of the CLI, the guards, replay and the report, and what it imports of another package other than
+    through that package's face: at any depth (in functions too) and under ``if TYPE_CHECKING:`` as well. A face
+    hands out what it lists in ``__all__``; ``from looptrace.instrumentation.export import setup`` reaches past it as
+    much as ``from looptrace.instrumentation.export.setup import configure`` does. ``sources`` replaces modules'
+    source (to test the test)."""
+    sources = sources or {}
+    modules = module_sources()
+    found: dict[str, list[str]] = {}
+    for name, path in modules.items():
+        room = _room_of(name)
+        if room is None:
+            continue
+        tree = ast.parse(sources.get(name) or path.read_text(encoding="utf-8"))
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        wrong = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                wrong += [f"{node.lineno}: import {alias.name}" for alias in node.names
+                          if alias.name.split(".")[0] == "looptrace" and _room_of(alias.name) != room
+                          and alias.name not in faces()]
+            elif isinstance(node, ast.ImportFrom):
+                base = (".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])])
+                        if node.level else node.module or "")
+                if base.split(".")[0] != "looptrace" or _room_of(base) == room:
+                    continue
+                taken = [alias.name for alias in node.names
+                         if base not in faces() or not _handed_out(base, alias.name)]
+                if taken:
+                    wrong.append(f"{node.lineno}: from {base} import {', '.join(taken)}")
+        if wrong:
+            found[name] = wrong
+    return found
+
+
+def test_the_cli_guards_replay_and_report_import_only_package_faces():
+    assert reaches_past_faces() == {}
+
+
+@pytest.mark.parametrize(("module", "sneaky"), [
+    # a submodule's name, in a function: the face hands the same function out
+    ("looptrace.cli.list_command", "\n\ndef _later():\n    from looptrace.instrumentation.tracefile.read import read_lines\n"),
+    # for type checkers only: it still ties the guards to where the runtime keeps its Agent
+    ("looptrace.guards.core", "\n\nif TYPE_CHECKING:\n    from looptrace.runtime.agent import Agent\n"),
+    # a module taken through the face, which does not list it
+    ("looptrace.replay", "\n\ndef _later():\n    from looptrace.instrumentation.export import setup\n"),
+    ("looptrace.report.page", "\n\nimport looptrace.instrumentation.offline.trace_detect\n"),
+    # relative, from a package of the room: the same reach
+    ("looptrace.cli.views", "\n\ndef _later():\n    from ..instrumentation.settings import Settings\n"),
+    # a name the face does not list
+    ("looptrace.report.facts", "\n\nfrom looptrace.instrumentation.detector import _state\n"),
+    ("looptrace.guards.langchain_guard", "\n\nfrom looptrace.runtime import policy\n"),
+])
+def test_a_reach_past_a_face_added_on_purpose_is_caught(module, sneaky):
+    source = module_sources()[module].read_text(encoding="utf-8")
+    assert module not in reaches_past_faces()
+    assert module in reaches_past_faces({module: source + sneaky})
+
+
+def test_a_room_imports_freely_from_inside_itself():
+    # The CLI's own modules are the CLI's to arrange; so are the report's. Faces are for what crosses a room's wall.
+    source = module_sources()["looptrace.cli.views"].read_text(encoding="utf-8")
+    inside = "\n\ndef _later():\n    from looptrace.cli.trace_reading import read_spans_with_progress\n"
+    assert "looptrace.cli.views" not in reaches_past_faces({"looptrace.cli.views": source + inside})
+
+
+def names_not_resolved(module_name: str) -> list[str]:
+    """The names a face lists in ``__all__`` that it cannot give (a name moved, a module renamed): each is looked up
+    as a user would, ``getattr`` on the imported face. A name that needs an optional framework not installed here
+    (the guards' adapters) is left out."""
+    face = importlib.import_module(module_name)
+    missing = []
+    for name in face.__all__:
+        try:
+            getattr(face, name)
+        except ImportError as exc:
+            cause = exc.__cause__ if isinstance(exc.__cause__, ModuleNotFoundError) else exc
+            if not (isinstance(cause, ModuleNotFoundError) and (cause.name or "").split(".")[0] != "looptrace"):
+                missing.append(f"{name}: {exc}")
+        except AttributeError as exc:
+            missing.append(f"{name}: {exc}")
+    return missing
+
+
+LISTING_FACES = sorted(face for face in faces() if face_names(face) is not None)
+
+
+@pytest.mark.parametrize("face", LISTING_FACES)
+def test_every_name_a_face_lists_resolves(face):
+    assert names_not_resolved(face) == []
+
+
+def test_a_face_pointing_at_a_name_that_moved_is_caught(tmp_path, monkeypatch):
+    # A lazy face like the product's, whose map still names the module a function has left.
+    package = tmp_path / "moved_face_pkg"
+    package.mkdir()
+    (package / "home.py").write_text("def stays():\n    return 1\n")
+    (package / "__init__.py").write_text(textwrap.dedent("""
+        import importlib
+
+        _EXPORTS = {"stays": "home", "moved": "home"}
+        __all__ = ["moved", "stays"]
+
+
+        def __getattr__(name):
+            module = _EXPORTS.get(name)
+            if module is None:
+                raise AttributeError(name)
+            return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "moved_face_pkg", raising=False)
+    assert [entry.split(":")[0] for entry in names_not_resolved("moved_face_pkg")] == ["moved"]
+
+
+def statically_bound(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level, in ``if`` blocks too (``if TYPE_CHECKING:``): what a type checker
+    sees it define, without running its ``__getattr__``."""
+    bound: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            body += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return bound
+
+
+@pytest.mark.parametrize("face", LISTING_FACES)
+def test_type_checkers_see_every_name_a_face_lists(face):
+    # A lazy face names each of its names again under `if TYPE_CHECKING:`, so that mypy and IDEs know their types.
+    tree = ast.parse(module_sources()[face].read_text(encoding="utf-8"))
+    assert sorted(face_names(face) - statically_bound(tree)) == []
 
 
 def test_only_the_entry_points_read_the_environment():

@@ -11,7 +11,8 @@ package is a transport in front of a run watcher you can drive in process:
 - ``sinks``: the anomaly fan-out, as for the agent's own anomalies (alerts.py): a structured log line, the webhook
   (LOOPTRACE_ALERT_WEBHOOK), a Langfuse score on the trace when LANGFUSE_* keys are set.
 - ``settings``: `WatchSettings`, built from the one `Settings` object and the flags; nothing here reads the
-  environment. ``service`` (`serve`) runs the server until SIGTERM; ``command`` is the CLI command's logic.
+  environment. ``service`` (`serve`) runs the server until SIGTERM; ``command`` is the CLI command's logic
+  (`watch_command`).
 
 Safety: binds 127.0.0.1 unless told otherwise; LOOPTRACE_WATCH_TOKEN (bearer) or LOOPTRACE_WATCH_USERNAME and
 LOOPTRACE_WATCH_PASSWORD (basic) make every export authenticate, compared in constant time and never logged; bodies
@@ -23,16 +24,45 @@ message text reaches watch's log or webhook.
 
 from __future__ import annotations
 
-from ..logs import configure_service_logging
-from .auth import authorized
-from .decoding import BadRequest, RequestTooLarge, decompress, export_response, parse_request, spans_of_request
-from .intake import ListenError
-from .metrics import WatchMetrics
-from .server import WatchServer
-from .service import serve
-from .settings import WatchSettingError, WatchSettings
-from .sinks import langfuse_scores, watch_sinks
-from .watcher import AnomalySink, RunWatcher
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, for type checkers
+    from ..logs import configure_service_logging
+    from .auth import authorized
+    from .command import watch_command
+    from .decoding import BadRequest, RequestTooLarge, decompress, export_response, parse_request, spans_of_request
+    from .intake import ListenError
+    from .metrics import WatchMetrics
+    from .server import WatchServer
+    from .service import serve
+    from .settings import WatchSettingError, WatchSettings
+    from .sinks import langfuse_scores, watch_sinks
+    from .watcher import AnomalySink, RunWatcher
+
+# public name -> the module that defines it, relative to this package. Each loads on first use: a process that only
+# drives a RunWatcher in process loads neither the listeners nor gRPC.
+_EXPORTS: dict[str, str] = {
+    "configure_service_logging": "..logs",
+    "authorized": ".auth",
+    "watch_command": ".command",
+    "BadRequest": ".decoding",
+    "RequestTooLarge": ".decoding",
+    "decompress": ".decoding",
+    "export_response": ".decoding",
+    "parse_request": ".decoding",
+    "spans_of_request": ".decoding",
+    "ListenError": ".intake",
+    "WatchMetrics": ".metrics",
+    "WatchServer": ".server",
+    "serve": ".service",
+    "WatchSettingError": ".settings",
+    "WatchSettings": ".settings",
+    "langfuse_scores": ".sinks",
+    "watch_sinks": ".sinks",
+    "AnomalySink": ".watcher",
+    "RunWatcher": ".watcher",
+}
 
 __all__ = [
     "AnomalySink",
@@ -52,5 +82,19 @@ __all__ = [
     "parse_request",
     "serve",
     "spans_of_request",
+    "watch_command",
     "watch_sinks",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

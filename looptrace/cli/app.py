@@ -22,7 +22,7 @@ from looptrace.cli.resume_command import add_resume_command
 from looptrace.cli.run_command import add_run_command
 from looptrace.cli.trace_commands import add_trace_commands
 from looptrace.cli.watch_command import add_watch_command
-from looptrace.instrumentation.settings import ConfigurationError
+from looptrace.instrumentation import ConfigurationError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from looptrace.cli.views import LiveView
-    from looptrace.runtime.approvals import ApprovalRequest, Decision
-    from looptrace.runtime.result import RunResult
+    from looptrace.runtime import ApprovalRequest, Decision, RunResult
 
 MAX_SHOWN_ARGUMENTS = 2000
 
@@ -40,7 +39,7 @@ class TerminalApprover:
         return self.approve_all or tool in self.approved_tools
 
     def __call__(self, request: ApprovalRequest) -> Decision | None:
-        from looptrace.runtime.approvals import approve
+        from looptrace.runtime import approve
 
         name = request.tool.name
         if self.decides(name):
@@ -51,7 +50,7 @@ class TerminalApprover:
             return self._ask_about(request)
 
     def _ask_about(self, request: ApprovalRequest) -> Decision:
-        from looptrace.runtime.approvals import approve, reject
+        from looptrace.runtime import approve, reject
 
         name = request.tool.name
         self.out.write(f"\nlooptrace: {name} wants to run (call {request.call_id}, turn {request.turn}):\n"
@@ -99,7 +98,7 @@ class TerminalApprover:
 
 def shown_arguments(arguments: Any) -> str:
     """A call's arguments on one line, redacted, cut at a length a terminal can take."""
-    from looptrace.instrumentation.recording.content import redact
+    from looptrace.instrumentation.recording import redact
 
     text = json.dumps(redact(arguments), ensure_ascii=False, default=str)
     return text if len(text) <= MAX_SHOWN_ARGUMENTS else text[: MAX_SHOWN_ARGUMENTS - 1] + "…"

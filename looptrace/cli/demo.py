@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from looptrace.runtime.tools import tool
+from looptrace.runtime import tool
 
 DEMO_MODEL = "claude-sonnet-5-5"
 DEMO_TASK = "Reserve a projector for 2026-10-08."

@@ -24,8 +24,8 @@ from looptrace.cli.running import (
 
 if TYPE_CHECKING:
     from looptrace.cli.approval_prompt import TerminalApprover
-    from looptrace.instrumentation.export.setup import Telemetry
-    from looptrace.runtime.result import RunResult
+    from looptrace.instrumentation.export import Telemetry
+    from looptrace.runtime import RunResult
 
 # demo.STORIES' names (a test keeps the two equal), spelled out so that `--help` does not import the demo's tools
 DEMO_STORIES = ("equipment", "ignored-error", "runaway")
@@ -48,17 +48,15 @@ def demo_command(args: argparse.Namespace) -> int:
     """Run the story; the live view on stderr, the final answer, what was flagged and the trace tree on stdout."""
     from looptrace.cli import demo as demo_story
     from looptrace.cli.views import LiveView
-    from looptrace.instrumentation.export import setup as telemetry_setup
-    from looptrace.runtime.agent import Agent
-    from looptrace.runtime.limits import Limits
-    from looptrace.runtime.models import ScriptedModel
+    from looptrace.instrumentation.export import configure
+    from looptrace.runtime import Agent, Limits, ScriptedModel
 
     out = sys.stdout
     task, script, blurb = demo_story.STORIES[args.story]
     approver = _terminal_for_asking(args)
     # Offline: a judge (LOOPTRACE_JUDGE) would be asked through the scripted model, which has no answer for it.
     settings = dataclasses.replace(read_settings(**export_overrides(args)), judge=None)
-    telemetry = telemetry_setup.configure(settings)
+    telemetry = configure(settings)
     live = None if args.json else LiveView(sys.stderr, capture_content=settings.capture_content,
                                            no_judge_hint="the demo runs offline")
     agent = Agent(
@@ -113,7 +111,7 @@ def _show_written_trace(telemetry: Telemetry, result: RunResult, out: TextIO, ch
     """The run read back from the trace file, as `looptrace traces show` draws it. ``chosen_by`` is the flag that
     chose the exporters, if one did."""
     from looptrace.cli.views import render_trace
-    from looptrace.instrumentation.tracefile.read import TraceFileError, read_spans
+    from looptrace.instrumentation.tracefile import TraceFileError, read_spans
 
     if telemetry.trace_file is None:
         out.write(f"(no trace file: {no_trace_file_reason(telemetry, chosen_by)})\n")

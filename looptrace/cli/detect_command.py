@@ -17,7 +17,7 @@ from typing import Any
 from looptrace.cli.common import left_unresolved, plural, unresolved_lines
 from looptrace.cli.exit_codes import EXIT_OK
 from looptrace.cli.trace_reading import LineReporter, spans_by_line, trace_file_of
-from looptrace.instrumentation.tracefile.read import (
+from looptrace.instrumentation.tracefile import (
     SKIP,
     decode_status_code,
     decode_value,
@@ -33,7 +33,7 @@ def detect_command(args: argparse.Namespace) -> int:
         from looptrace.cli.langfuse_detect import langfuse_detect_command
 
         return langfuse_detect_command(args, print_verdict)
-    from looptrace.instrumentation.offline.trace_detect import detect_spans
+    from looptrace.instrumentation.offline import detect_spans
 
     path, max_line_bytes = trace_file_of(args)
     found = unresolved = runs_unresolved = reported = runs = 0
@@ -93,8 +93,8 @@ def detection_spans(path: Path, report: LineReporter, keys: Any = None) -> Itera
     resource, the span kind and the other attributes are never decoded. A line is checked as
     ``trace_reading.spans_of`` checks it, so the same lines are reported malformed.
     """
-    from looptrace.instrumentation.offline.trace_detect import DETECTION_KEYS
-    from looptrace.instrumentation.tracefile.read import SpanRecord
+    from looptrace.instrumentation.offline import DETECTION_KEYS
+    from looptrace.instrumentation.tracefile import SpanRecord
 
     verdicts = (keys if keys is not None else DETECTION_KEYS).verdicts
 

@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any
 from looptrace.cli.common import UsageError
 
 if TYPE_CHECKING:
-    from looptrace.instrumentation.export.setup import Telemetry
-    from looptrace.instrumentation.settings import Settings
+    from looptrace.instrumentation import Settings
+    from looptrace.instrumentation.export import Telemetry
 
 
 def read_settings(**flags: Any) -> Settings:
     """The environment's settings with the command's flags over them (``Settings.with_overrides``: a flag left unset,
     None, keeps the environment's value). A value the settings refuse is a usage error, said in one line."""
     # Imported here: the trace commands call this only when they need a default path, and start without it.
-    from looptrace.instrumentation.settings import ConfigurationError, Settings
+    from looptrace.instrumentation import ConfigurationError, Settings
 
     try:
         settings = Settings.from_env().with_overrides(**flags)
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     if settings.ignored:  # a value that cannot be used is said here, once, naming its variable
-        from looptrace.instrumentation.logs import settings_ignored
+        from looptrace.instrumentation import settings_ignored
 
         settings_ignored(settings.ignored)
     return settings
@@ -53,7 +53,7 @@ def anthropic_credentials_set() -> bool:
 def check_anthropic_environment() -> None:
     """What the anthropic SDK will need, checked before a run starts: a key or a token, and an ANTHROPIC_BASE_URL it
     can send to (a malformed one would otherwise surface as a connection error after the run began)."""
-    from looptrace.instrumentation.settings import http_url_problem
+    from looptrace.instrumentation import http_url_problem
 
     if not anthropic_credentials_set():
         raise UsageError("ANTHROPIC_API_KEY is not set; export it "

@@ -59,8 +59,7 @@ def moment(text: str) -> datetime:
 def langfuse_detect_command(args: argparse.Namespace, print_verdict: Any) -> int:
     """Scan, print each verdict as `detect` does (``print_verdict``), say the count on stderr; exit 1 on findings."""
     from looptrace.cli.environment import read_settings
-    from looptrace.instrumentation.langfuse.api import LangfuseAPI, LangfuseAPIError
-    from looptrace.instrumentation.langfuse.scan import CursorError, ScanQuery, scan
+    from looptrace.instrumentation.langfuse import CursorError, LangfuseAPI, LangfuseAPIError, ScanQuery, scan_traces
 
     if args.file is not None:
         raise UsageError("give a trace file or --langfuse, not both")
@@ -73,8 +72,8 @@ def langfuse_detect_command(args: argparse.Namespace, print_verdict: Any) -> int
     progress = _Progress()
     found = 0
     try:
-        for verdict in scan(LangfuseAPI.from_settings(settings.langfuse), query, score=args.score,
-                            cursor=args.cursor, on_progress=progress):
+        for verdict in scan_traces(LangfuseAPI.from_settings(settings.langfuse), query, score=args.score,
+                                   cursor=args.cursor, on_progress=progress):
             found += len(verdict.anomalies)
             if verdict.anomalies or args.all:
                 progress.clear()

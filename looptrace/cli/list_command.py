@@ -10,7 +10,7 @@ from typing import Any
 from looptrace.cli.common import plural
 from looptrace.cli.exit_codes import EXIT_OK
 from looptrace.cli.trace_reading import NOT_TRACE_DATA, LineReporter, is_root, not_trace_data, trace_file_of
-from looptrace.instrumentation.tracefile.read import BadLine, SpanRecord, raw_spans, read_lines, span_record
+from looptrace.instrumentation.tracefile import BadLine, SpanRecord, raw_spans, read_lines, span_record
 
 MAX_OPEN_RUNS = 10_000  # runs whose root has not come yet, for their turn counts; beyond this the oldest is forgotten
 TURN_SPAN_NAME = "turn"  # semconv.TURN_SPAN_NAME (semconv is imported only once the command runs)
@@ -74,7 +74,7 @@ def _say_what_rotated_away(path: Any) -> None:
     """A line on stderr when the trace file's rotation deleted older runs: the list starts after them."""
     import sys
 
-    from looptrace.instrumentation.tracefile.read import rotated_away
+    from looptrace.instrumentation.tracefile import rotated_away
 
     gone = rotated_away(path)
     if gone is None:

@@ -14,7 +14,7 @@ import sys
 from typing import TextIO
 
 from looptrace.cli.environment import no_color_requested
-from looptrace.instrumentation.logs import install_cli_rendering
+from looptrace.instrumentation import install_cli_rendering
 
 
 def configure_logging() -> None:

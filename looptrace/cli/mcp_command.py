@@ -17,7 +17,7 @@ from looptrace.cli.common import UsageError
 from looptrace.cli.exit_codes import exit_code_help
 
 if TYPE_CHECKING:
-    from looptrace.runtime.mcp_servers import MCPServer
+    from looptrace.runtime import MCPServer
 
 
 def add_mcp_flags(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def servers_from(args: argparse.Namespace) -> list[MCPServer]:
     if not (args.mcp or args.mcp_url):
         return []
     try:
-        from looptrace.runtime.mcp_servers import MCPServerHTTP, MCPServerStdio, check_installed
+        from looptrace.runtime import MCPServerHTTP, MCPServerStdio, check_installed
 
         check_installed()
     except ImportError as exc:
@@ -85,8 +85,7 @@ def add_mcp_command(commands: Any) -> None:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    from looptrace.runtime.mcp_connections import MCPConnections
-    from looptrace.runtime.mcp_servers import MCPServerUnavailable
+    from looptrace.runtime import MCPConnections, MCPServerUnavailable
 
     servers = servers_from(args)
     if not servers:

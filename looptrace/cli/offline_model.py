@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from looptrace.cli.common import UsageError
 
 if TYPE_CHECKING:
-    from looptrace.runtime.models import ScriptedModel
+    from looptrace.runtime import ScriptedModel
 
 PREFIX = "scripted:"
 SHIPPED = ("equipment", "notes")  # the JSON files of looptrace/examples/
@@ -31,7 +31,7 @@ def is_scripted(model: str) -> bool:
 
 def scripted_model(model: str, *, stream: bool = False) -> ScriptedModel:
     """The offline model a ``scripted:`` name stands for; a script that cannot be read is a usage error."""
-    from looptrace.runtime.models import ScriptedModel
+    from looptrace.runtime import ScriptedModel
 
     return ScriptedModel(_responses(model[len(PREFIX):]), follow_history=True, stream=stream)
 

@@ -16,16 +16,16 @@ from looptrace.cli.exit_codes import EXIT_OK
 def push_command(args: argparse.Namespace) -> int:
     """Push what the undelivered list names; print what was sent and what is still pending."""
     from looptrace.cli.logging_setup import configure_logging
-    from looptrace.instrumentation.export.push import PushInProgress, push
-    from looptrace.instrumentation.settings import ConfigurationError
-    from looptrace.instrumentation.tracefile.read import TraceFileError
+    from looptrace.instrumentation import ConfigurationError
+    from looptrace.instrumentation.export import push_undelivered
+    from looptrace.instrumentation.tracefile import PushInProgress, TraceFileError
 
     configure_logging()  # the exporters' warnings, rendered as the rest of the CLI renders them
     settings = read_settings(undelivered_file=args.file)
     _require_a_regular_file(settings.undelivered_file)
     try:
-        report = push(settings.undelivered_file, to=[args.to] if args.to else None,
-                      resend_interrupted=args.resend_interrupted, settings=settings)
+        report = push_undelivered(settings.undelivered_file, to=[args.to] if args.to else None,
+                                  resend_interrupted=args.resend_interrupted, settings=settings)
     except (PushInProgress, ConfigurationError, TraceFileError) as exc:
         raise UsageError(str(exc)) from None
     print(report.summary())

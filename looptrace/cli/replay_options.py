@@ -12,8 +12,7 @@ from looptrace.cli.common import UsageError
 if TYPE_CHECKING:
     from looptrace.instrumentation.detector import DetectorConfig
     from looptrace.replay import Replay
-    from looptrace.runtime.limits import Limits
-    from looptrace.runtime.tools import Tool
+    from looptrace.runtime import Limits, Tool
 
 # The detector settings a what-if can change, as flags: (flag, DetectorConfig field, what it is).
 DETECTOR_FLAGS = (

@@ -23,7 +23,7 @@ from looptrace.cli.replay_options import detector_changes, run_replay
 if TYPE_CHECKING:
     from looptrace.instrumentation.detector import DetectorConfig
     from looptrace.replay import Finding
-    from looptrace.runtime.tools import Tool
+    from looptrace.runtime import Tool
 
 
 @dataclass(slots=True)
@@ -109,7 +109,7 @@ def _ending(row: Row) -> str:
 
 def _row(spans: list[Any], args: argparse.Namespace, tools: list[Tool] | None,
          detector: DetectorConfig | None) -> Row | None:
-    from looptrace.instrumentation.offline.trace_detect import detect_spans
+    from looptrace.instrumentation.offline import detect_spans
     from looptrace.instrumentation.recording import semconv as sc
     from looptrace.replay import (
         ContentNotRecorded,

@@ -50,10 +50,8 @@ def resume_command(args: argparse.Namespace) -> int:
         settle_asked,
         terminal_approver,
     )
-    from looptrace.instrumentation.export import setup as telemetry_setup
-    from looptrace.runtime.mcp_servers import MCPServerUnavailable
-    from looptrace.runtime.resume_claims import claims_directory
-    from looptrace.runtime.state import RunState, StateError
+    from looptrace.instrumentation.export import configure
+    from looptrace.runtime import MCPServerUnavailable, RunState, StateError, claims_directory
 
     decisions = _decisions(args)
     environment = read_settings(**export_overrides(args))
@@ -71,7 +69,7 @@ def resume_command(args: argparse.Namespace) -> int:
         check_anthropic_environment()
     tools = load_tools(Path(options["tools"])) if options.get("tools") else []
     check_approved_tools(args.approve_tool, tools, has_servers=bool(options.get("mcp") or options.get("mcp_url")))
-    telemetry = telemetry_setup.configure(settings)
+    telemetry = configure(settings)
     approver = terminal_approver(args, approve_tools=args.approve_tool)
     try:
         try:

@@ -24,14 +24,12 @@ from looptrace.cli.running import (
     print_json,
     telemetry_options,
 )
-from looptrace.instrumentation.settings import DEFAULT_MODEL
+from looptrace.instrumentation import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from looptrace.cli.approval_prompt import TerminalApprover
-    from looptrace.instrumentation.export.setup import Telemetry
-    from looptrace.runtime.agent import Agent
-    from looptrace.runtime.result import RunResult
-    from looptrace.runtime.tools import Tool
+    from looptrace.instrumentation.export import Telemetry
+    from looptrace.runtime import Agent, RunResult, Tool
 
 
 def add_run_command(commands: Any) -> None:
@@ -91,9 +89,9 @@ def run_command(args: argparse.Namespace) -> int:
     from opentelemetry import context as otel_context
 
     from looptrace.cli.offline_model import is_scripted, scripted_model
-    from looptrace.instrumentation.export import setup as telemetry_setup
-    from looptrace.instrumentation.recording.labels import checked, run_labels
-    from looptrace.runtime.mcp_servers import MCPServerUnavailable
+    from looptrace.instrumentation.export import configure, context_from_traceparent
+    from looptrace.instrumentation.recording import checked, run_labels
+    from looptrace.runtime import MCPServerUnavailable
 
     if not args.task.strip():
         raise UsageError("the task is empty: say what the agent should do, e.g. looptrace run \"Summarise README.md\"")
@@ -114,14 +112,14 @@ def run_command(args: argparse.Namespace) -> int:
         print("looptrace: no --tools FILE.py given: the model runs with no tools", file=sys.stderr)
     if args.traceparent:
         try:
-            parent = telemetry_setup.context_from_traceparent(settings.traceparent, settings.tracestate)
+            parent = context_from_traceparent(settings.traceparent, settings.tracestate)
         except ValueError as exc:
             raise UsageError(f"--traceparent: {exc}") from None
     else:
         # From TRACEPARENT, which a scheduler sets for every process it starts: a bad one costs a warning naming it,
         # and the run goes ahead in a trace of its own (the library's rule for the variable).
-        parent = telemetry_setup.context_from_traceparent(settings=settings)
-    telemetry = telemetry_setup.configure(settings)
+        parent = context_from_traceparent(settings=settings)
+    telemetry = configure(settings)
     approver = terminal_approver(args, approve_tools=args.approve)
     try:
         agent = build_agent(options, tools, settings, telemetry, approver, json_output=args.json)
@@ -179,9 +177,7 @@ def build_agent(options: dict[str, Any], tools: list[Tool], settings: Any, telem
     it asks."""
     from looptrace.cli.offline_model import is_scripted, scripted_model
     from looptrace.cli.views import LiveView
-    from looptrace.runtime.agent import Agent
-    from looptrace.runtime.limits import Limits
-    from looptrace.runtime.models import AnthropicModel
+    from looptrace.runtime import Agent, AnthropicModel, Limits
 
     servers = servers_from(argparse.Namespace(mcp=options.get("mcp") or [], mcp_url=options.get("mcp_url") or [],
                                               mcp_connect_timeout=options.get("mcp_connect_timeout")))
@@ -263,7 +259,7 @@ MAX_TOOLS_FILE_BYTES = 16 << 20  # a tools file is source code: beyond this, it 
 def _check_priced(model: str, max_cost_usd: float | None, flag: str = "--max-cost-usd") -> None:
     """A cost budget needs the model's price. The library's answer (pass ``prices=``) is not one a command line can
     take, so the CLI says what it can do instead."""
-    from looptrace.runtime.pricing import price_for
+    from looptrace.runtime import price_for
 
     if max_cost_usd is None or price_for(model) is not None:
         return
@@ -278,7 +274,7 @@ def load_tools(path: Path) -> list[Tool]:
     The file is read as Python source whatever its name or kind (a pipe, /dev/null), at most
     ``MAX_TOOLS_FILE_BYTES`` of it; whatever goes wrong while it runs, exiting included, is one line naming it.
     """
-    from looptrace.runtime.tools import Tool
+    from looptrace.runtime import Tool
 
     module = types.ModuleType(f"looptrace_tools_{path.stem}")
     module.__file__ = str(path)

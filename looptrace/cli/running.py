@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.cli.common import silence_stdout
 from looptrace.cli.exit_codes import EXIT_AWAITING_APPROVAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
-from looptrace.runtime.result import RunResult, RunStatus
+from looptrace.runtime import RunResult, RunStatus
 
 # Only what the parser needs is imported here: `looptrace --help` and `--version` must not pay for the OpenTelemetry
 # SDK, the exporters or the anthropic client. Each command imports what it uses.
 if TYPE_CHECKING:
-    from looptrace.instrumentation.alerts import Alerts
-    from looptrace.instrumentation.export.setup import Telemetry
-    from looptrace.runtime.agent import Agent
+    from looptrace.instrumentation import Alerts
+    from looptrace.instrumentation.export import Telemetry
+    from looptrace.runtime import Agent
 
 EXIT_CODES: dict[RunStatus, int] = {
     RunStatus.DONE: EXIT_OK,
@@ -99,7 +99,7 @@ def execute(agent: Agent, task: str | None, telemetry: Telemetry,
             labels: dict[str, Any] | None = None, *, resume: tuple[Any, dict[str, Any]] | None = None) -> RunResult:
     """Run the agent (or resume a paused run: ``resume`` is its state and decisions); Ctrl-C or SIGTERM end the
     run, deliver its spans and exit with 130 or 143."""
-    from looptrace.runtime.agent import RunInterrupted
+    from looptrace.runtime import RunInterrupted
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -130,7 +130,7 @@ def telemetry_options(telemetry: Telemetry, *, live_view: bool = False) -> dict[
     With the live view on, it prints each anomaly (its ⚠ line); the structured warning would say it a second time,
     so the Agent gets the same alerts without the log line.
     """
-    from looptrace.instrumentation.alerts import Alerts
+    from looptrace.instrumentation import Alerts
 
     assert telemetry.sinks is not None, "configure() builds the sinks"
     alerts = Alerts.from_settings(telemetry.settings, log_warnings=False) if live_view else telemetry.sinks.alerts
@@ -169,7 +169,7 @@ def deliver_outcome(write: Callable[[], object]) -> None:
 def print_json(result: RunResult, out: TextIO) -> None:
     """The RunResult as one JSON object on one line, as the spans hold it: tool arguments redacted, and what they hid
     scrubbed from the results that quote it."""
-    from looptrace.instrumentation.recording.content import redacted_history
+    from looptrace.instrumentation.recording import redacted_history
 
     shown = result.to_dict()
     # Output is a place secrets must not reach, like a span; the RunResult itself keeps the history the model saw.

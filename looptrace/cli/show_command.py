@@ -24,7 +24,7 @@ from looptrace.cli.trace_reading import (
     trace_file_of,
     trace_id_prefix,
 )
-from looptrace.instrumentation.tracefile.read import (
+from looptrace.instrumentation.tracefile import (
     BadLine,
     SpanRecord,
     decode_attributes,
@@ -66,14 +66,14 @@ def _unresolved_lines(spans: list[SpanRecord]) -> list[str]:
     rebuilt from its tool spans as `detect` rebuilds them (another producer's trace); nothing for a run without."""
     from looptrace.cli.common import unresolved_lines
     from looptrace.cli.views import IGNORED_ERROR, WARN_MARK
-    from looptrace.instrumentation.offline.recorded_facts import recorded_unresolved_errors
+    from looptrace.instrumentation.offline import recorded_unresolved_errors
     from looptrace.instrumentation.recording import semconv as sc
 
     roots = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT]
     recorded = [(root.name, recorded_unresolved_errors(root)) for root in roots]
     runs: list[tuple[str, int, list[Any]]] = [(name, r[0], r[1]) for name, r in recorded if r is not None]
     if not runs:  # no root of looptrace's: what the tool spans say
-        from looptrace.instrumentation.offline.trace_detect import detect_spans
+        from looptrace.instrumentation.offline import detect_spans
 
         runs = [(v.name, len(v.unresolved_errors), v.unresolved_errors) for v in detect_spans(spans)]
     # A warning only when the detector found the final answer ignoring an error; otherwise a fact, said quietly.

@@ -17,7 +17,7 @@ from typing import Any
 
 from looptrace.cli.common import UsageError, plural
 from looptrace.cli.environment import read_settings
-from looptrace.instrumentation.tracefile.read import (
+from looptrace.instrumentation.tracefile import (
     BadLine,
     SpanRecord,
     TraceFileError,

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from looptrace.cli.common import is_terminal, plural, plural_of, unresolved_lines
 from looptrace.instrumentation.recording import semconv as sc
-from looptrace.instrumentation.tracefile.read import SpanRecord
+from looptrace.instrumentation.tracefile import SpanRecord
 
 if TYPE_CHECKING:  # the live view's types: the reading commands (render_trace) never import the runtime
-    from looptrace.runtime.events import Event, TextStreamed, ToolFinished
-    from looptrace.runtime.result import RunResult
+    from looptrace.runtime import Event, RunResult, TextStreamed, ToolFinished
 
 ERROR_MARK = "✗"
 OK_MARK = "✓"
@@ -82,7 +81,7 @@ class LiveView:
     def __call__(self, event: Event) -> None:
         # Imported here, not with the module: `traces show` renders with this module and would otherwise load the
         # runtime, its interface and the whole detector at start-up for nothing (a run has them loaded already).
-        from looptrace.runtime.events import (
+        from looptrace.runtime import (
             AnomalyDetected,
             ModelResponded,
             RunFinished,

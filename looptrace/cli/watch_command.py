@@ -37,8 +37,8 @@ def add_watch_command(commands: Any) -> None:
 
 def _watch(args: argparse.Namespace) -> int:
     from looptrace.cli.environment import read_settings
-    from looptrace.instrumentation.logs import configure_service_logging
-    from looptrace.instrumentation.watch.command import watch_command
+    from looptrace.instrumentation import configure_service_logging
+    from looptrace.instrumentation.watch import watch_command
 
     settings = read_settings()  # the one read of the environment; the flags override fields of it
     configure_service_logging()

@@ -24,7 +24,7 @@ from typing import Any
 from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import AssistantMessage, HookContext, HookEvent, HookJSONOutput, TextBlock, ToolUseBlock
 
-from looptrace.instrumentation.interface import Usage
+from looptrace.instrumentation import Usage
 
 from .core import GuardedRun, LoopGuard, RunRegistry
 

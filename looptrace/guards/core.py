@@ -22,9 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from looptrace.instrumentation.agent_telemetry import agent_telemetry
-from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors
-from looptrace.instrumentation.interface import (
+from looptrace.instrumentation import (
     AgentTelemetry,
     Alerts,
     Answer,
@@ -32,13 +30,13 @@ from looptrace.instrumentation.interface import (
     ToolCallView,
     ToolTrace,
     Usage,
+    build_agent_telemetry,
 )
-from looptrace.runtime import policy as policies
-from looptrace.runtime.monitor import NOTHING, Reaction, RunMonitor
-from looptrace.runtime.pricing import Pricing
+from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors
+from looptrace.runtime import NOTHING, AnomalyPolicy, Policy, Pricing, Reaction, RunMonitor
 
 if TYPE_CHECKING:
-    from looptrace.instrumentation.export.setup import Telemetry
+    from looptrace.instrumentation.export import Telemetry
 
 __all__ = ["GuardedRun", "LoopGuard", "ModelCall", "Reaction"]
 
@@ -72,16 +70,16 @@ class LoopGuard:
     ``max_loop_cost_usd``, as ``Limits.max_loop_cost_usd``: a loop that costs more is stopped.
     """
 
-    def __init__(self, *, name: str = "agent", model: str = "unknown", on_anomaly: policies.Policy = None,
+    def __init__(self, *, name: str = "agent", model: str = "unknown", on_anomaly: Policy = None,
                  detector: DetectorConfig | None = None, alerts: Alerts | None = None, tracer_provider: Any = None,
                  meter_provider: Any = None, capture_content: bool | None = None,
                  settings: Settings | None = None, telemetry: bool | Telemetry = True,
                  max_loop_cost_usd: float | None = None) -> None:
         self.name = name
         self.model = model
-        self.policy = policies.AnomalyPolicy(on_anomaly)
+        self.policy = AnomalyPolicy(on_anomaly)
         self.max_loop_cost_usd = max_loop_cost_usd
-        self.telemetry: AgentTelemetry = agent_telemetry(
+        self.telemetry: AgentTelemetry = build_agent_telemetry(
             telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider,
             capture_content=capture_content, alerts=alerts, settings=settings)
         # Anomaly messages leave the process: they quote arguments only when content may leave it too.

@@ -19,7 +19,7 @@ from langchain.agents.middleware.types import AgentMiddleware, AgentState, Priva
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.config import get_config
 
-from looptrace.instrumentation.interface import Usage
+from looptrace.instrumentation import Usage
 
 from .core import GuardedRun, LoopGuard, Reaction, RunRegistry
 

@@ -30,7 +30,7 @@ from agents.tool import (
 )
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-from looptrace.instrumentation.interface import Usage
+from looptrace.instrumentation import Usage
 
 from .core import LoopGuard, Reaction, RunRegistry
 
