@@ -158,7 +158,7 @@ class StoredRuns:
         self.histories = StoredHistories()
         self._parents: dict[str, str | None] = {}  # span id -> parent span id, for looptrace's spans
         self._roots: dict[str, RunFacts] = {}  # a run's root span id -> the run's facts
-        self._tools: dict[str, dict[str, str]] = {}  # a run's tool definitions -> each tool's description
+        self._tools: dict[str, Mapping[str, str]] = {}  # a run's tool definitions -> each tool's description
 
     def read(self, trace_file: str, trace_ids: Iterable[str] | None, max_line_bytes: int) -> None:
         """Learn the traces ``trace_ids`` (hex; None: all) of ``trace_file`` and its rotated files, forgetting any

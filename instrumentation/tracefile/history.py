@@ -26,6 +26,7 @@ run's root and its turns, so that a call is known to its run) and asks it for th
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -39,10 +40,15 @@ __all__ = ["HistoryCompactor", "continued_prefix", "restored_input", "tool_descr
 _MAX_OPEN = 10_000  # runs (and turns) remembered at once: spans that never end must not grow it without bound
 
 
-def tool_descriptions(tool_definitions: Any) -> dict[str, str]:
+def tool_descriptions(tool_definitions: Any) -> Mapping[str, str]:
     """Each tool's description, by name, in a run's recorded ``gen_ai.tool.definitions`` (none when it is cut)."""
     if not isinstance(tool_definitions, str) or not tool_definitions.endswith("]"):
         return {}
+    return _parsed_descriptions(tool_definitions)
+
+
+@functools.lru_cache(maxsize=64)  # an agent's runs record the same definitions, run after run: parsed once
+def _parsed_descriptions(tool_definitions: str) -> Mapping[str, str]:
     try:
         definitions = json.loads(tool_definitions)
     except ValueError:
