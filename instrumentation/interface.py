@@ -64,7 +64,7 @@ class ToolTrace(Protocol):
     @property
     def view(self) -> ToolCallView: ...
 
-    def activate(self) -> AbstractContextManager[Any]:
+    def activate(self) -> AbstractContextManager[object]:
         """Current while the tool runs, so a tool's own spans nest under it."""
         ...
 
@@ -83,7 +83,7 @@ class ToolTrace(Protocol):
 class TurnTrace(Protocol):
     """One loop iteration: a model call and the tool calls it asked for."""
 
-    def activate(self) -> AbstractContextManager[Any]:
+    def activate(self) -> AbstractContextManager[object]:
         """Current while the turn's model call runs: the instrumented model opens its chat span under it."""
         ...
 

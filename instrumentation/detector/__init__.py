@@ -16,7 +16,7 @@ this file says what each one looks for and why, how a call's identity is made, a
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Each public name and the module it lives in. The package loads a module when one of its names is first used, so a
 # reader that needs a record type (`looptrace traces show`) does not pay for the rules it never runs.
@@ -33,7 +33,7 @@ _HOMES = {
     "SessionDetectors": "session",
     "CYCLE": "types", "FAILING_TOOL": "types", "IGNORED_ERROR": "types", "REPEATED_CALL": "types",
     "REPEATED_TEXT": "types",
-    "Anomaly": "types", "AnomalyRecord": "types", "AnomalyType": "types", "ToolCall": "types",
+    "Anomaly": "types", "AnomalyRecord": "types", "AnomalyType": "types", "FedCall": "types", "ToolCall": "types",
     "UnresolvedToolError": "facts",
 }
 
@@ -56,11 +56,12 @@ if TYPE_CHECKING:  # the same names, for type checkers
         Anomaly,
         AnomalyRecord,
         AnomalyType,
+        FedCall,
         ToolCall,
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -85,6 +86,7 @@ __all__ = [
     "AnomalyRecord",
     "AnomalyType",
     "DetectorConfig",
+    "FedCall",
     "Judge",
     "JudgeRequest",
     "JudgeSummary",

@@ -12,8 +12,7 @@ import itertools
 import json
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 from .identity import safe_text
 
@@ -156,7 +155,7 @@ def asks_about(text: str, tool: str, targets: frozenset[str]) -> bool:
     return False
 
 
-def draws_on(text: str, results: list[Any]) -> bool:
+def draws_on(text: str, results: Iterable[object]) -> bool:
     """Whether an answer repeats something distinctive from the given results: a token with a digit in it (an id, a
     flight number, an amount, a date) that the result holds too."""
     answer = {unit for unit in _echo_units(fold(text[:2 * ANSWER_SCAN_CHARS])) if " " not in unit}
@@ -166,7 +165,7 @@ def draws_on(text: str, results: list[Any]) -> bool:
                for result in results)
 
 
-def free_text_in(arguments: Any) -> str:
+def free_text_in(arguments: object) -> str:
     """The free text among a call's arguments (strings with spaces in them: a summary, a message), folded and cut.
 
     An id argument naming the same order is the next operation on it, not a report, so only free text counts.
@@ -209,18 +208,18 @@ def _same_stem(word: str, other: str) -> bool:
     return shared >= 4 and shared >= shorter - 2
 
 
-def _strings_in(value: Any, depth: int = 0) -> Iterator[str]:
+def _strings_in(value: object, depth: int = 0) -> Iterator[str]:
     """Every string in a JSON-like value (arguments given as JSON text are parsed), to a bounded depth."""
     if depth > 8:
         return
     if isinstance(value, str):
         if depth == 0 and value[:1] in "{[":
             try:
-                value = json.loads(value)
+                parsed = json.loads(value)
             except (ValueError, RecursionError):
                 yield value
                 return
-            yield from _strings_in(value, depth + 1)
+            yield from _strings_in(parsed, depth + 1)
             return
         yield value
     elif isinstance(value, Mapping):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from .commands import without_override_flags
 from .config import DetectorConfig
 from .identity import call_key, canonical_arguments, failure_signature, result_digest, safe_text, shorten
-from .types import ToolCall
+from .types import FedCall, ToolCall
 
 ERROR_OUTCOME = "!error"  # not a hex digest, so no result can collide with it
 ERROR_ONLY = frozenset({ERROR_OUTCOME})  # the outcomes of a call that failed every time in a turn
@@ -26,8 +25,8 @@ class ObservedCall:
                  "recorded_digest", "tool", "turn")
 
     def __init__(self, turn: int, tool: str, key: str, arguments: str, outcome: str, is_error: bool,
-                 call_id: str | None, error_text: str, recorded_digest: str | None = None, raw_arguments: Any = None,
-                 raw_result: Any = None) -> None:
+                 call_id: str | None, error_text: str, recorded_digest: str | None = None,
+                 raw_arguments: object = None, raw_result: str | None = None) -> None:
         self.turn = turn  # the turn it was fed in
         self.tool = tool
         self.key = key  # tool + canonical arguments (`call_key`)
@@ -78,14 +77,14 @@ class TurnCall:
             self.call_ids.append(again.call_id)
 
 
-def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int) -> ObservedCall:
+def observe_call(call: FedCall, turn: int, config: DetectorConfig, turns_closed: int) -> ObservedCall:
     """Reduce a fed call (a `ToolCall`, or anything with its fields) of turn `turn` to what the rules compare.
 
     `turns_closed` makes an unknown result unique to its turn when unknown results must not count as unchanged.
     """
     # This runs for every call the loop makes: each field is read once, a plain str skips the conversions, and the
     # record is built positionally.
-    tool: Any
+    tool: object
     if type(call) is ToolCall:  # the loop's own record has every field; another feed's may lack some
         tool, raw_arguments, is_error = call.tool, call.arguments, call.is_error
         result, given, call_id = call.result, call.result_digest, call.call_id
@@ -115,7 +114,7 @@ def observe_call(call: Any, turn: int, config: DetectorConfig, turns_closed: int
                         outcome, is_error, call_id, error_text, recorded, raw_arguments, result)
 
 
-def _success_outcome(given: str | None, result: Any, config: DetectorConfig, turns_closed: int) -> str:
+def _success_outcome(given: str | None, result: str | None, config: DetectorConfig, turns_closed: int) -> str:
     if given is not None:
         return given
     if result is not None:

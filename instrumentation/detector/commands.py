@@ -19,7 +19,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 _MAX_COMMAND_CHARS = 4_000  # of a command, the start is read: the operation is named long before a heredoc's end
 _MAX_NESTING = 2  # `bash -c "..."` inside `sudo bash -c "..."`: deeper is not worth reading
@@ -86,7 +86,7 @@ class Operation(NamedTuple):
         return f"{self.program} {self.subcommand}" if self.subcommand else self.program
 
 
-def command_of(tool: str, arguments: Any) -> str | None:
+def command_of(tool: str, arguments: object) -> str | None:
     """The command line a call runs, or None for a call that runs none.
 
     A call runs one when it has a string argument named `command`, `cmd`, `commands` or `script` (or a list of words
@@ -332,7 +332,7 @@ def _runs_commands(tool: str) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _parsed(text: str) -> Any:
+def _parsed(text: str) -> object:
     if not text.lstrip().startswith("{"):
         return None
     try:
@@ -349,7 +349,7 @@ _OVERRIDE_FLAGS = re.compile(r"(?<!\S)(?:--no-verify|--force|--force-with-lease(
 _OVERRIDE_ARGUMENTS = frozenset({"noverify", "force", "yes", "assumeyes", "skiphooks", "skipverify", "skipchecks"})
 
 
-def without_override_flags(tool: str, arguments: Any) -> Any | None:
+def without_override_flags(tool: str, arguments: object) -> dict[object, object] | None:
     """The call's arguments without the flags that force a retry (`--no-verify`, `--force`, `-f`, `--yes`; or a
     boolean argument named so), or None when it has none: what a failure streak compares, so that adding such a
     flag to a failing call does not make it a new call."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict
+from typing import NamedTuple, TypedDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ class LoopCost:
                 "total_tokens": self.total_tokens, "usd": self.usd, "unpriced": self.unpriced}
 
     @classmethod
-    def from_dict(cls, data: Any) -> LoopCost | None:
+    def from_dict(cls, data: object) -> LoopCost | None:
         """The cost ``to_dict`` wrote (a saved run state, a webhook body); None for anything else."""
         if not isinstance(data, dict):
             return None

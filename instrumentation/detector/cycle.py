@@ -7,7 +7,7 @@ repeated `cycle_repeats` times. Once found it fires at every further full round 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .calls import ERROR_OUTCOME, describe_call, recent_ids
 from .config import DetectorConfig
@@ -19,7 +19,7 @@ from .types import CYCLE, Anomaly, StreakStart
 class _TurnSignature(NamedTuple):  # a NamedTuple: one is made per turn, and cheaper than a frozen dataclass
     # The turn's calls with their outcomes, as a tuple that compares equal for equal turns (() for a turn without
     # tool calls): compared as it is, digested only to name a cycle that fired.
-    identity: tuple[Any, ...]
+    identity: tuple[object, ...]
     turn: ClosedTurn  # its calls, read only to describe a cycle that fired
 
 
@@ -46,7 +46,7 @@ class CycleRule(Rule):
         # The signatures of the last `cycle_max_period` + 1 turns, each with the turn (its count in `_closed`) it last
         # came in: a turn whose calls came in none of the turns a period back ends no cycle, as most turns show with
         # one lookup.
-        self._last_seen: dict[tuple[Any, ...], int] = {}
+        self._last_seen: dict[tuple[object, ...], int] = {}
         self._reach = config.cycle_max_period + 1  # how far back a signature is kept in `_last_seen`
 
     @property
@@ -175,7 +175,7 @@ def _call_ids(turn: ClosedTurn, limit: int) -> list[str]:
     return [o.call_id for o in turn.observed if o.call_id is not None][-limit:]
 
 
-def _is_primitive(block: list[tuple[Any, ...]]) -> bool:
+def _is_primitive(block: list[tuple[object, ...]]) -> bool:
     """False when the block is itself a repetition of a shorter block (A A, A B A B)."""
     size = len(block)
     return not any(

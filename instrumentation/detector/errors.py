@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
 
 from .answers import FoldedText, free_text_in, names_or_quotes
 from .calls import ObservedCall, observe_call
@@ -19,6 +18,7 @@ from .commands import command_of, operations
 from .config import DetectorConfig, default_config
 from .facts import UnresolvedToolError
 from .identity import call_targets, normal_text
+from .types import FedCall
 from .verbs import OperationWords, operation_words
 
 # Plain classes with slots rather than dataclasses, for start-up time: calls.py says why.
@@ -223,7 +223,7 @@ class ToolErrorFacts:
         self.config = config if isinstance(config, DetectorConfig) else default_config()
         self._ledger = ErrorLedger(self.config)
 
-    def observe(self, call: Any) -> None:
+    def observe(self, call: FedCall) -> None:
         """A tool call came back (a `ToolCall`, or anything with its fields)."""
         if not self._ledger and not getattr(call, "is_error", False):
             return  # a success with no error standing changes nothing here: not even reduced

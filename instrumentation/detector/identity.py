@@ -37,7 +37,7 @@ _MAX_NORMALISED_RESULT = 200_000  # longer results are digested as they are
 # --------------------------------------------------------------------------- arguments
 
 
-def canonical_arguments(args: Any) -> str:
+def canonical_arguments(args: object) -> str:
     """Compact JSON of `args` with keys sorted and numbers normalised; raw text if not JSON."""
     if isinstance(args, str):
         return _canonical_text(args)
@@ -121,7 +121,7 @@ def _member_name(name: str) -> str:
     return member
 
 
-def _normalise(value: Any, depth: int) -> Any:
+def _normalise(value: object, depth: int) -> object:
     if depth > _MAX_DEPTH:
         return "<too deep>"
     if value is None or isinstance(value, bool):  # bool before int: True is not 1
@@ -143,19 +143,20 @@ def _normalise(value: Any, depth: int) -> Any:
     return str(value)  # Decimal, enums, custom objects: their text is the best identity we have
 
 
-def _key_text(key: Any, depth: int) -> str:
+def _key_text(key: object, depth: int) -> str:
     # JSON keys are strings; a non-string key gets its canonical text so 1 and 1.0 agree.
     return unicodedata.normalize("NFC", key) if isinstance(key, str) else _compact_json(_normalise(key, depth + 1))
 
 
 # json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False), with the encoder made once: dumps
 # builds a new JSONEncoder on every call that passes options, and this runs for every call the detector sees.
-_compact_json: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_compact_json: Callable[[object], str] = json.JSONEncoder(sort_keys=True, separators=(",", ":"),
+                                                          ensure_ascii=False).encode
 # The string escaping that encoder uses (ensure_ascii off): the C one where the json package has it.
 _json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
-def is_nonce_key(key: Any) -> bool:
+def is_nonce_key(key: object) -> bool:
     """Whether an argument name is one of `NONCE_KEYS` (any case, "_" and "-" ignored)."""
     return isinstance(key, str) and _is_nonce_name(key)
 
@@ -181,7 +182,7 @@ def normal_text(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip()
 
 
-def call_targets(arguments: Any) -> frozenset[str]:
+def call_targets(arguments: object) -> frozenset[str]:
     """What a call acted on: its top-level string arguments that read as one token (ids, paths, codes, emails).
 
     Free text (a message, a query with spaces, code) is not a target; neither are nested values.
@@ -258,7 +259,7 @@ def digest(text: str, size: int = 16) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
 
 
-def safe_text(value: Any) -> str:
+def safe_text(value: object) -> str:
     """`str(value)`, or its type's name when even that fails: error texts and ids come from anywhere."""
     try:
         return str(value)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
 
 from .calls import group_by_call, observe_call
 from .config import DetectorConfig, default_config
@@ -24,7 +23,7 @@ from .judge import JudgeSummary, Judging
 from .repeated_call import RepeatedCallRule
 from .repeated_text import RepeatedTextRule
 from .rule import ClosedTurn, OpenTurn, Rule, RunEnd
-from .types import Anomaly, ToolCall
+from .types import Anomaly, FedCall, ToolCall
 
 
 class LoopDetector:
@@ -138,7 +137,7 @@ class LoopDetector:
         """
         self._guarded(self._begin_run)
 
-    def observe(self, call: ToolCall) -> list[Anomaly]:
+    def observe(self, call: FedCall) -> list[Anomaly]:
         """A tool call came back. Returns the anomalies of an older turn it closed implicitly, else []."""
         return self._guarded(self._observe, call)
 
@@ -164,7 +163,7 @@ class LoopDetector:
         sizes.update(self._ledger.sizes())
         return sizes
 
-    def _guarded(self, action: Callable[..., list[Anomaly]], *args: Any) -> list[Anomaly]:
+    def _guarded(self, action: Callable[..., list[Anomaly]], *args: object) -> list[Anomaly]:
         try:
             fired = action(*args)
         except Exception as exc:  # a detector bug must never break the agent it watches
@@ -209,7 +208,7 @@ class LoopDetector:
         self._run_ended = False
         return []
 
-    def _observe(self, call: ToolCall) -> list[Anomaly]:
+    def _observe(self, call: FedCall) -> list[Anomaly]:
         turn = getattr(call, "turn", None)
         if type(turn) is not int:  # the loop's own calls carry their turn: the guess is for other feeds
             turn = _as_turn(turn, self._current_turn_guess())
@@ -228,7 +227,7 @@ class LoopDetector:
             rule.observe(observed, open_turn)
         return fired
 
-    def _before_calls(self, turn: Any, calls: Any) -> list[Anomaly]:
+    def _before_calls(self, turn: object, calls: Iterable[object]) -> list[Anomaly]:
         if self.config.repeat_threshold != 1 or not calls:
             return []
         keys = {}
@@ -238,7 +237,7 @@ class LoopDetector:
             keys[call_key(tool, arguments)] = (tool, arguments)
         return self._repeated.before_calls(_as_turn(turn, self._current_turn_guess()), keys)
 
-    def _end_turn(self, turn: Any, text: Any = None) -> list[Anomaly]:
+    def _end_turn(self, turn: object, text: object = None) -> list[Anomaly]:
         open_turn = self._open
         if type(turn) is not int:  # the loop passes its turn number: the guess is for other feeds
             pending = open_turn.number if open_turn.calls else None
@@ -250,7 +249,7 @@ class LoopDetector:
             return []  # a repeated or late end_turn for a turn already closed
         return self._close_turn(turn)
 
-    def _end_run(self, stop_reason: Any, final_text: Any, turn: Any) -> list[Anomaly]:
+    def _end_run(self, stop_reason: object, final_text: object, turn: object) -> list[Anomaly]:
         fired = self._close_turn(self._open.number) if self._open.calls else []
         if self._run_ended:
             return fired
@@ -300,7 +299,7 @@ def _ledger_window(config: DetectorConfig) -> int:
     return max(256, 2 * reach + 8)
 
 
-def _as_turn(value: Any, fallback: int) -> int:
+def _as_turn(value: object, fallback: int) -> int:
     """A usable turn number from whatever the caller passed."""
     if isinstance(value, bool):
         return fallback

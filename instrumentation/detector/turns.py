@@ -10,16 +10,19 @@ next run of the conversation. The agent loop feeds its detector this way as it g
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .types import Anomaly, FedCall
 
 # Stop reasons after which the run goes on: Anthropic's tool_use and pause_turn, the GenAI finish reason tool_calls.
 CONTINUING_STOP_REASONS = frozenset({"tool_use", "tool_calls", "pause_turn"})
 
 
 class _Fed(Protocol):
-    def observe(self, call: Any) -> list[Any]: ...
-    def end_turn(self, turn: int, text: str | None = None) -> list[Any]: ...
-    def end_run(self, stop_reason: str | None, final_text: str | None, turn: int) -> list[Any]: ...
+    def observe(self, call: FedCall) -> list[Anomaly]: ...
+    def end_turn(self, turn: int, text: str | None = None) -> list[Anomaly]: ...
+    def end_run(self, stop_reason: str | None, final_text: str | None, turn: int) -> list[Anomaly]: ...
 
 
 def answers(stop_reason: str | None, has_calls: bool) -> bool:
@@ -27,10 +30,11 @@ def answers(stop_reason: str | None, has_calls: bool) -> bool:
     return not has_calls and stop_reason is not None and stop_reason.strip().lower() not in CONTINUING_STOP_REASONS
 
 
-def feed_turn(detector: _Fed, turn: int, calls: Iterable[Any], text: str | None, stop_reason: str | None) -> list[Any]:
+def feed_turn(detector: _Fed, turn: int, calls: Iterable[FedCall], text: str | None,
+              stop_reason: str | None) -> list[Anomaly]:
     """Tell the detector one model call of a stored run: its tool calls and the turn's end, or the run's end when it
     answered. Returns what the detector reported."""
-    fired: list[Any] = []
+    fired: list[Anomaly] = []
     has_calls = False
     for call in calls:
         has_calls = True

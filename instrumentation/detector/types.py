@@ -4,7 +4,7 @@ unresolved is in `facts`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NamedTuple, TypedDict
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict
 
 from .cost import LoopCost, LoopCostRecord
 
@@ -36,6 +36,26 @@ class ToolCall:
     # The canonical arguments (`canonical_arguments`), when the caller made them already (the loop's one view of the
     # call): taken as they are instead of worked out again.
     canonical_arguments: str | None = None
+
+
+class FedCall(Protocol):
+    """What the detector reads of a tool call it is fed: a `ToolCall`'s fields, by name. A `ToolCall` is one; so is a
+    trace reader's own record that has the same fields."""
+
+    @property
+    def turn(self) -> int: ...
+    @property
+    def tool(self) -> str: ...
+    @property
+    def arguments(self) -> object: ...  # parsed JSON value, or the raw string when it did not parse
+    @property
+    def call_id(self) -> str | None: ...
+    @property
+    def is_error(self) -> bool: ...
+    @property
+    def result(self) -> str | None: ...  # the result text, if known
+    @property
+    def result_digest(self) -> str | None: ...
 
 
 class AnomalyRecord(TypedDict):

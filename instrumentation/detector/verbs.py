@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .commands import Operation, command_of, operations
 
@@ -111,7 +111,7 @@ class OperationWords(NamedTuple):
     acts: frozenset[str] = frozenset()  # its family's nouns for one act, stated done by a word of completion
 
 
-def operation_words(tool: str, arguments: Any) -> OperationWords | None:
+def operation_words(tool: str, arguments: object) -> OperationWords | None:
     """The operation a call performs, as an answer would name it; None when neither its tool's name nor its command
     names one (`python -c`, `grep`, an unknown script)."""
     command = command_of(tool, arguments)
@@ -135,7 +135,7 @@ def family_of_operation(operation: Operation) -> Family | None:
     return None
 
 
-def success_keys(tool: str, arguments: Any) -> frozenset[str]:
+def success_keys(tool: str, arguments: object) -> frozenset[str]:
     """What a successful call counts as, to tell whether the operation of a failed call also succeeded in the run:
     its tool, its family or verb, and for a command the families of its programs, and of the test runners its inline
     code calls (`python -c "import pytest; pytest.main([...])"` ran the tests)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def anthropic_message(message: Any) -> dict[str, Any]:
+def anthropic_message(message: object) -> dict[str, Any]:
     """One GenAI message (``{"role", "parts"}``) as a Messages API message with a list of content blocks."""
     if not isinstance(message, dict):
         raise ValueError(f"a message is not an object: {type(message).__name__}")
@@ -21,7 +21,7 @@ def anthropic_message(message: Any) -> dict[str, Any]:
     return {"role": str(message.get("role") or "user"), "content": [anthropic_block(part) for part in parts]}
 
 
-def anthropic_block(part: Any) -> dict[str, Any]:
+def anthropic_block(part: object) -> dict[str, Any]:
     """One GenAI part as the Messages API content block ``content.genai_part`` made it from."""
     if not isinstance(part, dict):
         return {"type": "text", "text": str(part)}
@@ -59,7 +59,7 @@ def _media_type(part: dict[str, Any]) -> str:
     return "image" if part.get("modality") == "image" else "document"
 
 
-def text_of_parts(value: Any) -> str | None:
+def text_of_parts(value: object) -> str | None:
     """The text of a list of GenAI text parts (how system instructions are stored), None if it holds none."""
     if not isinstance(value, list):
         return None
@@ -67,7 +67,7 @@ def text_of_parts(value: Any) -> str | None:
     return "\n".join(texts) if texts else None
 
 
-def tool_definition(definition: Any) -> dict[str, Any] | None:
+def tool_definition(definition: object) -> dict[str, Any] | None:
     """A GenAI tool definition as a Messages API client tool; None for one of Anthropic's server tools, which an
     Agent does not run (``content.genai_tool_definition`` is the inverse)."""
     if not isinstance(definition, dict) or definition.get("type") not in ("function", None):

@@ -136,7 +136,7 @@ class _Requested:
 
     __slots__ = ("after_ns", "arguments", "call_id", "exact", "tool")
 
-    def __init__(self, after_ns: int, tool: str, arguments: Any, call_id: str, *, exact: bool = True) -> None:
+    def __init__(self, after_ns: int, tool: str, arguments: object, call_id: str, *, exact: bool = True) -> None:
         self.after_ns = after_ns  # the requesting model call's start: the call belongs to its turn
         self.tool = tool
         self.arguments = arguments
@@ -169,7 +169,7 @@ class ProducerReader:
 
     # -- span by span -------------------------------------------------------------------------------------------
 
-    def translate(self, span: Any) -> SpanRecord:
+    def translate(self, span: SpanRecord) -> SpanRecord:
         attributes = span.attributes
         kind = attributes.get(OI_SPAN_KIND)
         # A span that follows the GenAI conventions is read as such even when it also names an OpenInference kind:
@@ -206,7 +206,7 @@ class ProducerReader:
         neutral.trace_id = self._conversations.place(neutral.trace_id, history)
         neutral.parent_span_id = "conversation"  # not a root: the run stays open for the conversation's next call
 
-    def _remember(self, neutral: SpanRecord, original: Any, raw: Any, form: str) -> None:
+    def _remember(self, neutral: SpanRecord, original: SpanRecord, raw: Any, form: str) -> None:
         state = self._traces.get(neutral.trace_id)
         if state is None:
             state = self._traces[neutral.trace_id] = _TraceState()
@@ -287,13 +287,13 @@ class ProducerReader:
 
 # --- one producer at a time -----------------------------------------------------------------------------------------
 
-def _copy(span: Any, attributes: dict[str, Any]) -> SpanRecord:
+def _copy(span: SpanRecord, attributes: dict[str, Any]) -> SpanRecord:
     return SpanRecord(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
                        name=span.name, start_ns=span.start_ns, attributes=attributes,
                        status_code=getattr(span, "status_code", 0), end_ns=getattr(span, "end_ns", 0))
 
 
-def _from_gen_ai(span: Any) -> SpanRecord:
+def _from_gen_ai(span: SpanRecord) -> SpanRecord:
     # Already our vocabulary; the dict is shared, not copied: nothing downstream writes to it.
     return _copy(span, span.attributes)
 
@@ -302,7 +302,7 @@ def _answer(text: str) -> str:
     return json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": text}]}], ensure_ascii=False)
 
 
-def _from_openinference(span: Any, kind: str) -> SpanRecord:
+def _from_openinference(span: SpanRecord, kind: str) -> SpanRecord:
     a = span.attributes
     out: dict[str, Any] = {}
     if kind == "LLM":
@@ -335,7 +335,7 @@ def _from_openinference(span: Any, kind: str) -> SpanRecord:
     return _copy(span, out)
 
 
-def _from_openllmetry(span: Any) -> SpanRecord:
+def _from_openllmetry(span: SpanRecord) -> SpanRecord:
     a = span.attributes
     out = {key: value for key, value in a.items() if not key.startswith((OLL_PROMPT, OLL_COMPLETION))}
     out.setdefault(sc.GEN_AI_OPERATION_NAME, sc.OPERATION_CHAT)
@@ -350,7 +350,7 @@ def _from_openllmetry(span: Any) -> SpanRecord:
     return _copy(span, out)
 
 
-def run_key(span: Any) -> str:
+def run_key(span: SpanRecord) -> str:
     """The run a span belongs to: its trace, or its session for a model call that is alone in its trace."""
     a = span.attributes
     if span.parent_span_id is not None:
@@ -365,7 +365,7 @@ def run_key(span: Any) -> str:
     return f"{SESSION_PREFIX}{session}" if session is not None else span.trace_id
 
 
-def _join_session(neutral: SpanRecord, original: Any) -> bool:
+def _join_session(neutral: SpanRecord, original: SpanRecord) -> bool:
     """A lone model call with a session id belongs to its session's run, not to a one-span trace of its own."""
     key = run_key(original)
     if key != original.trace_id:
@@ -423,7 +423,7 @@ def _history_calls(raw: Any, form: str, at_ns: int) -> list[_Requested]:
 
 # --- messages -------------------------------------------------------------------------------------------------------
 
-def _requested_calls(span: Any, start_ns: int) -> list[_Requested]:
+def _requested_calls(span: SpanRecord, start_ns: int) -> list[_Requested]:
     """The tool calls a model call asked for, in whatever form its producer wrote them."""
     a = span.attributes
     found: list[_Requested] = []
@@ -453,7 +453,7 @@ def _tool_call_fields(calls: dict[int, dict[str, Any]]) -> list[tuple[str, str, 
     return found
 
 
-def _raw_input(span: Any) -> tuple[Any, str]:
+def _raw_input(span: SpanRecord) -> tuple[Any, str]:
     a = span.attributes
     if a.get(sc.GEN_AI_INPUT_MESSAGES) is not None:
         return a[sc.GEN_AI_INPUT_MESSAGES], "gen_ai"
@@ -489,7 +489,7 @@ def _responses(raw: Any, form: str) -> dict[str, tuple[str, bool]]:
     return found
 
 
-def _errors_flagged(raw: Any, form: str) -> bool:
+def _errors_flagged(raw: object, form: str) -> bool:
     """Whether the producer's messages carry the tool-error flag at all (Anthropic tool_result blocks do)."""
     if form != "openllmetry" or not isinstance(raw, dict):
         return False
@@ -520,7 +520,7 @@ def _indexed_text(attributes: dict[str, Any], prefix: str) -> str | None:
     return "\n".join(texts) if texts else None
 
 
-def _json_list(raw: Any) -> list[Any]:
+def _json_list(raw: object) -> list[Any]:
     try:
         value = json.loads(raw) if isinstance(raw, str) else raw
     except ValueError:
@@ -528,7 +528,7 @@ def _json_list(raw: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _json_field(raw: Any, name: str) -> str | None:
+def _json_field(raw: object, name: str) -> str | None:
     if not isinstance(raw, str) or f'"{name}"' not in raw:
         return None
     try:
@@ -538,7 +538,7 @@ def _json_field(raw: Any, name: str) -> str | None:
     return str(value[name]) if isinstance(value, dict) and value.get(name) else None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, ensure_ascii=False)

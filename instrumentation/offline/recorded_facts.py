@@ -40,5 +40,5 @@ def as_count(value: Any) -> int:
         return 0
 
 
-def _optional_text(value: Any) -> str | None:
+def _optional_text(value: object) -> str | None:
     return None if value is None else str(value)

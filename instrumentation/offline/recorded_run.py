@@ -242,7 +242,7 @@ def _failed(span: SpanRecord) -> bool:
     return getattr(span, "status_code", 0) == ERROR_STATUS and _output_of(span) is None
 
 
-def _content(span: SpanRecord, key: str) -> Any:
+def _content(span: SpanRecord, key: str) -> object:
     """A content attribute of a chat span: on the span, or on its content event (capture mode EVENT_ONLY)."""
     if key in span.attributes:
         return span.attributes[key]
@@ -252,11 +252,11 @@ def _content(span: SpanRecord, key: str) -> Any:
     return None
 
 
-def _output_of(span: SpanRecord) -> Any:
+def _output_of(span: SpanRecord) -> object:
     return _content(span, sc.GEN_AI_OUTPUT_MESSAGES)
 
 
-def _parsed(raw: Any, span: SpanRecord, key: str) -> Any:
+def _parsed(raw: object, span: SpanRecord, key: str) -> Any:
     """A JSON content attribute's value; a value cut at the size cap (or not JSON) names the span."""
     if raw is None or not isinstance(raw, str):
         return raw
@@ -428,7 +428,7 @@ def reported_anomalies(spans: Iterable[SpanRecord]) -> list[RecordedAnomaly]:
     return found
 
 
-def _optional_int(value: Any) -> int | None:
+def _optional_int(value: object) -> int | None:
     return None if value is None else as_count(value)
 
 

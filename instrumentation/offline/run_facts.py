@@ -13,7 +13,7 @@ prompt), read from the content attributes. Standard library only.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -105,7 +105,7 @@ def _parts_text(raw: str | None) -> str | None:
     return _parts_of(parts) if isinstance(parts, list) else None
 
 
-def _parts_of(parts: Any) -> str:
+def _parts_of(parts: Iterable[object] | None) -> str:
     return "".join(str(part.get("content", "")) for part in parts or ()
                    if isinstance(part, dict) and part.get("type") == "text")
 
@@ -117,5 +117,5 @@ def _json(raw: str) -> Any:
         return None
 
 
-def _text_or_none(value: Any) -> str | None:
+def _text_or_none(value: object) -> str | None:
     return None if value is None else str(value)

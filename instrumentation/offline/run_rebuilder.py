@@ -49,6 +49,7 @@ from ..detector import (
 from ..detector.turns import answers, feed_turn
 from ..recording import semconv as sc
 from ..recording.prices import DEFAULT_PRICES, Price
+from ..tracefile.read import SpanRecord
 from .readers import FOREIGN_EXACT_KEYS, FOREIGN_KEY_PREFIXES, KeySelection, ProducerReader
 from .span_usage import USAGE_KEYS, model_call_usage
 
@@ -76,7 +77,7 @@ class _Call:
 
     __slots__ = ("arguments", "call_id", "is_error", "result", "result_digest", "span_id", "start_ns", "tool", "turn")
 
-    def __init__(self, start_ns: int, tool: str, arguments: Any, call_id: str | None, is_error: bool,
+    def __init__(self, start_ns: int, tool: str, arguments: object, call_id: str | None, is_error: bool,
                  result_digest: str | None, result: Any, span_id: str) -> None:
         self.start_ns = start_ns
         self.tool = tool
@@ -153,14 +154,15 @@ class RunRebuilder:
         self._sessions = SessionDetectors(config)  # runs of one conversation, judged in the order their roots came
         self._reader = ProducerReader(max_open_traces)  # other producers' spans, in our vocabulary
         # Lone messageless model calls waiting for their twin (by trace), and the runs of calls seen (by response id).
-        self._held: OrderedDict[str, Any] = OrderedDict()
+        self._held: OrderedDict[str, SpanRecord] = OrderedDict()
         self._held_by_response: dict[str, str] = {}
         self._twins: OrderedDict[str, str] = OrderedDict()
         self.last_key = ""  # the run the span added last belongs to (a trace id, or a session or conversation key)
         self.last_dropped: str | None = None  # the held twin that span made redundant: that key has no run now
-        self.last_span: Any = None  # the span added last, as read (in looptrace's vocabulary, whoever produced it)
+        # The span added last, as read (in looptrace's vocabulary, whoever produced it).
+        self.last_span: SpanRecord | None = None
 
-    def add(self, span: Any) -> Verdict | None:
+    def add(self, span: SpanRecord) -> Verdict | None:
         own_trace, was_root = span.trace_id, span.parent_span_id is None
         span = self.last_span = self._reader.translate(span)
         self.last_key = span.trace_id
@@ -204,12 +206,12 @@ class RunRebuilder:
         self._reader.forget(trace_id)
         self.last_dropped = trace_id
 
-    def _unhold(self, trace_id: str) -> Any:
+    def _unhold(self, trace_id: str) -> SpanRecord:
         span = self._held.pop(trace_id)
         self._held_by_response.pop(str(span.attributes.get(sc.GEN_AI_RESPONSE_ID)), None)
         return span
 
-    def _add(self, span: Any) -> Verdict | None:
+    def _add(self, span: SpanRecord) -> Verdict | None:
         attributes = span.attributes
         run = self._open.get(span.trace_id)
         if run is None:
@@ -372,7 +374,7 @@ def _usage_by_turn(starts: list[int], usage: dict[int, TurnUsage]) -> dict[int, 
     return {turn: usage[start] for turn, start in enumerate(starts, start=1) if start in usage}
 
 
-def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]:
+def _texts_by_turn(starts: list[int], outputs: Mapping[int, object]) -> dict[int, str]:
     texts = {}
     for turn, start in enumerate(starts, start=1):
         text = _output_text(outputs.get(start))
@@ -381,7 +383,7 @@ def _texts_by_turn(starts: list[int], outputs: dict[int, Any]) -> dict[int, str]
     return texts
 
 
-def _stops_by_turn(starts: list[int], ends: dict[str, tuple[int, str | None, Any]]) -> dict[int, str | None]:
+def _stops_by_turn(starts: list[int], ends: Mapping[str, tuple[int, str | None, object]]) -> dict[int, str | None]:
     """Each turn's stop reason, from the model call that started it."""
     by_start: dict[int, str | None] = {}
     for start, stop, _ in ends.values():  # of two spans of one call, the one that recorded a stop reason
@@ -411,7 +413,7 @@ def _assign_turns(starts: list[int], calls: list[_Call]) -> list[tuple[int, list
     return [(turn, by_turn.get(turn, [])) for turn in range(1, max([len(starts), *by_turn]) + 1)]
 
 
-def _call_of(span: Any) -> _Call:
+def _call_of(span: SpanRecord) -> _Call:
     a = span.attributes
     # Without content capture only the digest of the arguments is stored: equal digests, equal calls.
     raw_arguments = a.get(sc.GEN_AI_TOOL_CALL_ARGUMENTS, a.get(sc.TOOL_ARGUMENTS_DIGEST))
@@ -502,7 +504,7 @@ def _stop_reason(attributes: dict[str, Any]) -> str | None:
     return None
 
 
-def _output_text(raw: Any) -> str | None:
+def _output_text(raw: object) -> str | None:
     """The text parts of a gen_ai.output.messages value, if a span carried one (content capture on)."""
     if not isinstance(raw, str):
         return None

@@ -55,7 +55,7 @@ def _priced(attributes: Mapping[str, Any], prices: Mapping[str, Price], *, uncac
                           cache_write_tokens=cache_write), None
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     """A token count as a producer wrote it (an int, or its text in OTLP/JSON); None when there is none."""
     if isinstance(value, bool):
         return None

@@ -11,9 +11,10 @@ Imports point one way: this module -> ``trace_detect_live`` -> ``run_rebuilder``
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..detector import DetectorConfig
+from ..tracefile.read import SpanRecord
 from .run_rebuilder import DETECTION_KEYS, MODEL_OPERATIONS, RunRebuilder, Verdict
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["DETECTION_KEYS", "MODEL_OPERATIONS", "DetectorSpanProcessor", "RunRebuilder", "Verdict", "detect_spans"]
 
 
-def detect_spans(spans: Iterable[Any], config: DetectorConfig | None = None) -> Iterator[Verdict]:
+def detect_spans(spans: Iterable[SpanRecord], config: DetectorConfig | None = None) -> Iterator[Verdict]:
     """A Verdict for every trace among the spans, as soon as each can be judged."""
     rebuilder = RunRebuilder(config)
     for span in spans:
@@ -32,7 +33,7 @@ def detect_spans(spans: Iterable[Any], config: DetectorConfig | None = None) -> 
     yield from rebuilder.finish()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # The processor needs the OpenTelemetry SDK, slow to import; `looptrace detect` uses the rest of this module only.
     if name == "DetectorSpanProcessor":
         from .trace_detect_live import DetectorSpanProcessor

@@ -13,7 +13,7 @@ pay for the OpenTelemetry SDK the spans import.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from . import semconv
@@ -95,7 +95,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "semconv":  # the module itself: importing it makes it this package's attribute
         return importlib.import_module(f"{__name__}.semconv")
     module = _EXPORTS.get(name)

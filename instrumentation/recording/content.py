@@ -137,9 +137,9 @@ def _redact(value: Any, secrets: list[str] | None) -> Any:
 MIN_SCRUBBED_CHARS = 4
 
 
-def _collect_texts(value: Any, into: list[str]) -> None:
+def _collect_texts(value: object, into: list[str]) -> None:
     """The texts (strings and numbers) inside a redacted value, bounded like redact itself."""
-    pending: list[tuple[Any, int]] = [(value, 0)]
+    pending: list[tuple[object, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
         if isinstance(item, str):
@@ -226,7 +226,7 @@ def redacted_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return shown
 
 
-def to_json(value: Any) -> str:
+def to_json(value: object) -> str:
     """A value as compact JSON, whatever a model put in it: an integer too long for Python to write out (over 4,300
     digits) is written as a string that says so, and anything JSON has no form for as its ``str``."""
     try:
@@ -242,11 +242,11 @@ def to_json(value: Any) -> str:
 _compact_json = json.JSONEncoder(ensure_ascii=False, default=str, separators=(",", ":")).encode
 
 
-def _writable(value: Any) -> Any:
+def _writable(value: object) -> object:
     """A copy of ``value`` that json can write: overlong integers described instead of written, cycles cut."""
     seen: set[int] = set()
 
-    def copy(item: Any) -> Any:
+    def copy(item: object) -> object:
         if isinstance(item, int) and not isinstance(item, bool):
             try:
                 str(item)
@@ -257,8 +257,8 @@ def _writable(value: Any) -> Any:
             if id(item) in seen:
                 return "<circular>"
             seen.add(id(item))
-            copied: Any = ({str(k): copy(v) for k, v in item.items()} if isinstance(item, dict)
-                           else [copy(v) for v in item])
+            copied: object = ({str(k): copy(v) for k, v in item.items()} if isinstance(item, dict)
+                              else [copy(v) for v in item])
             seen.discard(id(item))
             return copied
         return item
@@ -280,7 +280,7 @@ def genai_message(message: dict[str, Any], secrets: CallSecrets | None = None) -
     return {"role": message.get("role", "user"), "parts": parts}
 
 
-def genai_part(block: Any, secrets: CallSecrets | None = None) -> dict[str, Any]:
+def genai_part(block: object, secrets: CallSecrets | None = None) -> dict[str, Any]:
     if not isinstance(block, dict):
         return {"type": "text", "content": str(block)}
     kind = block.get("type")
@@ -316,7 +316,7 @@ def genai_part(block: Any, secrets: CallSecrets | None = None) -> dict[str, Any]
     return {"type": kind or "unknown", "content": redact({k: v for k, v in block.items() if k != "type"})}
 
 
-def _as_object(value: Any) -> dict[str, Any]:
+def _as_object(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"input": value}
 
 

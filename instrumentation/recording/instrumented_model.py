@@ -63,9 +63,13 @@ class Answer(NamedTuple):
 class ChatCall(Protocol):
     """The span of one model call (``spans.ChatSpan``, ``spans.JudgeSpan``), as the wrapper drives it."""
 
-    def activate(self) -> AbstractContextManager[Any]: ...
+    def activate(self) -> AbstractContextManager[object]: ...
 
     def first_chunk(self, seconds: float) -> None: ...
+
+    def learned_server(self, address: str | None, port: int | None) -> None:
+        """Where the call went, known only once the call was made (a client built by the call itself)."""
+        ...
 
     def end(self, response: Mapping[str, Any], usage: Usage, *, cost_usd: float | None) -> None: ...
 
@@ -152,7 +156,7 @@ class InstrumentedModel:
                 first_chunk_receiver.reset(receiver)
         return self._end(chat, response)
 
-    def _learn_server(self, chat: Any) -> None:
+    def _learn_server(self, chat: ChatCall) -> None:
         """Where the call went, for a span started before the model knew (its first call built its client)."""
         try:
             chat.learned_server(*self.server())

@@ -48,7 +48,7 @@ def run_labels(*, session_id: str | None = None, user_id: str | None = None, tag
     )
 
 
-def checked(what: str, value: Any) -> str:
+def checked(what: str, value: object) -> str:
     """``value`` as a label: a non-empty string (else ValueError), capped."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")

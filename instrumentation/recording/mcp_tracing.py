@@ -84,7 +84,7 @@ class MCPRequest:
 
     __slots__ = ("_arguments", "_secrets", "attributes", "failure", "span")
 
-    def __init__(self, span: trace.Span | None, attributes: dict[str, Any], arguments: Any) -> None:
+    def __init__(self, span: trace.Span | None, attributes: dict[str, Any], arguments: object) -> None:
         self.span = span
         self.attributes = attributes  # also the duration metric's, once the request ends
         self.failure: str | None = None
@@ -98,7 +98,7 @@ class MCPRequest:
             self._secrets = redact_with_secrets(self._arguments)[1] if self._arguments else ()
         return scrub(text, self._secrets) if self._secrets else text
 
-    def sent(self, request_id: Any) -> None:
+    def sent(self, request_id: object) -> None:
         """The JSON-RPC id the request went out with."""
         if request_id is None:
             return
@@ -128,8 +128,9 @@ class MCPRequest:
 class MCPServerTelemetry:
     """Where one MCP server's requests are recorded: built per server, from the Agent's telemetry (or none)."""
 
-    def __init__(self, telemetry: Any, *, server: str, transport: str, server_address: str | None = None,
+    def __init__(self, telemetry: object, *, server: str, transport: str, server_address: str | None = None,
                  server_port: int | None = None) -> None:
+        # The Agent's telemetry, whatever implements it: its run's providers are used when it has them (``Tracing``).
         self._telemetry = telemetry
         self.server = server
         self.facts: dict[str, Any] = {NETWORK_TRANSPORT: transport}
@@ -168,7 +169,7 @@ class MCPServerTelemetry:
                     _ended(span, {**self.facts, **({ERROR_TYPE: handle.failure} if handle.failure else {})})
 
     @contextlib.contextmanager
-    def request(self, method: str, *, tool: str | None = None, arguments: Any = None) -> Iterator[MCPRequest]:
+    def request(self, method: str, *, tool: str | None = None, arguments: object = None) -> Iterator[MCPRequest]:
         """One request's CLIENT span, current while it is sent and answered, and its duration on the metric."""
         instruments = self._instruments()
         attributes: dict[str, Any] = {MCP_METHOD_NAME: method, **self.facts}
@@ -271,10 +272,11 @@ def _record(histogram: metrics.Histogram | None, seconds: float, attributes: Map
         pass
 
 
-_cache: dict[tuple[int, int, bool], tuple[Any, Any, _Instruments]] = {}
+_cache: dict[tuple[int, int, bool], tuple[trace.TracerProvider, metrics.MeterProvider | None, _Instruments]] = {}
 
 
-def _instruments_of(tracer_provider: Any, meter_provider: Any, *, capture_content: bool) -> _Instruments:
+def _instruments_of(tracer_provider: trace.TracerProvider, meter_provider: metrics.MeterProvider | None, *,
+                    capture_content: bool) -> _Instruments:
     key = (id(tracer_provider), id(meter_provider), capture_content)
     cached = _cache.get(key)
     if cached is not None and cached[0] is tracer_provider and cached[1] is meter_provider:

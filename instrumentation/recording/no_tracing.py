@@ -31,7 +31,7 @@ class _NoTool:
     def __init__(self, view: ToolCallView) -> None:
         self.view = view
 
-    def activate(self) -> AbstractContextManager[Any]:
+    def activate(self) -> AbstractContextManager[None]:
         return nullcontext()
 
     def end(self) -> None:
@@ -48,7 +48,7 @@ class _NoTurn:
     def __init__(self, run: _NoRun) -> None:
         self.run = run
 
-    def activate(self) -> AbstractContextManager[Any]:
+    def activate(self) -> AbstractContextManager[None]:
         return nullcontext()
 
     def start_tool(self, view: ToolCallView, *, description: str | None) -> _NoTool:

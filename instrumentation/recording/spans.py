@@ -13,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import Token
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as metrics_api
@@ -45,8 +45,11 @@ from .usage import CostOf, Usage
 
 CONTENT_EVENT = sc.CONTENT_EVENT
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-def _never_raises(where: str, fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+
+def _never_raises(where: str, fallback: Callable[..., R]) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Telemetry never raises into the run it describes: a span method that fails (a value no encoder takes, an
     exporter's bug) is counted and said once (``logs.telemetry_failed``), and ``fallback`` (called with the same
     arguments) keeps the trace whole around it: the span still ends, a child still gets a place to hang from.
@@ -54,14 +57,14 @@ def _never_raises(where: str, fallback: Callable[..., Any]) -> Callable[[Callabl
     The methods every turn calls (``start_turn``, ``start_tool`` and the turn's, chat's and tool's ``end``) hold the
     same guard written out in place, a ``try`` around their body: it costs nothing until it catches, where this
     wrapper costs a call frame and the packing of the arguments on every call."""
-    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(method: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(method)
-        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
-                return method(self, *args, **kwargs)
+                return method(*args, **kwargs)
             except Exception as exc:
                 telemetry_failed(where, exc)
-                return fallback(self, *args, **kwargs)
+                return fallback(*args, **kwargs)
         return guarded
     return decorate
 
@@ -125,7 +128,7 @@ class Tracing:
         return self._tracer
 
     @property
-    def providers(self) -> tuple[Any, Any]:
+    def providers(self) -> RunProviders:
         """The tracer and meter providers the current run records through: for instrumentation that is not ours but
         must record where the run does (the mcp package's client spans, see ``mcp_tracing``)."""
         if self._resolved is None:
@@ -406,7 +409,7 @@ class TurnSpan:
         # The context its chat, tool and judge spans start in, made once for all of them.
         self.context = trace.set_span_in_context(span) if self.recording else None
 
-    def activate(self) -> contextlib.AbstractContextManager:
+    def activate(self) -> contextlib.AbstractContextManager[None]:
         """This turn current while its model call (or a judge's check) runs: the instrumented model opens the chat
         span under it. Only the turn is made current, not its span: the chat and judge spans name it as their parent
         explicitly, so the OpenTelemetry context is attached once per call (by the chat span), as before the seam."""
@@ -566,7 +569,7 @@ class ChatSpan:
         self.started = time.perf_counter()
         self.history = history  # the input messages, kept for the content event when content goes to events
 
-    def activate(self) -> contextlib.AbstractContextManager:
+    def activate(self) -> contextlib.AbstractContextManager[None]:
         return _activate(self.span)
 
     def learned_server(self, address: str | None, port: int | None) -> None:
@@ -675,7 +678,7 @@ class JudgeSpan:
         return cls(turn.run.tracing.tracer.start_span(sc.chat_span_name(model), context=turn.context,
                                                       kind=SpanKind.CLIENT, attributes=attributes))
 
-    def activate(self) -> contextlib.AbstractContextManager:
+    def activate(self) -> contextlib.AbstractContextManager[None]:
         return _activate(self.span)
 
     def first_chunk(self, seconds: float) -> None:
@@ -711,7 +714,7 @@ class ToolSpan:
         self.span = span
         self.view = view  # the loop's one view of the call: redacted arguments, then the settled result
 
-    def activate(self) -> contextlib.AbstractContextManager:
+    def activate(self) -> contextlib.AbstractContextManager[None]:
         return _activate(self.span)
 
     def approval(self, *, decision: str, by: str | None = None, reason: str | None = None,

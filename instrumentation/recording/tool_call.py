@@ -10,8 +10,6 @@ the secret); only what reports on the call gets this one.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..detector import canonical_arguments, result_digest
 from .content import redact_with_secrets, scrub
 
@@ -24,7 +22,7 @@ class ToolCallView:
     __slots__ = ("_arguments_digest", "arguments", "call_id", "canonical", "duration_s", "error_type", "failed",
                  "is_error", "name", "outcome", "result", "result_chars", "result_digest", "secrets")
 
-    def __init__(self, call_id: str, name: str, arguments: Any) -> None:
+    def __init__(self, call_id: str, name: str, arguments: object) -> None:
         self.call_id = call_id
         self.name = name
         # Redacted, with the texts the redaction hid in the forms a tool's text may quote them back.

@@ -64,7 +64,7 @@ class Usage:
         self.cache_creation_input_tokens += other.cache_creation_input_tokens
 
 
-def _token_count(value: Any) -> int:
+def _token_count(value: object) -> int:
     if type(value) is int:  # what the API sends: read four times per model call
         return value if value > 0 else 0
     if isinstance(value, bool):

@@ -21,7 +21,7 @@ The names below load on first use: reading a file must not pay for the OpenTelem
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from .encodable import encodable_spans, with_attributes
@@ -134,7 +134,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

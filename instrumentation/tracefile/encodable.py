@@ -168,7 +168,7 @@ def _clean_attributes(attributes: Mapping[Any, Any] | None, repaired_keys: list[
     return copy
 
 
-def _clean_key(key: Any) -> str:
+def _clean_key(key: object) -> str:
     global _warned_keys
     if isinstance(key, str):
         return key if _text_ok(key) else clean_text(key)

@@ -31,16 +31,20 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..recording import semconv as sc
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
 
 __all__ = ["HistoryCompactor", "continued_prefix", "restored_input", "tool_descriptions"]
 
 _MAX_OPEN = 10_000  # runs (and turns) remembered at once: spans that never end must not grow it without bound
+_Kept = TypeVar("_Kept")
 
 
-def tool_descriptions(tool_definitions: Any) -> Mapping[str, str]:
+def tool_descriptions(tool_definitions: object) -> Mapping[str, str]:
     """Each tool's description, by name, in a run's recorded ``gen_ai.tool.definitions`` (none when it is cut)."""
     if not isinstance(tool_definitions, str) or not tool_definitions.endswith("]"):
         return {}
@@ -130,7 +134,7 @@ class HistoryCompactor:
         self._descriptions: OrderedDict[int, dict[str, str]] = OrderedDict()  # run's key -> its tools' descriptions
         self._lock = threading.Lock()
 
-    def started(self, span: Any) -> None:
+    def started(self, span: ReadableSpan) -> None:
         """A span started: a run's root registers its input (the first call continues it) and its tools, a turn
         its run."""
         attributes = span.attributes or {}
@@ -147,7 +151,7 @@ class HistoryCompactor:
             with self._lock:
                 self._remember(self._turns, span.context.span_id, span.parent.span_id)
 
-    def written(self, span: Any) -> Mapping[str, Any] | None:
+    def written(self, span: ReadableSpan) -> Mapping[str, Any] | None:
         """The attributes to write for a span that ended, when they differ from its own (a model call continuing an
         earlier span of its run); None to write the span as it is."""
         attributes = span.attributes or {}
@@ -182,7 +186,7 @@ class HistoryCompactor:
             kept[sc.INPUT_CONTINUES_FROM] = left_out
         return kept
 
-    def _without_description(self, span: Any, attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    def _without_description(self, span: ReadableSpan, attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """A tool call's attributes without its description when its run's root holds that very description."""
         description = attributes.get(sc.GEN_AI_TOOL_DESCRIPTION)
         if not isinstance(description, str):
@@ -193,7 +197,7 @@ class HistoryCompactor:
             return None
         return {key: value for key, value in attributes.items() if key != sc.GEN_AI_TOOL_DESCRIPTION}
 
-    def _run_key(self, span: Any) -> int:
+    def _run_key(self, span: ReadableSpan) -> int:
         """The run of a model call: its turn's run when the turn was seen starting, else its trace."""
         parent = span.parent
         with self._lock:
@@ -201,7 +205,7 @@ class HistoryCompactor:
         return key if key is not None else span.context.trace_id
 
     @staticmethod
-    def _remember(table: OrderedDict[int, Any], key: int, value: Any) -> None:
+    def _remember(table: OrderedDict[int, _Kept], key: int, value: _Kept) -> None:
         table[key] = value
         table.move_to_end(key)
         if len(table) > _MAX_OPEN:

@@ -27,7 +27,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..recording.semconv import RESOURCE_ID
 from ..settings import DEFAULT_MAX_LINE_BYTES, MAX_LINE_BYTES_VARIABLE
@@ -130,7 +130,7 @@ def total_size(path: str | os.PathLike[str]) -> int:
     return size
 
 
-def _open_all(path: str | os.PathLike[str], *, rotated: bool = True, regular_only: bool = False) -> list[Any]:
+def _open_all(path: str | os.PathLike[str], *, rotated: bool = True, regular_only: bool = False) -> list[BinaryIO]:
     """Every file of the trace file's rotation (just ``path`` without ``rotated``), opened, oldest first. ``path``
     itself must open unless a rotated one did (just rotated, nothing written since). ``regular_only`` refuses a FIFO,
     a device or a directory (TraceFileError) without waiting on it: such files are opened non-blocking first."""
@@ -157,7 +157,7 @@ def _open_all(path: str | os.PathLike[str], *, rotated: bool = True, regular_onl
     return handles
 
 
-def _open(name: str | os.PathLike[str], regular_only: bool) -> Any:
+def _open(name: str | os.PathLike[str], regular_only: bool) -> BinaryIO:
     if not regular_only:
         return open(name, "rb")
     descriptor = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -191,7 +191,7 @@ def read_lines(path: str | os.PathLike[str], on_bad_line: Callable[[BadLine], No
             handle.close()
 
 
-def _raw_lines(handles: list[Any], limit: int) -> Iterator[tuple[Callable[[int], bytes], bool, bytes]]:
+def _raw_lines(handles: list[BinaryIO], limit: int) -> Iterator[tuple[Callable[[int], bytes], bool, bytes]]:
     """(readline, endless, raw) for each line of each file in turn."""
     for handle in handles:
         readline = handle.readline
@@ -205,7 +205,7 @@ def _raw_lines(handles: list[Any], limit: int) -> Iterator[tuple[Callable[[int],
             yield readline, endless, raw
 
 
-def _lines_of(handles: list[Any], on_bad_line: Callable[[BadLine], None] | None,
+def _lines_of(handles: list[BinaryIO], on_bad_line: Callable[[BadLine], None] | None,
               on_progress: Callable[[int], None] | None, parse: Callable[[bytes], Any] | None,
               limit: int) -> Iterator[tuple[int, Any]]:
     loads = parse or json.loads
@@ -305,7 +305,7 @@ def describe_unreadable(exc: BaseException, raw: bytes = b"") -> str:
     return f"not OTLP/JSON trace data ({type(exc).__name__}: {exc})"
 
 
-def check_span(span: Any) -> None:
+def check_span(span: object) -> None:
     """Raise NotTraceData unless ``span`` holds what every reader relies on: a traceId and a spanId that are strings.
     Called on every span ``raw_spans`` yields, so that no command accepts a line another refuses. (Attribute keys are
     checked where they are decoded, ``decode_span_attributes`` and detection's key selection, at no extra pass.)"""
@@ -320,7 +320,7 @@ def check_span(span: Any) -> None:
 BAD_ATTRIBUTE_KEY = "an attribute key is not a string"
 
 
-def spans_of_traces_data(data: Any, keys: frozenset[str] | None = None,
+def spans_of_traces_data(data: object, keys: frozenset[str] | None = None,
                          resources: ResourceTable | None = None) -> Iterator[SpanRecord]:
     """The spans of one decoded OTLP/JSON TracesData (or ExportTraceServiceRequest) document, resource decoded
     (and resolved, given the ``resources`` the lines before it defined)."""
@@ -358,7 +358,7 @@ class ResourceTable:
 _MAX_RESOURCES = 10_000  # a file's writers have one or two each; a hostile file cannot make the table grow forever
 
 
-def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
+def raw_spans(data: object) -> Iterator[tuple[dict[str, Any], Any, str]]:
     """(span object, resource attributes (undecoded), scope name) for each span of a parsed line."""
     if not isinstance(data, dict) or "resourceSpans" not in data:
         raise ValueError("no resourceSpans")
@@ -374,7 +374,7 @@ def raw_spans(data: Any) -> Iterator[tuple[dict[str, Any], Any, str]]:
                 yield span, resource, scope
 
 
-def _spans_of_line(data: Any, keys: frozenset[str] | None, resources: ResourceTable) -> Iterator[SpanRecord]:
+def _spans_of_line(data: object, keys: frozenset[str] | None, resources: ResourceTable) -> Iterator[SpanRecord]:
     decoded_resource: dict[str, Any] = {}
     last_resource: Any = None
     for span, resource, scope in raw_spans(data):
@@ -384,7 +384,7 @@ def _spans_of_line(data: Any, keys: frozenset[str] | None, resources: ResourceTa
         yield span_record(span, decoded_resource, scope, keys)
 
 
-def span_record(span: dict[str, Any], resource: dict[str, Any], scope: Any,
+def span_record(span: dict[str, Any], resource: dict[str, Any], scope: object,
                 keys: frozenset[str] | None = None) -> SpanRecord:
     """One OTLP/JSON span object as a SpanRecord; raises ValueError (or kin) when it is not one."""
     get = span.get
@@ -423,7 +423,10 @@ def span_identity(span: dict[str, Any]) -> tuple[str, str, str | None, str]:
             name if type(name) is str else json.dumps(name))
 
 
-def nanoseconds(value: Any) -> int:
+def nanoseconds(value: object) -> int:
+    """An OTLP/JSON time (a string of digits, or a number); 0 for anything else."""
+    if not isinstance(value, (str, int, float)):
+        return 0
     try:
         return int(value or 0)
     except (TypeError, ValueError):
@@ -436,7 +439,7 @@ _ENUM_NAMES = {
 }
 
 
-def _enum(value: Any, prefix: str) -> int:
+def _enum(value: object, prefix: str) -> int:
     # The file exporter writes integers; hand-written OTLP/JSON often uses the enum names.
     if isinstance(value, int):
         return value
@@ -445,12 +448,12 @@ def _enum(value: Any, prefix: str) -> int:
     return 0
 
 
-def decode_span_kind(value: Any) -> int:
+def decode_span_kind(value: object) -> int:
     """An OTLP/JSON span kind, written as its number or its enum name."""
     return _enum(value, "SPAN_KIND_")
 
 
-def decode_status_code(value: Any) -> int:
+def decode_status_code(value: object) -> int:
     """An OTLP/JSON status code, written as its number or its enum name."""
     return _enum(value, "STATUS_CODE_")
 

@@ -38,7 +38,10 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
 
 from ..settings import DEFAULT_MAX_LINE_BYTES
 from .read import BadLine, read_lines
@@ -94,7 +97,7 @@ class UndeliveredList:
 
     # --- what the guarded exporters and the score sender write ---------------------------------------------------
 
-    def append(self, backend: str, spans: Sequence[Any], *, uncertain: bool = False) -> str:
+    def append(self, backend: str, spans: Sequence[ReadableSpan], *, uncertain: bool = False) -> str:
         """Note that ``backend`` did not take ``spans`` (held in the trace file); returns an id for the batch."""
         if self.trace_file is None:
             raise ValueError("no trace file holds these spans")
@@ -227,7 +230,7 @@ def _chunks(keys: list[str]) -> Iterator[list[str]]:
         yield keys[start:start + KEYS_PER_LINE]
 
 
-def _texts(value: Any) -> list[str]:
+def _texts(value: object) -> list[str]:
     """A list of keys as a list entry holds it; anything else (a hand-edited or damaged entry) holds none."""
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
