@@ -131,7 +131,7 @@ class HistoryCompactor:
     def __init__(self) -> None:
         self._runs: OrderedDict[int, _Run] = OrderedDict()  # by the run's key: its root span id (or its trace id)
         self._turns: OrderedDict[int, int] = OrderedDict()  # turn span id -> its run's key
-        self._descriptions: OrderedDict[int, dict[str, str]] = OrderedDict()  # run's key -> its tools' descriptions
+        self._descriptions: OrderedDict[int, Mapping[str, str]] = OrderedDict()  # run's key -> its tools' descriptions
         self._lock = threading.Lock()
 
     def started(self, span: ReadableSpan) -> None:
