@@ -21,8 +21,9 @@ through the API never imports the SDK's exporters.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_face import lazy_face
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from .agent_telemetry import agent_telemetry as build_agent_telemetry
@@ -34,28 +35,28 @@ if TYPE_CHECKING:  # the same names, for type checkers
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "Alerts": "alerts",
-    "Telemetry": "export.setup",
-    "configure": "export.setup",
-    "AgentTelemetry": "interface",
-    "Answer": "interface",
-    "ToolCallView": "interface",
-    "ToolTrace": "interface",
-    "Usage": "interface",
-    "configure_service_logging": "logs",
-    "install_cli_rendering": "logs",
-    "logger": "logs",
-    "settings_ignored": "logs",
-    "DEFAULT_MODEL": "settings",
-    "ConfigurationError": "settings",
-    "Settings": "settings",
-    "http_url_problem": "settings",
+    "Alerts": ".alerts",
+    "Telemetry": ".export.setup",
+    "configure": ".export.setup",
+    "AgentTelemetry": ".interface",
+    "Answer": ".interface",
+    "ToolCallView": ".interface",
+    "ToolTrace": ".interface",
+    "Usage": ".interface",
+    "configure_service_logging": ".logs",
+    "install_cli_rendering": ".logs",
+    "logger": ".logs",
+    "settings_ignored": ".logs",
+    "DEFAULT_MODEL": ".settings",
+    "ConfigurationError": ".settings",
+    "Settings": ".settings",
+    "http_url_problem": ".settings",
 }
 # public name -> (module, its name there), for a function named like the module that defines it: the import
 # system binds a package's attribute of a submodule's name to the submodule once it is imported, so the face
 # cannot hand the function out under that name
 _RENAMED: dict[str, tuple[str, str]] = {
-    "build_agent_telemetry": ("agent_telemetry", "agent_telemetry"),
+    "build_agent_telemetry": (".agent_telemetry", "agent_telemetry"),
 }
 
 __all__ = [
@@ -79,14 +80,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module, attribute = _RENAMED.get(name) or (_EXPORTS.get(name), name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, *_RENAMED])
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, _RENAMED)

@@ -10,9 +10,9 @@ exporters and the ``anthropic`` client are imported only when a run or ``configu
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from looptrace.lazy_face import lazy_face
 from looptrace.version import __version__
 
 # public name -> the module that defines it
@@ -120,14 +120,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time the names load
     from looptrace.runtime.tools import Tool, tool
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'looptrace' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

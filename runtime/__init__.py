@@ -7,28 +7,29 @@ results the CLI maps to exit codes, does not import them all.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_face import lazy_face
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "Agent": "agent", "RunInterrupted": "agent",
-    "ApprovalRequest": "approvals", "Decision": "approvals", "PendingCall": "approvals", "approve": "approvals",
-    "reject": "approvals",
-    "RunState": "state", "StateError": "state",
-    "AnomalyDetected": "events", "Event": "events", "ModelResponded": "events", "RunFinished": "events",
-    "TextStreamed": "events", "ToolFinished": "events", "TurnStarted": "events",
-    "Limits": "limits",
-    "MCPConnections": "mcp_connections",
-    "MCPServer": "mcp_servers", "MCPServerHTTP": "mcp_servers", "MCPServerStdio": "mcp_servers",
-    "MCPServerUnavailable": "mcp_servers", "check_installed": "mcp_servers",
-    "AnthropicModel": "models", "Model": "models", "ScriptedModel": "models", "report_streamed_text": "models",
-    "NOTHING": "monitor", "Reaction": "monitor", "RunMonitor": "monitor",
-    "AnomalyPolicy": "policy", "Policy": "policy",
-    "Price": "pricing", "Pricing": "pricing", "price_for": "pricing",
-    "RunResult": "result", "RunStatus": "result", "Usage": "result",
-    "claims_directory": "resume_claims",
-    "Tool": "tools", "ToolError": "tools", "tool": "tools",
+    "Agent": ".agent", "RunInterrupted": ".agent",
+    "ApprovalRequest": ".approvals", "Decision": ".approvals", "PendingCall": ".approvals", "approve": ".approvals",
+    "reject": ".approvals",
+    "RunState": ".state", "StateError": ".state",
+    "AnomalyDetected": ".events", "Event": ".events", "ModelResponded": ".events", "RunFinished": ".events",
+    "TextStreamed": ".events", "ToolFinished": ".events", "TurnStarted": ".events",
+    "Limits": ".limits",
+    "MCPConnections": ".mcp_connections",
+    "MCPServer": ".mcp_servers", "MCPServerHTTP": ".mcp_servers", "MCPServerStdio": ".mcp_servers",
+    "MCPServerUnavailable": ".mcp_servers", "check_installed": ".mcp_servers",
+    "AnthropicModel": ".models", "Model": ".models", "ScriptedModel": ".models", "report_streamed_text": ".models",
+    "NOTHING": ".monitor", "Reaction": ".monitor", "RunMonitor": ".monitor",
+    "AnomalyPolicy": ".policy", "Policy": ".policy",
+    "Price": ".pricing", "Pricing": ".pricing", "price_for": ".pricing",
+    "RunResult": ".result", "RunStatus": ".result", "Usage": ".result",
+    "claims_directory": ".resume_claims",
+    "Tool": ".tools", "ToolError": ".tools", "tool": ".tools",
 }
 
 __all__ = [
@@ -107,14 +108,4 @@ if TYPE_CHECKING:
     from looptrace.runtime.tools import Tool, ToolError, tool
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -14,8 +14,9 @@ The names load on first use: importing this package imports none of the SDK's ex
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ...lazy_face import lazy_face
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from .mapped import MappedSpanProcessor, mappings_for
@@ -25,19 +26,19 @@ if TYPE_CHECKING:  # the same names, for type checkers
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "MappedSpanProcessor": "mapped",
-    "mappings_for": "mapped",
-    "PushReport": "push",
-    "Telemetry": "setup",
-    "configure": "setup",
-    "context_from_traceparent": "setup",
-    "own_telemetry": "setup",
+    "MappedSpanProcessor": ".mapped",
+    "mappings_for": ".mapped",
+    "PushReport": ".push",
+    "Telemetry": ".setup",
+    "configure": ".setup",
+    "context_from_traceparent": ".setup",
+    "own_telemetry": ".setup",
 }
 # public name -> (module, its name there), for a function named like the module that defines it: the import
 # system binds a package's attribute of a submodule's name to the submodule once it is imported, so the face
 # cannot hand the function out under that name
 _RENAMED: dict[str, tuple[str, str]] = {
-    "push_undelivered": ("push", "push"),
+    "push_undelivered": (".push", "push"),
 }
 
 __all__ = [
@@ -52,14 +53,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module, attribute = _RENAMED.get(name) or (_EXPORTS.get(name), name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, *_RENAMED])
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, _RENAMED)

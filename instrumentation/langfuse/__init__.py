@@ -15,8 +15,9 @@ The names load on first use: none of this is imported until a command or a backe
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ...lazy_face import lazy_face
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from .api import LangfuseAPI, LangfuseAPIError, TraceLinks
@@ -27,20 +28,20 @@ if TYPE_CHECKING:  # the same names, for type checkers
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "LangfuseAPI": "api",
-    "LangfuseAPIError": "api",
-    "TraceLinks": "api",
-    "resource_attributes": "mapping",
-    "CursorError": "scan",
-    "ScanQuery": "scan",
-    "LangfuseScores": "scores",
-    "post_score": "scores",
+    "LangfuseAPI": ".api",
+    "LangfuseAPIError": ".api",
+    "TraceLinks": ".api",
+    "resource_attributes": ".mapping",
+    "CursorError": ".scan",
+    "ScanQuery": ".scan",
+    "LangfuseScores": ".scores",
+    "post_score": ".scores",
 }
 # public name -> (module, its name there), for a function named like the module that defines it: the import
 # system binds a package's attribute of a submodule's name to the submodule once it is imported, so the face
 # cannot hand the function out under that name
 _RENAMED: dict[str, tuple[str, str]] = {
-    "scan_traces": ("scan", "scan"),
+    "scan_traces": (".scan", "scan"),
 }
 
 __all__ = [
@@ -56,14 +57,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module, attribute = _RENAMED.get(name) or (_EXPORTS.get(name), name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, *_RENAMED])
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS, _RENAMED)

@@ -19,8 +19,9 @@ The names load on first use: `looptrace detect` must not pay for what it does no
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ...lazy_face import lazy_face
 
 if TYPE_CHECKING:
     from .conversations import CONVERSATION_PREFIX
@@ -44,27 +45,27 @@ if TYPE_CHECKING:
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "CONVERSATION_PREFIX": "conversations",
-    "DETECTION_KEYS": "run_rebuilder",
-    "KeySelection": "readers",
-    "MODEL_OPERATIONS": "run_rebuilder",
-    "RunRebuilder": "run_rebuilder",
-    "SESSION_PREFIX": "readers",
-    "Verdict": "run_rebuilder",
-    "detect_spans": "trace_detect",
-    "model_call_usage": "span_usage",
-    "recorded_unresolved_errors": "recorded_facts",
-    "ContentNotRecorded": "recorded_run",
-    "IncompleteRecording": "recorded_run",
-    "NotReplayable": "recorded_run",
-    "RecordedAnomaly": "recorded_run",
-    "RecordedCall": "recorded_run",
-    "RecordedModelError": "recorded_run",
-    "RecordedRun": "recorded_run",
-    "rebuild_run": "recorded_run",
-    "reported_anomalies": "recorded_run",
-    "runs_in": "recorded_run",
-    "DetectorSpanProcessor": "trace_detect",
+    "CONVERSATION_PREFIX": ".conversations",
+    "DETECTION_KEYS": ".run_rebuilder",
+    "KeySelection": ".readers",
+    "MODEL_OPERATIONS": ".run_rebuilder",
+    "RunRebuilder": ".run_rebuilder",
+    "SESSION_PREFIX": ".readers",
+    "Verdict": ".run_rebuilder",
+    "detect_spans": ".trace_detect",
+    "model_call_usage": ".span_usage",
+    "recorded_unresolved_errors": ".recorded_facts",
+    "ContentNotRecorded": ".recorded_run",
+    "IncompleteRecording": ".recorded_run",
+    "NotReplayable": ".recorded_run",
+    "RecordedAnomaly": ".recorded_run",
+    "RecordedCall": ".recorded_run",
+    "RecordedModelError": ".recorded_run",
+    "RecordedRun": ".recorded_run",
+    "rebuild_run": ".recorded_run",
+    "reported_anomalies": ".recorded_run",
+    "runs_in": ".recorded_run",
+    "DetectorSpanProcessor": ".trace_detect",
 }
 
 __all__ = [
@@ -92,14 +93,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

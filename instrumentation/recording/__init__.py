@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from ...lazy_face import lazy_face
+
 if TYPE_CHECKING:  # the same names, for type checkers
     from . import semconv
     from .content import cap, redact, redacted_history, to_json
@@ -32,34 +34,34 @@ if TYPE_CHECKING:  # the same names, for type checkers
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "cap": "content",
-    "redact": "content",
-    "redacted_history": "content",
-    "to_json": "content",
-    "Answer": "instrumented_model",
-    "ModelLike": "instrumented_model",
-    "report_first_chunk": "instrumented_model",
-    "MAX_LABEL_CHARS": "labels",
-    "RunLabels": "labels",
-    "checked": "labels",
-    "run_labels": "labels",
-    "MCPServerTelemetry": "mcp_tracing",
-    "prometheus_reader": "metrics",
-    "NoTracing": "no_tracing",
-    "DEFAULT_PRICES": "prices",
-    "Price": "prices",
-    "price_for": "prices",
-    "usd_for_tokens": "prices",
-    "RunProviders": "providers",
-    "ACTIONS": "sinks",
-    "Action": "sinks",
-    "AlertContext": "sinks",
-    "AnomalySink": "sinks",
-    "TraceLinks": "sinks",
-    "Tracing": "spans",
-    "ToolCallView": "tool_call",
-    "CostOf": "usage",
-    "Usage": "usage",
+    "cap": ".content",
+    "redact": ".content",
+    "redacted_history": ".content",
+    "to_json": ".content",
+    "Answer": ".instrumented_model",
+    "ModelLike": ".instrumented_model",
+    "report_first_chunk": ".instrumented_model",
+    "MAX_LABEL_CHARS": ".labels",
+    "RunLabels": ".labels",
+    "checked": ".labels",
+    "run_labels": ".labels",
+    "MCPServerTelemetry": ".mcp_tracing",
+    "prometheus_reader": ".metrics",
+    "NoTracing": ".no_tracing",
+    "DEFAULT_PRICES": ".prices",
+    "Price": ".prices",
+    "price_for": ".prices",
+    "usd_for_tokens": ".prices",
+    "RunProviders": ".providers",
+    "ACTIONS": ".sinks",
+    "Action": ".sinks",
+    "AlertContext": ".sinks",
+    "AnomalySink": ".sinks",
+    "TraceLinks": ".sinks",
+    "Tracing": ".spans",
+    "ToolCallView": ".tool_call",
+    "CostOf": ".usage",
+    "Usage": ".usage",
 }
 
 __all__ = [
@@ -95,16 +97,14 @@ __all__ = [
 ]
 
 
+_face_getattr, _face_dir = lazy_face(__name__, _EXPORTS)
+
+
 def __getattr__(name: str) -> object:
     if name == "semconv":  # the module itself: importing it makes it this package's attribute
         return importlib.import_module(f"{__name__}.semconv")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # looked up once
-    return value
+    return _face_getattr(name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, "semconv"])
+    return [*_face_dir(), "semconv"]

@@ -20,8 +20,9 @@ The names below load on first use: reading a file must not pay for the OpenTelem
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ...lazy_face import lazy_face
 
 if TYPE_CHECKING:  # the same names, for type checkers
     from .encodable import encodable_spans, with_attributes
@@ -56,42 +57,42 @@ if TYPE_CHECKING:  # the same names, for type checkers
 
 # public name -> the module of this package that defines it
 _EXPORTS: dict[str, str] = {
-    "encodable_spans": "encodable",
-    "with_attributes": "encodable",
-    "encode_line": "encode",
-    "encode_traces_data": "encode",
-    "StoredHistories": "history",
-    "tool_descriptions": "history",
-    "BAD_ATTRIBUTE_KEY": "read",
-    "SKIP": "read",
-    "BadLine": "read",
-    "NotTraceData": "read",
-    "ResourceTable": "read",
-    "SpanRecord": "read",
-    "TraceFileError": "read",
-    "decode_attributes": "read",
-    "decode_span_kind": "read",
-    "decode_status_code": "read",
-    "decode_value": "read",
-    "describe_unreadable": "read",
-    "nanoseconds": "read",
-    "raw_spans": "read",
-    "read_lines": "read",
-    "read_spans": "read",
-    "rotated_away": "read",
-    "span_identity": "read",
-    "span_record": "read",
-    "spans_of_traces_data": "read",
-    "total_size": "read",
-    "trace_files": "read",
-    "Pending": "undelivered",
-    "PushInProgress": "undelivered",
-    "UndeliveredList": "undelivered",
-    "span_key": "undelivered",
-    "OTLPJsonFileExporter": "write",
-    "Rotation": "write",
-    "TraceFileProcessor": "write",
-    "TraceFileWriter": "write",
+    "encodable_spans": ".encodable",
+    "with_attributes": ".encodable",
+    "encode_line": ".encode",
+    "encode_traces_data": ".encode",
+    "StoredHistories": ".history",
+    "tool_descriptions": ".history",
+    "BAD_ATTRIBUTE_KEY": ".read",
+    "SKIP": ".read",
+    "BadLine": ".read",
+    "NotTraceData": ".read",
+    "ResourceTable": ".read",
+    "SpanRecord": ".read",
+    "TraceFileError": ".read",
+    "decode_attributes": ".read",
+    "decode_span_kind": ".read",
+    "decode_status_code": ".read",
+    "decode_value": ".read",
+    "describe_unreadable": ".read",
+    "nanoseconds": ".read",
+    "raw_spans": ".read",
+    "read_lines": ".read",
+    "read_spans": ".read",
+    "rotated_away": ".read",
+    "span_identity": ".read",
+    "span_record": ".read",
+    "spans_of_traces_data": ".read",
+    "total_size": ".read",
+    "trace_files": ".read",
+    "Pending": ".undelivered",
+    "PushInProgress": ".undelivered",
+    "UndeliveredList": ".undelivered",
+    "span_key": ".undelivered",
+    "OTLPJsonFileExporter": ".write",
+    "Rotation": ".write",
+    "TraceFileProcessor": ".write",
+    "TraceFileWriter": ".write",
 }
 
 __all__ = [
@@ -134,14 +135,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
