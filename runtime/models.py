@@ -237,7 +237,7 @@ class ServerDidNotStream(RuntimeError):
     streaming request as if it were not one. The SDK would otherwise fail on an empty stream with a bare assertion."""
 
     @classmethod
-    def of(cls, stream: MessageStream[Any] | AsyncMessageStream[Any]) -> ServerDidNotStream:
+    def of(cls, stream: MessageStream | AsyncMessageStream) -> ServerDidNotStream:
         try:
             content_type = stream.response.headers.get("content-type") or "no content type"
         except Exception:  # noqa: BLE001 - the message is all this is for; a stream without headers still has one
