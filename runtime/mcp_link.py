@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
     from mcp.types import Tool
 
-    from looptrace.instrumentation.agent_telemetry import AgentTelemetry, MCPServerTelemetry
+    from looptrace.instrumentation.agent_telemetry import MCPServerTelemetry
+    from looptrace.instrumentation.interface import AgentTelemetry
 
 __all__ = ["Offered", "ServerLink", "build_tools", "log_stderr", "not_connected", "open_transport",
            "quiet_package_logs", "requesting", "settle_future", "settle_ready", "telemetry_for"]
