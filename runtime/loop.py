@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from looptrace.instrumentation.detector import DetectorConfig, LoopDetector, SessionDetectors
-from looptrace.instrumentation.interface import AgentTelemetry, Answer, AnsweringModel, RunTrace, Usage, log
+from looptrace.instrumentation.interface import AgentTelemetry, AnsweringModel, RunTrace, Usage, log
 from looptrace.runtime import conversation, resume
 from looptrace.runtime import policy as policies
 from looptrace.runtime import tools as toolkit
@@ -160,7 +160,7 @@ class AgentLoop:
         if isinstance(outcome, Raised):  # the instrumented model already ended its chat span with the error
             run.monitor.end_turn(None)
             return self._model_call_failed(run, index, outcome.exc)
-        assert isinstance(outcome, Answer), "a model call is answered with an Answer"
+        assert isinstance(outcome, tuple), "a model call is answered with an Answer (response, usage, cost)"
         response, usage, cost = outcome
         run.budget.turns = index
         run.budget.charge(usage, cost)
