@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from looptrace.instrumentation.interface import Answer, AnsweringModel, TurnTrace, log
 from looptrace.runtime import approvals
@@ -23,7 +23,7 @@ from looptrace.runtime.limits import Budget
 from looptrace.runtime.models import Model, aprepare_model, prepare_model, streamed_text_to
 from looptrace.runtime.tool_calls import ToolCallRun
 
-__all__ = ["Effect", "Gate", "GateAnswer", "ModelCall", "PrepareModel", "Raised", "ToolRound"]
+__all__ = ["Effect", "Gate", "GateAnswer", "ModelCall", "Outcome", "PrepareModel", "Raised", "ToolRound"]
 
 GateAnswer = tuple[bool, Decision | None, float]  # (approval needed, the decision or None, seconds waited)
 
@@ -35,11 +35,16 @@ class Raised:
     exc: BaseException
 
 
+Outcome: TypeAlias = "Answer | list[GateAnswer] | Raised | None"
+"""What the core is sent back for the effect it yielded: a ModelCall's Answer, a Gate's answer per call, None for
+the others, or Raised."""
+
+
 class Effect:
-    def perform_sync(self) -> Any:
+    def perform_sync(self) -> object:
         raise NotImplementedError
 
-    async def perform_async(self) -> Any:
+    async def perform_async(self) -> object:
         raise NotImplementedError
 
 
@@ -148,7 +153,7 @@ class Gate(Effect):
         return answers
 
 
-def _needs_approval(call: ToolCallRun, resolve: Callable[[Any], Any]) -> bool:
+def _needs_approval(call: ToolCallRun, resolve: Callable[[bool | Awaitable[bool]], object]) -> bool:
     """The tool's answer for this call; a predicate that fails holds the call for a decision (fail closed)."""
     rule = call.tool.needs_approval if call.tool is not None else False
     if isinstance(rule, bool):
@@ -182,7 +187,7 @@ def _approver_failed(call: ToolCallRun, exc: Exception) -> Decision:
     return Decision(False, f"the approver failed ({text})")
 
 
-def _timed(call: ToolCallRun, work: Callable[[], Any]) -> None:
+def _timed(call: ToolCallRun, work: Callable[[], object]) -> None:
     started = time.perf_counter()
     try:
         call.value = work()

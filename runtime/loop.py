@@ -23,7 +23,7 @@ from looptrace.runtime import conversation, resume
 from looptrace.runtime import policy as policies
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import BY_APPROVER, BY_PERSON, ApprovalRequest, Approver, PendingCall
-from looptrace.runtime.effects import Effect, Gate, ModelCall, PrepareModel, Raised, ToolRound
+from looptrace.runtime.effects import Effect, Gate, ModelCall, Outcome, PrepareModel, Raised, ToolRound
 from looptrace.runtime.events import (
     AnomalyDetected,
     Event,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentLoop", "RunInterrupted", "UnknownStopReason"]
 
-_Steps: TypeAlias = "Generator[Effect, Any, RunStatus | None]"
+_Steps: TypeAlias = "Generator[Effect, Outcome, RunStatus | None]"
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -87,7 +87,7 @@ class AgentLoop:
     _tool_definitions: list[dict[str, Any]]
 
     def _loop(self, task: str | list[dict[str, Any]], labels: Labels,
-              servers: RunServers | None = None) -> Generator[Effect, Any, RunResult]:
+              servers: RunServers | None = None) -> Generator[Effect, Outcome, RunResult]:
         messages = [{"role": "user", "content": task}] if isinstance(task, str) else list(task)
         config = self._detector_config
         detector = None if config is None else (
@@ -110,7 +110,7 @@ class AgentLoop:
                    tool_definitions=definitions, servers=servers,
                    servers_version=servers.version if servers is not None else 0)
 
-    def _turns(self, run: Run) -> Generator[Effect, Any, RunStatus]:
+    def _turns(self, run: Run) -> Generator[Effect, Outcome, RunStatus]:
         # The client's set-up is the run's time, before the first turn's spans (and bounded by the run's clock).
         prepared = yield PrepareModel(self._client, run.budget.remaining_s())
         if isinstance(prepared, Raised):
@@ -124,7 +124,8 @@ class AgentLoop:
             if status is not None:
                 return status
 
-    def _lifecycle(self, run: Run, steps: Generator[Effect, Any, RunStatus]) -> Generator[Effect, Any, RunResult]:
+    def _lifecycle(self, run: Run,
+                   steps: Generator[Effect, Outcome, RunStatus]) -> Generator[Effect, Outcome, RunResult]:
         """Drive a run's steps to its status, and end the run however they end (once: a fault in the ending itself
         is not met by ending the run again)."""
         try:
@@ -159,6 +160,7 @@ class AgentLoop:
         if isinstance(outcome, Raised):  # the instrumented model already ended its chat span with the error
             run.monitor.end_turn(None)
             return self._model_call_failed(run, index, outcome.exc)
+        assert isinstance(outcome, tuple), "a model call is answered with an Answer (response, usage, cost)"
         response, usage, cost = outcome
         run.budget.turns = index
         run.budget.charge(usage, cost)
@@ -275,7 +277,7 @@ class AgentLoop:
                                     view.is_error, view.outcome, view.duration_s))
         return block
 
-    def _gate(self, run: Run, index: int, calls: list[ToolCallRun]) -> Generator[Effect, Any, None]:
+    def _gate(self, run: Run, index: int, calls: list[ToolCallRun]) -> Generator[Effect, Outcome, None]:
         """Which calls need approval (their tool's ``needs_approval``), and the approver's decision on each. A call
         needing approval with no approver waits: the run pauses after the others ran."""
         candidates = [call for call in calls if call.runnable and call.tool is not None
@@ -291,6 +293,7 @@ class AgentLoop:
             for call in calls:
                 call.interrupted()
             raise outcome.exc
+        assert isinstance(outcome, list), "a gate is answered with a GateAnswer per call"
         for call, (needed, decision, waited) in zip(candidates, outcome, strict=True):
             if not needed:
                 continue
@@ -375,7 +378,7 @@ class AgentLoop:
         return resume.state_of(run, self._identity, session_id, __version__)
 
     def _resume_loop(self, resumption: resume.Resumption,
-                     servers: RunServers | None = None) -> Generator[Effect, Any, RunResult]:
+                     servers: RunServers | None = None) -> Generator[Effect, Outcome, RunResult]:
         state = resumption.state
         budget = Budget(self.limits, running_s=state.running_s + (servers.waited_s if servers is not None else 0.0))
         budget.turns, budget.usage, budget.cost_usd = state.turns, Usage(**state.usage), state.cost_usd
@@ -397,7 +400,7 @@ class AgentLoop:
         resumption.started = True
         return (yield from self._lifecycle(run, self._resumed(run, resumption)))
 
-    def _resumed(self, run: Run, resumption: resume.Resumption) -> Generator[Effect, Any, RunStatus]:
+    def _resumed(self, run: Run, resumption: resume.Resumption) -> Generator[Effect, Outcome, RunStatus]:
         """The paused run's decisions carried out, then its turns as usual."""
         state = resumption.state
         if state.pending:

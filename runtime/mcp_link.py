@@ -27,9 +27,13 @@ from looptrace.runtime.mcp_servers import (
 from looptrace.runtime.mcp_wire import Pending, Wire
 
 if TYPE_CHECKING:
+    import httpx2
     from mcp import ClientSession
+    from mcp.client._transport import TransportStreams
+    from mcp.types import Tool
 
     from looptrace.instrumentation.agent_telemetry import MCPServerTelemetry
+    from looptrace.instrumentation.interface import AgentTelemetry
 
 __all__ = ["Offered", "ServerLink", "build_tools", "log_stderr", "not_connected", "open_transport",
            "quiet_package_logs", "requesting", "settle_future", "settle_ready", "telemetry_for"]
@@ -37,7 +41,7 @@ __all__ = ["Offered", "ServerLink", "build_tools", "log_stderr", "not_connected"
 STDERR_LINES_LOGGED = 50
 TOOL_ERROR = "tool_error"  # error.type of a call answered with isError (the MCP conventions' value)
 
-CallTool = Callable[["ServerLink", str, dict[str, Any]], Awaitable[Any]]
+CallTool = Callable[["ServerLink", str, dict[str, Any]], Awaitable[object]]
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,7 +53,7 @@ class ServerLink:
     telemetry: MCPServerTelemetry
     session: ClientSession | None = None
     wire: Wire | None = None
-    tools: list[Any] = dataclasses.field(default_factory=list)
+    tools: list[Tool] = dataclasses.field(default_factory=list)
     checkers: dict[str, Any] = dataclasses.field(default_factory=dict)  # compiled input-schema validators
     left_out: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (tool, why) from its last list
     failure: str | None = None
@@ -73,7 +77,7 @@ class ServerLink:
         return isinstance(self.config, MCPServerStdio)
 
 
-def open_transport(server: ServerLink) -> contextlib.AbstractAsyncContextManager[Any]:
+def open_transport(server: ServerLink) -> contextlib.AbstractAsyncContextManager[TransportStreams]:
     """The server's read and write streams: its process started (stdio), or its endpoint reached (HTTP)."""
     config = server.config
     if isinstance(config, MCPServerStdio):
@@ -92,11 +96,11 @@ def open_transport(server: ServerLink) -> contextlib.AbstractAsyncContextManager
 
 
 @contextlib.asynccontextmanager
-async def _http_transport(server: ServerLink, config: MCPServerHTTP) -> AsyncIterator[Any]:
+async def _http_transport(server: ServerLink, config: MCPServerHTTP) -> AsyncIterator[TransportStreams]:
     import httpx2  # the HTTP client the mcp package is built on
     from mcp.client.streamable_http import streamable_http_client
 
-    async def remember_session(response: Any) -> None:  # mcp.session.id, from the header the server assigns
+    async def remember_session(response: httpx2.Response) -> None:  # mcp.session.id, from the header the server assigns
         session_id = response.headers.get("mcp-session-id")
         if session_id:
             server.session_id = session_id
@@ -114,7 +118,7 @@ class Offered(NamedTuple):
     """A tool offered to the model, and the server's listing of it."""
 
     tool: MCPTool
-    listed: Any
+    listed: Tool
 
 
 def build_tools(servers: Iterable[ServerLink], taken: frozenset[str], call: CallTool, *,
@@ -144,10 +148,10 @@ def build_tools(servers: Iterable[ServerLink], taken: frozenset[str], call: Call
     return built
 
 
-def _tool(server: ServerLink, listed: Any, name: str, schema: dict[str, Any], call: CallTool) -> MCPTool:
+def _tool(server: ServerLink, listed: Tool, name: str, schema: dict[str, Any], call: CallTool) -> MCPTool:
     remote = listed.name
 
-    async def call_mcp_tool(**arguments: Any) -> Any:
+    async def call_mcp_tool(**arguments: Any) -> object:
         return await call(server, remote, arguments)
 
     return MCPTool(name=name, description=listed.description or listed.title or remote, input_schema=schema,
@@ -159,7 +163,7 @@ def not_connected(server: ServerLink) -> str:
     return f"MCP server {server.label!r} is not connected ({server.failure or 'it exited, or closed the connection'})"
 
 
-def telemetry_for(telemetry: Any, config: MCPServer) -> MCPServerTelemetry:
+def telemetry_for(telemetry: AgentTelemetry | None, config: MCPServer) -> MCPServerTelemetry:
     """Where one server's requests are recorded (``agent_telemetry.mcp_telemetry``), with its transport's names."""
     if isinstance(config, MCPServerStdio):
         return mcp_telemetry(telemetry, server=config.label, transport="pipe")
@@ -197,7 +201,7 @@ def quiet_package_logs() -> None:
 
 @contextlib.asynccontextmanager
 async def requesting(server: ServerLink, wire: Wire, method: str, *, tool: str | None = None,
-                     arguments: Any = None) -> AsyncIterator[Pending]:
+                     arguments: object = None) -> AsyncIterator[Pending]:
     """One request: its span current while it is sent, its id and answer watched on the wire; a failure raised
     as ``RequestFailed`` with what the model is told (scrubbed of the call's redacted arguments)."""
     with server.telemetry.request(method, tool=tool, arguments=arguments) as request:

@@ -24,10 +24,14 @@ import contextvars
 import dataclasses
 import json
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
+
+if TYPE_CHECKING:
+    from mcp.client._transport import ReadStream, WriteStream
+    from mcp.shared.message import SessionMessage
 
 MAX_SCHEMA_DEPTH = 64  # levels of objects and lists in a tool's input schema; deeper, and the tool is left out
 UNREADABLE_ANSWER = -32700  # JSON-RPC's parse error: the code of an answer the session could not read
@@ -53,7 +57,7 @@ _SENDING: contextvars.ContextVar[Pending | None] = contextvars.ContextVar("loopt
 class Wire:
     """The streams a ``ClientSession`` is given in place of the transport's (``incoming``, ``outgoing``)."""
 
-    def __init__(self, read: ObjectReceiveStream[Any], write: ObjectSendStream[Any], *,
+    def __init__(self, read: ReadStream[SessionMessage | Exception], write: WriteStream[SessionMessage], *,
                  on_closed: Callable[[], None]) -> None:
         self.incoming = _Incoming(self, read)
         self.outgoing = _Outgoing(self, write)
@@ -67,7 +71,7 @@ class Wire:
 
     # --- what the streams see -------------------------------------------------------------------------------------
 
-    def _sending(self, message: Any) -> Pending | None:
+    def _sending(self, message: object) -> Pending | None:
         """The pending request ``message`` is (noted before it goes: its answer may come back at once)."""
         from mcp import types
 
@@ -78,7 +82,7 @@ class Wire:
             return pending
         return None
 
-    def _received(self, item: Any) -> Any:
+    def _received(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
         from mcp import types
         from mcp.shared.message import SessionMessage
 
@@ -118,7 +122,7 @@ class Wire:
                 pending.left_out.append((name if isinstance(name, str) else "(unnamed)", problem))
         return result if len(kept) == len(tools) else {**result, "tools": kept}
 
-    def _tool_problem(self, tool: Any) -> str | None:
+    def _tool_problem(self, tool: object) -> str | None:
         from mcp_types import methods
         from pydantic import ValidationError
 
@@ -135,7 +139,7 @@ class Wire:
             pass
         return None
 
-    def _unparsed(self, exc: Exception) -> Any:
+    def _unparsed(self, exc: Exception) -> SessionMessage | Exception:
         """A line the session could not parse: the answer to a request in flight fails that request at once (or, for
         tools/list, is read here with the tools the session would reject left out); anything else is passed on."""
         from mcp import types
@@ -181,13 +185,13 @@ class _Sending:
             self.wire._in_flight.pop(str(self.pending.request_id), None)
 
 
-class _Outgoing(ObjectSendStream[Any]):
+class _Outgoing(ObjectSendStream["SessionMessage"]):
     """The session's write stream: notes the id of the request being sent (in the sender's task), then passes it on."""
 
-    def __init__(self, wire: Wire, inner: ObjectSendStream[Any]) -> None:
+    def __init__(self, wire: Wire, inner: WriteStream[SessionMessage]) -> None:
         self._wire, self._inner = wire, inner
 
-    async def send(self, item: Any) -> None:
+    async def send(self, item: SessionMessage) -> None:
         pending = self._wire._sending(getattr(item, "message", None))
         await self._inner.send(item)
         if pending is not None:
@@ -197,13 +201,13 @@ class _Outgoing(ObjectSendStream[Any]):
         await self._inner.aclose()
 
 
-class _Incoming(ObjectReceiveStream[Any]):
+class _Incoming(ObjectReceiveStream["SessionMessage | Exception"]):
     """The session's read stream: each item as the wire makes it (see ``Wire._received``); its end is reported."""
 
-    def __init__(self, wire: Wire, inner: ObjectReceiveStream[Any]) -> None:
+    def __init__(self, wire: Wire, inner: ReadStream[SessionMessage | Exception]) -> None:
         self._wire, self._inner = wire, inner
 
-    async def receive(self) -> Any:
+    async def receive(self) -> SessionMessage | Exception:
         try:
             item = await self._inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -244,7 +248,7 @@ def _raw_input(exc: Exception) -> str | None:
     return raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else None
 
 
-def _depth(value: Any) -> int:
+def _depth(value: object) -> int:
     """How many levels of objects and lists ``value`` has (iteratively: it comes from a server)."""
     deepest = 0
     pending = [(value, 1)]

@@ -14,11 +14,18 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from looptrace.instrumentation.interface import report_first_chunk
+
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.lib.streaming import AsyncMessageStream, MessageStream
+    from anthropic.types import Message
+
+_Client = TypeVar("_Client", "anthropic.Anthropic", "anthropic.AsyncAnthropic")
 
 
 class Model(Protocol):
@@ -58,20 +65,21 @@ class AnthropicModel:
     backends such as Langfuse): its spans are switched off here, and trace-context propagation is left as it was.
     """
 
-    def __init__(self, client: Any = None, async_client: Any = None, *, stream: bool = False, **client_options: Any):
-        self._client = _without_sdk_spans(client)
-        self._async_client = _without_sdk_spans(async_client)
+    def __init__(self, client: anthropic.Anthropic | None = None, async_client: anthropic.AsyncAnthropic | None = None,
+                 *, stream: bool = False, **client_options: Any):
+        self._client = None if client is None else _without_sdk_spans(client)
+        self._async_client = None if async_client is None else _without_sdk_spans(async_client)
         self._options = client_options
         self.stream = stream
 
-    def sync_client(self):
+    def sync_client(self) -> anthropic.Anthropic:
         if self._client is None:
             import anthropic
 
             self._client = _without_sdk_spans(anthropic.Anthropic(**self._options))
         return self._client
 
-    def async_client(self):
+    def async_client(self) -> anthropic.AsyncAnthropic:
         if self._async_client is None:
             import anthropic
 
@@ -110,7 +118,8 @@ class AnthropicModel:
         return _finish_by(deadline, timeout,
                           lambda: self._create_until(self.sync_client(), params, deadline, timeout))
 
-    def _create_until(self, client: Any, params: dict[str, Any], deadline: float, timeout: float) -> dict[str, Any]:
+    def _create_until(self, client: anthropic.Anthropic, params: dict[str, Any], deadline: float,
+                      timeout: float) -> dict[str, Any]:
         for attempt in itertools.count():
             try:
                 return self._send(client.with_options(max_retries=0), params, _time_left(deadline))
@@ -137,7 +146,7 @@ class AnthropicModel:
         except TimeoutError:
             raise ModelCallTimeout(_late_message(timeout)) from None
 
-    async def _acreate_until(self, client: Any, params: dict[str, Any], deadline: float,
+    async def _acreate_until(self, client: anthropic.AsyncAnthropic, params: dict[str, Any], deadline: float,
                              timeout: float) -> dict[str, Any]:
         for attempt in itertools.count():
             try:
@@ -152,7 +161,7 @@ class AnthropicModel:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the attempts end by a return or a raise")
 
-    def _send(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    def _send(self, client: anthropic.Anthropic, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
             started = time.perf_counter()
             with client.messages.stream(**params, **options) as stream:
@@ -169,7 +178,8 @@ class AnthropicModel:
         raw = client.messages.with_raw_response.create(**params, **options)
         return raw.http_response.json()
 
-    async def _asend(self, client: Any, params: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    async def _asend(self, client: anthropic.AsyncAnthropic, params: dict[str, Any],
+                     options: dict[str, Any]) -> dict[str, Any]:
         if self.stream:
             started = time.perf_counter()
             async with client.messages.stream(**params, **options) as stream:
@@ -186,7 +196,7 @@ class AnthropicModel:
         return raw.http_response.json()
 
 
-def prepare_model(model: Any, *, timeout_s: float | None) -> None:
+def prepare_model(model: object, *, timeout_s: float | None) -> None:
     """``model.prepare()`` when the model has one (an AnthropicModel builds its client), waiting at most ``timeout_s``,
     the time the run has left: a set-up slower than that leaves the run to time out, as a late model call would,
     instead of holding it past its limit. A set-up that fails is left to the first call, which meets the failure again
@@ -203,7 +213,7 @@ def prepare_model(model: Any, *, timeout_s: float | None) -> None:
     worker.join(max(timeout_s, 0.0))
 
 
-async def aprepare_model(model: Any, *, timeout_s: float | None) -> None:
+async def aprepare_model(model: object, *, timeout_s: float | None) -> None:
     """``prepare_model`` for asyncio: the set-up runs on a thread, so the event loop is not held by it either."""
     prepare = getattr(model, "prepare", None)
     if not callable(prepare):
@@ -215,7 +225,7 @@ async def aprepare_model(model: Any, *, timeout_s: float | None) -> None:
         pass  # the run's clock ran out first: the run says so
 
 
-def _quietly(prepare: Callable[..., Any], **options: Any) -> None:
+def _quietly(prepare: Callable[..., object], **options: bool) -> None:
     try:
         prepare(**options)
     except Exception:  # noqa: BLE001 - met again, and reported, by the first model call
@@ -227,7 +237,7 @@ class ServerDidNotStream(RuntimeError):
     streaming request as if it were not one. The SDK would otherwise fail on an empty stream with a bare assertion."""
 
     @classmethod
-    def of(cls, stream: Any) -> ServerDidNotStream:
+    def of(cls, stream: MessageStream | AsyncMessageStream) -> ServerDidNotStream:
         try:
             content_type = stream.response.headers.get("content-type") or "no content type"
         except Exception:  # noqa: BLE001 - the message is all this is for; a stream without headers still has one
@@ -275,7 +285,7 @@ def report_streamed_text(text: str) -> None:
         receiver(text)
 
 
-def _hand_on_text(event: Any) -> None:
+def _hand_on_text(event: object) -> None:
     """The text of a server-sent ``content_block_delta`` event, handed on as it arrives."""
     if getattr(event, "type", None) == "content_block_delta":
         delta = getattr(event, "delta", None)
@@ -354,7 +364,7 @@ def _retry_delay(exc: Exception, attempt: int, max_retries: int, deadline: float
     return delay if delay < deadline - time.monotonic() else None
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
             value = float(headers.get(name, "")) / scale
@@ -365,14 +375,14 @@ def _retry_after(headers: Any) -> float | None:
     return None
 
 
-def _without_sdk_spans(client: Any) -> Any:
+def _without_sdk_spans(client: _Client) -> _Client:
     options = getattr(client, "open_telemetry", None)  # absent before the SDK traced itself: nothing to switch off
     if not isinstance(options, dict) or not options.get("traces", {}).get("enabled"):
         return client
     return client.with_options(open_telemetry={**options, "traces": {**options["traces"], "enabled": False}})
 
 
-def _as_json(message: Any) -> dict[str, Any]:
+def _as_json(message: Message) -> dict[str, Any]:
     # exclude_unset keeps exactly the fields the server sent; warnings=False because block types newer than the SDK
     # are carried as loosely-typed objects that pydantic would otherwise complain about while dumping.
     return message.model_dump(mode="json", exclude_unset=True, warnings=False)

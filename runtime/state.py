@@ -129,7 +129,7 @@ class RunState:
         return entries
 
     @classmethod
-    def from_dict(cls, data: Any) -> RunState:
+    def from_dict(cls, data: object) -> RunState:
         """A state from its JSON data; StateError saying what is wrong with it otherwise."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise StateError("this is not a looptrace run state (no \"format\": \"looptrace-run-state\")")
@@ -286,7 +286,7 @@ def check_pending(state: RunState, digests: Mapping[str, Any]) -> None:
                              "nor settled; nothing was run")
 
 
-def _canonical(value: Any) -> str:
+def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
@@ -342,7 +342,7 @@ def _named(where: Path | str) -> str:
     return f"run state {where}" if isinstance(where, Path) else where
 
 
-def _state_id(value: Any) -> str:
+def _state_id(value: object) -> str:
     text = _text(value)
     resume_claims.check_state_id(text)
     return text
@@ -381,13 +381,13 @@ def anomaly_from_dict(data: Mapping[str, Any]) -> Anomaly:
                    cost=LoopCost.from_dict(data.get("cost")))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected text, got {type(value).__name__}")
     return value
 
 
-def _list(value: Any) -> list[Any]:
+def _list(value: object) -> list[Any]:
     if not isinstance(value, list):
         raise TypeError(f"expected a list, got {type(value).__name__}")
     return value

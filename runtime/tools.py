@@ -17,7 +17,7 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, get_type_hints
 
 import pydantic
@@ -86,7 +86,7 @@ class Tool:
         """The entry for the Messages API `tools` parameter."""
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
-    def validate(self, arguments: Any) -> dict[str, Any]:
+    def validate(self, arguments: object) -> dict[str, Any]:
         """Keyword arguments for `fn`, or InvalidArguments naming each field that is wrong and why."""
         if not isinstance(arguments, Mapping):
             # Quoted back redacted: this message lands on spans, in anomaly messages and in the model's history.
@@ -112,7 +112,7 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+def tool(fn: Callable[..., object] | None = None, *, name: str | None = None, description: str | None = None,
          needs_approval: NeedsApproval = False):
     """Offer a typed, documented function to the model.
 
@@ -124,7 +124,7 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
     if not (isinstance(needs_approval, bool) or callable(needs_approval)):
         raise TypeError(f"needs_approval must be True, False or a callable, got {type(needs_approval).__name__}")
 
-    def build(func: Callable[..., Any]) -> Tool:
+    def build(func: Callable[..., object]) -> Tool:
         summary, param_docs = _parse_docstring(inspect.getdoc(func) or "")
         tool_name = name or func.__name__
         if not _NAME_PATTERN.match(tool_name):
@@ -142,7 +142,7 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
     return build if fn is None else build(fn)
 
 
-def as_tools(items: Any) -> dict[str, Tool]:
+def as_tools(items: Iterable[Tool | Callable[..., object]] | None) -> dict[str, Tool]:
     """Tools by name from Tool objects or plain functions (decorated on the fly); duplicate names are an error."""
     tools: dict[str, Tool] = {}
     for item in items or ():
@@ -156,7 +156,7 @@ def as_tools(items: Any) -> dict[str, Tool]:
 # --- running a call ---------------------------------------------------------------------------------------------
 
 
-def run_sync(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+def run_sync(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> object:
     """Call a tool from synchronous code. Waits at most ``timeout_s``; a hung tool is left behind, never waited for."""
     _refuse_when_out_of_time(t, timeout_s)
     box = _start_in_daemon_thread(t, kwargs)
@@ -165,7 +165,7 @@ def run_sync(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
     return box.outcome()
 
 
-async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> Any:
+async def run_async(t: Tool, kwargs: dict[str, Any], timeout_s: float | None) -> object:
     """Call a tool from a coroutine: async tools as tasks, sync tools on a daemon thread, both under the timeout."""
     _refuse_when_out_of_time(t, timeout_s)
     if t.is_async:
@@ -205,7 +205,7 @@ class _Outcome:
         # every call, twice the cost of this handoff, and each sync tool call makes one.
         self._pending = threading.Lock()
         self._pending.acquire()
-        self.value: Any = None
+        self.value: object = None
         self.error: BaseException | None = None
 
     def finish(self) -> None:
@@ -215,7 +215,7 @@ class _Outcome:
         """Whether the call finished within ``timeout_s`` (None: however long it takes). Called once."""
         return self._pending.acquire(True, -1 if timeout_s is None else max(timeout_s, 0.0))
 
-    def outcome(self) -> Any:
+    def outcome(self) -> object:
         if isinstance(self.error, Exception):
             raise self.error
         if self.error is not None:
@@ -240,6 +240,10 @@ def _start_in_daemon_thread(t: Tool, kwargs: dict[str, Any], on_done: Callable[[
     return box
 
 
+_Job: TypeAlias = "tuple[Callable[[], None], _Outcome, Callable[[], None] | None, str]"
+"""What a tool thread's inbox receives: the call, where its outcome goes, whom to wake after, the thread's name."""
+
+
 class _ToolThreads:
     """The daemon threads sync tool calls run on: a thread whose call returned waits for the next call.
 
@@ -251,7 +255,7 @@ class _ToolThreads:
 
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self._idle: list[queue.SimpleQueue[Any]] = []  # the inbox of each waiting thread
+        self._idle: list[queue.SimpleQueue[_Job]] = []  # the inbox of each waiting thread
         self._lock = threading.Lock()
 
     def run(self, call: Callable[[], None], box: _Outcome, on_done: Callable[[], None] | None, name: str) -> None:
@@ -262,7 +266,7 @@ class _ToolThreads:
             threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True).start()
         inbox.put((call, box, on_done, name))
 
-    def _serve(self, inbox: queue.SimpleQueue[Any]) -> None:
+    def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
         thread = threading.current_thread()
         while True:
             call, box, on_done, name = inbox.get()
@@ -350,7 +354,7 @@ class UnreadableResult(ToolError):
     keys JSON has no form for, an object whose own text fails). The model is told what came back instead."""
 
 
-def result_text(value: Any) -> str:
+def result_text(value: object) -> str:
     """The tool_result content for a return value: strings as they are, everything else as JSON.
 
     Raises UnreadableResult, never anything else: a return value is the tool's business and must not end the run.
@@ -380,18 +384,18 @@ def _value_error_reason(exc: BaseException) -> str:
     return f"converting it raised {type(exc).__name__}"
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return type(value).__qualname__
 
 
-def _safe_text(value: Any) -> str:
+def _safe_text(value: object) -> str:
     try:
         return str(value)
     except Exception:
         return ""
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -415,7 +419,7 @@ def error_text(exc: BaseException) -> str:
 # --- schema building ----------------------------------------------------------------------------------------------
 
 
-def _arguments_model(func: Callable[..., Any], param_docs: dict[str, str]) -> type[pydantic.BaseModel]:
+def _arguments_model(func: Callable[..., object], param_docs: dict[str, str]) -> type[pydantic.BaseModel]:
     hints = get_type_hints(func, include_extras=True)
     fields: dict[str, Any] = {}
     for param in inspect.signature(func).parameters.values():
@@ -435,7 +439,7 @@ def _schema_of(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     return schema
 
 
-def _drop_titles(node: Any) -> None:
+def _drop_titles(node: object) -> None:
     # pydantic titles every model and field; the model reads names and descriptions, titles only cost tokens.
     if isinstance(node, dict):
         if isinstance(node.get("title"), str):
@@ -473,7 +477,7 @@ def _explain(tool_name: str, exc: pydantic.ValidationError) -> str:
     return f"invalid arguments for {tool_name}: " + "; ".join(problems)
 
 
-def _json_integers(value: Any) -> Any:
+def _json_integers(value: object) -> object:
     """Integral floats as ints: JSON Schema counts 10.0 as an integer, and strict validation otherwise would not."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -484,6 +488,6 @@ def _json_integers(value: Any) -> Any:
     return value
 
 
-def _short(value: Any, limit: int = 200) -> str:
+def _short(value: object, limit: int = 200) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[:limit] + "…"

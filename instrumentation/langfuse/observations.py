@@ -40,7 +40,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from ..offline.readers import (
     FOREIGN_EXACT_KEYS,
@@ -91,7 +91,7 @@ class StoredAttributes:
     from_opentelemetry: bool  # ingested from an OpenTelemetry span (not Langfuse's SDK or its ingestion API)
 
 
-def stored_attributes(metadata: Any) -> StoredAttributes:
+def stored_attributes(metadata: object) -> StoredAttributes:
     """The span attributes and instrumentation scope in an observation's metadata, in either stored shape."""
     if isinstance(metadata, str):
         metadata = _json_or(metadata, None)
@@ -116,7 +116,7 @@ def stored_attributes(metadata: Any) -> StoredAttributes:
                             otel and bool(raw))
 
 
-def attribute_value(key: str, value: Any) -> Any:
+def attribute_value(key: str, value: Any) -> object:
     """An attribute as the span had it, from the text (or re-decoded JSON) Langfuse stored."""
     if key in _BOOLEAN_KEYS:
         if isinstance(value, str):
@@ -167,7 +167,7 @@ def observation_span(observation: Mapping[str, Any], *, session_id: str | None =
     )
 
 
-def _restored_io(a: dict[str, Any], scope: str | None, raw_input: Any, raw_output: Any) -> dict[str, Any]:
+def _restored_io(a: dict[str, Any], scope: str | None, raw_input: object, raw_output: object) -> dict[str, Any]:
     """The attributes Langfuse turned into the observation's input and output, under their own names again."""
     operation = a.get(sc.GEN_AI_OPERATION_NAME)
     kind = a.get(OI_SPAN_KIND)
@@ -210,7 +210,7 @@ def _restored_io(a: dict[str, Any], scope: str | None, raw_input: Any, raw_outpu
     return restored
 
 
-def _indexed_or(plain_key: str, prefix: str, value: Any, text: str | None) -> dict[str, Any]:
+def _indexed_or(plain_key: str, prefix: str, value: object, text: str | None) -> dict[str, Any]:
     """Attributes Langfuse rebuilt into nested lists (``prefix.N.key`` -> ``[{key: ...}]``), flattened again; any
     other value under ``plain_key``."""
     if isinstance(value, list) and value and all(item is None or isinstance(item, Mapping) for item in value):
@@ -220,7 +220,7 @@ def _indexed_or(plain_key: str, prefix: str, value: Any, text: str | None) -> di
     return {plain_key: text} if text is not None else {}
 
 
-def _flatten(path: str, value: Any, into: dict[str, Any]) -> None:
+def _flatten(path: str, value: object, into: dict[str, Any]) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             _flatten(f"{path}.{key}", item, into)
@@ -313,7 +313,7 @@ def ordered(spans: Iterable[SpanRecord], types: Mapping[str, str] | None = None)
         else:
             roots.append(span)
 
-    def sort_key(span: SpanRecord) -> tuple[Any, ...]:
+    def sort_key(span: SpanRecord) -> tuple[int, int, int, int, str]:
         turn = span.attributes.get(sc.TURN_INDEX)
         return (span.start_ns, turn if isinstance(turn, int) else 0, span.end_ns,
                 _TYPE_RANK.get((types or {}).get(span.span_id, ""), 1), span.span_id)
@@ -360,19 +360,19 @@ def trace_spans(observations: Iterable[Mapping[str, Any]], *, session_id: str | 
 # --- values ---------------------------------------------------------------------------------------------------------
 
 
-def as_text(value: Any) -> str | None:
+def as_text(value: object) -> str | None:
     """A value as the text an attribute held: strings as they are, anything else as compact JSON."""
     if value is None or isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _decoded(value: Any) -> Any:
+def _decoded(value: object) -> object:
     """A stored input or output as a value: the v2 API returns the stored text, the v1 API the decoded JSON."""
     return _json_or(value, value) if isinstance(value, str) else value
 
 
-def _json_or(text: str, default: Any, *, strict: bool = False) -> Any:
+def _json_or(text: str, default: object, *, strict: bool = False) -> object:
     """The JSON in a text, or ``default``; ``strict`` refuses NaN and Infinity, as JavaScript's JSON.parse does."""
     try:
         return json.loads(text, parse_constant=_refuse) if strict else json.loads(text)
@@ -380,11 +380,11 @@ def _json_or(text: str, default: Any, *, strict: bool = False) -> Any:
         return default
 
 
-def _refuse(constant: str) -> Any:
+def _refuse(constant: str) -> NoReturn:
     raise ValueError(f"{constant} is not JSON")
 
 
-def _without_tools(value: Any) -> tuple[Any, bool]:
+def _without_tools(value: object) -> tuple[object, bool]:
     """The input before Langfuse merged tool definitions into it (``normalizeToolsForObservation``), and whether it
     had: a message list became ``{"messages", "tools"}``, a text ``{"prompt", "tools"}``, nothing ``{"tools"}``."""
     if isinstance(value, Mapping) and "tools" in value:
@@ -398,14 +398,14 @@ def _without_tools(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
-def _is_messages(value: Any) -> bool:
+def _is_messages(value: object) -> bool:
     """Whether a value is a GenAI conventions message list (each a role; parts, except the system message Langfuse
     puts in front from ``gen_ai.system_instructions``)."""
     return (isinstance(value, list) and all(isinstance(m, Mapping) and "role" in m for m in value)
             and (not value or any("parts" in m for m in value)))
 
 
-def _response_text(value: Any) -> str | None:
+def _response_text(value: object) -> str | None:
     """The text of a model's answer as Langfuse kept it: plain text, a message, or a provider's raw response
     (Anthropic's content blocks, OpenAI's choices)."""
     if isinstance(value, str):
@@ -431,7 +431,7 @@ def _answer(text: str) -> str:
     return as_text([{"role": "assistant", "parts": [{"type": "text", "content": text}]}]) or ""
 
 
-def epoch_ms(value: Any) -> int | None:
+def epoch_ms(value: object) -> int | None:
     """Milliseconds since the epoch of an ISO 8601 time (Langfuse's are in UTC, at millisecond precision)."""
     if not isinstance(value, str) or not value:
         return None

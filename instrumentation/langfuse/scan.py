@@ -118,7 +118,7 @@ class ListedTrace:
     session_id: str | None
     environment: str | None
 
-    def as_row(self) -> list[Any]:
+    def as_row(self) -> list[str | None]:
         return [self.trace_id, self.start, self.session_id, self.environment]
 
     @classmethod
@@ -297,7 +297,10 @@ def _root_of(spans: list[SpanRecord]) -> str | None:
 class _Source:
     name = ""
 
-    def roots(self, query: ScanQuery, until: str, following: Any) -> Iterator[tuple[list[ListedTrace], Any]]:
+    def roots(self, query: ScanQuery, until: str,
+              following: Any) -> Iterator[tuple[list[ListedTrace], str | int | None]]:
+        """Pages of listed traces, each with where the listing goes on. ``following`` is where it starts: what a page
+        of this source said (a cursor, a page number), read back from a cursor file as it was saved."""
         raise NotImplementedError
 
     def observations(self, trace_id: str) -> list[dict[str, Any]]:
@@ -313,7 +316,8 @@ class _V2Source(_Source):
         self.client = client
         self.limit = min(page_size or V2_MAX_LIMIT, V2_MAX_LIMIT)
 
-    def roots(self, query: ScanQuery, until: str, following: Any) -> Iterator[tuple[list[ListedTrace], Any]]:
+    def roots(self, query: ScanQuery, until: str,
+              following: Any) -> Iterator[tuple[list[ListedTrace], str | int | None]]:
         params: dict[str, Any] = {
             "fields": "core,basic", "isRootObservation": None if query.rootless else True, "limit": self.limit,
             "fromStartTime": _iso(query.since), "toStartTime": until, "userId": query.user_id,
@@ -351,7 +355,8 @@ class _V1Source(_Source):
         self.client = client
         self.limit = min(page_size or V1_MAX_LIMIT, V1_MAX_LIMIT)
 
-    def roots(self, query: ScanQuery, until: str, following: Any) -> Iterator[tuple[list[ListedTrace], Any]]:
+    def roots(self, query: ScanQuery, until: str,
+              following: Any) -> Iterator[tuple[list[ListedTrace], str | int | None]]:
         params: dict[str, Any] = {
             "limit": self.limit, "orderBy": "timestamp.asc", "fields": "core", "fromTimestamp": _iso(query.since),
             "toTimestamp": until, "userId": query.user_id, "sessionId": query.session_id, "tags": list(query.tags),
@@ -418,7 +423,7 @@ class ScanState:
         state._write_traces(listed, append=False)  # lines past the count were written by an interrupted save
         return state
 
-    def add_listed(self, rows: list[ListedTrace], following: Any) -> None:
+    def add_listed(self, rows: list[ListedTrace], following: str | int | None) -> None:
         """A page of the listing; a trace already listed (another of its observations, in a rootless listing) is
         kept once."""
         fresh = []

@@ -86,7 +86,7 @@ MAX_DEPTH = 64  # of arguments kept on spans and shown to anything that reports 
 TOO_DEEP = f"[looptrace: nested deeper than {MAX_DEPTH} levels]"
 
 
-def redact(value: Any) -> Any:
+def redact(value: object) -> object:
     """A copy of a JSON-like value with the values of secret-looking keys replaced, in objects at any depth, lists
     included; whatever lies deeper than MAX_DEPTH is replaced by a marker.
 
@@ -96,7 +96,7 @@ def redact(value: Any) -> Any:
     return _redact(value, None)
 
 
-def redact_with_secrets(value: Any) -> tuple[Any, tuple[str, ...]]:
+def redact_with_secrets(value: object) -> tuple[object, tuple[str, ...]]:
     """``redact(value)`` and the texts it hid (see ``hidden_texts``): what ``scrub`` replaces wherever the call's own
     result or error quotes them back."""
     secrets: list[str] = []
@@ -104,7 +104,7 @@ def redact_with_secrets(value: Any) -> tuple[Any, tuple[str, ...]]:
     return redacted, hidden_texts(secrets)
 
 
-def _redact(value: Any, secrets: list[str] | None) -> Any:
+def _redact(value: object, secrets: list[str] | None) -> object:
     root: list[Any] = [None]
     # Each entry: (the value to copy, the container the copy goes into, the slot in it, the value's depth).
     pending: list[tuple[Any, Any, Any, int]] = [(value, root, 0, 0)]
@@ -179,7 +179,7 @@ def scrub(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def scrub_content(content: Any, secrets: tuple[str, ...]) -> Any:
+def scrub_content(content: object, secrets: tuple[str, ...]) -> object:
     """A tool_result's content (a text, or a list of content blocks) with ``secrets`` scrubbed from its texts."""
     if not secrets:
         return content
