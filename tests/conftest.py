@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -37,6 +38,11 @@ atexit.register(shutil.rmtree, _STATE_HOME, True)
 # own (see _works_in_a_directory_of_its_own), never the checkout's.
 checkout_guard.isolate()
 _CHECKOUT_AT_START: checkout_guard.Snapshot = {}
+# Tests press Ctrl-C on the processes they start. A suite started in the background (`pytest -q &` in a script, some
+# CI runners) inherits SIGINT ignored, and every process it starts would inherit that too and never hear the key:
+# Python's own handler here is reset to the default in each child, which then raises KeyboardInterrupt as it should.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
