@@ -156,6 +156,9 @@ def test_an_agents_own_alerts_replace_the_log_and_webhook_but_keep_the_score(env
               on_anomaly="warn", alerts=Alerts(callback=lambda anomaly, context: seen.append(anomaly.type),
                                                log_warnings=False)).run("Reserve EQ-001")
         telemetry.flush()
+        # The Agent was given no telemetry: its score goes out through sinks of its own, queued off the run's thread,
+        # which the telemetry configure() returned does not flush.
+        _wait_for(lambda: _anomaly_scores(langfuse), "the loop_anomaly score")
     finally:
         telemetry.shutdown()
     assert seen == ["repeated_call"]
