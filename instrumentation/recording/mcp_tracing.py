@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -157,16 +157,13 @@ class MCPServerTelemetry:
             span = _started(instruments.tracer, f"mcp connect {self.server}", SpanKind.INTERNAL, dict(self.facts),
                             otel_context.Context())  # a trace of its own, whatever is current
         handle = MCPRequest(span, {}, None)
-        with _current(span):
-            try:
-                yield handle
-            except BaseException as exc:
-                if handle.failure is None:
-                    handle.failed(_error_type(exc))
-                raise
-            finally:
-                if span is not None:
-                    _ended(span, {**self.facts, **({ERROR_TYPE: handle.failure} if handle.failure else {})})
+
+        def ended() -> None:
+            if span is not None:
+                _ended(span, {**self.facts, **({ERROR_TYPE: handle.failure} if handle.failure else {})})
+
+        with _in_span(span, handle, ended):
+            yield handle
 
     @contextlib.contextmanager
     def request(self, method: str, *, tool: str | None = None, arguments: object = None) -> Iterator[MCPRequest]:
@@ -181,17 +178,14 @@ class MCPServerTelemetry:
                             attributes, None)
         handle = MCPRequest(span, attributes, arguments)
         started = time.perf_counter()
-        with _current(span):
-            try:
-                yield handle
-            except BaseException as exc:
-                if handle.failure is None:
-                    handle.failed(_error_type(exc))
-                raise
-            finally:
-                if span is not None:
-                    _ended(span, None)
-                _record(instruments.operation, time.perf_counter() - started, handle.attributes)
+
+        def ended() -> None:
+            if span is not None:
+                _ended(span, None)
+            _record(instruments.operation, time.perf_counter() - started, handle.attributes)
+
+        with _in_span(span, handle, ended):
+            yield handle
 
     def session_ended(self, seconds: float, error_type: str | None = None) -> None:
         """A session closed after ``seconds``: ``error_type`` when it was lost rather than closed."""
@@ -251,6 +245,21 @@ def _current(span: trace.Span | None) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def _in_span(span: trace.Span | None, handle: MCPRequest, ended: Callable[[], None]) -> Iterator[None]:
+    """The block run with ``span`` current: whatever escapes it marks ``handle`` failed (unless the handle already
+    says why), and ``ended`` runs last, still inside the span's context (so a metric point can link to it)."""
+    with _current(span):
+        try:
+            yield
+        except BaseException as exc:
+            if handle.failure is None:
+                handle.failed(_error_type(exc))
+            raise
+        finally:
+            ended()
 
 
 def _error_type(exc: BaseException) -> str:
