@@ -15,6 +15,10 @@ Variants:
   as it ends (one line per span, as looptrace writes it). Each span is made where a loop instrumented by hand would
   make it (``replay.Replayer``): a chat span around each request, a tool span around each tool call.
 * ``looptrace-otlp``: ``configure(exporters="otlp")`` to the local OTLP sink (what Langfuse and collector users run).
+* both looptrace rows with no per-tool time limit (``Limits(tool_timeout_s=None)``), as the bare loop and the floors
+  run the tool: on the loop's thread, for as long as it takes. ``looptrace-file-timed`` and ``looptrace-otlp-timed``
+  are the same with the Agent's default limit of 60 s, which puts each sync call on a tool thread the run can leave
+  behind (two thread switches a call): the price of that limit, beside the rows the goals divide.
 * ``raw-otlp``: the OTLP floor *with content*: the same recorded spans, made the same way, through a
   ``BatchSpanProcessor`` and the SDK's OTLP/HTTP exporter to the same sink.
 * ``raw-file-burst`` and ``raw-otlp-burst``: the same two with every span made after the conversation, in one burst
@@ -86,6 +90,10 @@ def _variants(tmp: str) -> dict[str, Any]:
     if os.environ.get("LOOPTRACE_BENCH_INPROCESS_GOALS_ONLY") == "1":
         # Only what the goals divide: more repetitions in the same time, for a ratio that moves less between runs.
         return found
+    # The price of a per-tool time limit (the Agent's default, 60 s): each sync call on a tool thread the run can
+    # leave behind, two thread switches per call. The bare loop and the floors put no limit on the tool.
+    found["looptrace-file-timed"] = pw.Looptrace("file", tool_timeout_s=60.0)
+    found["looptrace-otlp-timed"] = _looptrace_otlp(pw, tool_timeout_s=60.0)
     found["raw-file-burst"] = _raw_file(pw, os.path.join(tmp, "raw-burst.jsonl"), burst=True)
     found["raw-otlp-burst"] = pw.RawSDK("otlp", burst=True)
     for key, module, package in (("openllmetry", "opentelemetry.instrumentation.anthropic",
@@ -112,12 +120,12 @@ def _raw_file(pw: Any, path: str, *, burst: bool = False) -> Any:
     return raw
 
 
-def _looptrace_otlp(pw: Any) -> Any:
+def _looptrace_otlp(pw: Any, tool_timeout_s: float | None = None) -> Any:
     """looptrace's configure(exporters="otlp"); the endpoint variables are removed again once it has read them, so
     the file variant's own pipeline (which reads the environment on each run) stays the file alone."""
     saved = {name: os.environ.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL")}
     try:
-        return pw.Looptrace("otlp")
+        return pw.Looptrace("otlp", tool_timeout_s=tool_timeout_s)
     finally:
         for name, value in saved.items():
             if value is None:

@@ -10,7 +10,8 @@ Variants, each against the same bare loop (no instrumentation at all):
 
 * looptrace, file export (the default: an ``Agent`` given no provider, writing the trace file the environment names)
   and OTLP export (``configure(exporters="otlp")`` to a local OTLP/HTTP sink that accepts and discards): ``Agent``
-  with the detector and content capture on, traces only (no MeterProvider given to the Agent).
+  with the detector and content capture on, traces only (no MeterProvider given to the Agent), and no per-tool time
+  limit, as the bare loop runs its tool (the in-process set prices the default 60 s limit in rows of its own).
 * the peers, each exporting over OTLP/HTTP (protobuf, batched) to the same sink: OpenLLMetry's anthropic
   instrumentation (content on: its default), OpenTelemetry's genai-anthropic instrumentation (content on the span:
   ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY``, not its default), OpenInference's anthropic
@@ -152,6 +153,8 @@ INPROCESS_LABELS = {
     "looptrace-file": "looptrace, an Agent given no provider (its own pipeline: the trace file)",
     "raw-file": "raw SDK floor for the file, with content: the SDK's OTLP/JSON encoder, a line per span appended",
     "looptrace-otlp": 'looptrace, configure(exporters="otlp")',
+    "looptrace-file-timed": "looptrace file, with the default 60 s per-tool limit (each call on a tool thread)",
+    "looptrace-otlp-timed": "looptrace OTLP, with the default 60 s per-tool limit (each call on a tool thread)",
     "raw-otlp": "raw SDK floor for OTLP, with content: BatchSpanProcessor + the SDK's OTLP/HTTP exporter",
     "raw-file-burst": "reference: the file floor's spans all made after the conversation, in one burst",
     "raw-otlp-burst": "reference: the OTLP floor's spans all made after the conversation, in one burst",
@@ -234,7 +237,8 @@ def inprocess_table(result: dict) -> str:
              "| variant | extra CPU µs/turn (range over processes) | vs its floor | vs looptrace file "
              "| vs looptrace OTLP |",
              "| --- | ---: | ---: | ---: | ---: |"]
-    floors = {"looptrace-file": "raw-file", "looptrace-otlp": "raw-otlp"}
+    floors = {"looptrace-file": "raw-file", "looptrace-otlp": "raw-otlp", "looptrace-file-timed": "raw-file",
+              "looptrace-otlp-timed": "raw-otlp"}
     for name, extra in extras.items():
         floor = floors.get(name)
         versus = f"{statistics.median(_run_ratios(result, name, floor)):.2f}" if floor else ""

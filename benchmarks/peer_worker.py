@@ -209,15 +209,19 @@ class Logfire(Variant):
         self.logfire.shutdown()
 
 
-def looptrace_agent(provider, **options: Any):
-    """looptrace's Agent for the conversation: the tool the bare loop describes, the same client settings."""
+def looptrace_agent(provider, *, tool_timeout_s: float | None = None, **options: Any):
+    """looptrace's Agent for the conversation: the tool the bare loop describes, the same client settings.
+
+    No per-tool time limit by default: the bare loop and the floors run the tool on the loop's thread with none, and
+    so does an Agent given none. With one (``tool_timeout_s``, 60 s unless set) each call goes to a tool thread the
+    run can leave behind, which the benchmark's reference rows price."""
     from benchmarks import scenario  # the tool whose definition the parent put in CONFIG["tools"]
     from looptrace.runtime import Agent, Limits
 
     assert [scenario.lookup.definition()] == CONFIG["tools"]
     return Agent(CONFIG["model"], tools=[scenario.lookup], system=CONFIG["system"], name="bench",
-                 limits=Limits(max_turns=50), max_tokens=CONFIG["max_tokens"], client=make_client(),
-                 tracer_provider=provider, **options)
+                 limits=Limits(max_turns=50, tool_timeout_s=tool_timeout_s), max_tokens=CONFIG["max_tokens"],
+                 client=make_client(), tracer_provider=provider, **options)
 
 
 class Looptrace(ProviderVariant):
@@ -227,7 +231,7 @@ class Looptrace(ProviderVariant):
 
     packages = ("looptrace",)
 
-    def __init__(self, exporter: str) -> None:
+    def __init__(self, exporter: str, tool_timeout_s: float | None = None) -> None:
         from looptrace import configure
 
         self._tmp = tempfile.TemporaryDirectory(prefix="looptrace-bench10-")
@@ -237,7 +241,7 @@ class Looptrace(ProviderVariant):
             os.environ["LOOPTRACE_TRACE_FILE"] = self.trace_file
             os.environ["LOOPTRACE_UNDELIVERED_FILE"] = os.path.join(self._tmp.name, "undelivered.jsonl")
             self.telemetry = self.provider = None
-            self.agent = looptrace_agent(None)
+            self.agent = looptrace_agent(None, tool_timeout_s=tool_timeout_s)
             return
         if exporter == "otlp":
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = SINK_URL
@@ -250,7 +254,7 @@ class Looptrace(ProviderVariant):
         # API's (a no-op proxy here), some 15 µs a turn of metric attributes that no floor makes.
         from opentelemetry.metrics import NoOpMeterProvider
 
-        self.agent = looptrace_agent(self.provider, meter_provider=NoOpMeterProvider())
+        self.agent = looptrace_agent(self.provider, tool_timeout_s=tool_timeout_s, meter_provider=NoOpMeterProvider())
 
     def run_once(self) -> None:
         result = self.agent.run(CONFIG["task"])
@@ -288,8 +292,8 @@ def _count_file(path: str, produce: Callable[[], Any]) -> dict[str, int | None]:
 
 
 class LooptraceOff(Variant):
-    """looptrace's Agent with telemetry and the detector off: the runtime's own cost (validation, limits, a thread
-    per sync tool call), which the file and OTLP rows include and the raw rows do not."""
+    """looptrace's Agent with telemetry and the detector off: the runtime's own cost (validation, limits, the answer
+    read as JSON rather than the SDK's models), which the file and OTLP rows include and the raw rows do not."""
 
     packages = ("looptrace",)
 

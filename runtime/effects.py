@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 
 from looptrace.instrumentation.interface import Answer, AnsweringModel, TurnTrace, log
 from looptrace.runtime import approvals
+from looptrace.runtime import tool_threads
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import ApprovalRequest, Approver, Decision
 from looptrace.runtime.limits import Budget
@@ -95,7 +96,7 @@ class ToolRound(Effect):
         for call in self.calls:
             if call.runnable:
                 with call.trace.activate():
-                    _timed(call, functools.partial(toolkit.run_sync, *call.invocation(),
+                    _timed(call, functools.partial(tool_threads.run_sync, *call.invocation(),
                                                    self.budget.tool_timeout_s()))
 
     async def perform_async(self) -> None:
@@ -103,7 +104,7 @@ class ToolRound(Effect):
             started = time.perf_counter()
             with call.trace.activate():
                 try:
-                    call.value = await toolkit.run_async(*call.invocation(), self.budget.tool_timeout_s())
+                    call.value = await tool_threads.run_async(*call.invocation(), self.budget.tool_timeout_s())
                 except (KeyboardInterrupt, asyncio.CancelledError):
                     raise
                 except BaseException as exc:

@@ -198,6 +198,22 @@ def test_a_tool_raising_a_base_exception_is_a_tool_failure():
         "type": "tool_result", "tool_use_id": "t1", "content": "SystemExit: 3", "is_error": True}
 
 
+def test_a_tool_runs_on_the_runs_thread_only_when_no_time_limit_applies_to_it():
+    ran_on: list[int | None] = []
+
+    @tool
+    def where() -> str:
+        """Notes the thread it ran on."""
+        ran_on.append(threading.get_ident())
+        return "here"
+
+    for limits in (Limits(tool_timeout_s=None), Limits(tool_timeout_s=30), Limits(tool_timeout_s=None, timeout_s=30)):
+        model = ScriptedModel([tool_use(("t1", "where", {})), answer()])
+        assert Agent(MODEL, tools=[where], client=model, limits=limits, telemetry=False).run("t").status is RunStatus.DONE
+    assert ran_on[0] == threading.get_ident()  # nothing to time out: no thread to hand it to
+    assert threading.get_ident() not in ran_on[1:]  # a per-tool or a run's time limit: a tool thread it can leave behind
+
+
 # --- hard stops -------------------------------------------------------------------------------------------------------
 
 
@@ -266,19 +282,19 @@ def test_ctrl_c_during_a_tool_ends_the_run_as_interrupted_and_re_raises():
     agent = Agent(MODEL, tools=[press_ctrl_c], client=ScriptedModel([tool_use(("t1", "press_ctrl_c", {}))]),
                   telemetry=False)
     # A tool's own KeyboardInterrupt is that tool's failure; a real Ctrl-C arrives in the waiting main thread.
-    original = __import__("looptrace.runtime.tools", fromlist=["run_sync"]).run_sync
+    import looptrace.runtime.tool_threads
+
+    original = looptrace.runtime.tool_threads.run_sync
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    import looptrace.runtime.tools
-
-    looptrace.runtime.tools.run_sync = interrupted
+    looptrace.runtime.tool_threads.run_sync = interrupted
     try:
         with pytest.raises(RunInterrupted) as caught:
             agent.run("task")
     finally:
-        looptrace.runtime.tools.run_sync = original
+        looptrace.runtime.tool_threads.run_sync = original
     assert isinstance(caught.value, KeyboardInterrupt)
     assert caught.value.result.status is RunStatus.INTERRUPTED
     assert caught.value.result.turns == 1

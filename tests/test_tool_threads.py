@@ -1,5 +1,6 @@
 """Sync tool calls run on daemon threads that are kept for the next call: a finished call's thread takes the next one,
-a hung call keeps its own and the next call gets another, and the call still sees its caller's context."""
+a hung call keeps its own and the next call gets another, and the call still sees its caller's context. With no time
+limit at all, a plain function runs on the calling thread instead, as isolated as on a tool thread."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import threading
 
 import pytest
 
-from looptrace.runtime.tools import ToolTimeout, run_sync, tool
+from looptrace.runtime.tool_threads import run_sync
+from looptrace.runtime.tools import ToolRaisedBaseException, ToolTimeout, tool
 
 where: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="unset")
 
@@ -57,3 +59,42 @@ def test_each_call_sees_its_callers_context() -> None:
     finally:
         where.reset(token)
     assert run_sync(which_thread, {}, 5.0).endswith("|unset")  # nothing left over from the previous call
+
+
+@tool
+def change_context() -> str:
+    """Sets the context value and says where it ran."""
+    where.set("changed by the tool")
+    return str(threading.current_thread().ident)
+
+
+@tool
+def exit_the_process() -> str:
+    """Calls sys.exit."""
+    raise SystemExit(3)
+
+
+@tool
+async def async_which_thread() -> str:
+    """An async tool: it needs an event loop of its own."""
+    return str(threading.current_thread().ident)
+
+
+def test_with_no_time_limit_a_plain_tool_runs_on_the_calling_thread_in_a_copy_of_its_context() -> None:
+    token = where.set("caller's")
+    try:
+        ident, name, _, seen = run_sync(which_thread, {}, None).split("|")
+        assert int(ident) == threading.current_thread().ident and seen == "caller's"
+        assert run_sync(change_context, {}, None) == str(threading.current_thread().ident)
+        assert where.get() == "caller's"  # what the tool set stayed in its own copy
+    finally:
+        where.reset(token)
+
+
+def test_with_no_time_limit_a_tools_system_exit_is_still_its_own_failure() -> None:
+    with pytest.raises(ToolRaisedBaseException, match="SystemExit: 3"):
+        run_sync(exit_the_process, {}, None)
+
+
+def test_with_no_time_limit_an_async_tool_still_gets_a_thread_and_an_event_loop_of_its_own() -> None:
+    assert run_sync(async_which_thread, {}, None) != str(threading.current_thread().ident)
