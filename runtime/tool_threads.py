@@ -2,8 +2,8 @@
 calls as tasks, and a sync call with no limit at all on the caller's own thread.
 
 A hung call is never waited for past its limit: its thread (or task) is left to finish on its own, and the run goes on
-with a ToolTimeout. A call's KeyboardInterrupt or SystemExit is that tool's failure (ToolRaisedBaseException), not
-the user's Ctrl-C or the end of the process.
+with a ToolTimeout. A call's SystemExit is that tool's failure (ToolRaisedBaseException), not the end of the process;
+so is its KeyboardInterrupt on a tool thread, where it cannot be the user's Ctrl-C (on the caller's thread it is).
 """
 
 from __future__ import annotations
