@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from looptrace.instrumentation.interface import Answer, AnsweringModel, TurnTrace, log
-from looptrace.runtime import approvals
-from looptrace.runtime import tool_threads
+from looptrace.runtime import approvals, tool_threads
 from looptrace.runtime import tools as toolkit
 from looptrace.runtime.approvals import ApprovalRequest, Approver, Decision
 from looptrace.runtime.limits import Budget
