@@ -199,7 +199,7 @@ def test_a_tool_raising_a_base_exception_is_a_tool_failure():
 
 
 def test_a_tool_runs_on_the_runs_thread_only_when_no_time_limit_applies_to_it():
-    ran_on: list[int | None] = []
+    ran_on: list[int] = []
 
     @tool
     def where() -> str:
