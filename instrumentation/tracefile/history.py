@@ -44,6 +44,19 @@ _MAX_OPEN = 10_000  # runs (and turns) remembered at once: spans that never end 
 _Kept = TypeVar("_Kept")
 
 
+def plain_attributes(span: ReadableSpan) -> dict[str, Any]:
+    """A span's attributes as a dict of its own. The SDK's read-only view of a span's ``BoundedAttributes`` copies
+    them with their own ``copy()``, a dict copy in C; ``dict(view)``, ``{**view}`` and every ``view.get`` go through
+    the Mapping protocol in Python instead, key by key, which for a model call's two dozen attributes costs more than
+    the rest of the compaction."""
+    attributes = span.attributes
+    if not attributes:
+        return {}
+    copy = getattr(attributes, "copy", None)
+    copied = copy() if callable(copy) else None
+    return copied if type(copied) is dict else dict(attributes)
+
+
 def tool_descriptions(tool_definitions: object) -> Mapping[str, str]:
     """Each tool's description, by name, in a run's recorded ``gen_ai.tool.definitions`` (none when it is cut)."""
     if not isinstance(tool_definitions, str) or not tool_definitions.endswith("]"):
@@ -137,7 +150,7 @@ class HistoryCompactor:
     def started(self, span: ReadableSpan) -> None:
         """A span started: a run's root registers its input (the first call continues it) and its tools, a turn
         its run."""
-        attributes = span.attributes or {}
+        attributes = plain_attributes(span)
         if attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OPERATION_INVOKE_AGENT:
             raw = attributes.get(sc.GEN_AI_INPUT_MESSAGES)
             prefix = continued_prefix(raw) if isinstance(raw, str) else None
@@ -154,7 +167,7 @@ class HistoryCompactor:
     def written(self, span: ReadableSpan) -> Mapping[str, Any] | None:
         """The attributes to write for a span that ended, when they differ from its own (a model call continuing an
         earlier span of its run); None to write the span as it is."""
-        attributes = span.attributes or {}
+        attributes = plain_attributes(span)  # a copy of its own: what is written is made from it
         span_id = span.context.span_id
         operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
         if operation == sc.OPERATION_EXECUTE_TOOL:
@@ -181,12 +194,13 @@ class HistoryCompactor:
         if compacted is None or run is None:
             return None
         written, left_out = compacted
-        kept = {**attributes, sc.GEN_AI_INPUT_MESSAGES: written, sc.INPUT_CONTINUES: format(run.span_id, "016x")}
+        attributes[sc.GEN_AI_INPUT_MESSAGES] = written  # in place of the whole input, where it stood
+        attributes[sc.INPUT_CONTINUES] = format(run.span_id, "016x")
         if left_out:
-            kept[sc.INPUT_CONTINUES_FROM] = left_out
-        return kept
+            attributes[sc.INPUT_CONTINUES_FROM] = left_out
+        return attributes
 
-    def _without_description(self, span: ReadableSpan, attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    def _without_description(self, span: ReadableSpan, attributes: dict[str, Any]) -> Mapping[str, Any] | None:
         """A tool call's attributes without its description when its run's root holds that very description."""
         description = attributes.get(sc.GEN_AI_TOOL_DESCRIPTION)
         if not isinstance(description, str):
@@ -195,7 +209,8 @@ class HistoryCompactor:
             known = self._descriptions.get(self._turns.get(span.parent.span_id, -1) if span.parent else -1)
         if known is None or known.get(str(attributes.get(sc.GEN_AI_TOOL_NAME))) != description:
             return None
-        return {key: value for key, value in attributes.items() if key != sc.GEN_AI_TOOL_DESCRIPTION}
+        del attributes[sc.GEN_AI_TOOL_DESCRIPTION]
+        return attributes
 
     def _run_key(self, span: ReadableSpan) -> int:
         """The run of a model call: its turn's run when the turn was seen starting, else its trace."""
