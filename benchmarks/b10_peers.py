@@ -25,12 +25,18 @@ Variants, each against the same bare loop (no instrumentation at all):
 Runs x repetitions: each run starts every worker afresh; within a run the order rotates every repetition and each
 variant's extra = median over repetitions of (its sample - the bare sample of the same repetition) per turn. The table
 gives the median over runs and the range; ratios are taken per run, then the median.
+
+The in-process goals are printed with a 95% bootstrap interval (each process's repetitions drawn again, a
+repetition's samples together) and the bare loop's own spread, the machine's noise. A goal is met when the whole
+interval is at or under it, missed when the whole interval is over it, and undecided when the interval spans it: a
+run on a busy machine cannot tell a ratio of 1.1x from one of 1.3x, and says so instead of a verdict by chance.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -207,8 +213,11 @@ def run_inprocess(quick: bool) -> tuple[list[Row], dict]:
                                    ("looptrace OTLP / raw SDK OTLP floor with content", "looptrace-otlp", "raw-otlp",
                                     GOAL_INPROCESS_OTLP)):
         ratios = _run_ratios(result, lt, floor)
+        low, high = goal_interval(result, lt, floor)
         rows.append(Row("10 in-process", label, f"{statistics.median(ratios):.2f}x", f"<= {goal}x",
-                        statistics.median(ratios) <= goal, f"runs {min(ratios):.2f}-{max(ratios):.2f}x; {how}"))
+                        statistics.median(ratios) <= goal,
+                        f"runs {min(ratios):.2f}-{max(ratios):.2f}x; 95% interval {low:.2f}-{high:.2f}x "
+                        f"({verdict(low, high, goal)}); {how}"))
     return rows, result
 
 
@@ -225,6 +234,48 @@ def _extras_per_turn(measured: dict) -> dict:
 
 def _run_ratios(result: dict, variant: str, floor: str) -> list[float]:
     return [run["extras"][variant] / run["extras"][floor] for run in result["runs"]]
+
+
+def goal_interval(result: dict, variant: str, floor: str, draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval for a goal's ratio as the run reports it (the median over processes of each
+    process's ratio of median extras): each process's repetitions are drawn again with replacement, a repetition's
+    samples kept together (they were taken side by side, so they share the machine's state of the moment).
+
+    On a quiet machine the interval is narrow and the verdict the same as the point figure's. On a busy one the bare
+    loop's own samples spread by a fifth or more, and a ratio of two differences of such samples can move by as much
+    between runs: the interval then says whether the run could tell the ratio from the goal at all."""
+    chance = random.Random(10)  # the same interval for the same samples
+    turns = result["conversations"] * CALLS
+    processes = [(run["samples"]["bare"], run["samples"][variant], run["samples"][floor]) for run in result["runs"]]
+    statistic = []
+    for _ in range(draws):
+        ratios = []
+        for bare, mine, theirs in processes:
+            picks = [chance.randrange(len(bare)) for _ in bare]
+            extra = statistics.median(mine[i] - bare[i] for i in picks) / turns
+            floor_extra = statistics.median(theirs[i] - bare[i] for i in picks) / turns
+            ratios.append(extra / floor_extra if floor_extra > 0 else float("inf"))
+        statistic.append(statistics.median(ratios))
+    cuts = statistics.quantiles(statistic, n=40)  # 2.5% steps: the first and last cut bound 95%
+    return cuts[0], cuts[-1]
+
+
+def verdict(low: float, high: float, goal: float) -> str:
+    if high <= goal:
+        return "met"
+    if low > goal:
+        return "not met"
+    return "undecided: the interval spans the goal"
+
+
+def bare_spread(result: dict) -> float:
+    """How much the bare loop's own samples spread in the run: the median over processes of the interquartile range
+    over the median (the machine's noise, which every extra inherits)."""
+    spreads = []
+    for run in result["runs"]:
+        q1, q2, q3 = statistics.quantiles(run["samples"]["bare"], n=4)
+        spreads.append((q3 - q1) / q2)
+    return statistics.median(spreads)
 
 
 def inprocess_table(result: dict) -> str:
@@ -251,9 +302,12 @@ def inprocess_table(result: dict) -> str:
                                   ("file path", "looptrace-file", "raw-file", GOAL_INPROCESS_FILE)):
         ratios = _run_ratios(result, lt, floor)
         ratio = statistics.median(ratios)
-        goals.append(f"{what} <= {goal}x its floor: {ratio:.2f}x, runs {min(ratios):.2f}-{max(ratios):.2f}x "
-                     f"({'met' if ratio <= goal else 'not met'})")
+        low, high = goal_interval(result, lt, floor)
+        goals.append(f"{what} <= {goal}x its floor: {ratio:.2f}x, runs {min(ratios):.2f}-{max(ratios):.2f}x, "
+                     f"95% interval {low:.2f}-{high:.2f}x ({verdict(low, high, goal)})")
     lines.append("Goals (printed, never asserted): " + "; ".join(goals))
+    lines.append(f"The machine's noise: the bare loop's samples spread {bare_spread(result):.0%} (interquartile range "
+                 "over the median, per process)")
     if "raw-file-burst" in extras and "raw-otlp-burst" in extras:
         lines.append("Against the burst references instead (spans made after the conversation): file "
                      f"{statistics.median(_run_ratios(result, 'looptrace-file', 'raw-file-burst')):.2f}x, OTLP "
